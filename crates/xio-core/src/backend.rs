@@ -1,0 +1,183 @@
+//! The backend seams: pool, ring and doorbell as traits, so a backend other
+//! than shared memory (DPDK's rte_mempool and rte_ring) plugs in under the
+//! stack without the layers above changing.
+//!
+//! The shm backend implements them with [`crate::pool::StackPool`],
+//! [`crate::ring::Producer`]/[`crate::ring::Consumer`] and
+//! [`EventFdDoorbell`]; the same types over a heap [`crate::segment::Region`]
+//! make the in-process backend used by the fast unit tests.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::Duration;
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags};
+
+use crate::layout::Descriptor;
+use crate::pool::{AllocError, RawBuf, Reject, StackPool};
+use crate::ring::{Consumer, Producer, RingError};
+
+/// A pool of fixed-size buffers shared between stacks.
+pub trait BufferPool: Send + Sync + std::fmt::Debug + 'static {
+    /// This stack's id in the pool.
+    fn stack_id(&self) -> u16;
+    /// Takes a buffer of at least `len` bytes.
+    fn alloc(&self, len: usize, wait: bool) -> Result<RawBuf, AllocError>;
+    /// Returns a buffer this stack owns.
+    fn free(&self, b: RawBuf);
+    /// Data pointer and capacity.
+    fn data(&self, b: RawBuf) -> (*mut u8, usize);
+    /// Hands ownership to stack `to` and builds the descriptor.
+    fn prepare_send(&self, b: RawBuf, len: u32, to: u16, conn: u32, kind: u8) -> Descriptor;
+    /// Validates a received descriptor and takes the buffer.
+    fn accept(&self, d: &Descriptor) -> Result<RawBuf, Reject>;
+    /// Makes a received buffer writable again.
+    fn reuse(&self, b: RawBuf);
+    /// Largest buffer size.
+    fn max_buf(&self) -> usize;
+}
+
+impl BufferPool for StackPool {
+    fn stack_id(&self) -> u16 {
+        StackPool::stack_id(self)
+    }
+    fn alloc(&self, len: usize, wait: bool) -> Result<RawBuf, AllocError> {
+        StackPool::alloc(self, len, wait)
+    }
+    fn free(&self, b: RawBuf) {
+        StackPool::free(self, b)
+    }
+    fn data(&self, b: RawBuf) -> (*mut u8, usize) {
+        self.view().data(b)
+    }
+    fn prepare_send(&self, b: RawBuf, len: u32, to: u16, conn: u32, kind: u8) -> Descriptor {
+        self.view().prepare_send(b, len, to, conn, kind)
+    }
+    fn accept(&self, d: &Descriptor) -> Result<RawBuf, Reject> {
+        self.view().accept(self.stack_id(), d)
+    }
+    fn reuse(&self, b: RawBuf) {
+        self.view().reuse(self.stack_id(), b)
+    }
+    fn max_buf(&self) -> usize {
+        self.view()
+            .segment()
+            .classes()
+            .last()
+            .map_or(0, |c| c.buf_size as usize)
+    }
+}
+
+/// The sending end of a descriptor ring.
+pub trait DescProducer: Send + std::fmt::Debug {
+    /// Pushes as many as fit.
+    fn push_burst(&mut self, ds: &[Descriptor]) -> Result<usize, RingError>;
+    /// Slots free right now.
+    fn free_slots(&mut self) -> Result<u32, RingError>;
+}
+
+/// The receiving end of a descriptor ring.
+pub trait DescConsumer: Send + std::fmt::Debug {
+    /// Pops up to `out.len()`.
+    fn pop_burst(&mut self, out: &mut [Descriptor]) -> Result<usize, RingError>;
+    /// Whether anything is ready.
+    fn has_data(&mut self) -> bool;
+}
+
+impl DescProducer for Producer {
+    fn push_burst(&mut self, ds: &[Descriptor]) -> Result<usize, RingError> {
+        Producer::push_burst(self, ds)
+    }
+    fn free_slots(&mut self) -> Result<u32, RingError> {
+        Producer::free_slots(self)
+    }
+}
+
+impl DescConsumer for Consumer {
+    fn pop_burst(&mut self, out: &mut [Descriptor]) -> Result<usize, RingError> {
+        Consumer::pop_burst(self, out)
+    }
+    fn has_data(&mut self) -> bool {
+        !self.is_empty()
+    }
+}
+
+/// Something a sleeping stack can be woken through.
+pub trait Doorbell: Send + Sync + std::fmt::Debug {
+    /// Wakes the waiter.
+    fn ring(&self) -> io::Result<()>;
+    /// Sleeps until rung or `timeout`; true if rung. Consumes the ring.
+    fn wait(&self, timeout: Option<Duration>, also: Option<BorrowedFd<'_>>) -> io::Result<bool>;
+    /// A pollable fd (readable when rung), for reactors.
+    fn fd(&self) -> BorrowedFd<'_>;
+}
+
+/// A doorbell backed by a non-blocking eventfd.
+#[derive(Debug)]
+pub struct EventFdDoorbell {
+    fd: OwnedFd,
+}
+
+impl EventFdDoorbell {
+    /// A new eventfd doorbell.
+    pub fn new() -> io::Result<Self> {
+        Ok(Self {
+            fd: rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
+        })
+    }
+    /// Wraps an eventfd received from the manager.
+    pub fn from_fd(fd: OwnedFd) -> Self {
+        Self { fd }
+    }
+    /// Clears a pending ring without sleeping.
+    pub fn drain(&self) {
+        let mut b = [0u8; 8];
+        let _ = rustix::io::read(&self.fd, &mut b);
+    }
+}
+
+impl AsFd for EventFdDoorbell {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Doorbell for EventFdDoorbell {
+    fn ring(&self) -> io::Result<()> {
+        match rustix::io::write(&self.fd, &1u64.to_ne_bytes()) {
+            Ok(_) | Err(rustix::io::Errno::AGAIN) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn wait(&self, timeout: Option<Duration>, also: Option<BorrowedFd<'_>>) -> io::Result<bool> {
+        let ts = timeout.map(|d| rustix::time::Timespec {
+            tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
+            tv_nsec: d.subsec_nanos() as _,
+        });
+        let mut fds = [
+            PollFd::new(&self.fd, PollFlags::IN),
+            PollFd::new(&self.fd, PollFlags::IN),
+        ];
+        let n = match also {
+            Some(f) => {
+                fds[1] = PollFd::from_borrowed_fd(f, PollFlags::IN);
+                2
+            }
+            None => 1,
+        };
+        match rustix::event::poll(&mut fds[..n], ts.as_ref()) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let rung = fds[0].revents().contains(PollFlags::IN);
+        if rung {
+            self.drain();
+        }
+        Ok(rung)
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}

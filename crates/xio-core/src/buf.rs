@@ -1,0 +1,214 @@
+//! Ownership-typed pool buffers.
+//!
+//! ```text
+//! alloc ──> BufMut (unique, writable) ──send──> [in flight] ──recv──> Buf (read-only)
+//!              ^                                                       │
+//!              └──────────────── Buf::into_mut (same buffer) ──────────┘
+//! ```
+//! Dropping either returns the buffer to the pool. The payload never moves.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::backend::BufferPool;
+use crate::pool::RawBuf;
+
+/// A writable pool buffer, owned by this process alone.
+pub struct BufMut {
+    pool: Arc<dyn BufferPool>,
+    raw: RawBuf,
+    len: usize,
+    cap: usize,
+    ptr: *mut u8,
+}
+
+/// A received, read-only pool buffer. Returns to the pool when dropped;
+/// [`Buf::into_mut`] makes it writable again to modify and forward in place.
+pub struct Buf {
+    pool: Arc<dyn BufferPool>,
+    raw: RawBuf,
+    len: usize,
+    ptr: *const u8,
+}
+
+// SAFETY: the buffer is exclusively owned (the pool protocol hands each
+// buffer to one owner), so moving it to another thread is like moving a Vec.
+unsafe impl Send for BufMut {}
+// SAFETY: shared access is read-only.
+unsafe impl Sync for BufMut {}
+// SAFETY: as for BufMut.
+unsafe impl Send for Buf {}
+// SAFETY: read-only.
+unsafe impl Sync for Buf {}
+
+impl BufMut {
+    pub(crate) fn new(pool: Arc<dyn BufferPool>, raw: RawBuf, len: usize) -> Self {
+        let (ptr, cap) = pool.data(raw);
+        debug_assert!(len <= cap);
+        Self {
+            pool,
+            raw,
+            len,
+            cap,
+            ptr,
+        }
+    }
+
+    /// Bytes of payload.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The buffer's size (its class).
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Sets the payload length (bytes past the old length keep whatever the
+    /// buffer held: pool memory is never uninitialised, only stale).
+    ///
+    /// # Panics
+    /// If `len` exceeds the capacity.
+    pub fn set_len(&mut self, len: usize) {
+        assert!(
+            len <= self.cap,
+            "length {len} beyond buffer capacity {}",
+            self.cap
+        );
+        self.len = len;
+    }
+
+    /// Replaces the payload with a copy of `src`.
+    ///
+    /// # Panics
+    /// If `src` is longer than the capacity.
+    pub fn copy_from(&mut self, src: &[u8]) {
+        self.set_len(src.len());
+        self.copy_from_slice(src);
+    }
+
+    /// The whole buffer, up to its capacity.
+    pub fn as_full_mut(&mut self) -> &mut [u8] {
+        // SAFETY: we own the buffer exclusively (state ALLOCATED, owner us);
+        // ptr..ptr+cap lies in the mapped segment, which `pool` keeps alive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.cap) }
+    }
+
+    pub(crate) fn into_raw(self) -> (RawBuf, usize) {
+        let r = (self.raw, self.len);
+        // Ownership moves into the descriptor; the pool is told by the send.
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again; we move the Arc out
+        // once so its count is released.
+        drop(unsafe { std::ptr::read(&this.pool) });
+        r
+    }
+
+    pub(crate) fn raw(&self) -> RawBuf {
+        self.raw
+    }
+}
+
+impl std::ops::Deref for BufMut {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: as in `as_full_mut`, and len <= cap.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for BufMut {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_full_mut`, and len <= cap.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for BufMut {
+    fn drop(&mut self) {
+        self.pool.free(self.raw);
+    }
+}
+
+impl fmt::Debug for BufMut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BufMut")
+            .field("buf", &self.raw)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Buf {
+    pub(crate) fn new(pool: Arc<dyn BufferPool>, raw: RawBuf, len: usize) -> Self {
+        let (ptr, cap) = pool.data(raw);
+        debug_assert!(len <= cap);
+        Self {
+            pool,
+            raw,
+            len,
+            ptr,
+        }
+    }
+
+    /// Bytes of payload.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Makes the buffer writable again without a new allocation: the
+    /// L2-forwarder pattern (receive, rewrite a header, send on).
+    pub fn into_mut(self) -> BufMut {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is not used or dropped after the pool Arc is moved out.
+        let pool = unsafe { std::ptr::read(&this.pool) };
+        pool.reuse(this.raw);
+        BufMut::new(pool, this.raw, this.len)
+    }
+}
+
+impl std::ops::Deref for Buf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: we hold the buffer (state HELD, owner us), nobody writes it
+        // while we do; ptr..ptr+len is in the segment `pool` keeps mapped.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl AsRef<[u8]> for Buf {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl AsRef<[u8]> for BufMut {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        self.pool.free(self.raw);
+    }
+}
+
+impl fmt::Debug for Buf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Buf")
+            .field("buf", &self.raw)
+            .field("len", &self.len)
+            .finish()
+    }
+}

@@ -1,0 +1,129 @@
+//! Control-socket I/O: `SOCK_SEQPACKET` Unix sockets carrying [`Msg`]s and
+//! file descriptors (`SCM_RIGHTS`).
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
+
+use crate::proto::{Msg, ProtoError, MAX_MSG};
+
+/// Most fds one message carries.
+pub const MAX_FDS: usize = 4;
+
+/// A received packet that was not a valid message.
+#[derive(Debug, thiserror::Error)]
+pub enum RecvError {
+    /// The socket failed.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// The peer closed the socket.
+    #[error("control socket closed by the peer")]
+    Closed,
+    /// The bytes were not a valid message.
+    #[error(transparent)]
+    Proto(#[from] ProtoError),
+}
+
+/// Sends `msg` with `fds`.
+pub fn send(sock: BorrowedFd<'_>, msg: &Msg, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let bytes = msg.encode();
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut anc = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !anc.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many fds"));
+    }
+    let iov = [io::IoSlice::new(&bytes)];
+    let n = rustix::net::sendmsg(sock, &iov, &mut anc, SendFlags::NOSIGNAL)?;
+    if n != bytes.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "short control write",
+        ));
+    }
+    Ok(())
+}
+
+/// Receives one packet: its bytes (raw, for the caller to decode) and fds.
+/// Packets longer than [`MAX_MSG`] are truncated, which makes them fail to
+/// decode (the length field no longer matches).
+pub fn recv_raw(
+    sock: BorrowedFd<'_>,
+    nonblocking: bool,
+) -> Result<(Vec<u8>, Vec<OwnedFd>), RecvError> {
+    let mut buf = vec![0u8; MAX_MSG];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut anc = RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [io::IoSliceMut::new(&mut buf)];
+    let mut flags = RecvFlags::CMSG_CLOEXEC;
+    if nonblocking {
+        flags |= RecvFlags::DONTWAIT;
+    }
+    let r = rustix::net::recvmsg(sock, &mut iov, &mut anc, flags).map_err(io::Error::from)?;
+    let mut fds = Vec::new();
+    for m in anc.drain() {
+        if let RecvAncillaryMessage::ScmRights(it) = m {
+            fds.extend(it);
+        }
+    }
+    if r.bytes == 0 {
+        return Err(RecvError::Closed);
+    }
+    buf.truncate(r.bytes);
+    Ok((buf, fds))
+}
+
+/// Receives and decodes one message.
+pub fn recv(sock: BorrowedFd<'_>, nonblocking: bool) -> Result<(Msg, Vec<OwnedFd>), RecvError> {
+    let (b, fds) = recv_raw(sock, nonblocking)?;
+    Ok((Msg::decode(&b)?, fds))
+}
+
+/// A new seqpacket socket.
+pub fn socket() -> io::Result<OwnedFd> {
+    Ok(rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )?)
+}
+
+/// Connects to a manager's socket at `path`.
+pub fn connect(path: &Path) -> io::Result<OwnedFd> {
+    let s = socket()?;
+    rustix::net::connect(&s, &SocketAddrUnix::new(path)?)?;
+    Ok(s)
+}
+
+/// Binds and listens at `path`.
+pub fn listen(path: &Path) -> io::Result<OwnedFd> {
+    let s = socket()?;
+    rustix::net::bind(&s, &SocketAddrUnix::new(path)?)?;
+    rustix::net::listen(&s, 128)?;
+    Ok(s)
+}
+
+/// Accepts a connection (non-blocking listener: `WouldBlock` when none).
+pub fn accept(listener: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    Ok(rustix::net::accept_with(listener, SocketFlags::CLOEXEC)?)
+}
+
+/// Process id of the peer of a Unix socket.
+pub fn peer_pid(sock: impl AsFd) -> io::Result<u32> {
+    let c = rustix::net::sockopt::socket_peercred(sock)?;
+    Ok(c.pid.as_raw_nonzero().get() as u32)
+}
+
+/// Sets a socket's blocking mode.
+pub fn set_nonblocking(fd: impl AsFd, on: bool) -> io::Result<()> {
+    let mut fl = rustix::fs::fcntl_getfl(&fd)?;
+    fl.set(rustix::fs::OFlags::NONBLOCK, on);
+    rustix::fs::fcntl_setfl(&fd, fl)?;
+    Ok(())
+}

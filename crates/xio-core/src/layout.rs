@@ -1,0 +1,401 @@
+//! Everything that lives in the shared segment: `#[repr(C)]`, no pointers,
+//! offsets and indices only, checked sizes.
+//!
+//! Segment layout (all offsets from the start of the mapping, which each
+//! process places wherever the kernel likes):
+//!
+//! ```text
+//! [SegmentHeader]                      magic, version, geometry, class table
+//! [free-list heads]                    MAX_CLASSES x 128 B
+//! [stack slots]                        max_stacks x StackSlot
+//! [channel slots]                      max_channels x (ChannelHeader + 2 rings)
+//! [buffer headers, per class]          count x BufHeader
+//! [buffer data, per class]             count x buf_size, page aligned per class
+//! ```
+
+use crate::sync::{AtomicU32, AtomicU64, CachePadded};
+
+/// `b"XIO-SHM\x01"`: first eight bytes of every segment.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"XIO-SHM\x01");
+/// Bumped on any change of the layout below.
+pub const LAYOUT_VERSION: u32 = 1;
+/// Most size classes a pool can have.
+pub const MAX_CLASSES: usize = 8;
+/// Class value of a descriptor that carries no buffer (control kinds).
+pub const NO_CLASS: u8 = 0xff;
+/// Stack id 0 means "nobody" (the manager, or a free buffer).
+pub const NO_STACK: u16 = 0;
+
+/// Marker for types that may be placed in the shared segment.
+///
+/// # Safety
+/// The type must be `#[repr(C)]`, valid for the all-zero bit pattern (a fresh
+/// memfd is zeroed), contain no pointers, references or file descriptors
+/// (processes map the segment at different addresses), and be sound to access
+/// concurrently from several processes through its own atomics.
+pub unsafe trait ShmSafe {}
+
+/// A descriptor: what travels through a ring. The payload stays in the pool.
+///
+/// Every field is untrusted when read from a ring; see
+/// [`crate::pool::PoolView::accept`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Descriptor {
+    /// Buffer index within its class.
+    pub index: u32,
+    /// Bytes of payload.
+    pub len: u32,
+    /// Connection id (socket layer) or user tag (zero-copy layer).
+    pub conn: u32,
+    /// Size class, or [`NO_CLASS`].
+    pub class: u8,
+    /// What the descriptor means; see [`kind`].
+    pub kind: u8,
+    /// Low 16 bits of the buffer's generation when it was sent.
+    pub gen: u16,
+}
+
+/// Descriptor kinds.
+pub mod kind {
+    /// A buffer of payload.
+    pub const DATA: u8 = 0;
+}
+
+// SAFETY: repr(C), plain integers, zero is valid.
+unsafe impl ShmSafe for Descriptor {}
+const _: () = assert!(core::mem::size_of::<Descriptor>() == 16);
+
+/// One size class, written once by the manager before anyone attaches.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub struct ClassInfo {
+    /// Bytes per buffer.
+    pub buf_size: u32,
+    /// Number of buffers.
+    pub count: u32,
+    /// Offset of the `count` buffer headers.
+    pub hdr_off: u64,
+    /// Offset of the first buffer's data.
+    pub data_off: u64,
+}
+
+/// The segment header. Written by the manager before the segment fd is
+/// handed to anyone; read-only afterwards.
+#[derive(Debug)]
+#[repr(C)]
+pub struct SegmentHeader {
+    /// [`MAGIC`].
+    pub magic: u64,
+    /// [`LAYOUT_VERSION`].
+    pub version: u32,
+    /// Number of valid entries in `classes`.
+    pub n_classes: u32,
+    /// Total bytes of the segment.
+    pub total_len: u64,
+    /// Stack slots (ids 1..=max_stacks).
+    pub max_stacks: u32,
+    /// Channel slots.
+    pub max_channels: u32,
+    /// Descriptors per ring (a power of two).
+    pub ring_capacity: u32,
+    /// Bytes per channel slot (header plus both rings).
+    pub channel_stride: u32,
+    /// Offset of the free-list heads.
+    pub free_heads_off: u64,
+    /// Offset of the stack slots.
+    pub stacks_off: u64,
+    /// Offset of the channel slots.
+    pub channels_off: u64,
+    /// The size classes, smallest first.
+    pub classes: [ClassInfo; MAX_CLASSES],
+}
+// SAFETY: repr(C), plain integers, zero is valid.
+unsafe impl ShmSafe for SegmentHeader {}
+
+/// Head of a class's free list: `(tag << 32) | (index + 1)`, 0 in the low
+/// half meaning empty. The tag counts every change and defeats ABA.
+#[derive(Debug, Default)]
+#[repr(C)]
+pub struct FreeHead {
+    /// The tagged head.
+    pub head: CachePadded<AtomicU64>,
+    /// Non-zero while the manager reconciles the list after a crash; stacks
+    /// stay off the list meanwhile (see `pool::PoolView::global_op`).
+    pub gate: CachePadded<AtomicU32>,
+}
+// SAFETY: repr(C) atomic, zero is the empty list.
+unsafe impl ShmSafe for FreeHead {}
+
+/// Per-buffer header, separate from the data so a scan touches few lines.
+#[derive(Debug, Default)]
+#[repr(C)]
+pub struct BufHeader {
+    /// `state | owner << 8 | gen << 32`; see [`bufword`].
+    pub word: AtomicU64,
+    /// Next free buffer (index + 1, 0 = end) while on the free list.
+    pub next: AtomicU32,
+    /// Reserved.
+    pub _pad: u32,
+}
+// SAFETY: repr(C) atomics, zero is "free, no owner, generation 0".
+unsafe impl ShmSafe for BufHeader {}
+const _: () = assert!(core::mem::size_of::<BufHeader>() == 16);
+
+/// Packing of [`BufHeader::word`].
+pub mod bufword {
+    /// On the shared free list.
+    pub const FREE: u8 = 0;
+    /// In a stack's private cache (owner set).
+    pub const CACHED: u8 = 1;
+    /// A writable `BufMut` of the owner.
+    pub const ALLOCATED: u8 = 2;
+    /// In a ring, on its way to the owner (the receiver).
+    pub const INFLIGHT: u8 = 3;
+    /// A received, read-only `Buf` of the owner.
+    pub const HELD: u8 = 4;
+
+    /// Packs a header word.
+    #[inline]
+    pub const fn pack(state: u8, owner: u16, gen: u32) -> u64 {
+        state as u64 | (owner as u64) << 8 | (gen as u64) << 32
+    }
+    /// State byte.
+    #[inline]
+    pub const fn state(w: u64) -> u8 {
+        w as u8
+    }
+    /// Owner stack id.
+    #[inline]
+    pub const fn owner(w: u64) -> u16 {
+        (w >> 8) as u16
+    }
+    /// Generation.
+    #[inline]
+    pub const fn gen(w: u64) -> u32 {
+        (w >> 32) as u32
+    }
+}
+
+/// Stack slot states.
+pub mod slot_state {
+    /// Unused.
+    pub const FREE: u32 = 0;
+    /// A registered, live stack.
+    pub const ACTIVE: u32 = 1;
+    /// Died; being reclaimed by the manager.
+    pub const DEAD: u32 = 2;
+}
+
+/// Per-stack shared state: the doorbell's sleeping flag, where the stack
+/// runs, and what pool operation it is in the middle of (for reclamation).
+#[derive(Debug, Default)]
+#[repr(C)]
+pub struct StackSlot {
+    /// 1 while the stack is (about to be) asleep on its doorbell. Producers
+    /// ring only when they swap it from 1 to 0.
+    pub sleeping: CachePadded<AtomicU32>,
+    /// `CLOCK_MONOTONIC` ns when the doorbell was last rung, for measuring
+    /// what a wake-up costs.
+    pub rung_at: CachePadded<AtomicU64>,
+    /// CPU the stack's waiter last ran on (+1; 0 = unknown).
+    pub cpu: AtomicU32,
+    /// [`slot_state`]; written by the manager.
+    pub state: AtomicU32,
+    /// Process id, for status output.
+    pub pid: AtomicU32,
+    /// Bumped by the manager each time it queues a control message for
+    /// this stack, so the data path notices without a syscall.
+    pub ctrl_seq: AtomicU32,
+    /// Free-list operation in progress; see `pool::intent`.
+    pub intent: AtomicU64,
+    /// Descriptors rejected as corrupt by this stack.
+    pub corrupt: AtomicU64,
+    /// Times this stack's waiter went to sleep.
+    pub sleeps: AtomicU64,
+}
+// SAFETY: repr(C) atomics, zero is a free slot.
+unsafe impl ShmSafe for StackSlot {}
+
+/// Channel slot states.
+pub mod chan_state {
+    /// Unused.
+    pub const FREE: u32 = 0;
+    /// Both ends live.
+    pub const ACTIVE: u32 = 1;
+    /// One end died or closed; the other must stop using it.
+    pub const CLOSED: u32 = 2;
+}
+
+/// Header of a channel slot; two rings follow it: `a -> b`, then `b -> a`.
+#[derive(Debug, Default)]
+#[repr(C)]
+pub struct ChannelHeader {
+    /// [`chan_state`].
+    pub state: CachePadded<AtomicU32>,
+    /// Stack id of end `a` (the one that asked for the channel).
+    pub stack_a: u32,
+    /// Stack id of end `b`.
+    pub stack_b: u32,
+}
+// SAFETY: repr(C), atomics and integers, zero is a free slot.
+unsafe impl ShmSafe for ChannelHeader {}
+
+/// Header of one SPSC ring; `capacity` descriptors follow it.
+#[derive(Debug, Default)]
+#[repr(C)]
+pub struct RingHeader {
+    /// Producer index (next slot to write); written only by the producer.
+    pub tail: CachePadded<AtomicU32>,
+    /// Consumer index (next slot to read); written only by the consumer.
+    pub head: CachePadded<AtomicU32>,
+}
+// SAFETY: repr(C) atomics, zero is an empty ring.
+unsafe impl ShmSafe for RingHeader {}
+
+/// Geometry of a pool, chosen when the manager starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// `(buffer size, count)` per class, smallest first.
+    pub classes: Vec<(u32, u32)>,
+    /// How many stacks may be registered at once.
+    pub max_stacks: u32,
+    /// How many channels may exist at once.
+    pub max_channels: u32,
+    /// Descriptors per ring, a power of two.
+    pub ring_capacity: u32,
+}
+
+impl Default for PoolConfig {
+    /// 2 KiB x 8192, 64 KiB x 512, 1 MiB x 32 (about 80 MiB, touched lazily),
+    /// 64 stacks, 256 channels, 1024-descriptor rings.
+    fn default() -> Self {
+        Self {
+            classes: vec![(2 << 10, 8192), (64 << 10, 512), (1 << 20, 32)],
+            max_stacks: 64,
+            max_channels: 256,
+            ring_capacity: 1024,
+        }
+    }
+}
+
+/// Where everything is, computed from a [`PoolConfig`].
+#[derive(Clone, Debug)]
+pub struct Geometry {
+    /// Header to write at offset 0 (atomics excluded).
+    pub classes: Vec<ClassInfo>,
+    /// Free heads offset.
+    pub free_heads_off: u64,
+    /// Stack slots offset.
+    pub stacks_off: u64,
+    /// Channel slots offset.
+    pub channels_off: u64,
+    /// Bytes per channel slot.
+    pub channel_stride: u32,
+    /// Total length.
+    pub total_len: u64,
+}
+
+/// Errors in a pool configuration.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// No class, or more than [`MAX_CLASSES`].
+    #[error("a pool needs 1 to {MAX_CLASSES} size classes, got {0}")]
+    ClassCount(usize),
+    /// Sizes must grow strictly and be multiples of 64; counts positive.
+    #[error("size classes must be increasing multiples of 64 bytes with a positive count: {0:?}")]
+    BadClass((u32, u32)),
+    /// Ring capacity must be a power of two from 2 to 2^20.
+    #[error("ring capacity must be a power of two between 2 and 1048576, got {0}")]
+    RingCapacity(u32),
+    /// Stack ids are 16 bits (0 reserved).
+    #[error("max_stacks must be 1..=65534, got {0}")]
+    MaxStacks(u32),
+    /// At least one channel.
+    #[error("max_channels must be at least 1, got {0}")]
+    MaxChannels(u32),
+    /// A class with more than 2^31 buffers or a segment over 64 GiB.
+    #[error("pool too large")]
+    TooLarge,
+}
+
+const fn align_up(v: u64, a: u64) -> u64 {
+    (v + a - 1) & !(a - 1)
+}
+
+impl PoolConfig {
+    /// Checks the configuration and lays the segment out.
+    pub fn geometry(&self) -> Result<Geometry, ConfigError> {
+        if self.classes.is_empty() || self.classes.len() > MAX_CLASSES {
+            return Err(ConfigError::ClassCount(self.classes.len()));
+        }
+        let mut prev = 0;
+        for &(size, count) in &self.classes {
+            if size <= prev || size % 64 != 0 || count == 0 {
+                return Err(ConfigError::BadClass((size, count)));
+            }
+            if count > 1 << 31 {
+                return Err(ConfigError::TooLarge);
+            }
+            prev = size;
+        }
+        let cap = self.ring_capacity;
+        if !cap.is_power_of_two() || !(2..=1 << 20).contains(&cap) {
+            return Err(ConfigError::RingCapacity(cap));
+        }
+        if self.max_stacks == 0 || self.max_stacks > 65534 {
+            return Err(ConfigError::MaxStacks(self.max_stacks));
+        }
+        if self.max_channels == 0 {
+            return Err(ConfigError::MaxChannels(self.max_channels));
+        }
+        let mut off = align_up(core::mem::size_of::<SegmentHeader>() as u64, 128);
+        let free_heads_off = off;
+        off += (MAX_CLASSES * core::mem::size_of::<FreeHead>()) as u64;
+        let stacks_off = align_up(off, 128);
+        // Slot 0 is never used (id 0 = nobody) but keeping it makes id == index.
+        off = stacks_off + (self.max_stacks as u64 + 1) * core::mem::size_of::<StackSlot>() as u64;
+        let channels_off = align_up(off, 128);
+        let ring_bytes = core::mem::size_of::<RingHeader>() as u64 + cap as u64 * 16;
+        let channel_stride = align_up(
+            core::mem::size_of::<ChannelHeader>() as u64 + 2 * align_up(ring_bytes, 128),
+            128,
+        );
+        off = channels_off + channel_stride * self.max_channels as u64;
+        let mut classes = Vec::new();
+        for &(size, count) in &self.classes {
+            off = align_up(off, 128);
+            classes.push(ClassInfo {
+                buf_size: size,
+                count,
+                hdr_off: off,
+                data_off: 0,
+            });
+            off += count as u64 * core::mem::size_of::<BufHeader>() as u64;
+        }
+        for (c, &(size, count)) in classes.iter_mut().zip(&self.classes) {
+            off = align_up(off, 4096);
+            c.data_off = off;
+            off += size as u64 * count as u64;
+        }
+        let total_len = align_up(off, 4096);
+        if total_len > 64 << 30 {
+            return Err(ConfigError::TooLarge);
+        }
+        Ok(Geometry {
+            classes,
+            free_heads_off,
+            stacks_off,
+            channels_off,
+            channel_stride: u32::try_from(channel_stride).map_err(|_| ConfigError::TooLarge)?,
+            total_len,
+        })
+    }
+}
+
+/// Offset of ring `dir` (0: a->b, 1: b->a) within a channel slot.
+pub fn ring_offset(ring_capacity: u32, dir: usize) -> u64 {
+    let ring_bytes = core::mem::size_of::<RingHeader>() as u64 + ring_capacity as u64 * 16;
+    align_up(core::mem::size_of::<ChannelHeader>() as u64, 128)
+        + dir as u64 * align_up(ring_bytes, 128)
+}

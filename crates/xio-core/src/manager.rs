@@ -1,0 +1,936 @@
+//! The manager: owns the pool, registers stacks, sets up channels, and
+//! reclaims what a dead process held. The `xio-manager` binary runs this
+//! same code in the foreground; [`ManagerBuilder::spawn`] runs it on a
+//! thread inside any process (tests, examples, single-binary services).
+//!
+//! The manager is the control plane only: once two stacks have a channel it
+//! never touches their traffic. It learns of a death by EOF on the stack's
+//! control socket, which the kernel delivers the moment a process dies,
+//! however it dies.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use rustix::event::{PollFd, PollFlags};
+
+use crate::backend::{Doorbell, EventFdDoorbell};
+use crate::ctrl::{self, RecvError};
+use crate::layout::{chan_state, slot_state, PoolConfig};
+use crate::paths;
+use crate::pool::{ClassUsage, ManagerPool, Reclaimed};
+use crate::proto::{ErrorCode, Msg};
+use crate::segment::{Region, Segment, SegmentError};
+use crate::sync::Ordering;
+
+/// Errors starting or running a manager.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    /// Another manager holds this prefix.
+    #[error("another xio-manager is already running for pool {prefix:?}{} (lock {lock})", pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    AlreadyRunning {
+        /// The prefix.
+        prefix: String,
+        /// Its pid, if the lock file says.
+        pid: Option<u32>,
+        /// The lock file.
+        lock: String,
+    },
+    /// Invalid prefix.
+    #[error(transparent)]
+    BadPrefix(#[from] paths::BadPrefix),
+    /// Could not create the segment.
+    #[error(transparent)]
+    Segment(#[from] SegmentError),
+    /// A system call failed.
+    #[error("{what}: {err}")]
+    Io {
+        /// What we were doing.
+        what: String,
+        /// The error.
+        err: io::Error,
+    },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ManagerError {
+    let what = what.into();
+    move |err| ManagerError::Io { what, err }
+}
+
+/// Options for a manager.
+#[derive(Clone, Debug)]
+pub struct ManagerBuilder {
+    prefix: String,
+    pool: PoolConfig,
+}
+
+impl ManagerBuilder {
+    /// The pool geometry (default: [`PoolConfig::default`]).
+    pub fn pool(mut self, pool: PoolConfig) -> Self {
+        self.pool = pool;
+        self
+    }
+
+    /// Creates the pool and takes the prefix: after this returns, stacks can
+    /// connect (their requests are served once [`Manager::run`] runs).
+    pub fn bind(self) -> Result<Manager, ManagerError> {
+        Manager::bind(self)
+    }
+
+    /// Binds and runs the manager on a background thread.
+    pub fn spawn(self) -> Result<ManagerHandle, ManagerError> {
+        let m = self.bind()?;
+        let stop = m.stopper();
+        let view = m.pool.clone();
+        let snap = m.snapshot.clone();
+        let prefix = m.prefix.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("xio-manager-{prefix}"))
+            .spawn(move || m.run())
+            .map_err(io_err("spawn manager thread"))?;
+        Ok(ManagerHandle {
+            thread: Some(thread),
+            stop,
+            pool: view,
+            snapshot: snap,
+            prefix,
+        })
+    }
+}
+
+/// Stops a running manager from another thread or a signal handler thread.
+#[derive(Clone, Debug)]
+pub struct Stopper(Arc<EventFdDoorbell>);
+
+impl Stopper {
+    /// Asks the manager to stop; `run` returns soon after.
+    pub fn stop(&self) {
+        let _ = self.0.ring();
+    }
+}
+
+/// What the manager knows, for status output and tests.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Registered stacks.
+    pub stacks: Vec<StackInfo>,
+    /// Open channels: `(slot, stack a, stack b)`.
+    pub channels: Vec<(u32, u16, u16)>,
+    /// Processes that died or left, in total.
+    pub deaths: u64,
+    /// Buffers reclaimed from them, in total.
+    pub reclaimed: u64,
+    /// Malformed or unexpected control messages received.
+    pub bad_messages: u64,
+}
+
+/// One registered stack.
+#[derive(Clone, Debug)]
+pub struct StackInfo {
+    /// Stack id.
+    pub id: u16,
+    /// Process id.
+    pub pid: u32,
+    /// Service name.
+    pub name: String,
+    /// Bound addresses.
+    pub addrs: Vec<SocketAddr>,
+}
+
+/// A manager running on a thread of this process. Stops (and removes its
+/// socket) when dropped.
+#[derive(Debug)]
+pub struct ManagerHandle {
+    thread: Option<JoinHandle<Result<(), ManagerError>>>,
+    stop: Stopper,
+    pool: Arc<ManagerPool>,
+    snapshot: Arc<Mutex<Snapshot>>,
+    prefix: String,
+}
+
+impl ManagerHandle {
+    /// Buffers per class, free and per owner.
+    pub fn usage(&self) -> Vec<ClassUsage> {
+        self.pool.usage()
+    }
+
+    /// True when every buffer of every class is free.
+    pub fn pool_is_whole(&self) -> bool {
+        self.usage().iter().all(|u| u.free == u.total)
+    }
+
+    /// Registered stacks, channels and counters.
+    pub fn snapshot(&self) -> Snapshot {
+        self.snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The pool's prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Stops the manager and waits for its thread.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.stop();
+        if let Some(t) = self.thread.take() {
+            match t.join() {
+                Ok(Err(e)) => tracing::error!(error = %e, "manager failed"),
+                Err(_) => tracing::error!("manager thread panicked"),
+                Ok(Ok(())) => {}
+            }
+        }
+    }
+}
+
+impl Drop for ManagerHandle {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+struct StackEntry {
+    sock: OwnedFd,
+    pid: u32,
+    name: String,
+    bell: EventFdDoorbell,
+    addrs: BTreeSet<SocketAddr>,
+    /// peer id -> channel slot
+    peers: HashMap<u16, u32>,
+}
+
+struct ChanEntry {
+    a: u16,
+    b: u16,
+    /// When closing: the live end we wait on, and the dead one.
+    closing: Option<(u16, u16)>,
+}
+
+/// A bound manager; [`Manager::run`] serves until stopped.
+pub struct Manager {
+    prefix: String,
+    sock_path: PathBuf,
+    _lock: OwnedFd,
+    listener: OwnedFd,
+    seg: Segment,
+    pool: Arc<ManagerPool>,
+    stop: Arc<EventFdDoorbell>,
+    pending: Vec<OwnedFd>,
+    stacks: HashMap<u16, StackEntry>,
+    /// Dead stacks whose slot waits for their peers to release channels.
+    dead: HashMap<u16, BTreeSet<u32>>,
+    bindings: HashMap<SocketAddr, u16>,
+    channels: Vec<Option<ChanEntry>>,
+    snapshot: Arc<Mutex<Snapshot>>,
+    uid: u32,
+}
+
+impl std::fmt::Debug for Manager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Manager")
+            .field("prefix", &self.prefix)
+            .field("stacks", &self.stacks.len())
+            .finish()
+    }
+}
+
+const MAX_PENDING: usize = 256;
+
+impl Manager {
+    /// Options for a manager of pool `prefix`.
+    pub fn builder(prefix: &str) -> ManagerBuilder {
+        ManagerBuilder {
+            prefix: prefix.to_owned(),
+            pool: PoolConfig::default(),
+        }
+    }
+
+    fn bind(b: ManagerBuilder) -> Result<Manager, ManagerError> {
+        paths::check_prefix(&b.prefix)?;
+        let geo = b.pool.geometry().map_err(SegmentError::from)?;
+        let dir = paths::run_dir();
+        std::fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
+        let lock_path = paths::lock_path(&b.prefix);
+        let lock = rustix::fs::open(
+            &lock_path,
+            rustix::fs::OFlags::CREATE | rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| io_err(format!("open {}", lock_path.display()))(e.into()))?;
+        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            let pid = std::fs::read_to_string(&lock_path)
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+            return Err(ManagerError::AlreadyRunning {
+                prefix: b.prefix,
+                pid,
+                lock: lock_path.display().to_string(),
+            });
+        }
+        let _ = rustix::fs::ftruncate(&lock, 0);
+        let _ = rustix::io::pwrite(&lock, format!("{}\n", std::process::id()).as_bytes(), 0);
+        let sock_path = paths::socket_path(&b.prefix);
+        // We hold the lock, so a socket file left here is a dead manager's.
+        let _ = std::fs::remove_file(&sock_path);
+        let listener = ctrl::listen(&sock_path)
+            .map_err(io_err(format!("listen on {}", sock_path.display())))?;
+        ctrl::set_nonblocking(&listener, true).map_err(io_err("set listener non-blocking"))?;
+        let region = Region::create_memfd(&format!("xio-{}", b.prefix), geo.total_len as usize)?;
+        let seg = Segment::init(region, &b.pool, &geo)?;
+        let pool = Arc::new(ManagerPool::init(seg.clone()));
+        let stop = Arc::new(EventFdDoorbell::new().map_err(io_err("eventfd"))?);
+        tracing::info!(
+            prefix = %b.prefix,
+            socket = %sock_path.display(),
+            segment_mib = geo.total_len >> 20,
+            classes = ?b.pool.classes,
+            "manager ready"
+        );
+        Ok(Manager {
+            prefix: b.prefix,
+            sock_path,
+            _lock: lock,
+            listener,
+            channels: (0..seg.max_channels()).map(|_| None).collect(),
+            seg,
+            pool,
+            stop,
+            pending: Vec::new(),
+            stacks: HashMap::new(),
+            dead: HashMap::new(),
+            bindings: HashMap::new(),
+            snapshot: Arc::new(Mutex::new(Snapshot::default())),
+            uid: rustix::process::geteuid().as_raw(),
+        })
+    }
+
+    /// A handle that makes [`Manager::run`] return.
+    pub fn stopper(&self) -> Stopper {
+        Stopper(self.stop.clone())
+    }
+
+    /// The control socket's path.
+    pub fn socket_path(&self) -> &std::path::Path {
+        &self.sock_path
+    }
+
+    /// Serves until stopped; then removes the socket.
+    pub fn run(mut self) -> Result<(), ManagerError> {
+        let r = self.serve();
+        let _ = std::fs::remove_file(&self.sock_path);
+        tracing::info!(prefix = %self.prefix, "manager stopped");
+        r
+    }
+
+    fn serve(&mut self) -> Result<(), ManagerError> {
+        loop {
+            let ids: Vec<u16> = self.stacks.keys().copied().collect();
+            let (stop_r, listen_r, pend_r, stack_r) = {
+                let mut fds = Vec::with_capacity(2 + self.pending.len() + ids.len());
+                fds.push(PollFd::new(&*self.stop, PollFlags::IN));
+                fds.push(PollFd::new(&self.listener, PollFlags::IN));
+                for p in &self.pending {
+                    fds.push(PollFd::new(p, PollFlags::IN));
+                }
+                for id in &ids {
+                    fds.push(PollFd::new(&self.stacks[id].sock, PollFlags::IN));
+                }
+                match rustix::event::poll(&mut fds, None) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(io_err("poll")(e.into())),
+                }
+                let ready = |f: &PollFd<'_>| !f.revents().is_empty();
+                let np = self.pending.len();
+                (
+                    ready(&fds[0]),
+                    ready(&fds[1]),
+                    fds[2..2 + np].iter().map(ready).collect::<Vec<_>>(),
+                    fds[2 + np..].iter().map(ready).collect::<Vec<_>>(),
+                )
+            };
+            if stop_r {
+                return Ok(());
+            }
+            // Registered stacks first (ids were captured before polling).
+            for (id, r) in ids.iter().zip(stack_r) {
+                if r && self.stacks.contains_key(id) {
+                    self.on_stack_readable(*id);
+                }
+            }
+            // Pending connections, from the back so removal keeps indices.
+            for i in (0..pend_r.len()).rev() {
+                if pend_r[i] {
+                    let sock = self.pending.swap_remove(i);
+                    self.on_pending(sock);
+                }
+            }
+            if listen_r {
+                self.accept_all();
+            }
+            self.publish();
+        }
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            match ctrl::accept(self.listener.as_fd()) {
+                Ok(s) => {
+                    // Same user (or root) only: one pool per security domain.
+                    match rustix::net::sockopt::socket_peercred(&s) {
+                        Ok(c) if c.uid.as_raw() == self.uid || c.uid.is_root() => {}
+                        _ => {
+                            let _ = ctrl::send(
+                                s.as_fd(),
+                                &Msg::Error {
+                                    code: ErrorCode::Unexpected,
+                                    message: "permission denied: wrong user".into(),
+                                },
+                                &[],
+                            );
+                            continue;
+                        }
+                    }
+                    if self.pending.len() >= MAX_PENDING {
+                        // Drop the oldest silent connection.
+                        self.pending.remove(0);
+                    }
+                    self.pending.push(s);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn bad_message(&mut self, sock: &OwnedFd, why: String) {
+        self.snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .bad_messages += 1;
+        tracing::warn!(reason = %why, "bad control message; closing the connection");
+        let _ = ctrl::send(
+            sock.as_fd(),
+            &Msg::Error {
+                code: ErrorCode::BadMessage,
+                message: why,
+            },
+            &[],
+        );
+    }
+
+    fn on_pending(&mut self, sock: OwnedFd) {
+        let (msg, _fds) = match ctrl::recv(sock.as_fd(), true) {
+            Ok(x) => x,
+            Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.pending.push(sock);
+                return;
+            }
+            Err(RecvError::Closed) | Err(RecvError::Io(_)) => return,
+            Err(RecvError::Proto(p)) => return self.bad_message(&sock, p.to_string()),
+        };
+        match msg {
+            Msg::Hello { pid, name } => self.register(sock, pid, name),
+            Msg::Status => {
+                let text = self.status_text();
+                let _ = ctrl::send(sock.as_fd(), &Msg::StatusReply { text }, &[]);
+            }
+            other => self.bad_message(&sock, format!("expected Hello, got {other:?}")),
+        }
+    }
+
+    fn register(&mut self, sock: OwnedFd, claimed_pid: u32, name: String) {
+        let pid = ctrl::peer_pid(&sock).unwrap_or(claimed_pid);
+        let free = (1..=self.seg.max_stacks() as u16).find(|&id| {
+            !self.stacks.contains_key(&id)
+                && !self.dead.contains_key(&id)
+                && self.seg.stack_slot(id).state.load(Ordering::Acquire) == slot_state::FREE
+        });
+        let Some(id) = free else {
+            let _ = ctrl::send(
+                sock.as_fd(),
+                &Msg::Error {
+                    code: ErrorCode::NoSpace,
+                    message: "no free stack slot".into(),
+                },
+                &[],
+            );
+            return;
+        };
+        let bell = match EventFdDoorbell::new() {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "eventfd");
+                return;
+            }
+        };
+        let slot = self.seg.stack_slot(id);
+        slot.sleeping.store(0, Ordering::Relaxed);
+        slot.cpu.store(0, Ordering::Relaxed);
+        slot.intent.store(0, Ordering::Relaxed);
+        slot.pid.store(pid, Ordering::Relaxed);
+        slot.state.store(slot_state::ACTIVE, Ordering::Release);
+        let seg_fd = self.seg.region().fd().expect("manager segments are memfds");
+        if let Err(e) = ctrl::send(
+            sock.as_fd(),
+            &Msg::Welcome { stack_id: id },
+            &[seg_fd, bell.fd()],
+        ) {
+            tracing::warn!(error = %e, "could not answer Hello");
+            slot.state.store(slot_state::FREE, Ordering::Release);
+            return;
+        }
+        tracing::info!(stack = id, pid, name = %name, "stack registered");
+        self.stacks.insert(
+            id,
+            StackEntry {
+                sock,
+                pid,
+                name,
+                bell,
+                addrs: BTreeSet::new(),
+                peers: HashMap::new(),
+            },
+        );
+    }
+
+    fn on_stack_readable(&mut self, id: u16) {
+        let r = ctrl::recv(self.stacks[&id].sock.as_fd(), true);
+        let msg = match r {
+            Ok((m, _)) => m,
+            Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(RecvError::Proto(p)) => {
+                let e = self.stacks.remove(&id).expect("present");
+                self.bad_message(&e.sock, p.to_string());
+                return self.on_death(id, e);
+            }
+            Err(_) => {
+                let e = self.stacks.remove(&id).expect("present");
+                return self.on_death(id, e);
+            }
+        };
+        let reply = match msg {
+            Msg::Bind { addr } => self.bind_addr(id, addr),
+            Msg::Unbind { addr } => {
+                if self.bindings.get(&addr) == Some(&id) {
+                    self.bindings.remove(&addr);
+                    self.stacks
+                        .get_mut(&id)
+                        .expect("present")
+                        .addrs
+                        .remove(&addr);
+                }
+                Some(Msg::Ok)
+            }
+            Msg::Connect { addr } => return self.connect(id, addr),
+            Msg::ChannelReleased { channel } => {
+                self.released(id, channel);
+                None
+            }
+            Msg::Status => Some(Msg::StatusReply {
+                text: self.status_text(),
+            }),
+            other => {
+                let e = self.stacks.remove(&id).expect("present");
+                self.bad_message(
+                    &e.sock,
+                    format!("unexpected {other:?} from a registered stack"),
+                );
+                return self.on_death(id, e);
+            }
+        };
+        if let Some(m) = reply {
+            let _ = ctrl::send(self.stacks[&id].sock.as_fd(), &m, &[]);
+        }
+    }
+
+    fn bind_addr(&mut self, id: u16, addr: SocketAddr) -> Option<Msg> {
+        match self.bindings.get(&addr) {
+            Some(&other) if other != id => Some(Msg::Error {
+                code: ErrorCode::AddrInUse,
+                message: format!("{addr} is bound by stack {other}"),
+            }),
+            _ => {
+                self.bindings.insert(addr, id);
+                self.stacks
+                    .get_mut(&id)
+                    .expect("present")
+                    .addrs
+                    .insert(addr);
+                tracing::info!(stack = id, %addr, "bound");
+                Some(Msg::Ok)
+            }
+        }
+    }
+
+    fn notify(&self, id: u16) {
+        // Sent first, then the sequence bump, then the bell: a stack that
+        // sees the bump finds the message already queued.
+        self.seg
+            .stack_slot(id)
+            .ctrl_seq
+            .fetch_add(1, Ordering::AcqRel);
+        if let Some(e) = self.stacks.get(&id) {
+            let _ = e.bell.ring();
+        }
+    }
+
+    fn connect(&mut self, a: u16, addr: SocketAddr) {
+        let reply = |m: &mut Self, msg: Msg, fds: &[std::os::fd::BorrowedFd<'_>]| {
+            let _ = ctrl::send(m.stacks[&a].sock.as_fd(), &msg, fds);
+        };
+        let Some(&b) = self.bindings.get(&addr) else {
+            let msg = Msg::Error {
+                code: ErrorCode::ConnectionRefused,
+                message: format!("nothing is bound to {addr}"),
+            };
+            return reply(self, msg, &[]);
+        };
+        if b == a {
+            let msg = Msg::Error {
+                code: ErrorCode::ConnectionRefused,
+                message: format!("{addr} is bound by this same stack"),
+            };
+            return reply(self, msg, &[]);
+        }
+        if let Some(&ch) = self.stacks[&a].peers.get(&b) {
+            let (dir, _) = self.dir_of(ch, a);
+            let msg = Msg::Connected {
+                channel: ch,
+                dir,
+                peer: b,
+                existing: true,
+            };
+            let fd = self.stacks[&b].bell.fd();
+            let _ = ctrl::send(self.stacks[&a].sock.as_fd(), &msg, &[fd]);
+            return;
+        }
+        let Some(ch) = self.channels.iter().position(|c| c.is_none()) else {
+            let msg = Msg::Error {
+                code: ErrorCode::NoSpace,
+                message: "no free channel slot".into(),
+            };
+            return reply(self, msg, &[]);
+        };
+        let ch = ch as u32;
+        self.seg.reset_channel_rings(ch);
+        let hdr = self.seg.channel(ch);
+        // Release: the ring resets above happen before either end can see
+        // the channel active.
+        hdr.state.store(chan_state::ACTIVE, Ordering::Release);
+        self.channels[ch as usize] = Some(ChanEntry {
+            a,
+            b,
+            closing: None,
+        });
+        self.stacks
+            .get_mut(&a)
+            .expect("present")
+            .peers
+            .insert(b, ch);
+        self.stacks
+            .get_mut(&b)
+            .expect("present")
+            .peers
+            .insert(a, ch);
+        // Tell b first, so its channel exists before a's first descriptor.
+        let up = Msg::ChannelUp {
+            channel: ch,
+            dir: 1,
+            peer: a,
+        };
+        let _ = ctrl::send(
+            self.stacks[&b].sock.as_fd(),
+            &up,
+            &[self.stacks[&a].bell.fd()],
+        );
+        self.notify(b);
+        let msg = Msg::Connected {
+            channel: ch,
+            dir: 0,
+            peer: b,
+            existing: false,
+        };
+        let _ = ctrl::send(
+            self.stacks[&a].sock.as_fd(),
+            &msg,
+            &[self.stacks[&b].bell.fd()],
+        );
+        tracing::info!(channel = ch, a, b, %addr, "channel up");
+    }
+
+    fn dir_of(&self, ch: u32, id: u16) -> (u8, u16) {
+        let c = self.channels[ch as usize].as_ref().expect("live channel");
+        if c.a == id {
+            (0, c.b)
+        } else {
+            (1, c.a)
+        }
+    }
+
+    fn on_death(&mut self, id: u16, e: StackEntry) {
+        self.seg
+            .stack_slot(id)
+            .state
+            .store(slot_state::DEAD, Ordering::Release);
+        for addr in &e.addrs {
+            if self.bindings.get(addr) == Some(&id) {
+                self.bindings.remove(addr);
+            }
+        }
+        let mut waiting = BTreeSet::new();
+        for (&peer, &ch) in &e.peers {
+            // Release: pairs with the Acquire loads in the peer's send path.
+            self.seg
+                .channel(ch)
+                .state
+                .store(chan_state::CLOSED, Ordering::Release);
+            if let Some(p) = self.stacks.get_mut(&peer) {
+                p.peers.remove(&id);
+                let _ = ctrl::send(
+                    p.sock.as_fd(),
+                    &Msg::PeerDown {
+                        channel: ch,
+                        peer: id,
+                    },
+                    &[],
+                );
+                if let Some(c) = self.channels[ch as usize].as_mut() {
+                    c.closing = Some((peer, id));
+                }
+                waiting.insert(ch);
+                self.notify(peer);
+            } else {
+                self.free_channel(ch);
+            }
+        }
+        let live: Vec<u16> = self.stacks.keys().copied().collect();
+        let r = self.pool.reclaim(id, &live);
+        {
+            let mut s = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+            s.deaths += 1;
+            s.reclaimed += u64::from(r.owned + r.lost);
+        }
+        tracing::info!(
+            stack = id,
+            pid = e.pid,
+            name = %e.name,
+            reclaimed = r.owned,
+            lost_and_found = r.lost,
+            peers_reset = waiting.len(),
+            "stack gone; buffers reclaimed"
+        );
+        if waiting.is_empty() {
+            self.seg
+                .stack_slot(id)
+                .state
+                .store(slot_state::FREE, Ordering::Release);
+        } else {
+            self.dead.insert(id, waiting);
+        }
+    }
+
+    fn free_channel(&mut self, ch: u32) {
+        self.seg
+            .channel(ch)
+            .state
+            .store(chan_state::FREE, Ordering::Release);
+        self.channels[ch as usize] = None;
+    }
+
+    /// A live stack is done with a channel whose other end died.
+    fn released(&mut self, by: u16, ch: u32) {
+        let Some(Some(c)) = self.channels.get(ch as usize) else {
+            return;
+        };
+        let Some((live, dead)) = c.closing else {
+            return;
+        };
+        if live != by {
+            return;
+        }
+        self.free_channel(ch);
+        self.finish_dead(dead, ch);
+    }
+
+    fn finish_dead(&mut self, dead: u16, ch: u32) {
+        let Some(w) = self.dead.get_mut(&dead) else {
+            return;
+        };
+        w.remove(&ch);
+        if w.is_empty() {
+            self.dead.remove(&dead);
+            // Second sweep: a peer may have sent to the dead stack between
+            // our first sweep and its noticing the channel closed.
+            let live: Vec<u16> = self.stacks.keys().copied().collect();
+            let Reclaimed { owned, lost } = self.pool.reclaim(dead, &live);
+            if owned + lost > 0 {
+                tracing::info!(
+                    stack = dead,
+                    reclaimed = owned + lost,
+                    "late buffers reclaimed"
+                );
+                self.snapshot
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .reclaimed += u64::from(owned + lost);
+            }
+            self.seg
+                .stack_slot(dead)
+                .state
+                .store(slot_state::FREE, Ordering::Release);
+        }
+    }
+
+    fn publish(&mut self) {
+        // Live stacks that died while a dead peer's channel waited on them.
+        let waiting_on_gone: Vec<(u32, u16)> = self
+            .channels
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let (live, dead) = c.as_ref()?.closing?;
+                (!self.stacks.contains_key(&live)).then_some((i as u32, dead))
+            })
+            .collect();
+        for (ch, dead) in waiting_on_gone {
+            self.free_channel(ch);
+            self.finish_dead(dead, ch);
+        }
+        let mut s = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        s.stacks = self
+            .stacks
+            .iter()
+            .map(|(&id, e)| StackInfo {
+                id,
+                pid: e.pid,
+                name: e.name.clone(),
+                addrs: e.addrs.iter().copied().collect(),
+            })
+            .collect();
+        s.stacks.sort_by_key(|s| s.id);
+        s.channels = self
+            .channels
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                c.as_ref()
+                    .filter(|c| c.closing.is_none())
+                    .map(|c| (i as u32, c.a, c.b))
+            })
+            .collect();
+    }
+
+    fn status_text(&self) -> String {
+        use std::fmt::Write;
+        let mut t = String::new();
+        let _ = writeln!(
+            t,
+            "pool {}: {} MiB segment, {}/{} stacks, {}/{} channels",
+            self.prefix,
+            self.seg.region().len() >> 20,
+            self.stacks.len(),
+            self.seg.max_stacks(),
+            self.channels.iter().filter(|c| c.is_some()).count(),
+            self.seg.max_channels()
+        );
+        let usage = self.pool.usage();
+        let mut ids: Vec<_> = self.stacks.keys().copied().collect();
+        ids.sort_unstable();
+        let _ = writeln!(t, "stacks:");
+        for id in ids {
+            let e = &self.stacks[&id];
+            let slot = self.seg.stack_slot(id);
+            let held: u32 = usage
+                .iter()
+                .flat_map(|u| u.by_owner.iter())
+                .filter(|(o, _)| *o == id)
+                .map(|(_, n)| n)
+                .sum();
+            let addrs: Vec<String> = e.addrs.iter().map(|a| a.to_string()).collect();
+            let _ = writeln!(
+                t,
+                "  stack {id:<4} pid {:<8} {:<16} buffers {held:<6} channels {:<3} sleeps {:<8} corrupt {:<4} bound [{}]",
+                e.pid,
+                e.name,
+                e.peers.len(),
+                slot.sleeps.load(Ordering::Relaxed),
+                slot.corrupt.load(Ordering::Relaxed),
+                addrs.join(", ")
+            );
+        }
+        let _ = writeln!(t, "channels:");
+        for (i, c) in self.channels.iter().enumerate() {
+            if let Some(c) = c {
+                let state = if c.closing.is_some() {
+                    "closing"
+                } else {
+                    "open"
+                };
+                let _ = writeln!(
+                    t,
+                    "  channel {i:<4} stack {} <-> stack {} ({state})",
+                    c.a, c.b
+                );
+            }
+        }
+        let _ = writeln!(t, "buffers:");
+        for u in usage {
+            let owners: Vec<String> = u
+                .by_owner
+                .iter()
+                .map(|(o, n)| format!("stack {o}: {n}"))
+                .collect();
+            let _ = writeln!(
+                t,
+                "  class {:>8} B: {:>6} total, {:>6} free, {:>6} in use{}{}",
+                u.buf_size,
+                u.total,
+                u.free,
+                u.total - u.free,
+                if owners.is_empty() { "" } else { " (" },
+                if owners.is_empty() {
+                    String::new()
+                } else {
+                    owners.join(", ") + ")"
+                }
+            );
+        }
+        t
+    }
+}
+
+/// Asks the manager of `prefix` for its status report (what
+/// `xio-manager status` prints).
+pub fn query_status(prefix: &str) -> Result<String, crate::stack::Error> {
+    paths::check_prefix(prefix)?;
+    let path = paths::socket_path(prefix);
+    let sock = ctrl::connect(&path).map_err(|source| crate::stack::Error::NoManager {
+        prefix: prefix.to_owned(),
+        path: path.display().to_string(),
+        source,
+    })?;
+    ctrl::send(sock.as_fd(), &Msg::Status, &[])?;
+    match ctrl::recv(sock.as_fd(), false) {
+        Ok((Msg::StatusReply { text }, _)) => Ok(text),
+        Ok((other, _)) => Err(crate::stack::Error::Protocol(format!(
+            "unexpected {other:?}"
+        ))),
+        Err(RecvError::Closed) => Err(crate::stack::Error::ManagerGone),
+        Err(RecvError::Io(e)) => Err(e.into()),
+        Err(RecvError::Proto(p)) => Err(crate::stack::Error::Protocol(p.to_string())),
+    }
+}

@@ -1,0 +1,766 @@
+//! The buffer pool: per-class lock-free free lists in shared memory, a
+//! private per-stack cache in front of them, ownership recorded in every
+//! buffer's header, and the manager's crash reclamation.
+//!
+//! # Free lists
+//! Each class has a Treiber stack (IBM's lock-free LIFO, with the usual
+//! tag in the high half of the head against ABA) linked through the buffer
+//! headers by index. Stacks take and return buffers in batches so the shared
+//! head is touched once per batch, not once per message.
+//!
+//! # Crash safety
+//! A process can die anywhere, including between popping a buffer off a
+//! list and writing its id into the buffer's header. So every list
+//! operation is bracketed by an *intent* flag in the stack's slot, and a
+//! list operation first checks the class's *gate*. To reconcile after a
+//! death the manager closes the gates and waits until no live stack has an
+//! intent set (a Dekker handshake: stack stores intent then loads gate, the
+//! manager stores gate then loads intents, all `SeqCst`). The list is then
+//! frozen and the manager alone walks it: every buffer the dead stack owned,
+//! and every buffer marked free but missing from the list (lost in the
+//! window above), goes back. The gates stay closed for one scan of the
+//! headers, only when a process dies; in normal operation the lists are
+//! lock-free.
+//!
+//! # Ownership
+//! The header word says who owns a buffer and in what state (see
+//! [`bufword`]). A sender stamps `INFLIGHT, owner = receiver` before pushing
+//! the descriptor, so a buffer in flight belongs to whoever would have
+//! received it: if that one dies, its buffers come back with it.
+
+use std::sync::Mutex;
+
+use crate::layout::{bufword, Descriptor, MAX_CLASSES, NO_CLASS};
+use crate::segment::Segment;
+use crate::sync::{spin_hint, Ordering};
+
+/// How many buffers move between the private cache and the shared list at once.
+const BATCH: usize = 32;
+/// Private cache size above which half is returned to the shared list.
+const CACHE_MAX: usize = 2 * BATCH;
+
+/// A buffer reference: class and index. Not a pointer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RawBuf {
+    /// Size class.
+    pub class: u8,
+    /// Index within the class.
+    pub index: u32,
+}
+
+/// Why a received descriptor was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Reject {
+    /// Class out of range.
+    #[error("descriptor names size class {0}, which does not exist")]
+    Class(u8),
+    /// Index out of range.
+    #[error("descriptor names buffer {0}, beyond its class")]
+    Index(u32),
+    /// Length larger than the buffer.
+    #[error("descriptor length {0} exceeds its buffer")]
+    Length(u32),
+    /// Header says the buffer is not in flight to us (wrong owner, state or
+    /// generation): a forged, replayed or stale descriptor.
+    #[error("buffer is not in flight to this stack (header {0:#x})")]
+    Ownership(u64),
+}
+
+/// Shared-memory view of the pool with no private state: what both stacks
+/// and the manager use.
+#[derive(Clone, Debug)]
+pub struct PoolView {
+    seg: Segment,
+}
+
+impl PoolView {
+    /// A view of `seg`'s pool.
+    pub fn new(seg: Segment) -> Self {
+        Self { seg }
+    }
+
+    /// The segment.
+    pub fn segment(&self) -> &Segment {
+        &self.seg
+    }
+
+    /// Smallest class whose buffers hold `len` bytes.
+    pub fn class_for(&self, len: usize) -> Option<usize> {
+        self.seg
+            .classes()
+            .iter()
+            .position(|c| c.buf_size as usize >= len)
+    }
+
+    /// Runs a free-list operation of stack `me` on `class` inside the
+    /// intent/gate bracket (see the module docs). Returns `None` while the
+    /// manager holds the gate and `wait` is false.
+    fn global_op<R>(&self, me: u16, class: usize, wait: bool, op: impl FnOnce() -> R) -> Option<R> {
+        let slot = self.seg.stack_slot(me);
+        let fh = self.seg.free_head(class);
+        loop {
+            // SeqCst store then SeqCst load: one half of the Dekker handshake
+            // with `ManagerPool::close_gates` (gate store, then intent loads).
+            slot.intent.store(1, Ordering::SeqCst);
+            if fh.gate.load(Ordering::SeqCst) == 0 {
+                let r = op();
+                // SeqCst: the list writes above happen before the manager can
+                // see us idle.
+                slot.intent.store(0, Ordering::SeqCst);
+                return Some(r);
+            }
+            slot.intent.store(0, Ordering::SeqCst);
+            if !wait {
+                return None;
+            }
+            while fh.gate.load(Ordering::Acquire) != 0 {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Pops up to `out.capacity() - out.len()` buffers of `class` into `out`,
+    /// claiming each for `me` as `CACHED`. Must run inside `global_op`.
+    fn pop_batch(&self, me: u16, class: usize, out: &mut Vec<u32>, max: usize) {
+        let head = &self.seg.free_head(class).head;
+        let mut taken = 0;
+        while taken < max {
+            // Acquire: pairs with the Release CAS in `push_chain`, so the
+            // `next` link of the node we read was written before.
+            let h = head.load(Ordering::Acquire);
+            let first = h as u32;
+            if first == 0 {
+                return;
+            }
+            let Some(hdr) = self.seg.buf_header(class, first - 1) else {
+                // A corrupt head: leave it; the manager's reconciliation will
+                // rebuild the list. Behave as empty.
+                return;
+            };
+            // May be stale if another stack pops this node first; the tagged
+            // CAS below then fails and we retry.
+            let next = hdr.next.load(Ordering::Relaxed);
+            let new = ((h >> 32).wrapping_add(1) << 32) | next as u64;
+            if head
+                .compare_exchange(h, new, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                let w = hdr.word.load(Ordering::Relaxed);
+                hdr.word.store(
+                    bufword::pack(bufword::CACHED, me, bufword::gen(w)),
+                    Ordering::Release,
+                );
+                out.push(first - 1);
+                taken += 1;
+            } else {
+                spin_hint();
+            }
+        }
+    }
+
+    /// Pushes `idxs` (owned by `me`, state `CACHED`) onto `class`'s list as
+    /// one chain. Must run inside `global_op` (or with the gates closed).
+    fn push_chain(&self, me: u16, class: usize, idxs: &[u32]) {
+        let Some((&first, _)) = idxs.split_first() else {
+            return;
+        };
+        for w in idxs.windows(2) {
+            if let Some(h) = self.seg.buf_header(class, w[0]) {
+                h.next.store(w[1] + 1, Ordering::Relaxed);
+            }
+        }
+        let last = self.seg.buf_header(class, *idxs.last().unwrap_or(&first));
+        let head = &self.seg.free_head(class).head;
+        loop {
+            let h = head.load(Ordering::Relaxed);
+            if let Some(l) = last {
+                l.next.store(h as u32, Ordering::Relaxed);
+            }
+            let new = ((h >> 32).wrapping_add(1) << 32) | (first as u64 + 1);
+            // Release: publishes the links above; pairs with the Acquire load
+            // in `pop_batch`.
+            if head
+                .compare_exchange(h, new, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
+            {
+                break;
+            }
+            spin_hint();
+        }
+        // Only now mark them free: until the push, a header still names us,
+        // so a crash before it leaves buffers the manager reclaims by owner.
+        // A CAS, because a popper may already have claimed one.
+        for &i in idxs {
+            if let Some(h) = self.seg.buf_header(class, i) {
+                let w = h.word.load(Ordering::Relaxed);
+                if bufword::state(w) == bufword::CACHED && bufword::owner(w) == me {
+                    let _ = h.word.compare_exchange(
+                        w,
+                        bufword::pack(bufword::FREE, 0, bufword::gen(w)),
+                        Ordering::Release,
+                        Ordering::Relaxed,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Stamps a buffer owned by `me` as in flight to `to` and builds its
+    /// descriptor.
+    pub fn prepare_send(&self, b: RawBuf, len: u32, to: u16, conn: u32, kind: u8) -> Descriptor {
+        let hdr = self
+            .seg
+            .buf_header(b.class as usize, b.index)
+            .expect("own buffer in range");
+        let gen = bufword::gen(hdr.word.load(Ordering::Relaxed));
+        // Release is not needed for the receiver (the ring's Release covers
+        // it) but keeps the manager's view ordered with the data writes.
+        hdr.word
+            .store(bufword::pack(bufword::INFLIGHT, to, gen), Ordering::Release);
+        Descriptor {
+            index: b.index,
+            len,
+            conn,
+            class: b.class,
+            kind,
+            gen: gen as u16,
+        }
+    }
+
+    /// Checks a descriptor read from a ring by stack `me` and takes the
+    /// buffer (`INFLIGHT -> HELD`). Everything in `d` is untrusted.
+    pub fn accept(&self, me: u16, d: &Descriptor) -> Result<RawBuf, Reject> {
+        let class = d.class as usize;
+        let info = self
+            .seg
+            .classes()
+            .get(class)
+            .ok_or(Reject::Class(d.class))?;
+        let hdr = self
+            .seg
+            .buf_header(class, d.index)
+            .ok_or(Reject::Index(d.index))?;
+        if d.len > info.buf_size {
+            return Err(Reject::Length(d.len));
+        }
+        // Acquire: pairs with the sender's Release store in `prepare_send`.
+        let w = hdr.word.load(Ordering::Acquire);
+        if bufword::state(w) != bufword::INFLIGHT
+            || bufword::owner(w) != me
+            || bufword::gen(w) as u16 != d.gen
+        {
+            return Err(Reject::Ownership(w));
+        }
+        // CAS so a replayed copy of the same descriptor cannot be accepted twice.
+        hdr.word
+            .compare_exchange(
+                w,
+                bufword::pack(bufword::HELD, me, bufword::gen(w)),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .map_err(Reject::Ownership)?;
+        Ok(RawBuf {
+            class: d.class,
+            index: d.index,
+        })
+    }
+
+    /// Turns a held (received) buffer back into a writable one, with a new
+    /// generation so an old descriptor for it can never be accepted again.
+    pub fn reuse(&self, me: u16, b: RawBuf) {
+        let hdr = self
+            .seg
+            .buf_header(b.class as usize, b.index)
+            .expect("own buffer in range");
+        let g = bufword::gen(hdr.word.load(Ordering::Relaxed)).wrapping_add(1);
+        hdr.word
+            .store(bufword::pack(bufword::ALLOCATED, me, g), Ordering::Relaxed);
+    }
+
+    /// Data pointer and capacity of a buffer.
+    pub fn data(&self, b: RawBuf) -> (*mut u8, usize) {
+        let c = self.seg.classes()[b.class as usize];
+        (
+            self.seg.buf_data(b.class as usize, b.index),
+            c.buf_size as usize,
+        )
+    }
+}
+
+/// A stack's handle on the pool: the shared view plus a private cache per
+/// class. `Sync`; the cache sits behind a mutex that is uncontended unless
+/// several threads of one process allocate at once.
+#[derive(Debug)]
+pub struct StackPool {
+    view: PoolView,
+    me: u16,
+    cache: Mutex<[Vec<u32>; MAX_CLASSES]>,
+    // The registration with the manager: while it is open the manager
+    // leaves our buffers alone, so it lives as long as the last buffer.
+    keepalive: Option<std::os::fd::OwnedFd>,
+}
+
+/// The pool has no free buffer of a suitable class right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AllocError {
+    /// Larger than the largest class.
+    #[error("{0} bytes is more than the largest buffer class")]
+    TooLarge(usize),
+    /// Every buffer of the class is in use (retry, or wait).
+    #[error("pool exhausted")]
+    Exhausted,
+}
+
+impl StackPool {
+    /// A pool handle for stack `me`.
+    pub fn new(view: PoolView, me: u16) -> Self {
+        Self {
+            view,
+            me,
+            cache: Mutex::new(Default::default()),
+            keepalive: None,
+        }
+    }
+
+    /// A pool handle that keeps `ctrl` (the stack's manager connection)
+    /// open for as long as it or any buffer from it lives.
+    pub fn with_keepalive(view: PoolView, me: u16, ctrl: std::os::fd::OwnedFd) -> Self {
+        Self {
+            view,
+            me,
+            cache: Mutex::new(Default::default()),
+            keepalive: Some(ctrl),
+        }
+    }
+
+    /// The kept-alive control socket.
+    pub fn keepalive(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.keepalive.as_ref().map(|f| f.as_fd())
+    }
+
+    /// The shared view.
+    pub fn view(&self) -> &PoolView {
+        &self.view
+    }
+
+    /// This stack's id.
+    pub fn stack_id(&self) -> u16 {
+        self.me
+    }
+
+    /// Takes a buffer of at least `len` bytes, `ALLOCATED` to this stack.
+    /// `wait`: whether to wait out a manager reconciliation (microseconds,
+    /// only after a crash) rather than report `Exhausted`.
+    pub fn alloc(&self, len: usize, wait: bool) -> Result<RawBuf, AllocError> {
+        let class = self.view.class_for(len).ok_or(AllocError::TooLarge(len))?;
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let c = &mut cache[class];
+        if c.is_empty() {
+            self.view.global_op(self.me, class, wait, || {
+                self.view.pop_batch(self.me, class, c, BATCH)
+            });
+        }
+        let idx = c.pop().ok_or(AllocError::Exhausted)?;
+        drop(cache);
+        let b = RawBuf {
+            class: class as u8,
+            index: idx,
+        };
+        let hdr = self
+            .view
+            .seg
+            .buf_header(class, idx)
+            .expect("popped index in range");
+        let g = bufword::gen(hdr.word.load(Ordering::Relaxed)).wrapping_add(1);
+        hdr.word.store(
+            bufword::pack(bufword::ALLOCATED, self.me, g),
+            Ordering::Relaxed,
+        );
+        Ok(b)
+    }
+
+    /// Returns a buffer this stack owns (allocated or held) to the pool.
+    pub fn free(&self, b: RawBuf) {
+        let class = b.class as usize;
+        let Some(hdr) = self.view.seg.buf_header(class, b.index) else {
+            return;
+        };
+        let w = hdr.word.load(Ordering::Relaxed);
+        if bufword::owner(w) != self.me {
+            // Reclaimed by the manager after our channel died; not ours.
+            return;
+        }
+        hdr.word.store(
+            bufword::pack(bufword::CACHED, self.me, bufword::gen(w)),
+            Ordering::Relaxed,
+        );
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let c = &mut cache[class];
+        c.push(b.index);
+        if c.len() > CACHE_MAX {
+            let at = c.len() - BATCH;
+            let spill: Vec<u32> = c.drain(at..).collect();
+            drop(cache);
+            self.view.global_op(self.me, class, true, || {
+                self.view.push_chain(self.me, class, &spill)
+            });
+        }
+    }
+
+    /// Returns every privately cached buffer to the shared lists.
+    pub fn flush(&self) {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        for (class, c) in cache.iter_mut().enumerate() {
+            if !c.is_empty() {
+                let spill = std::mem::take(c);
+                self.view.global_op(self.me, class, true, || {
+                    self.view.push_chain(self.me, class, &spill)
+                });
+            }
+        }
+    }
+}
+
+impl Drop for StackPool {
+    fn drop(&mut self) {
+        // Return the cache while still registered; the manager reclaims
+        // anything else when the control socket closes right after.
+        self.flush();
+    }
+}
+
+/// Buffers in use, per class: free on the shared list, and per owner.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClassUsage {
+    /// Buffer size.
+    pub buf_size: u32,
+    /// Buffers in the class.
+    pub total: u32,
+    /// Buffers in state `FREE`.
+    pub free: u32,
+    /// `(owner stack id, buffers)` for every owner with at least one,
+    /// counting private caches.
+    pub by_owner: Vec<(u16, u32)>,
+}
+
+/// Manager-side pool operations: initialisation, statistics, reclamation.
+#[derive(Debug)]
+pub struct ManagerPool {
+    view: PoolView,
+}
+
+/// What a reclamation returned to the pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reclaimed {
+    /// Buffers that the dead stack owned (cached, allocated, held, or in
+    /// flight to it).
+    pub owned: u32,
+    /// Buffers found free but missing from the list (lost mid-operation).
+    pub lost: u32,
+}
+
+impl ManagerPool {
+    /// Wraps a freshly initialised segment and threads every buffer onto its
+    /// class's free list.
+    pub fn init(seg: Segment) -> Self {
+        let view = PoolView::new(seg);
+        for (class, c) in view.seg.classes().iter().enumerate() {
+            let head = &view.seg.free_head(class).head;
+            for i in 0..c.count {
+                let h = view.seg.buf_header(class, i).expect("in range");
+                h.next
+                    .store(if i + 1 < c.count { i + 2 } else { 0 }, Ordering::Relaxed);
+                h.word
+                    .store(bufword::pack(bufword::FREE, 0, 0), Ordering::Relaxed);
+            }
+            head.store(if c.count > 0 { 1 } else { 0 }, Ordering::Release);
+        }
+        Self { view }
+    }
+
+    /// The shared view.
+    pub fn view(&self) -> &PoolView {
+        &self.view
+    }
+
+    /// Counts buffers by state and owner (a racy snapshot, for status).
+    pub fn usage(&self) -> Vec<ClassUsage> {
+        let seg = &self.view.seg;
+        seg.classes()
+            .iter()
+            .enumerate()
+            .map(|(class, c)| {
+                let mut u = ClassUsage {
+                    buf_size: c.buf_size,
+                    total: c.count,
+                    ..Default::default()
+                };
+                let mut owners = std::collections::BTreeMap::<u16, u32>::new();
+                for i in 0..c.count {
+                    let w = seg
+                        .buf_header(class, i)
+                        .expect("in range")
+                        .word
+                        .load(Ordering::Relaxed);
+                    if bufword::state(w) == bufword::FREE {
+                        u.free += 1;
+                    } else {
+                        *owners.entry(bufword::owner(w)).or_default() += 1;
+                    }
+                }
+                u.by_owner = owners.into_iter().collect();
+                u
+            })
+            .collect()
+    }
+
+    /// Closes every gate and waits until no stack in `live` is inside a list
+    /// operation. Returns with the lists frozen.
+    fn close_gates(&self, live: &[u16]) {
+        let seg = &self.view.seg;
+        for class in 0..seg.classes().len() {
+            // SeqCst: the manager's half of the Dekker handshake in `global_op`.
+            seg.free_head(class).gate.store(1, Ordering::SeqCst);
+        }
+        for &id in live {
+            let slot = seg.stack_slot(id);
+            while slot.intent.load(Ordering::SeqCst) != 0 {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    fn open_gates(&self) {
+        let seg = &self.view.seg;
+        for class in 0..seg.classes().len() {
+            // Release: our list repairs happen before anyone re-enters.
+            seg.free_head(class).gate.store(0, Ordering::Release);
+        }
+    }
+
+    /// Gives back everything stack `dead` owned, and anything lost in a
+    /// list operation it was in the middle of. `live` are the other
+    /// registered stacks. Also normalises the list (every listed buffer is
+    /// marked `FREE`).
+    pub fn reclaim(&self, dead: u16, live: &[u16]) -> Reclaimed {
+        self.close_gates(live);
+        let seg = &self.view.seg;
+        let mut r = Reclaimed::default();
+        for (class, c) in seg.classes().iter().enumerate() {
+            let head = &seg.free_head(class).head;
+            // Walk the frozen list. A corrupt link (cycle, out of range) ends
+            // the walk: whatever is not reached is treated as lost and the
+            // list is rebuilt below from what is known to be free.
+            let mut on_list = vec![false; c.count as usize];
+            let mut listed = Vec::new();
+            let mut cur = head.load(Ordering::Acquire) as u32;
+            while cur != 0 {
+                let i = cur - 1;
+                if i >= c.count || on_list[i as usize] {
+                    break;
+                }
+                on_list[i as usize] = true;
+                listed.push(i);
+                cur = seg
+                    .buf_header(class, i)
+                    .expect("in range")
+                    .next
+                    .load(Ordering::Relaxed);
+            }
+            let mut back = Vec::new();
+            for i in 0..c.count {
+                let h = seg.buf_header(class, i).expect("in range");
+                let w = h.word.load(Ordering::Relaxed);
+                if on_list[i as usize] {
+                    if bufword::state(w) != bufword::FREE {
+                        // Pushed but not yet marked (pusher died after its CAS).
+                        h.word.store(
+                            bufword::pack(bufword::FREE, 0, bufword::gen(w)),
+                            Ordering::Relaxed,
+                        );
+                    }
+                } else if bufword::state(w) == bufword::FREE {
+                    back.push(i);
+                    r.lost += 1;
+                } else if bufword::owner(w) == dead || bufword::owner(w) == 0 {
+                    back.push(i);
+                    r.owned += 1;
+                }
+            }
+            // Rebuild: the walked list followed by the returned buffers.
+            listed.extend(back.iter().copied());
+            for (k, &i) in listed.iter().enumerate() {
+                let h = seg.buf_header(class, i).expect("in range");
+                let next = listed.get(k + 1).map_or(0, |&n| n + 1);
+                h.next.store(next, Ordering::Relaxed);
+                let w = h.word.load(Ordering::Relaxed);
+                h.word.store(
+                    bufword::pack(bufword::FREE, 0, bufword::gen(w).wrapping_add(1)),
+                    Ordering::Relaxed,
+                );
+            }
+            let tag = (head.load(Ordering::Relaxed) >> 32).wrapping_add(1);
+            let first = listed.first().map_or(0, |&i| i as u64 + 1);
+            head.store(tag << 32 | first, Ordering::Release);
+        }
+        seg.stack_slot(dead).intent.store(0, Ordering::SeqCst);
+        self.open_gates();
+        r
+    }
+}
+
+/// Returned descriptor class for control-only descriptors.
+pub const fn no_buffer() -> u8 {
+    NO_CLASS
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::layout::PoolConfig;
+    use crate::segment::Region;
+
+    fn pool(classes: Vec<(u32, u32)>) -> (ManagerPool, Segment) {
+        let cfg = PoolConfig {
+            classes,
+            max_stacks: 4,
+            max_channels: 2,
+            ring_capacity: 8,
+        };
+        let geo = cfg.geometry().unwrap();
+        let seg = Segment::init(Region::heap(geo.total_len as usize).unwrap(), &cfg, &geo).unwrap();
+        (ManagerPool::init(seg.clone()), seg)
+    }
+
+    fn total_free(m: &ManagerPool) -> u32 {
+        m.usage().iter().map(|u| u.free).sum()
+    }
+
+    #[test]
+    fn alloc_free_all_classes_and_exhaustion() {
+        let (m, seg) = pool(vec![(64, 40), (4096, 3)]);
+        let p = StackPool::new(PoolView::new(seg), 1);
+        let small: Vec<_> = (0..40).map(|_| p.alloc(10, true).unwrap()).collect();
+        assert_eq!(p.alloc(64, true), Err(AllocError::Exhausted));
+        let big = p.alloc(65, true).unwrap();
+        assert_eq!(big.class, 1);
+        assert_eq!(p.alloc(4097, true), Err(AllocError::TooLarge(4097)));
+        let mut seen = std::collections::HashSet::new();
+        assert!(
+            small.iter().all(|b| seen.insert(*b)),
+            "no buffer handed out twice"
+        );
+        for b in small {
+            p.free(b);
+        }
+        p.free(big);
+        p.flush();
+        assert_eq!(total_free(&m), 43);
+    }
+
+    #[test]
+    fn send_accept_and_forged_descriptors() {
+        let (_m, seg) = pool(vec![(256, 8)]);
+        let a = StackPool::new(PoolView::new(seg.clone()), 1);
+        let b = StackPool::new(PoolView::new(seg), 2);
+        let x = a.alloc(100, true).unwrap();
+        let d = a.view().prepare_send(x, 100, 2, 0, 0);
+        // Not addressed to stack 3; wrong generation; bad class, index, length.
+        assert!(matches!(b.view().accept(3, &d), Err(Reject::Ownership(_))));
+        assert!(matches!(
+            b.view().accept(
+                2,
+                &Descriptor {
+                    gen: d.gen ^ 1,
+                    ..d
+                }
+            ),
+            Err(Reject::Ownership(_))
+        ));
+        assert_eq!(
+            b.view().accept(2, &Descriptor { class: 5, ..d }),
+            Err(Reject::Class(5))
+        );
+        assert_eq!(
+            b.view().accept(2, &Descriptor { index: 8, ..d }),
+            Err(Reject::Index(8))
+        );
+        assert_eq!(
+            b.view().accept(2, &Descriptor { len: 257, ..d }),
+            Err(Reject::Length(257))
+        );
+        assert_eq!(b.view().accept(2, &d), Ok(x));
+        // A replay of the same descriptor is refused.
+        assert!(matches!(b.view().accept(2, &d), Err(Reject::Ownership(_))));
+        b.free(x);
+    }
+
+    #[test]
+    fn reclaim_returns_everything_a_dead_stack_held() {
+        let (m, seg) = pool(vec![(64, 100), (1024, 10)]);
+        let a = StackPool::new(PoolView::new(seg.clone()), 1);
+        let b = StackPool::new(PoolView::new(seg.clone()), 2);
+        let held: Vec<_> = (0..30).map(|_| a.alloc(64, true).unwrap()).collect();
+        // In flight from b to a.
+        let f = b.alloc(1000, true).unwrap();
+        let _ = b.view().prepare_send(f, 1, 1, 0, 0);
+        // Simulate a crash between pop and claim: pop one by hand, never claim.
+        let lost = {
+            let h = &seg.free_head(0).head;
+            let v = h.load(Ordering::SeqCst);
+            let i = v as u32 - 1;
+            let next = seg.buf_header(0, i).unwrap().next.load(Ordering::SeqCst);
+            h.store(((v >> 32) + 1) << 32 | next as u64, Ordering::SeqCst);
+            i
+        };
+        seg.stack_slot(1).intent.store(1, Ordering::SeqCst);
+        std::mem::forget(a); // a "dies" with its cache and buffers
+        let r = m.reclaim(1, &[2]);
+        assert_eq!(r.lost, 1, "the popped-but-unclaimed buffer {lost} is found");
+        assert!(r.owned >= 31, "{r:?}");
+        drop(held);
+        // b is alive and keeps its own (b's cached leftovers + nothing else).
+        b.flush();
+        assert_eq!(total_free(&m), 110);
+        // The rebuilt lists work.
+        let all: Vec<_> = (0..100).map(|_| b.alloc(1, true).unwrap()).collect();
+        assert_eq!(all.len(), 100);
+    }
+
+    #[test]
+    fn concurrent_alloc_free_threads() {
+        let (m, seg) = pool(vec![(64, 256)]);
+        let hs: Vec<_> = (1..=3u16)
+            .map(|id| {
+                let seg = seg.clone();
+                std::thread::spawn(move || {
+                    let p = StackPool::new(PoolView::new(seg), id);
+                    let mut mine = Vec::new();
+                    for i in 0..20_000 {
+                        if i % 3 != 2 {
+                            if let Ok(b) = p.alloc(8, true) {
+                                mine.push(b);
+                            }
+                        } else if let Some(b) = mine.pop() {
+                            p.free(b);
+                        }
+                        if mine.len() > 50 {
+                            for b in mine.drain(..) {
+                                p.free(b);
+                            }
+                        }
+                    }
+                    for b in mine {
+                        p.free(b);
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_eq!(total_free(&m), 256);
+    }
+}

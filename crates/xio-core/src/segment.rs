@@ -1,0 +1,415 @@
+//! The shared segment: a sealed memfd mapped `MAP_SHARED` (or, for fast
+//! in-process tests, a zeroed heap allocation with the same layout), and
+//! checked accessors for everything the layout places in it.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+
+use crate::layout::{
+    BufHeader, ChannelHeader, ClassInfo, FreeHead, Geometry, PoolConfig, RingHeader, SegmentHeader,
+    StackSlot, LAYOUT_VERSION, MAGIC, MAX_CLASSES,
+};
+
+/// Errors opening or creating a segment.
+#[derive(Debug, thiserror::Error)]
+pub enum SegmentError {
+    /// A system call failed.
+    #[error("{what}: {err}")]
+    Os {
+        /// What we were doing.
+        what: &'static str,
+        /// The error.
+        err: std::io::Error,
+    },
+    /// The segment is not an X-IO segment, or of another layout version, or
+    /// its header does not fit its size.
+    #[error("invalid segment: {0}")]
+    Invalid(&'static str),
+    /// The pool configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::layout::ConfigError),
+}
+
+fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> SegmentError {
+    move |e| SegmentError::Os {
+        what,
+        err: e.into(),
+    }
+}
+
+enum Backing {
+    Memfd(OwnedFd),
+    Heap(std::alloc::Layout),
+}
+
+/// A mapped region of memory holding a segment.
+pub struct Region {
+    base: NonNull<u8>,
+    len: usize,
+    backing: Backing,
+}
+
+// SAFETY: the region is plain memory shared with other processes anyway; all
+// access to it goes through atomics or through buffers whose ownership the
+// pool protocol makes exclusive.
+unsafe impl Send for Region {}
+// SAFETY: as above.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Creates a sealed memfd of `len` bytes and maps it.
+    pub fn create_memfd(name: &str, len: usize) -> Result<Self, SegmentError> {
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(os("memfd_create"))?;
+        rustix::fs::ftruncate(&fd, len as u64).map_err(os("ftruncate memfd"))?;
+        // The size can never change again: a stack that mapped it can trust
+        // every offset checked against `len` stays mapped.
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(os("seal memfd"))?;
+        Self::map(fd, len)
+    }
+
+    /// Maps a segment fd received from the manager. Refuses an fd that is not
+    /// sealed against shrinking (a shrink would turn accesses into SIGBUS).
+    pub fn map_fd(fd: OwnedFd) -> Result<Self, SegmentError> {
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(os("get seals"))?;
+        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
+            return Err(SegmentError::Invalid(
+                "segment fd is not sealed against resizing",
+            ));
+        }
+        let st = rustix::fs::fstat(&fd).map_err(os("fstat segment"))?;
+        let len = usize::try_from(st.st_size).map_err(|_| SegmentError::Invalid("size"))?;
+        Self::map(fd, len)
+    }
+
+    fn map(fd: OwnedFd, len: usize) -> Result<Self, SegmentError> {
+        if len < core::mem::size_of::<SegmentHeader>() {
+            return Err(SegmentError::Invalid("segment smaller than its header"));
+        }
+        // SAFETY: a fresh shared mapping of a sealed fd; nothing else in this
+        // process refers to the returned range.
+        let p = unsafe {
+            rustix::mm::mmap(
+                core::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &fd,
+                0,
+            )
+        }
+        .map_err(os("mmap segment"))?;
+        let base = NonNull::new(p.cast::<u8>()).ok_or(SegmentError::Invalid("null mapping"))?;
+        Ok(Self {
+            base,
+            len,
+            backing: Backing::Memfd(fd),
+        })
+    }
+
+    /// A zeroed heap region: the same layout without a kernel object, for
+    /// in-process tests and single-process use.
+    pub fn heap(len: usize) -> Result<Self, SegmentError> {
+        let layout = std::alloc::Layout::from_size_align(len.max(4096), 4096)
+            .map_err(|_| SegmentError::Invalid("heap layout"))?;
+        // SAFETY: non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let base = NonNull::new(p).ok_or(SegmentError::Invalid("out of memory"))?;
+        Ok(Self {
+            base,
+            len,
+            backing: Backing::Heap(layout),
+        })
+    }
+
+    /// The memfd, if this region has one.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        match &self.backing {
+            Backing::Memfd(fd) => Some(fd.as_fd()),
+            Backing::Heap(_) => None,
+        }
+    }
+
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: a region holds at least a header.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        match &self.backing {
+            Backing::Memfd(_) => {
+                // SAFETY: we mapped exactly this range and every reference
+                // into it is tied to an `Arc<Region>` that is now gone.
+                let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) };
+            }
+            Backing::Heap(layout) => {
+                // SAFETY: allocated in `heap` with this layout.
+                unsafe { std::alloc::dealloc(self.base.as_ptr(), *layout) }
+            }
+        }
+    }
+}
+
+/// A validated segment: a region plus its geometry, copied out of the header
+/// once and checked against the region's size, so later accessors only need
+/// to check indices.
+#[derive(Clone)]
+pub struct Segment {
+    region: Arc<Region>,
+    n_classes: usize,
+    classes: [ClassInfo; MAX_CLASSES],
+    max_stacks: u32,
+    max_channels: u32,
+    ring_capacity: u32,
+    channel_stride: u64,
+    free_heads_off: u64,
+    stacks_off: u64,
+    channels_off: u64,
+}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segment")
+            .field("len", &self.region.len)
+            .field("classes", &self.classes())
+            .field("max_stacks", &self.max_stacks)
+            .field("max_channels", &self.max_channels)
+            .finish()
+    }
+}
+
+impl Segment {
+    /// Lays out a fresh (zeroed) region for `cfg` and writes its header.
+    /// Manager side.
+    pub fn init(region: Region, cfg: &PoolConfig, geo: &Geometry) -> Result<Self, SegmentError> {
+        if (region.len as u64) < geo.total_len {
+            return Err(SegmentError::Invalid(
+                "region smaller than the pool geometry",
+            ));
+        }
+        let mut classes = [ClassInfo::default(); MAX_CLASSES];
+        classes[..geo.classes.len()].copy_from_slice(&geo.classes);
+        let hdr = SegmentHeader {
+            magic: MAGIC,
+            version: LAYOUT_VERSION,
+            n_classes: geo.classes.len() as u32,
+            total_len: geo.total_len,
+            max_stacks: cfg.max_stacks,
+            max_channels: cfg.max_channels,
+            ring_capacity: cfg.ring_capacity,
+            channel_stride: geo.channel_stride,
+            free_heads_off: geo.free_heads_off,
+            stacks_off: geo.stacks_off,
+            channels_off: geo.channels_off,
+            classes,
+        };
+        // SAFETY: the region is at least a header long, page aligned, and
+        // nobody else has it yet.
+        unsafe { region.base.as_ptr().cast::<SegmentHeader>().write(hdr) };
+        Self::open(region)
+    }
+
+    /// Validates a region's header. Stack side (and the manager's own view).
+    pub fn open(region: Region) -> Result<Self, SegmentError> {
+        // SAFETY: `map` checked the region holds a header; the header is
+        // written once before the fd is shared and never changes afterwards.
+        let h = unsafe { region.base.as_ptr().cast::<SegmentHeader>().read() };
+        if h.magic != MAGIC {
+            return Err(SegmentError::Invalid("bad magic: not an X-IO segment"));
+        }
+        if h.version != LAYOUT_VERSION {
+            return Err(SegmentError::Invalid("segment layout version mismatch"));
+        }
+        let len = region.len as u64;
+        if h.total_len > len {
+            return Err(SegmentError::Invalid(
+                "header claims more bytes than mapped",
+            ));
+        }
+        let n = h.n_classes as usize;
+        if n == 0 || n > MAX_CLASSES {
+            return Err(SegmentError::Invalid("class count"));
+        }
+        if !h.ring_capacity.is_power_of_two() || h.ring_capacity > 1 << 20 || h.max_stacks > 65534 {
+            return Err(SegmentError::Invalid("ring capacity or stack count"));
+        }
+        let fits = |off: u64, n: u64, size: u64| -> bool {
+            n.checked_mul(size)
+                .and_then(|b| b.checked_add(off))
+                .is_some_and(|end| end <= len)
+                && off.is_multiple_of(64)
+        };
+        let ring_end = crate::layout::ring_offset(h.ring_capacity, 1)
+            + core::mem::size_of::<RingHeader>() as u64
+            + h.ring_capacity as u64 * 16;
+        let ok = fits(
+            h.free_heads_off,
+            MAX_CLASSES as u64,
+            core::mem::size_of::<FreeHead>() as u64,
+        ) && fits(
+            h.stacks_off,
+            h.max_stacks as u64 + 1,
+            core::mem::size_of::<StackSlot>() as u64,
+        ) && (h.channel_stride as u64) >= ring_end
+            && h.channel_stride.is_multiple_of(128)
+            && fits(
+                h.channels_off,
+                h.max_channels as u64,
+                h.channel_stride as u64,
+            )
+            && h.classes[..n].iter().all(|c| {
+                c.buf_size > 0
+                    && fits(
+                        c.hdr_off,
+                        c.count as u64,
+                        core::mem::size_of::<BufHeader>() as u64,
+                    )
+                    && fits(c.data_off, c.count as u64, c.buf_size as u64)
+            });
+        if !ok {
+            return Err(SegmentError::Invalid("header offsets outside the segment"));
+        }
+        Ok(Self {
+            region: Arc::new(region),
+            n_classes: n,
+            classes: h.classes,
+            max_stacks: h.max_stacks,
+            max_channels: h.max_channels,
+            ring_capacity: h.ring_capacity,
+            channel_stride: h.channel_stride as u64,
+            free_heads_off: h.free_heads_off,
+            stacks_off: h.stacks_off,
+            channels_off: h.channels_off,
+        })
+    }
+
+    /// The underlying region.
+    pub fn region(&self) -> &Arc<Region> {
+        &self.region
+    }
+
+    /// The size classes.
+    pub fn classes(&self) -> &[ClassInfo] {
+        &self.classes[..self.n_classes]
+    }
+
+    /// Highest stack id.
+    pub fn max_stacks(&self) -> u32 {
+        self.max_stacks
+    }
+
+    /// Number of channel slots.
+    pub fn max_channels(&self) -> u32 {
+        self.max_channels
+    }
+
+    /// Descriptors per ring.
+    pub fn ring_capacity(&self) -> u32 {
+        self.ring_capacity
+    }
+
+    #[inline]
+    fn at<T>(&self, off: u64) -> &T {
+        // SAFETY: callers pass offsets that `open` proved lie inside the
+        // mapping with room for a `T`, suitably aligned (all offsets are
+        // multiples of 64, and strides are multiples of the type's size);
+        // every type placed there is `ShmSafe` (valid when zeroed, atomics
+        // only), so a shared reference is sound even while other processes
+        // use it.
+        unsafe { &*self.region.base.as_ptr().add(off as usize).cast::<T>() }
+    }
+
+    /// Free-list head of `class` (checked by the caller against `classes()`).
+    #[inline]
+    pub fn free_head(&self, class: usize) -> &FreeHead {
+        assert!(class < self.n_classes);
+        self.at(self.free_heads_off + (class * core::mem::size_of::<FreeHead>()) as u64)
+    }
+
+    /// Slot of stack `id` (1..=max_stacks). Panics on an out-of-range id:
+    /// ids come from the manager or are checked before use.
+    #[inline]
+    pub fn stack_slot(&self, id: u16) -> &StackSlot {
+        assert!(
+            id != 0 && u32::from(id) <= self.max_stacks,
+            "stack id {id} out of range"
+        );
+        self.at(self.stacks_off + id as u64 * core::mem::size_of::<StackSlot>() as u64)
+    }
+
+    /// Header of channel `ch`.
+    #[inline]
+    pub fn channel(&self, ch: u32) -> &ChannelHeader {
+        assert!(ch < self.max_channels, "channel {ch} out of range");
+        self.at(self.channels_off + ch as u64 * self.channel_stride)
+    }
+
+    /// Raw pointers to ring `dir` of channel `ch`.
+    pub(crate) fn ring_ptrs(&self, ch: u32, dir: usize) -> (*const RingHeader, *const u8) {
+        assert!(ch < self.max_channels && dir < 2);
+        let off = self.channels_off
+            + ch as u64 * self.channel_stride
+            + crate::layout::ring_offset(self.ring_capacity, dir);
+        let hdr: &RingHeader = self.at(off);
+        // SAFETY: `open` checked the whole channel slot, both rings included,
+        // lies inside the mapping.
+        let slots = unsafe {
+            self.region
+                .base
+                .as_ptr()
+                .add((off + core::mem::size_of::<RingHeader>() as u64) as usize)
+        };
+        (hdr as *const RingHeader, slots.cast_const())
+    }
+
+    /// Header of buffer `idx` of `class`; `None` when out of range.
+    #[inline]
+    pub fn buf_header(&self, class: usize, idx: u32) -> Option<&BufHeader> {
+        let c = self.classes.get(class).filter(|_| class < self.n_classes)?;
+        if idx >= c.count {
+            return None;
+        }
+        Some(self.at(c.hdr_off + idx as u64 * core::mem::size_of::<BufHeader>() as u64))
+    }
+
+    /// Start of buffer `idx`'s data; the caller has checked the range.
+    #[inline]
+    pub(crate) fn buf_data(&self, class: usize, idx: u32) -> *mut u8 {
+        let c = &self.classes[class];
+        debug_assert!(class < self.n_classes && idx < c.count);
+        // SAFETY: in range per `open`'s check of data_off + count * size.
+        unsafe {
+            self.region
+                .base
+                .as_ptr()
+                .add((c.data_off + idx as u64 * c.buf_size as u64) as usize)
+        }
+    }
+}
+
+impl Segment {
+    /// Empties both rings of channel `ch` (manager side, before handing the
+    /// channel out; nobody else uses it then).
+    pub fn reset_channel_rings(&self, ch: u32) {
+        for dir in 0..2 {
+            let (h, _) = self.ring_ptrs(ch, dir);
+            // SAFETY: in range (ring_ptrs asserts); a shared reference to an
+            // atomic-only ShmSafe header is always sound.
+            let h = unsafe { &*h };
+            h.tail.store(0, crate::sync::Ordering::Relaxed);
+            h.head.store(0, crate::sync::Ordering::Relaxed);
+        }
+    }
+}

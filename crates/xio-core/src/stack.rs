@@ -1,0 +1,982 @@
+//! The stack: a process's attachment to a pool, and the zero-copy interface
+//! (the paper's `xio_malloc` / `xio_tx` / `xio_rx`).
+//!
+//! ```no_run
+//! use xio_core::prelude::*;
+//!
+//! let mut stack = Stack::attach("demo")?;          // register with the manager
+//! let peer = stack.connect("10.0.0.2:80".parse()?)?; // channel to whoever bound it
+//! let mut buf = stack.alloc(64)?;                   // a pool buffer, ours alone
+//! buf.copy_from(b"hello");
+//! stack.send(peer, buf)?;                           // moves; no copy
+//! let msg = stack.recv()?;                          // waits (adaptive by default)
+//! assert_eq!(&msg.buf[..], b"hello");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::backend::{BufferPool, DescConsumer, DescProducer, Doorbell, EventFdDoorbell};
+use crate::buf::{Buf, BufMut};
+use crate::ctrl::{self, RecvError};
+use crate::layout::{chan_state, kind, Descriptor, StackSlot};
+use crate::paths;
+use crate::pool::{AllocError, PoolView, StackPool};
+use crate::proto::{ErrorCode, Msg};
+use crate::ring::{Consumer, Producer, RawRing};
+use crate::segment::{Region, Segment};
+use crate::sync::{fence, spin_hint, Ordering};
+use crate::wait::{now_ns, AdaptiveSpin, WaitMode};
+
+/// Another stack, as seen from this one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerId(pub u16);
+
+/// A received buffer and where it came from.
+#[derive(Debug)]
+pub struct Message {
+    /// The sender.
+    pub from: PeerId,
+    /// The sender's tag (see [`Stack::send_tagged`]).
+    pub tag: u32,
+    /// The payload, read-only; drop it to return it to the pool, or
+    /// [`Buf::into_mut`] it to forward.
+    pub buf: Buf,
+}
+
+/// Errors of the stack.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No manager listens on this prefix.
+    #[error("no X-IO manager for pool {prefix:?} at {path}: start one with `xio-manager --prefix {prefix}` ({source})")]
+    NoManager {
+        /// The prefix.
+        prefix: String,
+        /// Socket path tried.
+        path: String,
+        /// The connect error.
+        source: io::Error,
+    },
+    /// The prefix is not a valid name.
+    #[error(transparent)]
+    BadPrefix(#[from] paths::BadPrefix),
+    /// The manager refused a request.
+    #[error("manager refused: {message}")]
+    Refused {
+        /// Why.
+        code: ErrorCode,
+        /// Details.
+        message: String,
+    },
+    /// The peer died or left; its channel is closed.
+    #[error("connection reset: peer {0:?} is gone")]
+    Reset(PeerId),
+    /// Not connected to that peer.
+    #[error("not connected to peer {0:?}")]
+    NotConnected(PeerId),
+    /// The operation would wait, in non-blocking mode.
+    #[error("operation would block")]
+    WouldBlock,
+    /// The wait timed out.
+    #[error("timed out")]
+    TimedOut,
+    /// Larger than the largest buffer class.
+    #[error("{0} bytes is more than the largest buffer class")]
+    TooLarge(usize),
+    /// The manager went away.
+    #[error("the X-IO manager went away")]
+    ManagerGone,
+    /// The manager broke the protocol, or the segment is invalid.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// A system call failed.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> io::Error {
+        let k = match &e {
+            Error::NoManager { .. } => io::ErrorKind::NotFound,
+            Error::BadPrefix(_) => io::ErrorKind::InvalidInput,
+            Error::Refused {
+                code: ErrorCode::AddrInUse,
+                ..
+            } => io::ErrorKind::AddrInUse,
+            Error::Refused {
+                code: ErrorCode::ConnectionRefused,
+                ..
+            } => io::ErrorKind::ConnectionRefused,
+            Error::Refused { .. } => io::ErrorKind::Other,
+            Error::Reset(_) => io::ErrorKind::ConnectionReset,
+            Error::NotConnected(_) => io::ErrorKind::NotConnected,
+            Error::WouldBlock => io::ErrorKind::WouldBlock,
+            Error::TimedOut => io::ErrorKind::TimedOut,
+            Error::TooLarge(_) => io::ErrorKind::InvalidInput,
+            Error::ManagerGone => io::ErrorKind::BrokenPipe,
+            Error::Protocol(_) => io::ErrorKind::InvalidData,
+            Error::Io(e) => return io::Error::new(e.kind(), e.to_string()),
+        };
+        io::Error::new(k, e)
+    }
+}
+
+/// Options for attaching.
+#[derive(Clone, Debug)]
+pub struct StackBuilder {
+    prefix: String,
+    name: String,
+    mode: WaitMode,
+}
+
+impl StackBuilder {
+    /// The service name shown by `xio-manager status`.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// How blocking calls wait (default: [`WaitMode::Adaptive`]).
+    pub fn wait_mode(mut self, mode: WaitMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Registers with the pool's manager and maps the pool.
+    pub fn attach(self) -> Result<Stack, Error> {
+        paths::check_prefix(&self.prefix)?;
+        let path = paths::socket_path(&self.prefix);
+        let sock = ctrl::connect(&path).map_err(|source| Error::NoManager {
+            prefix: self.prefix.clone(),
+            path: path.display().to_string(),
+            source,
+        })?;
+        let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+        ctrl::send(
+            sock.as_fd(),
+            &Msg::Hello {
+                pid,
+                name: self.name.clone(),
+            },
+            &[],
+        )?;
+        let (msg, mut fds) = ctrl::recv(sock.as_fd(), false).map_err(recv_err)?;
+        let id = match msg {
+            Msg::Welcome { stack_id } if fds.len() == 2 => stack_id,
+            Msg::Error { code, message } => return Err(Error::Refused { code, message }),
+            other => return Err(Error::Protocol(format!("expected Welcome, got {other:?}"))),
+        };
+        let bell = EventFdDoorbell::from_fd(fds.pop().expect("two fds"));
+        let seg_fd = fds.pop().expect("two fds");
+        let region = Region::map_fd(seg_fd).map_err(|e| Error::Protocol(e.to_string()))?;
+        let seg = Segment::open(region).map_err(|e| Error::Protocol(e.to_string()))?;
+        if id == 0 || u32::from(id) > seg.max_stacks() {
+            return Err(Error::Protocol(format!("stack id {id} out of range")));
+        }
+        let pool = Arc::new(StackPool::with_keepalive(
+            PoolView::new(seg.clone()),
+            id,
+            sock,
+        ));
+        let slot_seq = seg.stack_slot(id).ctrl_seq.load(Ordering::Acquire);
+        Ok(Stack {
+            id,
+            seg,
+            pool,
+            bell,
+            channels: Vec::new(),
+            by_peer: HashMap::new(),
+            resolved: HashMap::new(),
+            ctrl_seen: slot_seq,
+            mode: self.mode,
+            spin: AdaptiveSpin::default(),
+            inbox: VecDeque::new(),
+            scratch: [Descriptor::default(); BURST],
+            rr: 0,
+            corrupt: 0,
+            manager_gone: false,
+        })
+    }
+}
+
+const BURST: usize = 32;
+
+struct Chan {
+    id: u32,
+    peer: u16,
+    tx: Box<dyn DescProducer>,
+    rx: Box<dyn DescConsumer>,
+    peer_bell: EventFdDoorbell,
+}
+
+enum Event {
+    Msg(Message),
+    Reset(PeerId),
+}
+
+/// A process's attachment to an X-IO pool. See the module docs.
+///
+/// `Send` but not `Sync`: one thread drives a stack (buffers themselves are
+/// `Send` and may be dropped anywhere).
+pub struct Stack {
+    id: u16,
+    seg: Segment,
+    pool: Arc<StackPool>,
+    bell: EventFdDoorbell,
+    channels: Vec<Chan>,
+    by_peer: HashMap<u16, usize>,
+    resolved: HashMap<SocketAddr, u16>,
+    ctrl_seen: u32,
+    mode: WaitMode,
+    spin: AdaptiveSpin,
+    inbox: VecDeque<Event>,
+    scratch: [Descriptor; BURST],
+    rr: usize,
+    corrupt: u64,
+    manager_gone: bool,
+}
+
+impl std::fmt::Debug for Stack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stack")
+            .field("id", &self.id)
+            .field("channels", &self.channels.len())
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+fn recv_err(e: RecvError) -> Error {
+    match e {
+        RecvError::Closed => Error::ManagerGone,
+        RecvError::Io(e) => Error::Io(e),
+        RecvError::Proto(p) => Error::Protocol(p.to_string()),
+    }
+}
+
+impl Stack {
+    /// Attaches to pool `prefix` with default options.
+    pub fn attach(prefix: &str) -> Result<Stack, Error> {
+        Self::builder(prefix).attach()
+    }
+
+    /// Options for attaching to pool `prefix`.
+    pub fn builder(prefix: &str) -> StackBuilder {
+        let name = std::env::args().next().unwrap_or_default();
+        let name = name.rsplit('/').next().unwrap_or("").to_owned();
+        StackBuilder {
+            prefix: prefix.to_owned(),
+            name,
+            mode: WaitMode::default(),
+        }
+    }
+
+    /// This stack's id in the pool.
+    pub fn id(&self) -> PeerId {
+        PeerId(self.id)
+    }
+
+    /// The waiting mode of blocking calls.
+    pub fn wait_mode(&self) -> WaitMode {
+        self.mode
+    }
+
+    /// Changes the waiting mode.
+    pub fn set_wait_mode(&mut self, mode: WaitMode) {
+        self.mode = mode;
+    }
+
+    /// The adaptive policy's current state (for benchmarks and tuning).
+    pub fn spin_policy(&self) -> &AdaptiveSpin {
+        &self.spin
+    }
+
+    /// Descriptors this stack refused as corrupt.
+    pub fn corrupt_descriptors(&self) -> u64 {
+        self.corrupt
+    }
+
+    /// The doorbell fd: readable when the stack should look at its rings.
+    pub fn doorbell_fd(&self) -> BorrowedFd<'_> {
+        self.bell.fd()
+    }
+
+    /// The pool handle (what [`Buf`]s point back to).
+    pub fn pool(&self) -> &Arc<StackPool> {
+        &self.pool
+    }
+
+    fn ctrl_fd(&self) -> BorrowedFd<'_> {
+        self.pool
+            .keepalive()
+            .expect("a stack always holds its control socket")
+    }
+
+    fn slot(&self) -> &StackSlot {
+        self.seg.stack_slot(self.id)
+    }
+
+    /// Sends a request and waits for its reply, handling the manager's
+    /// unprompted messages that arrive first.
+    fn request(&mut self, msg: &Msg) -> Result<(Msg, Vec<OwnedFd>), Error> {
+        if self.manager_gone {
+            return Err(Error::ManagerGone);
+        }
+        ctrl::send(self.ctrl_fd(), msg, &[]).map_err(|e| {
+            if e.kind() == io::ErrorKind::BrokenPipe {
+                Error::ManagerGone
+            } else {
+                Error::Io(e)
+            }
+        })?;
+        loop {
+            let r = ctrl::recv(self.ctrl_fd(), false);
+            let (m, fds) = match r {
+                Ok(x) => x,
+                Err(RecvError::Closed) => {
+                    self.manager_gone = true;
+                    return Err(Error::ManagerGone);
+                }
+                Err(e) => return Err(recv_err(e)),
+            };
+            match m {
+                Msg::ChannelUp { .. } | Msg::PeerDown { .. } => self.handle_async(m, fds)?,
+                reply => return Ok((reply, fds)),
+            }
+        }
+    }
+
+    fn expect_ok(&mut self, msg: &Msg) -> Result<(), Error> {
+        match self.request(msg)?.0 {
+            Msg::Ok => Ok(()),
+            Msg::Error { code, message } => Err(Error::Refused { code, message }),
+            other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Binds `addr`: other stacks that connect to it reach this one.
+    pub fn bind(&mut self, addr: SocketAddr) -> Result<(), Error> {
+        self.expect_ok(&Msg::Bind { addr })
+    }
+
+    /// Releases `addr`.
+    pub fn unbind(&mut self, addr: SocketAddr) -> Result<(), Error> {
+        self.expect_ok(&Msg::Unbind { addr })
+    }
+
+    /// Opens (or reuses) the channel to the stack bound to `addr`.
+    /// Fails with `Refused { code: ConnectionRefused }` if nobody bound it.
+    pub fn connect(&mut self, addr: SocketAddr) -> Result<PeerId, Error> {
+        if let Some(&p) = self.resolved.get(&addr) {
+            if self.by_peer.contains_key(&p) {
+                return Ok(PeerId(p));
+            }
+        }
+        let (m, mut fds) = self.request(&Msg::Connect { addr })?;
+        match m {
+            Msg::Connected {
+                channel,
+                dir,
+                peer,
+                existing,
+            } => {
+                if !existing || !self.by_peer.contains_key(&peer) {
+                    let fd = fds
+                        .pop()
+                        .ok_or_else(|| Error::Protocol("Connected without doorbell".into()))?;
+                    self.add_channel(channel, dir, peer, fd)?;
+                }
+                self.resolved.insert(addr, peer);
+                Ok(PeerId(peer))
+            }
+            Msg::Error { code, message } => Err(Error::Refused { code, message }),
+            other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    fn add_channel(
+        &mut self,
+        channel: u32,
+        dir: u8,
+        peer: u16,
+        bell: OwnedFd,
+    ) -> Result<(), Error> {
+        if channel >= self.seg.max_channels()
+            || peer == 0
+            || u32::from(peer) > self.seg.max_stacks()
+        {
+            return Err(Error::Protocol(format!(
+                "channel {channel} / peer {peer} out of range"
+            )));
+        }
+        if self.by_peer.contains_key(&peer) {
+            return Ok(());
+        }
+        let cap = self.seg.ring_capacity();
+        let keep: Arc<dyn Send + Sync> = self.seg.region().clone();
+        let (th, ts) = self.seg.ring_ptrs(channel, dir as usize);
+        let (rh, rs) = self.seg.ring_ptrs(channel, 1 - dir as usize);
+        // SAFETY: the pointers come from the validated segment and stay
+        // valid while `keep` (the mapping) lives; the manager gives each
+        // ring of a channel exactly one producer and one consumer: we
+        // produce into `dir` and consume the other.
+        let (tx, rx) = unsafe {
+            (
+                Producer::new(RawRing::new(th, ts, cap, keep.clone())),
+                Consumer::new(RawRing::new(rh, rs, cap, keep)),
+            )
+        };
+        self.channels.push(Chan {
+            id: channel,
+            peer,
+            tx: Box::new(tx),
+            rx: Box::new(rx),
+            peer_bell: EventFdDoorbell::from_fd(bell),
+        });
+        self.by_peer.insert(peer, self.channels.len() - 1);
+        tracing::debug!(stack = self.id, channel, peer, "channel up");
+        Ok(())
+    }
+
+    fn handle_async(&mut self, m: Msg, mut fds: Vec<OwnedFd>) -> Result<(), Error> {
+        match m {
+            Msg::ChannelUp { channel, dir, peer } => {
+                let fd = fds
+                    .pop()
+                    .ok_or_else(|| Error::Protocol("ChannelUp without doorbell".into()))?;
+                self.add_channel(channel, dir, peer, fd)
+            }
+            Msg::PeerDown { channel, peer } => {
+                self.close_channel(peer, Some(channel));
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Stops using the channel to `peer`: delivers what it already sent,
+    /// queues a reset for the application and tells the manager.
+    fn close_channel(&mut self, peer: u16, announced: Option<u32>) {
+        let Some(i) = self.by_peer.remove(&peer) else {
+            return;
+        };
+        let mut ch = self.channels.swap_remove(i);
+        if let Some(moved) = self.channels.get(i) {
+            self.by_peer.insert(moved.peer, i);
+        }
+        // Deliver everything the peer sent before it went away.
+        loop {
+            let n = ch.rx.pop_burst(&mut self.scratch).unwrap_or_default();
+            if n == 0 {
+                break;
+            }
+            for k in 0..n {
+                let d = self.scratch[k];
+                Self::deliver(
+                    &self.pool,
+                    &mut self.inbox,
+                    &mut self.corrupt,
+                    self.seg.stack_slot(self.id),
+                    peer,
+                    d,
+                );
+            }
+        }
+        self.inbox.push_back(Event::Reset(PeerId(peer)));
+        self.resolved.retain(|_, p| *p != peer);
+        if announced.is_some()
+            || self.seg.channel(ch.id).state.load(Ordering::Acquire) != chan_state::ACTIVE
+        {
+            let _ = ctrl::send(
+                self.ctrl_fd(),
+                &Msg::ChannelReleased { channel: ch.id },
+                &[],
+            );
+        }
+        tracing::debug!(stack = self.id, channel = ch.id, peer, "channel closed");
+    }
+
+    fn deliver(
+        pool: &Arc<StackPool>,
+        inbox: &mut VecDeque<Event>,
+        corrupt: &mut u64,
+        slot: &StackSlot,
+        peer: u16,
+        d: Descriptor,
+    ) {
+        if d.kind != kind::DATA {
+            *corrupt += 1;
+            slot.corrupt.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        match pool.view().accept(pool.stack_id(), &d) {
+            Ok(raw) => {
+                let p: Arc<dyn BufferPool> = pool.clone();
+                inbox.push_back(Event::Msg(Message {
+                    from: PeerId(peer),
+                    tag: d.conn,
+                    buf: Buf::new(p, raw, d.len as usize),
+                }));
+            }
+            Err(why) => {
+                *corrupt += 1;
+                slot.corrupt.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(peer, ?d, %why, "rejected a corrupt descriptor");
+            }
+        }
+    }
+
+    /// Reads pending control messages without blocking.
+    fn poll_ctrl(&mut self) -> Result<(), Error> {
+        loop {
+            match ctrl::recv(self.ctrl_fd(), true) {
+                Ok((m, fds)) => self.handle_async(m, fds)?,
+                Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(RecvError::Closed) => {
+                    self.manager_gone = true;
+                    return Err(Error::ManagerGone);
+                }
+                Err(RecvError::Proto(p)) => {
+                    tracing::warn!(error = %p, "malformed message from the manager ignored");
+                }
+                Err(e) => return Err(recv_err(e)),
+            }
+        }
+    }
+
+    /// Moves whatever the rings hold into the inbox. Returns how many
+    /// descriptors were taken.
+    fn poll_rings(&mut self) -> Result<usize, Error> {
+        let seq = self.slot().ctrl_seq.load(Ordering::Acquire);
+        if seq != self.ctrl_seen {
+            self.ctrl_seen = seq;
+            self.poll_ctrl()?;
+        }
+        let n_ch = self.channels.len();
+        let mut total = 0;
+        let mut broken = Vec::new();
+        for k in 0..n_ch {
+            let i = (self.rr + k) % n_ch;
+            let n = match self.channels[i].rx.pop_burst(&mut self.scratch) {
+                Ok(n) => n,
+                Err(_) => {
+                    // An impossible ring index: the peer is broken. Count it
+                    // and stop reading that channel.
+                    self.corrupt += 1;
+                    self.slot().corrupt.fetch_add(1, Ordering::Relaxed);
+                    broken.push(self.channels[i].peer);
+                    continue;
+                }
+            };
+            let peer = self.channels[i].peer;
+            for j in 0..n {
+                let d = self.scratch[j];
+                Self::deliver(
+                    &self.pool,
+                    &mut self.inbox,
+                    &mut self.corrupt,
+                    self.seg.stack_slot(self.id),
+                    peer,
+                    d,
+                );
+            }
+            total += n;
+        }
+        self.rr = self.rr.wrapping_add(1);
+        for p in broken {
+            self.close_channel(p, None);
+        }
+        Ok(total)
+    }
+
+    /// Whether anything could be ready, without taking it (cheap: shared
+    /// loads only).
+    fn anything_ready(&mut self) -> bool {
+        !self.inbox.is_empty()
+            || self.slot().ctrl_seq.load(Ordering::Acquire) != self.ctrl_seen
+            || self.channels.iter_mut().any(|c| c.rx.has_data())
+    }
+
+    /// Whether spinning can pay: some peer awake on another CPU.
+    fn worth_spinning(&self, my_cpu: u32) -> bool {
+        self.channels.iter().any(|c| {
+            let s = self.seg.stack_slot(c.peer);
+            s.sleeping.load(Ordering::Relaxed) == 0 && s.cpu.load(Ordering::Relaxed) != my_cpu
+        })
+    }
+
+    /// Waits until something may be ready, per the waiting mode.
+    fn wait(&mut self, deadline: Option<Instant>) -> Result<(), Error> {
+        match self.mode {
+            WaitMode::NonBlocking => return Err(Error::WouldBlock),
+            WaitMode::BusyPoll => {
+                for _ in 0..64 {
+                    if self.anything_ready() {
+                        return Ok(());
+                    }
+                    spin_hint();
+                }
+                return self.check_deadline(deadline);
+            }
+            WaitMode::Adaptive | WaitMode::Blocking => {}
+        }
+        let my_cpu = rustix::thread::sched_getcpu() as u32 + 1;
+        self.slot().cpu.store(my_cpu, Ordering::Relaxed);
+        let start = now_ns();
+        if self.mode == WaitMode::Adaptive {
+            let budget = self.spin.spin_for(self.worth_spinning(my_cpu));
+            if budget > 0 {
+                let mut i = 0u32;
+                loop {
+                    if self.anything_ready() {
+                        self.spin.on_spin_hit();
+                        return Ok(());
+                    }
+                    spin_hint();
+                    i = i.wrapping_add(1);
+                    if i.is_multiple_of(256) {
+                        let now = now_ns();
+                        if now - start >= budget || !self.worth_spinning(my_cpu) {
+                            break;
+                        }
+                        if deadline.is_some_and(|d| Instant::now() >= d) {
+                            return Err(Error::TimedOut);
+                        }
+                    }
+                }
+            }
+        }
+        // Sleep. Dekker with `notify`: we store `sleeping` then load the
+        // rings; a producer stores the ring tail then loads `sleeping`.
+        // The SeqCst fences on both sides make at least one see the other.
+        self.slot().sleeping.store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if self.anything_ready() {
+            self.slot().sleeping.store(0, Ordering::Relaxed);
+            return Ok(());
+        }
+        let timeout = match deadline {
+            Some(d) => {
+                let now = Instant::now();
+                if now >= d {
+                    self.slot().sleeping.store(0, Ordering::Relaxed);
+                    return Err(Error::TimedOut);
+                }
+                Some(d - now)
+            }
+            None => None,
+        };
+        let slept_from = now_ns();
+        self.slot().sleeps.fetch_add(1, Ordering::Relaxed);
+        let rung = self.bell.wait(timeout, Some(self.ctrl_fd()));
+        let slot = self.seg.stack_slot(self.id);
+        slot.sleeping.store(0, Ordering::Relaxed);
+        let woke = now_ns();
+        let rung_at = slot.rung_at.load(Ordering::Relaxed);
+        let wake = (matches!(rung, Ok(true)) && rung_at >= slept_from)
+            .then(|| woke.saturating_sub(rung_at));
+        if self.mode == WaitMode::Adaptive {
+            self.spin.on_sleep(woke - slept_from, wake);
+        }
+        rung?;
+        // The control socket may have woken us (a message, or the manager
+        // died): look at it now rather than wait for a doorbell.
+        self.poll_ctrl()?;
+        Ok(())
+    }
+
+    fn check_deadline(&self, deadline: Option<Instant>) -> Result<(), Error> {
+        match deadline {
+            Some(d) if Instant::now() >= d => Err(Error::TimedOut),
+            _ => Ok(()),
+        }
+    }
+
+    fn next_event(
+        &mut self,
+        deadline: Option<Instant>,
+        mode: Option<WaitMode>,
+    ) -> Result<Message, Error> {
+        let saved = self.mode;
+        if let Some(m) = mode {
+            self.mode = m;
+        }
+        let r = loop {
+            if let Some(ev) = self.inbox.pop_front() {
+                break match ev {
+                    Event::Msg(m) => Ok(m),
+                    Event::Reset(p) => Err(Error::Reset(p)),
+                };
+            }
+            match self.poll_rings() {
+                Ok(n) if n > 0 => continue,
+                Ok(_) => {}
+                Err(e) => break Err(e),
+            }
+            if self.inbox.is_empty() {
+                if let Err(e) = self.wait(deadline) {
+                    break Err(e);
+                }
+            }
+        };
+        self.mode = saved;
+        r
+    }
+
+    /// Receives the next message, waiting per the stack's mode. A peer that
+    /// died or left is reported once as [`Error::Reset`] after the messages
+    /// it sent before.
+    pub fn recv(&mut self) -> Result<Message, Error> {
+        self.next_event(None, None)
+    }
+
+    /// Receives without waiting ([`Error::WouldBlock`] when nothing is ready).
+    pub fn try_recv(&mut self) -> Result<Message, Error> {
+        self.next_event(None, Some(WaitMode::NonBlocking))
+    }
+
+    /// Receives, waiting at most `timeout` ([`Error::TimedOut`]).
+    pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Message, Error> {
+        self.next_event(Some(Instant::now() + timeout), None)
+    }
+
+    /// Receives up to `max` ready messages into `out` after waiting for the
+    /// first; returns how many.
+    pub fn recv_burst(&mut self, out: &mut Vec<Message>, max: usize) -> Result<usize, Error> {
+        let first = self.recv()?;
+        out.push(first);
+        let mut n = 1;
+        while n < max {
+            match self.inbox.front() {
+                Some(Event::Msg(_)) => {
+                    if let Some(Event::Msg(m)) = self.inbox.pop_front() {
+                        out.push(m);
+                        n += 1;
+                    }
+                }
+                Some(Event::Reset(_)) => break,
+                None => {
+                    if self.poll_rings()? == 0 {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// A writable buffer of at least `len` bytes. When the pool is
+    /// exhausted this waits (per the mode) for buffers to come back;
+    /// it never fails for lack of buffers except in non-blocking mode.
+    pub fn alloc(&self, len: usize) -> Result<BufMut, Error> {
+        let mut backoff = 0u32;
+        loop {
+            match self.pool.alloc(len, self.mode != WaitMode::NonBlocking) {
+                Ok(raw) => {
+                    let p: Arc<dyn BufferPool> = self.pool.clone();
+                    return Ok(BufMut::new(p, raw, len));
+                }
+                Err(AllocError::TooLarge(n)) => return Err(Error::TooLarge(n)),
+                Err(AllocError::Exhausted) => {
+                    if self.mode == WaitMode::NonBlocking {
+                        return Err(Error::WouldBlock);
+                    }
+                    backoff_wait(&mut backoff, self.mode);
+                }
+            }
+        }
+    }
+
+    /// A writable buffer, or [`Error::WouldBlock`] if the pool is exhausted.
+    pub fn try_alloc(&self, len: usize) -> Result<BufMut, Error> {
+        match self.pool.alloc(len, false) {
+            Ok(raw) => {
+                let p: Arc<dyn BufferPool> = self.pool.clone();
+                Ok(BufMut::new(p, raw, len))
+            }
+            Err(AllocError::TooLarge(n)) => Err(Error::TooLarge(n)),
+            Err(AllocError::Exhausted) => Err(Error::WouldBlock),
+        }
+    }
+
+    /// Sends `buf` to `peer` (zero-copy: the buffer itself moves).
+    /// Waits while the ring is full; [`Error::Reset`] if the peer is gone.
+    pub fn send(&mut self, peer: PeerId, buf: BufMut) -> Result<(), Error> {
+        self.send_tagged(peer, 0, buf)
+    }
+
+    /// Sends with a tag the receiver sees in [`Message::tag`].
+    pub fn send_tagged(&mut self, peer: PeerId, tag: u32, buf: BufMut) -> Result<(), Error> {
+        let mut one = Some(buf);
+        self.send_from(peer, tag, &mut one, self.mode)
+    }
+
+    /// Sends without waiting: a full ring hands the buffer back in
+    /// `Err((Error::WouldBlock, buf))`.
+    pub fn try_send(&mut self, peer: PeerId, buf: BufMut) -> Result<(), (Error, Option<BufMut>)> {
+        let mut one = Some(buf);
+        match self.send_from(peer, 0, &mut one, WaitMode::NonBlocking) {
+            Ok(()) => Ok(()),
+            Err(e) => Err((e, one)),
+        }
+    }
+
+    /// Sends every buffer in `bufs` (in order) with one doorbell check at
+    /// the end: the burst path for one-way streams.
+    pub fn send_burst(&mut self, peer: PeerId, bufs: &mut Vec<BufMut>) -> Result<(), Error> {
+        let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
+        let mut descs = [Descriptor::default(); BURST];
+        let mut sent = 0;
+        let mut backoff = 0u32;
+        while sent < bufs.len() {
+            self.check_open(ci, peer)?;
+            let ch = &mut self.channels[ci];
+            let free = match ch.tx_space() {
+                Ok(f) => f,
+                Err(()) => {
+                    self.close_channel(peer.0, None);
+                    return Err(Error::Reset(peer));
+                }
+            };
+            if free == 0 {
+                Self::notify(&self.seg, ch);
+                backoff_wait(&mut backoff, self.mode);
+                continue;
+            }
+            let n = free.min(BURST).min(bufs.len() - sent);
+            for (k, b) in bufs[sent..sent + n].iter().enumerate() {
+                descs[k] =
+                    self.pool
+                        .view()
+                        .prepare_send(b.raw(), b.len() as u32, peer.0, 0, kind::DATA);
+            }
+            let pushed = ch.tx.push_burst(&descs[..n]).unwrap_or(0);
+            debug_assert_eq!(pushed, n, "we are the only producer");
+            sent += n;
+        }
+        for b in bufs.drain(..) {
+            let _ = b.into_raw();
+        }
+        Self::notify(&self.seg, &self.channels[ci]);
+        Ok(())
+    }
+
+    fn check_open(&mut self, ci: usize, peer: PeerId) -> Result<(), Error> {
+        let id = self.channels[ci].id;
+        if self.seg.channel(id).state.load(Ordering::Acquire) != chan_state::ACTIVE {
+            self.close_channel(peer.0, None);
+            return Err(Error::Reset(peer));
+        }
+        Ok(())
+    }
+
+    fn send_from(
+        &mut self,
+        peer: PeerId,
+        tag: u32,
+        slot: &mut Option<BufMut>,
+        mode: WaitMode,
+    ) -> Result<(), Error> {
+        let mut backoff = 0u32;
+        loop {
+            let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
+            self.check_open(ci, peer)?;
+            let ch = &mut self.channels[ci];
+            match ch.tx_space() {
+                Ok(0) => {
+                    if mode == WaitMode::NonBlocking {
+                        return Err(Error::WouldBlock);
+                    }
+                    // Full: make sure the consumer is awake, then wait for it
+                    // to make room. Also watch for the peer's death.
+                    Self::notify(&self.seg, ch);
+                    backoff_wait(&mut backoff, mode);
+                    if self.slot().ctrl_seq.load(Ordering::Acquire) != self.ctrl_seen {
+                        self.poll_rings()?;
+                    }
+                }
+                Ok(_) => {
+                    let buf = slot.take().expect("buffer present until sent");
+                    let (raw, len) = buf.into_raw();
+                    let d = self
+                        .pool
+                        .view()
+                        .prepare_send(raw, len as u32, peer.0, tag, kind::DATA);
+                    let n = ch.tx.push_burst(&[d]).unwrap_or(0);
+                    debug_assert_eq!(n, 1, "we are the only producer and saw room");
+                    Self::notify(&self.seg, ch);
+                    return Ok(());
+                }
+                Err(()) => {
+                    self.close_channel(peer.0, None);
+                    return Err(Error::Reset(peer));
+                }
+            }
+        }
+    }
+
+    /// Rings the peer's doorbell if it is asleep (the producer half of the
+    /// Dekker handshake in `wait`).
+    #[inline]
+    fn notify(seg: &Segment, ch: &Chan) {
+        fence(Ordering::SeqCst);
+        let s = seg.stack_slot(ch.peer);
+        if s.sleeping.load(Ordering::Relaxed) != 0 && s.sleeping.swap(0, Ordering::AcqRel) != 0 {
+            s.rung_at.store(now_ns(), Ordering::Relaxed);
+            let _ = ch.peer_bell.ring();
+        }
+    }
+
+    /// Peers this stack has a channel to.
+    pub fn peers(&self) -> Vec<PeerId> {
+        self.channels.iter().map(|c| PeerId(c.peer)).collect()
+    }
+
+    /// Test hook: pushes a raw descriptor to `peer` as if it were a buffer,
+    /// to check that receivers reject forgeries. Not for applications.
+    #[doc(hidden)]
+    pub fn __push_raw(&mut self, peer: PeerId, d: Descriptor) -> Result<(), Error> {
+        let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
+        let ch = &mut self.channels[ci];
+        ch.tx
+            .push_burst(&[d])
+            .map_err(|e| Error::Protocol(e.to_string()))?;
+        Self::notify(&self.seg, ch);
+        Ok(())
+    }
+
+    /// Test hook: the segment.
+    #[doc(hidden)]
+    pub fn __segment(&self) -> &Segment {
+        &self.seg
+    }
+}
+
+impl Chan {
+    fn tx_space(&mut self) -> Result<usize, ()> {
+        Ok(self.tx.free_slots().map_err(|_| ())? as usize)
+    }
+}
+
+/// Waits a little longer each time: spin, then yield, then short sleeps.
+/// Used where no doorbell exists (a full ring, an exhausted pool).
+fn backoff_wait(step: &mut u32, mode: WaitMode) {
+    *step = step.saturating_add(1);
+    match mode {
+        WaitMode::BusyPoll => spin_hint(),
+        _ if *step < 64 => spin_hint(),
+        _ if *step < 128 => std::thread::yield_now(),
+        _ => std::thread::sleep(Duration::from_micros(20)),
+    }
+}
+
+impl AsFd for Stack {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.bell.fd()
+    }
+}

@@ -1,0 +1,91 @@
+//! The one place lock-free code takes its atomics and cells from.
+//!
+//! Under `--cfg loom` these are loom's model-checked types, so the ring and
+//! the pool free list are checked by the same code that runs in production.
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+/// A cell whose accesses loom can track; a thin wrapper over
+/// `core::cell::UnsafeCell` otherwise.
+#[cfg(not(loom))]
+#[derive(Debug)]
+#[repr(transparent)]
+pub(crate) struct UnsafeCell<T>(core::cell::UnsafeCell<T>);
+
+#[cfg(not(loom))]
+impl<T> UnsafeCell<T> {
+    #[allow(dead_code)]
+    pub(crate) const fn new(v: T) -> Self {
+        Self(core::cell::UnsafeCell::new(v))
+    }
+    /// Reads the value.
+    ///
+    /// # Safety
+    /// No other access to the cell may be in progress.
+    #[inline]
+    pub(crate) unsafe fn read(&self) -> T
+    where
+        T: Copy,
+    {
+        // SAFETY: the caller guarantees exclusive access for the read.
+        unsafe { self.0.get().read_volatile() }
+    }
+    /// Writes the value.
+    ///
+    /// # Safety
+    /// No other access to the cell may be in progress.
+    #[inline]
+    pub(crate) unsafe fn write(&self, v: T) {
+        // SAFETY: the caller guarantees exclusive access for the write.
+        unsafe { self.0.get().write_volatile(v) }
+    }
+}
+
+#[cfg(loom)]
+#[derive(Debug)]
+pub(crate) struct UnsafeCell<T>(loom::cell::UnsafeCell<T>);
+
+#[cfg(loom)]
+impl<T> UnsafeCell<T> {
+    pub(crate) fn new(v: T) -> Self {
+        Self(loom::cell::UnsafeCell::new(v))
+    }
+    pub(crate) unsafe fn read(&self) -> T
+    where
+        T: Copy,
+    {
+        // SAFETY: forwarded to the caller.
+        self.0.with(|p| unsafe { p.read() })
+    }
+    pub(crate) unsafe fn write(&self, v: T) {
+        // SAFETY: forwarded to the caller.
+        self.0.with_mut(|p| unsafe { p.write(v) })
+    }
+}
+
+/// Hint to the CPU that we are spinning (loom: yield to the model).
+#[inline]
+pub(crate) fn spin_hint() {
+    #[cfg(loom)]
+    loom::thread::yield_now();
+    #[cfg(not(loom))]
+    std::hint::spin_loop();
+}
+
+/// Pads and aligns a value to 128 bytes: two cache lines, because adjacent-line
+/// prefetch on x86-64 pulls pairs of lines (the reasoning of crossbeam's
+/// `CachePadded`). `#[repr(C)]` so it can live in shared memory.
+#[derive(Debug, Default)]
+#[repr(C, align(128))]
+pub struct CachePadded<T>(pub T);
+
+impl<T> core::ops::Deref for CachePadded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
