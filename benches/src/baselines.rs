@@ -56,7 +56,7 @@ use rustix::process::Pid;
 use crate::pin::pin_scoped;
 
 /// Which baseline transport to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum Baseline {
     /// Unix-domain stream socket; the endpoint is the socket path.
     Uds,
@@ -1110,29 +1110,38 @@ impl Drop for RemoveOnDrop {
 }
 
 /// A spawned server process; killed and reaped on drop unless already reaped.
-struct ServerChild {
+/// Also used by the X-IO pairs in [`crate::xio`].
+pub(crate) struct ServerChild {
     child: Option<Child>,
     /// Exit status once reaped.
     status: Option<ExitStatus>,
+    /// The process id.
+    pid: u32,
 }
 
 impl ServerChild {
-    fn spawn(cmd: &mut Command) -> Result<Self> {
+    pub(crate) fn spawn(cmd: &mut Command) -> Result<Self> {
         let child = cmd
             .spawn()
             .with_context(|| format!("spawning server {cmd:?}"))?;
         Ok(ServerChild {
+            pid: child.id(),
             child: Some(child),
             status: None,
         })
     }
 
-    fn stdout(&mut self) -> Option<std::process::ChildStdout> {
+    pub(crate) fn stdout(&mut self) -> Option<std::process::ChildStdout> {
         self.child.as_mut()?.stdout.take()
     }
 
+    /// The server's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// Non-blocking check whether the server has exited (reaping it if so).
-    fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
+    pub(crate) fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
         if let Some(c) = self.child.as_mut() {
             if let Some(st) = c.try_wait().context("polling server process")? {
                 self.child = None;
@@ -1143,7 +1152,7 @@ impl ServerChild {
     }
 
     /// Waits up to `timeout` for the child to exit, killing it after that.
-    fn wait_timeout(&mut self, timeout: Duration) -> Result<ExitStatus> {
+    pub(crate) fn wait_timeout(&mut self, timeout: Duration) -> Result<ExitStatus> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(st) = self.try_wait()? {
@@ -1166,7 +1175,7 @@ impl ServerChild {
 
     /// Ends the pair after the client finished: waits for the server to exit
     /// and merges its exit status into the client's result.
-    fn finish(mut self, client: Result<Vec<u64>>) -> Result<Vec<u64>> {
+    pub(crate) fn finish<T>(mut self, client: Result<T>) -> Result<T> {
         match client {
             Ok(samples) => {
                 let st = self.wait_timeout(EXIT_TIMEOUT)?;

@@ -1,44 +1,40 @@
-//! TEMPORARY driver for the baseline modules (to be replaced by the real
-//! harness). Runs every baseline via `run_pair` and prints p50/p99.
+//! `xio-bench`: cross-process latency and throughput of X-IO against Unix
+//! sockets, TCP loopback and bare shared-memory spin rings.
+//!
+//! ```text
+//! cargo run -p xio-bench --release -- compare [--quick] [--sizes 64,1K,...] [--modes adaptive,...] [--iters N]
+//! ```
+//!
+//! The parent process is the client of every pair and runs the embedded
+//! X-IO manager; each server is this same executable run with a hidden
+//! subcommand (`serve` for the baselines, `serve-xio` for X-IO).
 
 mod baselines;
+mod compare;
 mod pin;
 mod stats;
+mod xio;
 
+use std::net::SocketAddr;
+
+use anyhow::{Context, Result};
 use baselines::Baseline;
 use clap::{Parser, Subcommand};
 
-/// Temporary baseline driver.
+/// Cross-process latency and throughput benchmarks for X-IO.
 #[derive(Parser)]
+#[command(name = "xio-bench", version)]
 struct Cli {
     #[command(subcommand)]
-    cmd: Option<Cmd>,
-    /// Iterations per measurement.
-    #[arg(long, default_value_t = 20_000)]
-    iters: usize,
-    /// Warmup round trips.
-    #[arg(long, default_value_t = 2_000)]
-    warmup: usize,
-    /// Server CPU.
-    #[arg(long)]
-    server_cpu: Option<usize>,
-    /// Client CPU.
-    #[arg(long)]
-    client_cpu: Option<usize>,
-    /// Baselines to run (default: all).
-    #[arg(long, value_enum)]
-    only: Vec<Baseline>,
-    /// Server subcommand (for testing failure paths).
-    #[arg(long, default_value = "serve")]
-    server_subcmd: String,
-    /// Sizes to run.
-    #[arg(long, default_values_t = [64usize, 65536])]
-    sizes: Vec<usize>,
+    cmd: Cmd,
 }
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Child side.
+    /// Compare X-IO with the baselines; prints markdown tables on stdout.
+    Compare(compare::CompareArgs),
+    /// (internal) Baseline server, spawned by the parent.
+    #[command(hide = true)]
     Serve {
         #[arg(long, value_enum)]
         baseline: Baseline,
@@ -49,52 +45,53 @@ enum Cmd {
         #[arg(long)]
         cpu: Option<usize>,
     },
+    /// (internal) X-IO echo or sink server, spawned by the parent.
+    #[command(hide = true)]
+    ServeXio {
+        #[arg(long)]
+        prefix: String,
+        #[arg(long, value_enum)]
+        mode: xio::Mode,
+        #[arg(long)]
+        addr: SocketAddr,
+        #[arg(long)]
+        cpu: Option<usize>,
+        /// Drop data messages (echo only 1-byte markers) instead of echoing.
+        #[arg(long)]
+        sink: bool,
+    },
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    if let Some(Cmd::Serve {
-        baseline,
-        endpoint,
-        size,
-        cpu,
-    }) = cli.cmd
-    {
-        if let Some(cpu) = cpu {
-            pin::pin_to_cpu(cpu)?;
-        }
-        return baselines::serve(baseline, &endpoint, size);
-    }
-    println!("online cpus: {}", pin::online_cpus());
-    let list: Vec<Baseline> = if cli.only.is_empty() {
-        <Baseline as clap::ValueEnum>::value_variants().to_vec()
-    } else {
-        cli.only.clone()
-    };
-    for b in list {
-        for &size in &cli.sizes {
-            let t = std::time::Instant::now();
-            let mut s = baselines::run_pair(
-                b,
-                &[cli.server_subcmd.as_str()],
-                cli.server_cpu,
-                cli.client_cpu,
-                size,
-                cli.warmup,
-                cli.iters,
-            )?;
-            let sum = stats::summarize(&mut s);
-            println!(
-                "{:<15} {:>8} B  p50 {:>8} us  p99 {:>8} us  mean {:>8} us  n={} ({:.2?})",
-                b.to_string(),
-                size,
-                stats::fmt_us(sum.p50_ns),
-                stats::fmt_us(sum.p99_ns),
-                stats::fmt_us(sum.mean_ns),
-                sum.n,
-                t.elapsed()
-            );
-        }
+fn pin(cpu: Option<usize>) -> Result<()> {
+    if let Some(c) = cpu {
+        pin::pin_to_cpu(c).with_context(|| format!("pinning to CPU {c}"))?;
     }
     Ok(())
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Compare(a) => compare::run(&a),
+        Cmd::Serve {
+            baseline,
+            endpoint,
+            size,
+            cpu,
+        } => {
+            xio::die_with_parent()?;
+            pin(cpu)?;
+            baselines::serve(baseline, &endpoint, size)
+        }
+        Cmd::ServeXio {
+            prefix,
+            mode,
+            addr,
+            cpu,
+            sink,
+        } => {
+            xio::die_with_parent()?;
+            pin(cpu)?;
+            xio::serve(&prefix, mode, addr, sink)
+        }
+    }
 }

@@ -918,10 +918,10 @@ impl Manager {
 pub fn query_status(prefix: &str) -> Result<String, crate::stack::Error> {
     paths::check_prefix(prefix)?;
     let path = paths::socket_path(prefix);
-    let sock = ctrl::connect(&path).map_err(|source| crate::stack::Error::NoManager {
+    let sock = ctrl::connect(&path).map_err(|err| crate::stack::Error::NoManager {
         prefix: prefix.to_owned(),
         path: path.display().to_string(),
-        source,
+        err,
     })?;
     ctrl::send(sock.as_fd(), &Msg::Status, &[])?;
     match ctrl::recv(sock.as_fd(), false) {

@@ -34,10 +34,8 @@ use crate::layout::{bufword, Descriptor, MAX_CLASSES, NO_CLASS};
 use crate::segment::Segment;
 use crate::sync::{spin_hint, Ordering};
 
-/// How many buffers move between the private cache and the shared list at once.
-const BATCH: usize = 32;
-/// Private cache size above which half is returned to the shared list.
-const CACHE_MAX: usize = 2 * BATCH;
+/// Most buffers of one class a stack keeps in its private cache.
+const CACHE_MAX: usize = 64;
 
 /// A buffer reference: class and index. Not a pointer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -296,6 +294,11 @@ pub struct StackPool {
     view: PoolView,
     me: u16,
     cache: Mutex<[Vec<u32>; MAX_CLASSES]>,
+    /// Per class: private cache limit. Small enough that the caches of
+    /// every stack the pool admits hold at most half the class, so buffers
+    /// parked in one process's cache can never starve another (a class of
+    /// few large buffers is not cached at all).
+    limit: [usize; MAX_CLASSES],
     // The registration with the manager: while it is open the manager
     // leaves our buffers alone, so it lives as long as the last buffer.
     keepalive: Option<std::os::fd::OwnedFd>,
@@ -315,23 +318,24 @@ pub enum AllocError {
 impl StackPool {
     /// A pool handle for stack `me`.
     pub fn new(view: PoolView, me: u16) -> Self {
-        Self {
-            view,
-            me,
-            cache: Mutex::new(Default::default()),
-            keepalive: None,
+        let limit = Self::limits(&view);
+        Self { view, me, cache: Mutex::new(Default::default()), limit, keepalive: None }
+    }
+
+    fn limits(view: &PoolView) -> [usize; MAX_CLASSES] {
+        let seg = view.segment();
+        let mut l = [0; MAX_CLASSES];
+        for (i, c) in seg.classes().iter().enumerate() {
+            l[i] = (c.count as usize / (2 * seg.max_stacks() as usize)).min(CACHE_MAX);
         }
+        l
     }
 
     /// A pool handle that keeps `ctrl` (the stack's manager connection)
     /// open for as long as it or any buffer from it lives.
     pub fn with_keepalive(view: PoolView, me: u16, ctrl: std::os::fd::OwnedFd) -> Self {
-        Self {
-            view,
-            me,
-            cache: Mutex::new(Default::default()),
-            keepalive: Some(ctrl),
-        }
+        let limit = Self::limits(&view);
+        Self { view, me, cache: Mutex::new(Default::default()), limit, keepalive: Some(ctrl) }
     }
 
     /// The kept-alive control socket.
@@ -358,9 +362,8 @@ impl StackPool {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let c = &mut cache[class];
         if c.is_empty() {
-            self.view.global_op(self.me, class, wait, || {
-                self.view.pop_batch(self.me, class, c, BATCH)
-            });
+            let batch = (self.limit[class] / 2).max(1);
+            self.view.global_op(self.me, class, wait, || self.view.pop_batch(self.me, class, c, batch));
         }
         let idx = c.pop().ok_or(AllocError::Exhausted)?;
         drop(cache);
@@ -399,8 +402,8 @@ impl StackPool {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let c = &mut cache[class];
         c.push(b.index);
-        if c.len() > CACHE_MAX {
-            let at = c.len() - BATCH;
+        if c.len() > self.limit[class] {
+            let at = c.len() - (self.limit[class] / 2).max(1);
             let spill: Vec<u32> = c.drain(at..).collect();
             drop(cache);
             self.view.global_op(self.me, class, true, || {

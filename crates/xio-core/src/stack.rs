@@ -53,14 +53,14 @@ pub struct Message {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// No manager listens on this prefix.
-    #[error("no X-IO manager for pool {prefix:?} at {path}: start one with `xio-manager --prefix {prefix}` ({source})")]
+    #[error("no X-IO manager for pool {prefix:?} at {path} ({err}): start one with `xio-manager --prefix {prefix}`")]
     NoManager {
         /// The prefix.
         prefix: String,
         /// Socket path tried.
         path: String,
         /// The connect error.
-        source: io::Error,
+        err: io::Error,
     },
     /// The prefix is not a valid name.
     #[error(transparent)]
@@ -151,10 +151,10 @@ impl StackBuilder {
     pub fn attach(self) -> Result<Stack, Error> {
         paths::check_prefix(&self.prefix)?;
         let path = paths::socket_path(&self.prefix);
-        let sock = ctrl::connect(&path).map_err(|source| Error::NoManager {
+        let sock = ctrl::connect(&path).map_err(|err| Error::NoManager {
             prefix: self.prefix.clone(),
             path: path.display().to_string(),
-            source,
+            err,
         })?;
         let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
         ctrl::send(
@@ -740,9 +740,11 @@ impl Stack {
         self.next_event(None, Some(WaitMode::NonBlocking))
     }
 
-    /// Receives, waiting at most `timeout` ([`Error::TimedOut`]).
+    /// Receives, waiting at most `timeout` ([`Error::TimedOut`]). Waits
+    /// even in non-blocking mode (adaptively then), since a timeout asks to.
     pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Message, Error> {
-        self.next_event(Some(Instant::now() + timeout), None)
+        let mode = (self.mode == WaitMode::NonBlocking).then_some(WaitMode::Adaptive);
+        self.next_event(Some(Instant::now() + timeout), mode)
     }
 
     /// Receives up to `max` ready messages into `out` after waiting for the

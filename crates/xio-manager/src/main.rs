@@ -1,1 +1,129 @@
-fn main() {}
+//! `xio-manager`: the per-node X-IO manager.
+//!
+//! ```text
+//! xio-manager [--prefix NAME] [--class SIZE:COUNT]...   run in the foreground
+//! xio-manager status [--prefix NAME]                    print services, channels, buffers
+//! ```
+//! Stops cleanly on SIGINT/SIGTERM and removes its socket. A second manager
+//! on the same prefix is refused.
+
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use xio_core::layout::PoolConfig;
+use xio_core::manager::Manager;
+
+#[derive(Parser, Debug)]
+#[command(name = "xio-manager", version, about = "The X-IO per-node manager: owns a shared-memory pool and sets up channels between services")]
+struct Cli {
+    /// Pool prefix (one pool per security domain). Default: $XIO_PREFIX or "xio".
+    #[arg(long, global = true)]
+    prefix: Option<String>,
+    /// A buffer size class, SIZE:COUNT, SIZE in bytes or with K/M suffix
+    /// (repeat; default 2K:8192 64K:512 1M:32).
+    #[arg(long = "class", value_name = "SIZE:COUNT")]
+    classes: Vec<String>,
+    /// Most services registered at once.
+    #[arg(long, default_value_t = 64)]
+    max_stacks: u32,
+    /// Most channels (pairs of services) at once.
+    #[arg(long, default_value_t = 256)]
+    max_channels: u32,
+    /// Descriptors per ring (power of two).
+    #[arg(long, default_value_t = 1024)]
+    ring_capacity: u32,
+    /// Log as JSON lines instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Print the running manager's services, channels and buffers in use.
+    Status,
+}
+
+fn parse_size(s: &str) -> anyhow::Result<u32> {
+    let s = s.trim();
+    let (num, mult) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 1024),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 1024 * 1024),
+        _ => (s, 1),
+    };
+    let n: u32 = num.parse().with_context(|| format!("bad size {s:?}"))?;
+    n.checked_mul(mult).with_context(|| format!("size {s:?} too large"))
+}
+
+fn parse_class(s: &str) -> anyhow::Result<(u32, u32)> {
+    let Some((size, count)) = s.split_once(':') else {
+        bail!("class {s:?} must be SIZE:COUNT, e.g. 64K:512");
+    };
+    Ok((parse_size(size)?, count.trim().parse().with_context(|| format!("bad count in {s:?}"))?))
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let prefix = cli.prefix.clone().unwrap_or_else(xio_core::paths::default_prefix);
+    if let Some(Cmd::Status) = cli.cmd {
+        let text = xio_core::manager::query_status(&prefix)?;
+        print!("{text}");
+        return Ok(());
+    }
+    let mut pool = PoolConfig {
+        max_stacks: cli.max_stacks,
+        max_channels: cli.max_channels,
+        ring_capacity: cli.ring_capacity,
+        ..PoolConfig::default()
+    };
+    if !cli.classes.is_empty() {
+        pool.classes = cli.classes.iter().map(|c| parse_class(c)).collect::<anyhow::Result<_>>()?;
+        pool.classes.sort_unstable();
+    }
+    let manager = Manager::builder(&prefix).pool(pool).bind()?;
+    let stopper = manager.stopper();
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
+        .context("install signal handlers")?;
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            tracing::info!(signal = sig, "stopping");
+            stopper.stop();
+        }
+    });
+    manager.run()?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("XIO_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if cli.json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xio-manager: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_classes() {
+        assert_eq!(parse_size("2K").unwrap(), 2048);
+        assert_eq!(parse_size("1m").unwrap(), 1 << 20);
+        assert_eq!(parse_class("64K:512").unwrap(), (65536, 512));
+        assert!(parse_class("64K").is_err());
+        assert!(parse_size("99999999M").is_err());
+    }
+}

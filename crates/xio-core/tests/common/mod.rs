@@ -1,0 +1,167 @@
+//! Helpers for tests that spawn real processes.
+//!
+//! A child is this same test binary re-run with `--exact child_main` and
+//! `XIO_CHILD_ROLE` set; the `child_main` test then plays that role and
+//! exits. Children die with the test process (PDEATHSIG), and every wait
+//! has a watchdog so a bug shows up as a failure, not a hung CI run.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+/// Generous: a watchdog against hangs, not a performance bound.
+pub const WATCHDOG: Duration = Duration::from_secs(120);
+
+/// Points every stack and manager of this test process (and its children)
+/// at a private run directory.
+pub fn setup() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("XIO_CHILD_ROLE").is_none() {
+            let dir = std::env::temp_dir().join(format!("xio-test-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            // Set before any thread of ours reads the environment.
+            std::env::set_var("XIO_RUN_DIR", &dir);
+        }
+    });
+}
+
+/// A pool prefix unique to this test and process.
+pub fn prefix(test: &str) -> String {
+    format!("t-{test}-{}", std::process::id())
+}
+
+/// A child process playing `role` with `args`.
+pub struct ChildProc {
+    pub child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl ChildProc {
+    pub fn spawn(test_fn: &str, role: &str, args: &[String]) -> ChildProc {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", test_fn, "--nocapture", "--test-threads=1", "--quiet"])
+            .env("XIO_CHILD_ROLE", role)
+            .env("XIO_CHILD_ARGS", args.join("\x1f"))
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn child");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if line.starts_with("XIO:") {
+                    let _ = tx.send(line);
+                } else if !line.trim().is_empty() {
+                    eprintln!("[child] {line}");
+                }
+            }
+        });
+        ChildProc { child, lines: rx }
+    }
+
+    /// Waits for the child to print `XIO:<what>`; returns the rest of the line.
+    pub fn expect(&mut self, what: &str) -> String {
+        let deadline = Instant::now() + WATCHDOG;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    if let Some(rest) = l.strip_prefix(&format!("XIO:{what}")) {
+                        return rest.trim().to_owned();
+                    }
+                }
+                Err(_) => {
+                    let _ = self.child.kill();
+                    panic!("watchdog: child never said {what:?} (status {:?})", self.child.try_wait());
+                }
+            }
+        }
+    }
+
+    /// Waits for exit (watchdog: kill and fail).
+    pub fn wait_success(mut self) {
+        let deadline = Instant::now() + WATCHDOG;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                assert!(st.success(), "child failed: {st:?}");
+                return;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("watchdog: child did not finish");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+        let _ = self.child.wait();
+    }
+}
+
+/// In a child: the role's arguments.
+pub fn child_args() -> Vec<String> {
+    std::env::var("XIO_CHILD_ARGS").map(|a| a.split('\x1f').map(str::to_owned).collect()).unwrap_or_default()
+}
+
+/// In a child: die with the parent, so a failed test leaves no orphans.
+pub fn die_with_parent() {
+    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+}
+
+/// Polls `cond` until true (watchdog: panic with `what`).
+pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WATCHDOG;
+    while !cond() {
+        assert!(Instant::now() < deadline, "watchdog: {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Fills `buf` with a pattern determined by `seed`.
+pub fn fill(buf: &mut [u8], seed: u64) {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut chunks = buf.chunks_exact_mut(8);
+    for c in &mut chunks {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes());
+    }
+    for b in chunks.into_remainder() {
+        *b = seed as u8;
+    }
+}
+
+/// Checks a buffer filled by [`fill`] with `seed`.
+pub fn verify(buf: &[u8], seed: u64) -> bool {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut chunks = buf.chunks_exact(8);
+    for c in &mut chunks {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        if c != x.to_le_bytes() {
+            return false;
+        }
+    }
+    chunks.remainder().iter().all(|&b| b == seed as u8)
+}
+
+/// The message-size schedule of the checksummed tests: mostly small, with a
+/// 1 MiB message every 100 and 64 KiB-ish ones in between.
+pub fn size_of_msg(i: u64) -> usize {
+    match i % 100 {
+        0 => 1 << 20,
+        1..=3 => 65_536 - (i as usize % 7),
+        4..=10 => 2048 + (i as usize * 131) % 60_000,
+        _ => 64 + (i as usize * 37) % 1985,
+    }
+}

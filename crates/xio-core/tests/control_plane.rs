@@ -1,0 +1,110 @@
+//! The manager's control socket treats its input as untrusted: malformed,
+//! truncated, oversized or out-of-order messages get an error reply or a
+//! closed socket, and the manager keeps serving everyone else.
+
+mod common;
+
+use std::os::fd::AsFd;
+
+use common::*;
+use xio_core::ctrl;
+use xio_core::prelude::*;
+use xio_core::proto::Msg;
+
+fn raw_conn(prefix: &str) -> std::os::fd::OwnedFd {
+    ctrl::connect(&xio_core::paths::socket_path(prefix)).unwrap()
+}
+
+/// Sends raw bytes; returns the reply (None if the socket was closed).
+fn exchange(prefix: &str, bytes: &[u8]) -> Option<Msg> {
+    let s = raw_conn(prefix);
+    let n = rustix::net::send(&s, bytes, rustix::net::SendFlags::NOSIGNAL).unwrap();
+    assert_eq!(n, bytes.len());
+    match ctrl::recv(s.as_fd(), false) {
+        Ok((m, _)) => Some(m),
+        Err(_) => None,
+    }
+}
+
+fn header(version: u8, ty: u8, len: u32) -> Vec<u8> {
+    let mut h = b"XI".to_vec();
+    h.push(version);
+    h.push(ty);
+    h.extend_from_slice(&len.to_le_bytes());
+    h
+}
+
+#[test]
+fn malformed_control_messages_get_errors_and_the_manager_survives() {
+    setup();
+    let p = prefix("malformed");
+    let mgr = Manager::builder(&p).spawn().unwrap();
+
+    let mut oversized = header(1, 1, 9000);
+    oversized.resize(8 + 9000, 0xAB);
+    let mut long_name = header(1, 1, 4 + 2 + 200);
+    long_name.extend_from_slice(&1u32.to_le_bytes());
+    long_name.extend_from_slice(&200u16.to_le_bytes());
+    long_name.extend(std::iter::repeat_n(b'a', 200));
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage", b"hello manager, please crash".to_vec()),
+        ("one byte", vec![0]),
+        ("wrong version", header(9, 1, 0)),
+        ("unknown type", header(1, 250, 0)),
+        ("length mismatch", header(1, 1, 100)),
+        ("truncated hello", {
+            let mut h = header(1, 1, 3);
+            h.extend_from_slice(&[1, 2, 3]);
+            h
+        }),
+        ("oversized", oversized),
+        ("name too long", long_name),
+        ("bind before hello", Msg::Bind { addr: "1.2.3.4:5".parse().unwrap() }.encode()),
+        ("reply type from a client", Msg::Welcome { stack_id: 1 }.encode()),
+    ];
+    for (what, bytes) in &cases {
+        match exchange(&p, bytes) {
+            Some(Msg::Error { .. }) | None => {}
+            Some(other) => panic!("{what}: expected an error, got {other:?}"),
+        }
+    }
+    // A registered stack that then sends garbage is dropped (its resources
+    // reclaimed) without disturbing others.
+    let mut good = Stack::attach(&p).unwrap();
+    good.bind("10.1.1.1:1".parse().unwrap()).unwrap();
+    {
+        let s = raw_conn(&p);
+        ctrl::send(s.as_fd(), &Msg::Hello { pid: 1, name: "evil".into() }, &[]).unwrap();
+        let (m, fds) = ctrl::recv(s.as_fd(), false).unwrap();
+        assert!(matches!(m, Msg::Welcome { .. }));
+        assert_eq!(fds.len(), 2);
+        rustix::net::send(&s, b"XI\x01\x05\xff\xff\xff\xff", rustix::net::SendFlags::NOSIGNAL).unwrap();
+        // The manager answers with an error and closes.
+        let _ = ctrl::recv(s.as_fd(), false);
+        assert!(matches!(ctrl::recv(s.as_fd(), false), Err(ctrl::RecvError::Closed)));
+    }
+    let snap = mgr.snapshot();
+    assert!(snap.bad_messages >= cases.len() as u64, "{snap:?}");
+    // Still serving: a new client connects to the good stack and talks.
+    let mut c = Stack::attach(&p).unwrap();
+    let peer = c.connect("10.1.1.1:1".parse().unwrap()).unwrap();
+    let mut b = c.alloc(3).unwrap();
+    b.copy_from(b"abc");
+    c.send(peer, b).unwrap();
+    assert_eq!(&good.recv().unwrap().buf[..], b"abc");
+    let status = xio_core::manager::query_status(&p).unwrap();
+    assert!(status.contains("10.1.1.1:1"), "{status}");
+    drop((c, good));
+    wait_until("pool whole", || mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole());
+}
+
+#[test]
+fn second_manager_on_a_prefix_is_refused() {
+    setup();
+    let p = prefix("second");
+    let _m = Manager::builder(&p).spawn().unwrap();
+    let e = Manager::builder(&p).bind().unwrap_err();
+    assert!(e.to_string().contains("already running"), "{e}");
+    let e = Manager::builder("bad/prefix").bind().unwrap_err();
+    assert!(e.to_string().contains("invalid pool prefix"), "{e}");
+}

@@ -1,0 +1,68 @@
+//! The `xio-manager` binary: foreground run, status, refusal of a second
+//! manager, clean stop on SIGTERM/SIGINT.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use xio_core::prelude::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_xio-manager");
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !f() {
+        assert!(Instant::now() < deadline, "watchdog: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn signal(child: &std::process::Child, sig: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, sig).unwrap();
+}
+
+#[test]
+fn run_status_refuse_second_and_stop_on_signals() {
+    let dir = std::env::temp_dir().join(format!("xio-bin-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // This test process only ever uses this run dir.
+    std::env::set_var("XIO_RUN_DIR", &dir);
+    let prefix = "bin-test";
+    let sock = dir.join(format!("{prefix}.sock"));
+    for sig in [rustix::process::Signal::TERM, rustix::process::Signal::INT] {
+        let mut m = Command::new(BIN)
+            .args(["--prefix", prefix, "--class", "4K:64", "--class", "64K:8"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_until("manager socket", || sock.exists());
+
+        let mut s = Stack::builder(prefix).name("status-probe").attach().unwrap();
+        s.bind("192.0.2.1:443".parse().unwrap()).unwrap();
+        let held = s.alloc(1000).unwrap();
+        let out = Command::new(BIN).args(["status", "--prefix", prefix]).output().unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains("status-probe"), "{text}");
+        assert!(text.contains("192.0.2.1:443"), "{text}");
+        assert!(text.contains("4096 B:"), "{text}");
+        drop(held);
+
+        let second = Command::new(BIN).args(["--prefix", prefix]).output().unwrap();
+        assert!(!second.status.success());
+        let err = String::from_utf8_lossy(&second.stderr);
+        assert!(err.contains("already running"), "{err}");
+
+        drop(s);
+        signal(&m, sig);
+        let st = m.wait().unwrap();
+        assert!(st.success(), "manager exit on {sig:?}: {st:?}");
+        assert!(!sock.exists(), "socket removed on exit");
+        let mut log = String::new();
+        std::io::Read::read_to_string(m.stderr.as_mut().unwrap(), &mut log).unwrap();
+        assert!(log.contains("manager ready") && log.contains("stack registered"), "{log}");
+    }
+    let out = Command::new(BIN).args(["status", "--prefix", prefix]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no X-IO manager"));
+}
