@@ -55,10 +55,25 @@ pub struct CompareArgs {
     /// CPU of the server (the child) in the separate-cores runs.
     #[arg(long, default_value_t = 1)]
     pub server_cpu: usize,
+    /// Sections to run (default: all): `apart` (round trip on separate
+    /// cores, with the spin-policy/idle table), `one-core`, `oneway`.
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 1..)]
+    pub sections: Vec<Section>,
     /// How long the X-IO server is left idle for the idle-CPU check, in ms
     /// (0 skips the check).
     #[arg(long, default_value_t = 1000)]
     pub idle_ms: u64,
+}
+
+/// A part of the comparison.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Section {
+    /// Round trip, client and server on separate cores.
+    Apart,
+    /// Round trip, both on one core.
+    OneCore,
+    /// One-way throughput.
+    Oneway,
 }
 
 const KIB: usize = 1 << 10;
@@ -188,6 +203,7 @@ pub fn run(a: &CompareArgs) -> Result<()> {
     } else {
         a.modes.clone()
     };
+    let want = |s: Section| a.sections.is_empty() || a.sections.contains(&s);
     let idle = (a.idle_ms > 0).then(|| Duration::from_millis(a.idle_ms));
     let cpus = online_cpus();
     let (cc, sc) = (a.client_cpu, a.server_cpu);
@@ -218,7 +234,7 @@ pub fn run(a: &CompareArgs) -> Result<()> {
     let mut rows = Vec::new();
     if cc == sc {
         println!("(separate-cores table skipped: client and server CPU are the same)\n");
-    } else {
+    } else if want(Section::Apart) {
         for &size in &sizes {
             let mut measure = |what: Transport, rows: &mut Vec<Row>| {
                 let r = match what {
@@ -266,7 +282,12 @@ pub fn run(a: &CompareArgs) -> Result<()> {
 
     // 3. One core.
     let mut rows = Vec::new();
-    for size in ONE_CORE_SIZES {
+    let one_core_sizes: &[usize] = if want(Section::OneCore) {
+        &ONE_CORE_SIZES
+    } else {
+        &[]
+    };
+    for &size in one_core_sizes {
         let mut one = |what: Transport, note: &'static str, w: usize, n: usize| {
             let r = match what {
                 Transport::Base(b) => run_base(b, Some(cc), Some(cc), size, w, n),
@@ -314,16 +335,18 @@ pub fn run(a: &CompareArgs) -> Result<()> {
             ONE_CORE_SPIN_ITERS,
         );
     }
-    println!("### Round trip, one core (client and server both on CPU {cc})\n");
-    print_table(&rows, &res, Where::OneCore);
-    println!(
-        "Busy-polling rows on one core ran only {ONE_CORE_SPIN_ITERS} iterations: a spinner \
-         holds the CPU until the scheduler preempts it, so every hop costs a time slice.\n"
-    );
+    if !rows.is_empty() {
+        println!("### Round trip, one core (client and server both on CPU {cc})\n");
+        print_table(&rows, &res, Where::OneCore);
+        println!(
+            "Busy-polling rows on one core ran only {ONE_CORE_SPIN_ITERS} iterations: a spinner \
+             holds the CPU until the scheduler preempts it, so every hop costs a time slice.\n"
+        );
+    }
 
     // 4. One-way throughput.
     let mut tput: Vec<(String, Result<xio::OnewayResult, String>)> = Vec::new();
-    if cc != sc {
+    if cc != sc && want(Section::Oneway) {
         let warm = (oneway_n / 10).min(100_000);
         for m in [Mode::BusyPoll, Mode::Adaptive] {
             if !modes.contains(&m) {
