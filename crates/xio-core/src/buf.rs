@@ -108,10 +108,6 @@ impl BufMut {
         drop(unsafe { std::ptr::read(&this.pool) });
         r
     }
-
-    pub(crate) fn raw(&self) -> RawBuf {
-        self.raw
-    }
 }
 
 impl std::ops::Deref for BufMut {

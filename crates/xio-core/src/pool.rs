@@ -30,12 +30,12 @@
 
 use std::sync::Mutex;
 
-use crate::layout::{bufword, Descriptor, MAX_CLASSES, NO_CLASS};
+use crate::layout::{bufword, Descriptor, MAG_SIZE, MAX_CLASSES, NO_CLASS};
 use crate::segment::Segment;
-use crate::sync::{spin_hint, Ordering};
+use crate::sync::{spin_hint, AtomicU64, Ordering};
 
 /// Most buffers of one class a stack keeps in its private cache.
-const CACHE_MAX: usize = 64;
+const CACHE_MAX: usize = 2 * MAG_SIZE;
 
 /// A buffer reference: class and index. Not a pointer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -58,6 +58,9 @@ pub enum Reject {
     /// Length larger than the buffer.
     #[error("descriptor length {0} exceeds its buffer")]
     Length(u32),
+    /// Not a data descriptor.
+    #[error("descriptor kind {0} is not data")]
+    Kind(u8),
     /// Header says the buffer is not in flight to us (wrong owner, state or
     /// generation): a forged, replayed or stale descriptor.
     #[error("buffer is not in flight to this stack (header {0:#x})")]
@@ -117,90 +120,112 @@ impl PoolView {
         }
     }
 
-    /// Pops up to `out.capacity() - out.len()` buffers of `class` into `out`,
-    /// claiming each for `me` as `CACHED`. Must run inside `global_op`.
-    fn pop_batch(&self, me: u16, class: usize, out: &mut Vec<u32>, max: usize) {
-        let head = &self.seg.free_head(class).head;
-        let mut taken = 0;
-        while taken < max {
-            // Acquire: pairs with the Release CAS in `push_chain`, so the
-            // `next` link of the node we read was written before.
+    /// Pops a magazine off the tagged stack at `head`.
+    fn mag_pop(&self, class: usize, head: &AtomicU64) -> Option<u32> {
+        loop {
+            // Acquire: pairs with the Release CAS in `mag_push`: the
+            // magazine's contents and link were written before.
             let h = head.load(Ordering::Acquire);
             let first = h as u32;
             if first == 0 {
-                return;
+                return None;
             }
-            let Some(hdr) = self.seg.buf_header(class, first - 1) else {
-                // A corrupt head: leave it; the manager's reconciliation will
-                // rebuild the list. Behave as empty.
-                return;
-            };
-            // May be stale if another stack pops this node first; the tagged
-            // CAS below then fails and we retry.
-            let next = hdr.next.load(Ordering::Relaxed);
+            // A corrupt head: behave as empty; the manager's reconciliation
+            // rebuilds the lists.
+            let mag = self.seg.magazine(class, first - 1)?;
+            // May be stale if another stack pops it first; the tagged CAS
+            // then fails and we retry.
+            let next = mag.next.load(Ordering::Relaxed);
             let new = ((h >> 32).wrapping_add(1) << 32) | next as u64;
             if head
                 .compare_exchange(h, new, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
-                let w = hdr.word.load(Ordering::Relaxed);
-                hdr.word.store(
-                    bufword::pack(bufword::CACHED, me, bufword::gen(w)),
-                    Ordering::Release,
-                );
-                out.push(first - 1);
-                taken += 1;
-            } else {
-                spin_hint();
+                return Some(first - 1);
             }
+            spin_hint();
         }
     }
 
-    /// Pushes `idxs` (owned by `me`, state `CACHED`) onto `class`'s list as
-    /// one chain. Must run inside `global_op` (or with the gates closed).
-    fn push_chain(&self, me: u16, class: usize, idxs: &[u32]) {
-        let Some((&first, _)) = idxs.split_first() else {
-            return;
-        };
-        for w in idxs.windows(2) {
-            if let Some(h) = self.seg.buf_header(class, w[0]) {
-                h.next.store(w[1] + 1, Ordering::Relaxed);
-            }
-        }
-        let last = self.seg.buf_header(class, *idxs.last().unwrap_or(&first));
-        let head = &self.seg.free_head(class).head;
+    /// Pushes magazine `m` (ours alone) onto the tagged stack at `head`.
+    fn mag_push(&self, class: usize, head: &AtomicU64, m: u32) {
+        let mag = self.seg.magazine(class, m).expect("own magazine in range");
         loop {
             let h = head.load(Ordering::Relaxed);
-            if let Some(l) = last {
-                l.next.store(h as u32, Ordering::Relaxed);
-            }
-            let new = ((h >> 32).wrapping_add(1) << 32) | (first as u64 + 1);
-            // Release: publishes the links above; pairs with the Acquire load
-            // in `pop_batch`.
+            mag.next.store(h as u32, Ordering::Relaxed);
+            let new = ((h >> 32).wrapping_add(1) << 32) | (m as u64 + 1);
+            // Release: publishes the magazine's contents and link; pairs
+            // with the Acquire load in `mag_pop`.
             if head
                 .compare_exchange(h, new, Ordering::Release, Ordering::Relaxed)
                 .is_ok()
             {
-                break;
+                return;
             }
             spin_hint();
         }
-        // Only now mark them free: until the push, a header still names us,
-        // so a crash before it leaves buffers the manager reclaims by owner.
-        // A CAS, because a popper may already have claimed one.
-        for &i in idxs {
-            if let Some(h) = self.seg.buf_header(class, i) {
-                let w = h.word.load(Ordering::Relaxed);
-                if bufword::state(w) == bufword::CACHED && bufword::owner(w) == me {
-                    let _ = h.word.compare_exchange(
-                        w,
+    }
+
+    /// Takes one full magazine of `class` into `out`, claiming each buffer
+    /// for `me` as `CACHED`. Must run inside `global_op`.
+    fn pop_batch(&self, me: u16, class: usize, out: &mut Vec<u32>) {
+        let fh = self.seg.free_head(class);
+        let Some(m) = self.mag_pop(class, &fh.head) else {
+            return;
+        };
+        let mag = self
+            .seg
+            .magazine(class, m)
+            .expect("popped magazine in range");
+        let len = (mag.len.load(Ordering::Relaxed) as usize).min(MAG_SIZE);
+        for slot in &mag.idx[..len] {
+            let i = slot.load(Ordering::Relaxed);
+            // A corrupt entry is skipped; reconciliation finds the buffer.
+            let Some(hdr) = self.seg.buf_header(class, i) else {
+                continue;
+            };
+            let w = hdr.word.load(Ordering::Relaxed);
+            hdr.word.store(
+                bufword::pack(bufword::CACHED, me, bufword::gen(w)),
+                Ordering::Relaxed,
+            );
+            out.push(i);
+        }
+        mag.len.store(0, Ordering::Relaxed);
+        self.mag_push(class, &fh.empty, m);
+    }
+
+    /// Returns `idxs` (owned by `me`) to `class`'s full magazines. Must run
+    /// inside `global_op`. Returns false (and changes nothing) only if no
+    /// empty magazine exists, which the one-magazine-per-buffer sizing rules
+    /// out unless the segment is corrupt.
+    fn push_chain(&self, class: usize, idxs: &[u32]) -> bool {
+        let fh = self.seg.free_head(class);
+        for chunk in idxs.chunks(MAG_SIZE) {
+            let Some(m) = self.mag_pop(class, &fh.empty) else {
+                return false;
+            };
+            let mag = self
+                .seg
+                .magazine(class, m)
+                .expect("popped magazine in range");
+            for (slot, &i) in mag.idx.iter().zip(chunk) {
+                if let Some(h) = self.seg.buf_header(class, i) {
+                    // Free before it is visible: a crash after this store
+                    // but before the push leaves a free, unlisted buffer,
+                    // which reconciliation returns.
+                    let w = h.word.load(Ordering::Relaxed);
+                    h.word.store(
                         bufword::pack(bufword::FREE, 0, bufword::gen(w)),
-                        Ordering::Release,
                         Ordering::Relaxed,
                     );
                 }
+                slot.store(i, Ordering::Relaxed);
             }
+            mag.len.store(chunk.len() as u32, Ordering::Relaxed);
+            self.mag_push(class, &fh.head, m);
         }
+        true
     }
 
     /// Stamps a buffer owned by `me` as in flight to `to` and builds its
@@ -249,15 +274,17 @@ impl PoolView {
         {
             return Err(Reject::Ownership(w));
         }
-        // CAS so a replayed copy of the same descriptor cannot be accepted twice.
-        hdr.word
-            .compare_exchange(
-                w,
-                bufword::pack(bufword::HELD, me, bufword::gen(w)),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .map_err(Reject::Ownership)?;
+        // Marking it HELD means a replayed copy of the same descriptor is
+        // refused. A plain store, not a CAS: only the owner moves a buffer
+        // out of INFLIGHT, and the owner's receive path is one thread (a
+        // hostile process could race us, but it can scribble on the whole
+        // segment anyway; what we guarantee is that our own process never
+        // hands out one buffer twice). A locked RMW here would cost more
+        // than the rest of the receive path.
+        hdr.word.store(
+            bufword::pack(bufword::HELD, me, bufword::gen(w)),
+            Ordering::Relaxed,
+        );
         Ok(RawBuf {
             class: d.class,
             index: d.index,
@@ -319,13 +346,21 @@ impl StackPool {
     /// A pool handle for stack `me`.
     pub fn new(view: PoolView, me: u16) -> Self {
         let limit = Self::limits(&view);
-        Self { view, me, cache: Mutex::new(Default::default()), limit, keepalive: None }
+        Self {
+            view,
+            me,
+            cache: Mutex::new(Default::default()),
+            limit,
+            keepalive: None,
+        }
     }
 
     fn limits(view: &PoolView) -> [usize; MAX_CLASSES] {
         let seg = view.segment();
         let mut l = [0; MAX_CLASSES];
         for (i, c) in seg.classes().iter().enumerate() {
+            // At most half a class across all admitted stacks; the batch
+            // moved at once (half the limit) fits one magazine.
             l[i] = (c.count as usize / (2 * seg.max_stacks() as usize)).min(CACHE_MAX);
         }
         l
@@ -335,7 +370,13 @@ impl StackPool {
     /// open for as long as it or any buffer from it lives.
     pub fn with_keepalive(view: PoolView, me: u16, ctrl: std::os::fd::OwnedFd) -> Self {
         let limit = Self::limits(&view);
-        Self { view, me, cache: Mutex::new(Default::default()), limit, keepalive: Some(ctrl) }
+        Self {
+            view,
+            me,
+            cache: Mutex::new(Default::default()),
+            limit,
+            keepalive: Some(ctrl),
+        }
     }
 
     /// The kept-alive control socket.
@@ -362,8 +403,9 @@ impl StackPool {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let c = &mut cache[class];
         if c.is_empty() {
-            let batch = (self.limit[class] / 2).max(1);
-            self.view.global_op(self.me, class, wait, || self.view.pop_batch(self.me, class, c, batch));
+            self.view.global_op(self.me, class, wait, || {
+                self.view.pop_batch(self.me, class, c)
+            });
         }
         let idx = c.pop().ok_or(AllocError::Exhausted)?;
         drop(cache);
@@ -382,6 +424,46 @@ impl StackPool {
             Ordering::Relaxed,
         );
         Ok(b)
+    }
+
+    /// Takes up to `out.len()` buffers of at least `len` bytes with one
+    /// pass over the private cache; returns how many.
+    pub fn alloc_many(&self, len: usize, out: &mut [RawBuf]) -> Result<usize, AllocError> {
+        let class = self.view.class_for(len).ok_or(AllocError::TooLarge(len))?;
+        let mut got = 0;
+        {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            let c = &mut cache[class];
+            while got < out.len() {
+                if c.is_empty() {
+                    self.view.global_op(self.me, class, true, || {
+                        self.view.pop_batch(self.me, class, c)
+                    });
+                }
+                let Some(idx) = c.pop() else { break };
+                out[got] = RawBuf {
+                    class: class as u8,
+                    index: idx,
+                };
+                got += 1;
+            }
+        }
+        for b in &out[..got] {
+            let hdr = self
+                .view
+                .seg
+                .buf_header(class, b.index)
+                .expect("cached index in range");
+            let g = bufword::gen(hdr.word.load(Ordering::Relaxed)).wrapping_add(1);
+            hdr.word.store(
+                bufword::pack(bufword::ALLOCATED, self.me, g),
+                Ordering::Relaxed,
+            );
+        }
+        if got == 0 {
+            return Err(AllocError::Exhausted);
+        }
+        Ok(got)
     }
 
     /// Returns a buffer this stack owns (allocated or held) to the pool.
@@ -404,11 +486,19 @@ impl StackPool {
         c.push(b.index);
         if c.len() > self.limit[class] {
             let at = c.len() - (self.limit[class] / 2).max(1);
-            let spill: Vec<u32> = c.drain(at..).collect();
+            let mut spill = [0u32; MAG_SIZE];
+            let n = c.len() - at;
+            spill[..n].copy_from_slice(&c[at..]);
+            c.truncate(at);
             drop(cache);
-            self.view.global_op(self.me, class, true, || {
-                self.view.push_chain(self.me, class, &spill)
+            let ok = self.view.global_op(self.me, class, true, || {
+                self.view.push_chain(class, &spill[..n])
             });
+            if ok != Some(true) {
+                // No empty magazine: the segment is corrupt. Keep them.
+                let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+                cache[class].extend_from_slice(&spill[..n]);
+            }
         }
     }
 
@@ -418,9 +508,13 @@ impl StackPool {
         for (class, c) in cache.iter_mut().enumerate() {
             if !c.is_empty() {
                 let spill = std::mem::take(c);
-                self.view.global_op(self.me, class, true, || {
-                    self.view.push_chain(self.me, class, &spill)
-                });
+                if self
+                    .view
+                    .global_op(self.me, class, true, || self.view.push_chain(class, &spill))
+                    != Some(true)
+                {
+                    *c = spill;
+                }
             }
         }
     }
@@ -465,22 +559,72 @@ pub struct Reclaimed {
 }
 
 impl ManagerPool {
-    /// Wraps a freshly initialised segment and threads every buffer onto its
-    /// class's free list.
+    /// Wraps a freshly initialised segment and puts every buffer into the
+    /// full magazines of its class.
     pub fn init(seg: Segment) -> Self {
-        let view = PoolView::new(seg);
-        for (class, c) in view.seg.classes().iter().enumerate() {
-            let head = &view.seg.free_head(class).head;
-            for i in 0..c.count {
-                let h = view.seg.buf_header(class, i).expect("in range");
-                h.next
-                    .store(if i + 1 < c.count { i + 2 } else { 0 }, Ordering::Relaxed);
-                h.word
-                    .store(bufword::pack(bufword::FREE, 0, 0), Ordering::Relaxed);
-            }
-            head.store(if c.count > 0 { 1 } else { 0 }, Ordering::Release);
+        let this = Self {
+            view: PoolView::new(seg),
+        };
+        for class in 0..this.view.seg.classes().len() {
+            let all: Vec<u32> = (0..this.view.seg.classes()[class].count).collect();
+            this.rebuild(class, &all, false);
         }
-        Self { view }
+        this
+    }
+
+    /// Lays the free lists of `class` out anew: `free` in full magazines,
+    /// every other magazine on the empty stack. Only with the lists frozen
+    /// (at init, or with the gates closed). `bump`: give the freed buffers
+    /// a new generation, so stale descriptors naming them are refused.
+    fn rebuild(&self, class: usize, free: &[u32], bump: bool) {
+        let seg = &self.view.seg;
+        let count = seg.classes()[class].count;
+        for &i in free {
+            let h = seg.buf_header(class, i).expect("in range");
+            let w = h.word.load(Ordering::Relaxed);
+            let g = if bump {
+                bufword::gen(w).wrapping_add(1)
+            } else {
+                bufword::gen(w)
+            };
+            h.word
+                .store(bufword::pack(bufword::FREE, 0, g), Ordering::Relaxed);
+        }
+        let n_full = free.len().div_ceil(MAG_SIZE) as u32;
+        for (m, chunk) in free.chunks(MAG_SIZE).enumerate() {
+            let mag = seg
+                .magazine(class, m as u32)
+                .expect("one magazine per buffer");
+            for (slot, &i) in mag.idx.iter().zip(chunk) {
+                slot.store(i, Ordering::Relaxed);
+            }
+            mag.len.store(chunk.len() as u32, Ordering::Relaxed);
+            mag.next.store(
+                if m as u32 + 1 < n_full {
+                    m as u32 + 2
+                } else {
+                    0
+                },
+                Ordering::Relaxed,
+            );
+        }
+        for m in n_full..count {
+            let mag = seg.magazine(class, m).expect("in range");
+            mag.len.store(0, Ordering::Relaxed);
+            mag.next
+                .store(if m + 1 < count { m + 2 } else { 0 }, Ordering::Relaxed);
+        }
+        let fh = seg.free_head(class);
+        let tag = |h: &AtomicU64| (h.load(Ordering::Relaxed) >> 32).wrapping_add(1) << 32;
+        // Release: the magazines written above happen before any stack pops
+        // them (its Acquire load of the head).
+        fh.head.store(
+            tag(&fh.head) | if n_full > 0 { 1 } else { 0 },
+            Ordering::Release,
+        );
+        let first_empty = if n_full < count { n_full as u64 + 1 } else { 0 };
+        fh.empty
+            .store(tag(&fh.empty) | first_empty, Ordering::Release);
     }
 
     /// The shared view.
@@ -545,68 +689,54 @@ impl ManagerPool {
 
     /// Gives back everything stack `dead` owned, and anything lost in a
     /// list operation it was in the middle of. `live` are the other
-    /// registered stacks. Also normalises the list (every listed buffer is
-    /// marked `FREE`).
+    /// registered stacks. Rebuilds the lists from the headers: whatever is
+    /// free (listed or not) goes back into magazines.
     pub fn reclaim(&self, dead: u16, live: &[u16]) -> Reclaimed {
         self.close_gates(live);
         let seg = &self.view.seg;
         let mut r = Reclaimed::default();
         for (class, c) in seg.classes().iter().enumerate() {
-            let head = &seg.free_head(class).head;
-            // Walk the frozen list. A corrupt link (cycle, out of range) ends
-            // the walk: whatever is not reached is treated as lost and the
-            // list is rebuilt below from what is known to be free.
-            let mut on_list = vec![false; c.count as usize];
-            let mut listed = Vec::new();
-            let mut cur = head.load(Ordering::Acquire) as u32;
+            // Walk the frozen full stack to know what is listed. A corrupt
+            // link (cycle, out of range) ends the walk; the rebuild below
+            // starts from the headers, so nothing is lost by stopping.
+            let mut listed = vec![false; c.count as usize];
+            let mut seen = vec![false; c.count as usize];
+            let mut cur = seg.free_head(class).head.load(Ordering::Acquire) as u32;
             while cur != 0 {
-                let i = cur - 1;
-                if i >= c.count || on_list[i as usize] {
+                let m = cur - 1;
+                let Some(mag) = seg.magazine(class, m) else {
+                    break;
+                };
+                if seen[m as usize] {
                     break;
                 }
-                on_list[i as usize] = true;
-                listed.push(i);
-                cur = seg
+                seen[m as usize] = true;
+                let len = (mag.len.load(Ordering::Relaxed) as usize).min(MAG_SIZE);
+                for slot in &mag.idx[..len] {
+                    if let Some(l) = listed.get_mut(slot.load(Ordering::Relaxed) as usize) {
+                        *l = true;
+                    }
+                }
+                cur = mag.next.load(Ordering::Relaxed);
+            }
+            let mut free = Vec::new();
+            for i in 0..c.count {
+                let w = seg
                     .buf_header(class, i)
                     .expect("in range")
-                    .next
+                    .word
                     .load(Ordering::Relaxed);
-            }
-            let mut back = Vec::new();
-            for i in 0..c.count {
-                let h = seg.buf_header(class, i).expect("in range");
-                let w = h.word.load(Ordering::Relaxed);
-                if on_list[i as usize] {
-                    if bufword::state(w) != bufword::FREE {
-                        // Pushed but not yet marked (pusher died after its CAS).
-                        h.word.store(
-                            bufword::pack(bufword::FREE, 0, bufword::gen(w)),
-                            Ordering::Relaxed,
-                        );
+                if bufword::state(w) == bufword::FREE {
+                    if !listed[i as usize] {
+                        r.lost += 1;
                     }
-                } else if bufword::state(w) == bufword::FREE {
-                    back.push(i);
-                    r.lost += 1;
+                    free.push(i);
                 } else if bufword::owner(w) == dead || bufword::owner(w) == 0 {
-                    back.push(i);
                     r.owned += 1;
+                    free.push(i);
                 }
             }
-            // Rebuild: the walked list followed by the returned buffers.
-            listed.extend(back.iter().copied());
-            for (k, &i) in listed.iter().enumerate() {
-                let h = seg.buf_header(class, i).expect("in range");
-                let next = listed.get(k + 1).map_or(0, |&n| n + 1);
-                h.next.store(next, Ordering::Relaxed);
-                let w = h.word.load(Ordering::Relaxed);
-                h.word.store(
-                    bufword::pack(bufword::FREE, 0, bufword::gen(w).wrapping_add(1)),
-                    Ordering::Relaxed,
-                );
-            }
-            let tag = (head.load(Ordering::Relaxed) >> 32).wrapping_add(1);
-            let first = listed.first().map_or(0, |&i| i as u64 + 1);
-            head.store(tag << 32 | first, Ordering::Release);
+            self.rebuild(class, &free, true);
         }
         seg.stack_slot(dead).intent.store(0, Ordering::SeqCst);
         self.open_gates();
@@ -709,19 +839,18 @@ mod tests {
         // In flight from b to a.
         let f = b.alloc(1000, true).unwrap();
         let _ = b.view().prepare_send(f, 1, 1, 0, 0);
-        // Simulate a crash between pop and claim: pop one by hand, never claim.
+        // Simulate a crash between taking a magazine and claiming its
+        // buffers: pop one by hand, never claim.
         let lost = {
-            let h = &seg.free_head(0).head;
-            let v = h.load(Ordering::SeqCst);
-            let i = v as u32 - 1;
-            let next = seg.buf_header(0, i).unwrap().next.load(Ordering::SeqCst);
-            h.store(((v >> 32) + 1) << 32 | next as u64, Ordering::SeqCst);
-            i
+            let v = PoolView::new(seg.clone());
+            let mg = v.mag_pop(0, &seg.free_head(0).head).unwrap();
+            seg.magazine(0, mg).unwrap().len.load(Ordering::SeqCst)
         };
+        assert!(lost > 0);
         seg.stack_slot(1).intent.store(1, Ordering::SeqCst);
         std::mem::forget(a); // a "dies" with its cache and buffers
         let r = m.reclaim(1, &[2]);
-        assert_eq!(r.lost, 1, "the popped-but-unclaimed buffer {lost} is found");
+        assert_eq!(r.lost, lost, "the taken-but-unclaimed buffers are found");
         assert!(r.owned >= 31, "{r:?}");
         drop(held);
         // b is alive and keeps its own (b's cached leftovers + nothing else).

@@ -10,8 +10,8 @@ use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
 use crate::layout::{
-    BufHeader, ChannelHeader, ClassInfo, FreeHead, Geometry, PoolConfig, RingHeader, SegmentHeader,
-    StackSlot, LAYOUT_VERSION, MAGIC, MAX_CLASSES,
+    BufHeader, ChannelHeader, ClassInfo, FreeHead, Geometry, Magazine, PoolConfig, RingHeader,
+    SegmentHeader, StackSlot, LAYOUT_VERSION, MAGIC, MAX_CLASSES,
 };
 
 /// Errors opening or creating a segment.
@@ -277,6 +277,11 @@ impl Segment {
                         core::mem::size_of::<BufHeader>() as u64,
                     )
                     && fits(c.data_off, c.count as u64, c.buf_size as u64)
+                    && fits(
+                        c.mag_off,
+                        c.count as u64,
+                        core::mem::size_of::<Magazine>() as u64,
+                    )
             });
         if !ok {
             return Err(SegmentError::Invalid("header offsets outside the segment"));
@@ -382,6 +387,16 @@ impl Segment {
             return None;
         }
         Some(self.at(c.hdr_off + idx as u64 * core::mem::size_of::<BufHeader>() as u64))
+    }
+
+    /// Magazine `m` of `class`; `None` when out of range.
+    #[inline]
+    pub fn magazine(&self, class: usize, m: u32) -> Option<&Magazine> {
+        let c = self.classes.get(class).filter(|_| class < self.n_classes)?;
+        if m >= c.count {
+            return None;
+        }
+        Some(self.at(c.mag_off + m as u64 * core::mem::size_of::<Magazine>() as u64))
     }
 
     /// Start of buffer `idx`'s data; the caller has checked the range.

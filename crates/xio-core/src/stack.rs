@@ -531,6 +531,43 @@ impl Stack {
         }
     }
 
+    /// Validates `self.scratch[..n]` from `peer` and queues what passes.
+    /// Two passes: first every header check and ownership mark (plain loads
+    /// and stores to lines the sender just wrote, whose misses overlap),
+    /// then the `Buf`s (whose reference-count increments are locked
+    /// instructions that would otherwise wait for each miss in turn).
+    fn deliver_burst(&mut self, peer: u16, n: usize) {
+        let mut ok = [(crate::pool::RawBuf { class: 0, index: 0 }, 0u32, 0u32); BURST];
+        let mut k = 0;
+        for j in 0..n {
+            let d = self.scratch[j];
+            let r = if d.kind == kind::DATA {
+                self.pool.view().accept(self.id, &d)
+            } else {
+                Err(crate::pool::Reject::Kind(d.kind))
+            };
+            match r {
+                Ok(raw) => {
+                    ok[k] = (raw, d.len, d.conn);
+                    k += 1;
+                }
+                Err(why) => {
+                    self.corrupt += 1;
+                    self.slot().corrupt.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(peer, ?d, %why, "rejected a corrupt descriptor");
+                }
+            }
+        }
+        for &(raw, len, tag) in &ok[..k] {
+            let p: Arc<dyn BufferPool> = self.pool.clone();
+            self.inbox.push_back(Event::Msg(Message {
+                from: PeerId(peer),
+                tag,
+                buf: Buf::new(p, raw, len as usize),
+            }));
+        }
+    }
+
     /// Reads pending control messages without blocking.
     fn poll_ctrl(&mut self) -> Result<(), Error> {
         loop {
@@ -574,17 +611,7 @@ impl Stack {
                 }
             };
             let peer = self.channels[i].peer;
-            for j in 0..n {
-                let d = self.scratch[j];
-                Self::deliver(
-                    &self.pool,
-                    &mut self.inbox,
-                    &mut self.corrupt,
-                    self.seg.stack_slot(self.id),
-                    peer,
-                    d,
-                );
-            }
+            self.deliver_burst(peer, n);
             total += n;
         }
         self.rr = self.rr.wrapping_add(1);
@@ -794,6 +821,34 @@ impl Stack {
         }
     }
 
+    /// Allocates `n` buffers of `len` bytes into `out` with one pass over
+    /// the private cache: the burst path of [`Stack::alloc`].
+    pub fn alloc_burst(&self, len: usize, n: usize, out: &mut Vec<BufMut>) -> Result<(), Error> {
+        let mut raws = [crate::pool::RawBuf { class: 0, index: 0 }; BURST];
+        let mut done = 0;
+        let mut backoff = 0u32;
+        while done < n {
+            let want = (n - done).min(BURST);
+            let got = match self.pool.alloc_many(len, &mut raws[..want]) {
+                Ok(g) => g,
+                Err(AllocError::TooLarge(l)) => return Err(Error::TooLarge(l)),
+                Err(AllocError::Exhausted) => 0,
+            };
+            for &raw in &raws[..got] {
+                let p: Arc<dyn BufferPool> = self.pool.clone();
+                out.push(BufMut::new(p, raw, len));
+            }
+            done += got;
+            if got == 0 {
+                if self.mode == WaitMode::NonBlocking {
+                    return Err(Error::WouldBlock);
+                }
+                backoff_wait(&mut backoff, self.mode);
+            }
+        }
+        Ok(())
+    }
+
     /// A writable buffer, or [`Error::WouldBlock`] if the pool is exhausted.
     pub fn try_alloc(&self, len: usize) -> Result<BufMut, Error> {
         match self.pool.alloc(len, false) {
@@ -834,8 +889,9 @@ impl Stack {
         let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
         let mut descs = [Descriptor::default(); BURST];
         let mut sent = 0;
+        let total = bufs.len();
         let mut backoff = 0u32;
-        while sent < bufs.len() {
+        while sent < total {
             self.check_open(ci, peer)?;
             let ch = &mut self.channels[ci];
             let free = match ch.tx_space() {
@@ -850,19 +906,23 @@ impl Stack {
                 backoff_wait(&mut backoff, self.mode);
                 continue;
             }
-            let n = free.min(BURST).min(bufs.len() - sent);
-            for (k, b) in bufs[sent..sent + n].iter().enumerate() {
-                descs[k] =
-                    self.pool
-                        .view()
-                        .prepare_send(b.raw(), b.len() as u32, peer.0, 0, kind::DATA);
+            let n = free.min(BURST).min(total - sent);
+            // Release our references first (locked decrements), then stamp
+            // the headers (stores to lines the receiver will read, which
+            // must not be held up by a locked instruction after them).
+            let mut raws = [(crate::pool::RawBuf { class: 0, index: 0 }, 0usize); BURST];
+            for (r, b) in raws.iter_mut().zip(bufs.drain(..n)) {
+                *r = b.into_raw();
+            }
+            for (k, &(raw, len)) in raws[..n].iter().enumerate() {
+                descs[k] = self
+                    .pool
+                    .view()
+                    .prepare_send(raw, len as u32, peer.0, 0, kind::DATA);
             }
             let pushed = ch.tx.push_burst(&descs[..n]).unwrap_or(0);
-            debug_assert_eq!(pushed, n, "we are the only producer");
+            debug_assert_eq!(pushed, n, "we are the only producer and saw room");
             sent += n;
-        }
-        for b in bufs.drain(..) {
-            let _ = b.into_raw();
         }
         Self::notify(&self.seg, &self.channels[ci]);
         Ok(())

@@ -59,8 +59,17 @@ fn malformed_control_messages_get_errors_and_the_manager_survives() {
         }),
         ("oversized", oversized),
         ("name too long", long_name),
-        ("bind before hello", Msg::Bind { addr: "1.2.3.4:5".parse().unwrap() }.encode()),
-        ("reply type from a client", Msg::Welcome { stack_id: 1 }.encode()),
+        (
+            "bind before hello",
+            Msg::Bind {
+                addr: "1.2.3.4:5".parse().unwrap(),
+            }
+            .encode(),
+        ),
+        (
+            "reply type from a client",
+            Msg::Welcome { stack_id: 1 }.encode(),
+        ),
     ];
     for (what, bytes) in &cases {
         match exchange(&p, bytes) {
@@ -74,14 +83,30 @@ fn malformed_control_messages_get_errors_and_the_manager_survives() {
     good.bind("10.1.1.1:1".parse().unwrap()).unwrap();
     {
         let s = raw_conn(&p);
-        ctrl::send(s.as_fd(), &Msg::Hello { pid: 1, name: "evil".into() }, &[]).unwrap();
+        ctrl::send(
+            s.as_fd(),
+            &Msg::Hello {
+                pid: 1,
+                name: "evil".into(),
+            },
+            &[],
+        )
+        .unwrap();
         let (m, fds) = ctrl::recv(s.as_fd(), false).unwrap();
         assert!(matches!(m, Msg::Welcome { .. }));
         assert_eq!(fds.len(), 2);
-        rustix::net::send(&s, b"XI\x01\x05\xff\xff\xff\xff", rustix::net::SendFlags::NOSIGNAL).unwrap();
+        rustix::net::send(
+            &s,
+            b"XI\x01\x05\xff\xff\xff\xff",
+            rustix::net::SendFlags::NOSIGNAL,
+        )
+        .unwrap();
         // The manager answers with an error and closes.
         let _ = ctrl::recv(s.as_fd(), false);
-        assert!(matches!(ctrl::recv(s.as_fd(), false), Err(ctrl::RecvError::Closed)));
+        assert!(matches!(
+            ctrl::recv(s.as_fd(), false),
+            Err(ctrl::RecvError::Closed)
+        ));
     }
     let snap = mgr.snapshot();
     assert!(snap.bad_messages >= cases.len() as u64, "{snap:?}");
@@ -95,7 +120,9 @@ fn malformed_control_messages_get_errors_and_the_manager_survives() {
     let status = xio_core::manager::query_status(&p).unwrap();
     assert!(status.contains("10.1.1.1:1"), "{status}");
     drop((c, good));
-    wait_until("pool whole", || mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole());
+    wait_until("pool whole", || {
+        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
+    });
 }
 
 #[test]

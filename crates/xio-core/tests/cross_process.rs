@@ -12,7 +12,9 @@ const MESSAGES: u64 = 100_000;
 /// Entry point of child processes (a no-op when run as a normal test).
 #[test]
 fn child_main() {
-    let Ok(role) = std::env::var("XIO_CHILD_ROLE") else { return };
+    let Ok(role) = std::env::var("XIO_CHILD_ROLE") else {
+        return;
+    };
     die_with_parent();
     let a = child_args();
     match role.as_str() {
@@ -102,7 +104,9 @@ fn oneway(prefix: &str, addr: SocketAddr, n: u64) {
 fn hoarder(prefix: &str, addr: SocketAddr) {
     let mut s = Stack::builder(prefix).name("hoarder").attach().unwrap();
     let peer = s.connect(addr).unwrap();
-    let held: Vec<_> = (0..40).map(|i| s.alloc(if i % 2 == 0 { 100 } else { 50_000 }).unwrap()).collect();
+    let held: Vec<_> = (0..40)
+        .map(|i| s.alloc(if i % 2 == 0 { 100 } else { 50_000 }).unwrap())
+        .collect();
     for i in 0..25 {
         let mut b = s.alloc(64).unwrap();
         fill(&mut b, i);
@@ -131,14 +135,20 @@ fn echo_100k_checksummed_messages_64b_to_1mib() {
     let a = addr(7);
     let mut server = ChildProc::spawn("child_main", "echo", &[p.clone(), a.to_string()]);
     server.expect("ready");
-    let mut client = ChildProc::spawn("child_main", "client", &[p.clone(), a.to_string(), MESSAGES.to_string()]);
+    let mut client = ChildProc::spawn(
+        "child_main",
+        "client",
+        &[p.clone(), a.to_string(), MESSAGES.to_string()],
+    );
     let done = client.expect("done");
     assert!(done.starts_with(&MESSAGES.to_string()), "{done}");
     client.wait_success();
     // The client left: the server's channel is reset; the pool is whole
     // once the server goes too.
     server.kill9();
-    wait_until("pool whole after both left", || mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole());
+    wait_until("pool whole after both left", || {
+        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
+    });
 }
 
 #[test]
@@ -154,14 +164,24 @@ fn oneway_stream_with_backpressure_loses_nothing() {
     let mgr = Manager::builder(&p).pool(cfg).spawn().unwrap();
     let a = addr(9);
     let n = MESSAGES;
-    let mut sink = ChildProc::spawn("child_main", "sink", &[p.clone(), a.to_string(), n.to_string()]);
+    let mut sink = ChildProc::spawn(
+        "child_main",
+        "sink",
+        &[p.clone(), a.to_string(), n.to_string()],
+    );
     sink.expect("ready");
-    let mut src = ChildProc::spawn("child_main", "oneway", &[p.clone(), a.to_string(), n.to_string()]);
+    let mut src = ChildProc::spawn(
+        "child_main",
+        "oneway",
+        &[p.clone(), a.to_string(), n.to_string()],
+    );
     src.expect("done");
     assert_eq!(sink.expect("done"), n.to_string());
     sink.wait_success();
     src.wait_success();
-    wait_until("pool whole", || mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole());
+    wait_until("pool whole", || {
+        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
+    });
 }
 
 #[test]
@@ -183,7 +203,10 @@ fn kill9_reclaims_everything_and_peer_sees_reset() {
     assert_eq!(h.expect("ready"), "45");
     let before = mgr.usage();
     let in_use: u32 = before.iter().map(|u| u.total - u.free).sum();
-    assert!(in_use >= 40 + 25 + 25, "buffers held/in flight before the kill: {in_use}");
+    assert!(
+        in_use >= 40 + 25 + 25,
+        "buffers held/in flight before the kill: {in_use}"
+    );
     h.kill9();
     // What the hoarder sent before dying is still delivered, then a reset.
     let mut delivered = 1;
@@ -199,17 +222,24 @@ fn kill9_reclaims_everything_and_peer_sees_reset() {
     };
     assert!(matches!(err, Error::Reset(p) if p == peer), "{err}");
     assert_eq!(delivered, 25);
-    assert!(matches!(me.send(peer, me.alloc(1).unwrap()), Err(Error::Reset(_)) | Err(Error::NotConnected(_))));
+    assert!(matches!(
+        me.send(peer, me.alloc(1).unwrap()),
+        Err(Error::Reset(_)) | Err(Error::NotConnected(_))
+    ));
     // Everything the hoarder owned, cached or had in flight to it is back;
     // only our own private cache remains in use.
     wait_until("manager noticed the death", || mgr.snapshot().deaths == 1);
     wait_until("only our stack holds buffers", || {
-        mgr.usage().iter().all(|u| u.by_owner.iter().all(|(o, _)| *o == me.id().0))
+        mgr.usage()
+            .iter()
+            .all(|u| u.by_owner.iter().all(|(o, _)| *o == me.id().0))
     });
     let snap = mgr.snapshot();
     assert!(snap.reclaimed >= 40 + 30 + 5, "{snap:?}");
     drop(me);
-    wait_until("pool whole", || mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole());
+    wait_until("pool whole", || {
+        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
+    });
 }
 
 #[test]
@@ -223,13 +253,29 @@ fn corrupt_descriptors_are_counted_and_rejected() {
     let peer = tx.connect(addr(1)).unwrap();
     let good = tx.alloc(10).unwrap();
     // A real descriptor to copy fields from.
-    let base = xio_core::layout::Descriptor { index: 0, len: 10, conn: 0, class: 0, kind: 0, gen: 0 };
+    let base = xio_core::layout::Descriptor {
+        index: 0,
+        len: 10,
+        conn: 0,
+        class: 0,
+        kind: 0,
+        gen: 0,
+    };
     let forged = [
-        xio_core::layout::Descriptor { class: 9, ..base },        // no such class
-        xio_core::layout::Descriptor { index: 1 << 30, ..base },  // beyond the class
-        xio_core::layout::Descriptor { len: 1 << 30, ..base },    // longer than the buffer
-        xio_core::layout::Descriptor { index: 4000, ..base },     // a free buffer: not in flight to rx
-        xio_core::layout::Descriptor { kind: 77, ..base },        // unknown kind
+        xio_core::layout::Descriptor { class: 9, ..base }, // no such class
+        xio_core::layout::Descriptor {
+            index: 1 << 30,
+            ..base
+        }, // beyond the class
+        xio_core::layout::Descriptor {
+            len: 1 << 30,
+            ..base
+        }, // longer than the buffer
+        xio_core::layout::Descriptor {
+            index: 4000,
+            ..base
+        }, // a free buffer: not in flight to rx
+        xio_core::layout::Descriptor { kind: 77, ..base }, // unknown kind
     ];
     for d in forged {
         tx.__push_raw(peer, d).unwrap();
@@ -249,7 +295,9 @@ fn corrupt_descriptors_are_counted_and_rejected() {
     drop((m, m2));
     assert_eq!(rx.corrupt_descriptors(), 5);
     drop((rx, tx));
-    wait_until("pool whole", || mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole());
+    wait_until("pool whole", || {
+        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
+    });
 }
 
 #[test]
@@ -260,10 +308,16 @@ fn connect_to_unbound_address_is_refused_and_bind_conflicts() {
     let mut a = Stack::attach(&p).unwrap();
     let mut b = Stack::attach(&p).unwrap();
     let e = a.connect(addr(5)).unwrap_err();
-    assert_eq!(std::io::Error::from(e).kind(), std::io::ErrorKind::ConnectionRefused);
+    assert_eq!(
+        std::io::Error::from(e).kind(),
+        std::io::ErrorKind::ConnectionRefused
+    );
     a.bind(addr(5)).unwrap();
     let e = b.bind(addr(5)).unwrap_err();
-    assert_eq!(std::io::Error::from(e).kind(), std::io::ErrorKind::AddrInUse);
+    assert_eq!(
+        std::io::Error::from(e).kind(),
+        std::io::ErrorKind::AddrInUse
+    );
     assert!(Stack::attach("no-such-pool-here").is_err());
 }
 
@@ -276,7 +330,12 @@ fn waiting_modes_all_deliver() {
     server.bind(addr(3)).unwrap();
     let pp = p.clone();
     let t = std::thread::spawn(move || {
-        for mode in [WaitMode::Adaptive, WaitMode::Blocking, WaitMode::BusyPoll, WaitMode::NonBlocking] {
+        for mode in [
+            WaitMode::Adaptive,
+            WaitMode::Blocking,
+            WaitMode::BusyPoll,
+            WaitMode::NonBlocking,
+        ] {
             let mut c = Stack::builder(&pp).wait_mode(mode).attach().unwrap();
             let peer = c.connect(addr(3)).unwrap();
             for i in 0..2000u64 {
@@ -293,7 +352,10 @@ fn waiting_modes_all_deliver() {
                 assert_eq!(&m.buf[..], &i.to_le_bytes());
             }
             assert!(matches!(c.try_recv(), Err(Error::WouldBlock)));
-            assert!(matches!(c.recv_timeout(std::time::Duration::from_millis(5)), Err(Error::TimedOut)));
+            assert!(matches!(
+                c.recv_timeout(std::time::Duration::from_millis(5)),
+                Err(Error::TimedOut)
+            ));
         }
     });
     let mut served = 0;
@@ -310,5 +372,7 @@ fn waiting_modes_all_deliver() {
     }
     t.join().unwrap();
     drop(server);
-    wait_until("pool whole", || mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole());
+    wait_until("pool whole", || {
+        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
+    });
 }

@@ -15,7 +15,11 @@ use xio_core::layout::PoolConfig;
 use xio_core::manager::Manager;
 
 #[derive(Parser, Debug)]
-#[command(name = "xio-manager", version, about = "The X-IO per-node manager: owns a shared-memory pool and sets up channels between services")]
+#[command(
+    name = "xio-manager",
+    version,
+    about = "The X-IO per-node manager: owns a shared-memory pool and sets up channels between services"
+)]
 struct Cli {
     /// Pool prefix (one pool per security domain). Default: $XIO_PREFIX or "xio".
     #[arg(long, global = true)]
@@ -54,18 +58,28 @@ fn parse_size(s: &str) -> anyhow::Result<u32> {
         _ => (s, 1),
     };
     let n: u32 = num.parse().with_context(|| format!("bad size {s:?}"))?;
-    n.checked_mul(mult).with_context(|| format!("size {s:?} too large"))
+    n.checked_mul(mult)
+        .with_context(|| format!("size {s:?} too large"))
 }
 
 fn parse_class(s: &str) -> anyhow::Result<(u32, u32)> {
     let Some((size, count)) = s.split_once(':') else {
         bail!("class {s:?} must be SIZE:COUNT, e.g. 64K:512");
     };
-    Ok((parse_size(size)?, count.trim().parse().with_context(|| format!("bad count in {s:?}"))?))
+    Ok((
+        parse_size(size)?,
+        count
+            .trim()
+            .parse()
+            .with_context(|| format!("bad count in {s:?}"))?,
+    ))
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let prefix = cli.prefix.clone().unwrap_or_else(xio_core::paths::default_prefix);
+    let prefix = cli
+        .prefix
+        .clone()
+        .unwrap_or_else(xio_core::paths::default_prefix);
     if let Some(Cmd::Status) = cli.cmd {
         let text = xio_core::manager::query_status(&prefix)?;
         print!("{text}");
@@ -78,13 +92,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         ..PoolConfig::default()
     };
     if !cli.classes.is_empty() {
-        pool.classes = cli.classes.iter().map(|c| parse_class(c)).collect::<anyhow::Result<_>>()?;
+        pool.classes = cli
+            .classes
+            .iter()
+            .map(|c| parse_class(c))
+            .collect::<anyhow::Result<_>>()?;
         pool.classes.sort_unstable();
     }
     let manager = Manager::builder(&prefix).pool(pool).bind()?;
     let stopper = manager.stopper();
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
-        .context("install signal handlers")?;
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .context("install signal handlers")?;
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
             tracing::info!(signal = sig, "stopping");
@@ -99,7 +120,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("XIO_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if cli.json {
         builder.json().init();
     } else {

@@ -37,10 +37,16 @@ fn run_status_refuse_second_and_stop_on_signals() {
             .unwrap();
         wait_until("manager socket", || sock.exists());
 
-        let mut s = Stack::builder(prefix).name("status-probe").attach().unwrap();
+        let mut s = Stack::builder(prefix)
+            .name("status-probe")
+            .attach()
+            .unwrap();
         s.bind("192.0.2.1:443".parse().unwrap()).unwrap();
         let held = s.alloc(1000).unwrap();
-        let out = Command::new(BIN).args(["status", "--prefix", prefix]).output().unwrap();
+        let out = Command::new(BIN)
+            .args(["status", "--prefix", prefix])
+            .output()
+            .unwrap();
         assert!(out.status.success());
         let text = String::from_utf8(out.stdout).unwrap();
         assert!(text.contains("status-probe"), "{text}");
@@ -48,7 +54,10 @@ fn run_status_refuse_second_and_stop_on_signals() {
         assert!(text.contains("4096 B:"), "{text}");
         drop(held);
 
-        let second = Command::new(BIN).args(["--prefix", prefix]).output().unwrap();
+        let second = Command::new(BIN)
+            .args(["--prefix", prefix])
+            .output()
+            .unwrap();
         assert!(!second.status.success());
         let err = String::from_utf8_lossy(&second.stderr);
         assert!(err.contains("already running"), "{err}");
@@ -60,9 +69,15 @@ fn run_status_refuse_second_and_stop_on_signals() {
         assert!(!sock.exists(), "socket removed on exit");
         let mut log = String::new();
         std::io::Read::read_to_string(m.stderr.as_mut().unwrap(), &mut log).unwrap();
-        assert!(log.contains("manager ready") && log.contains("stack registered"), "{log}");
+        assert!(
+            log.contains("manager ready") && log.contains("stack registered"),
+            "{log}"
+        );
     }
-    let out = Command::new(BIN).args(["status", "--prefix", prefix]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["status", "--prefix", prefix])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no X-IO manager"));
 }

@@ -42,7 +42,13 @@ pub struct ChildProc {
 impl ChildProc {
     pub fn spawn(test_fn: &str, role: &str, args: &[String]) -> ChildProc {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", test_fn, "--nocapture", "--test-threads=1", "--quiet"])
+            .args([
+                "--exact",
+                test_fn,
+                "--nocapture",
+                "--test-threads=1",
+                "--quiet",
+            ])
             .env("XIO_CHILD_ROLE", role)
             .env("XIO_CHILD_ARGS", args.join("\x1f"))
             .stdout(Stdio::piped())
@@ -77,7 +83,10 @@ impl ChildProc {
                 }
                 Err(_) => {
                     let _ = self.child.kill();
-                    panic!("watchdog: child never said {what:?} (status {:?})", self.child.try_wait());
+                    panic!(
+                        "watchdog: child never said {what:?} (status {:?})",
+                        self.child.try_wait()
+                    );
                 }
             }
         }
@@ -108,7 +117,9 @@ impl ChildProc {
 
 /// In a child: the role's arguments.
 pub fn child_args() -> Vec<String> {
-    std::env::var("XIO_CHILD_ARGS").map(|a| a.split('\x1f').map(str::to_owned).collect()).unwrap_or_default()
+    std::env::var("XIO_CHILD_ARGS")
+        .map(|a| a.split('\x1f').map(str::to_owned).collect())
+        .unwrap_or_default()
 }
 
 /// In a child: die with the parent, so a failed test leaves no orphans.

@@ -1,0 +1,91 @@
+//! A one-way (asynchronous) sender: the paper's DAG-style communication,
+//! where the producer never waits for an answer.
+//!
+//! ```text
+//! cargo run --release -p xio-core --example oneway
+//! ```
+//! Starts an embedded manager and a receiving child process, then streams
+//! 2 million 64-byte messages in bursts of 32. The receiver checks the
+//! sequence numbers and reports the rate. A full ring makes the sender wait:
+//! nothing is ever dropped.
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use xio_core::prelude::*;
+
+const N: u64 = 2_000_000;
+
+fn receive(prefix: &str, addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
+    let mut stack = Stack::builder(prefix).name("oneway-sink").attach()?;
+    stack.bind(addr)?;
+    println!("ready");
+    let mut got = Vec::with_capacity(64);
+    let mut next = 0u64;
+    let mut t = None;
+    while next < N {
+        got.clear();
+        stack.recv_burst(&mut got, 64)?;
+        t.get_or_insert_with(Instant::now);
+        for m in got.drain(..) {
+            let seq = u64::from_le_bytes(m.buf[..8].try_into()?);
+            assert_eq!(seq, next, "in order, nothing lost");
+            next += 1;
+        }
+    }
+    let el = t.map(|t| t.elapsed()).unwrap_or_default();
+    println!(
+        "received {N} messages in order in {:.1} ms: {:.1} M messages/s",
+        el.as_secs_f64() * 1e3,
+        N as f64 / el.as_secs_f64() / 1e6
+    );
+    Ok(())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("receive") {
+        return receive(&args[2], args[3].parse()?);
+    }
+    let dir = std::env::temp_dir().join(format!("xio-oneway-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    std::env::set_var("XIO_RUN_DIR", &dir);
+    let prefix = format!("oneway-{}", std::process::id());
+    let manager = Manager::builder(&prefix).spawn()?;
+    let addr: SocketAddr = "10.0.0.2:9".parse()?;
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["receive", &prefix, &addr.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line)?;
+
+    let mut stack = Stack::builder(&prefix).name("oneway-source").attach()?;
+    let peer = stack.connect(addr)?;
+    let mut burst = Vec::with_capacity(32);
+    let t = Instant::now();
+    let mut seq = 0u64;
+    while seq < N {
+        let n = 32.min(N - seq) as usize;
+        stack.alloc_burst(64, n, &mut burst)?;
+        for b in &mut burst {
+            b[..8].copy_from_slice(&seq.to_le_bytes());
+            seq += 1;
+        }
+        stack.send_burst(peer, &mut burst)?;
+    }
+    println!(
+        "sent {N} messages in {:.1} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line)?;
+    print!("{line}");
+    child.wait()?;
+    drop(stack);
+    manager.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
