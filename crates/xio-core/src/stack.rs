@@ -708,12 +708,13 @@ impl Stack {
         let wake = (matches!(rung, Ok(true)) && rung_at >= slept_from)
             .then(|| woke.saturating_sub(rung_at));
         if self.mode == WaitMode::Adaptive {
-            self.spin.on_sleep(woke - slept_from, wake);
+            self.spin.on_sleep(slept_from - start, woke - slept_from, wake);
         }
-        rung?;
-        // The control socket may have woken us (a message, or the manager
-        // died): look at it now rather than wait for a doorbell.
-        self.poll_ctrl()?;
+        if !rung? {
+            // Not the doorbell: the control socket (a message, or the
+            // manager died) or a timeout. Look at the socket now.
+            self.poll_ctrl()?;
+        }
         Ok(())
     }
 

@@ -46,7 +46,11 @@ pub enum WaitMode {
 
 /// Wake-up cost assumed before the first measurement (this machine class).
 const INITIAL_WAKE_NS: u64 = 30_000;
-/// Never spin longer than this at once.
+/// The spin ceiling is this many wake-ups...
+const MAX_WAKES: u64 = 8;
+/// ...but at least this...
+const MAX_BUDGET_FLOOR_NS: u64 = 20_000;
+/// ...and never more than this.
 const MAX_BUDGET_NS: u64 = 200_000;
 /// The token spin left when traffic is sparse.
 const MIN_BUDGET_NS: u64 = 500;
@@ -67,18 +71,15 @@ pub struct AdaptiveSpin {
 impl Default for AdaptiveSpin {
     fn default() -> Self {
         let wake_ns = INITIAL_WAKE_NS;
-        Self {
-            wake_ns,
-            budget_ns: Self::target(wake_ns),
-            spin_hits: 0,
-            sleeps: 0,
-        }
+        Self { wake_ns, budget_ns: Self::ceiling(wake_ns), spin_hits: 0, sleeps: 0 }
     }
 }
 
 impl AdaptiveSpin {
-    fn target(wake_ns: u64) -> u64 {
-        (2 * wake_ns).clamp(MIN_BUDGET_NS, MAX_BUDGET_NS)
+    /// The longest spin worth doing: a few wake-ups' worth. A gap longer
+    /// than that is cheaper to sleep through.
+    fn ceiling(wake_ns: u64) -> u64 {
+        (MAX_WAKES * wake_ns).clamp(MAX_BUDGET_FLOOR_NS, MAX_BUDGET_NS)
     }
 
     /// Current spin budget.
@@ -105,17 +106,26 @@ impl AdaptiveSpin {
         self.spin_hits += 1;
     }
 
-    /// We slept for `slept_ns` after spinning; `wake_ns` is the measured
-    /// doorbell-to-running latency, when the wake came from a doorbell.
-    pub fn on_sleep(&mut self, slept_ns: u64, wake_ns: Option<u64>) {
+    /// We spun `spun_ns`, then slept `slept_ns` until data came; `wake_ns`
+    /// is the measured doorbell-to-running latency, when a doorbell woke us.
+    ///
+    /// The gap we waited (`spun + slept`) is what spinning would have had
+    /// to cover. A gap within the ceiling means the peer answers within a
+    /// few wake-ups: spin twice that next time, so both sides stay awake and
+    /// the exchange runs at memory speed instead of settling into two
+    /// sleeping processes waking each other (the trap FABLE's mempipe
+    /// discussion describes). A longer gap means traffic is sparse: halve
+    /// the budget, down to a token spin, so an idle stack sleeps at once.
+    pub fn on_sleep(&mut self, spun_ns: u64, slept_ns: u64, wake_ns: Option<u64>) {
         self.sleeps += 1;
         if let Some(w) = wake_ns.filter(|&w| w > 0 && w < MAX_PLAUSIBLE_WAKE_NS) {
             // EWMA with weight 1/4.
             self.wake_ns = (3 * self.wake_ns + w) / 4;
         }
-        let target = Self::target(self.wake_ns);
-        if slept_ns < target {
-            self.budget_ns = target;
+        let ceiling = Self::ceiling(self.wake_ns);
+        let gap = spun_ns + slept_ns;
+        if gap <= ceiling {
+            self.budget_ns = self.budget_ns.max(2 * gap).clamp(MIN_BUDGET_NS, ceiling);
         } else {
             self.budget_ns = (self.budget_ns / 2).max(MIN_BUDGET_NS);
         }
@@ -133,30 +143,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sparse_traffic_shrinks_dense_traffic_restores() {
+    fn sparse_traffic_shrinks_dense_traffic_grows() {
         let mut a = AdaptiveSpin::default();
         assert_eq!(a.spin_for(false), 0, "never spin when no peer can send");
-        let start = a.spin_for(true);
-        assert_eq!(start, 60_000);
+        assert_eq!(a.spin_for(true), 200_000);
         for _ in 0..20 {
-            a.on_sleep(10_000_000, None); // 10 ms gaps
+            a.on_sleep(a.spin_for(true), 10_000_000, None); // 10 ms gaps
         }
         assert_eq!(a.spin_for(true), MIN_BUDGET_NS);
-        a.on_sleep(5_000, Some(40_000)); // data came right after we gave up
-        assert!(a.spin_for(true) >= 60_000);
+        // A peer that answers 4 us after we gave up: spin through that.
+        a.on_sleep(MIN_BUDGET_NS, 4_000, Some(2_000));
+        assert!(a.spin_for(true) >= 8_000, "{:?}", a.budget());
     }
 
     #[test]
-    fn budget_follows_measured_wake_cost() {
+    fn ceiling_follows_measured_wake_cost() {
         let mut a = AdaptiveSpin::default();
         for _ in 0..30 {
-            a.on_sleep(1_000, Some(4_000)); // a cheap wake (bare metal)
+            a.on_sleep(0, 1_000_000, Some(1_500)); // cheap wake-ups, sparse traffic
         }
-        assert!(a.wake_cost() < Duration::from_micros(6));
-        assert!(a.budget() < Duration::from_micros(12));
+        assert!(a.wake_cost() < Duration::from_micros(3));
+        // Gaps above 8 wake-ups (floored at 20 us) are not spun through.
+        a.on_sleep(0, 30_000, None);
+        assert!(a.budget() < Duration::from_micros(20));
         for _ in 0..30 {
-            a.on_sleep(1_000, Some(90_000_000)); // implausible: ignored
+            a.on_sleep(0, 1_000_000, Some(90_000_000)); // implausible: ignored
         }
-        assert!(a.wake_cost() < Duration::from_micros(6));
+        assert!(a.wake_cost() < Duration::from_micros(3));
     }
 }
