@@ -63,7 +63,10 @@ fn serve_uds(path: &str) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn spawn(args: &[&str]) -> Result<Child, Box<dyn std::error::Error>> {
-    let mut c = Command::new(std::env::current_exe()?).args(args).stdout(Stdio::piped()).spawn()?;
+    let mut c = Command::new(std::env::current_exe()?)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()?;
     let mut line = String::new();
     BufReader::new(c.stdout.as_mut().unwrap()).read_line(&mut line)?;
     Ok(c)
@@ -94,7 +97,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&dir)?;
     std::env::set_var("XIO_RUN_DIR", &dir);
     let prefix = "demo";
-    println!("X-IO demo: {ROUNDS} round trips of {SIZE} B, client and service in separate processes");
+    println!(
+        "X-IO demo: {ROUNDS} round trips of {SIZE} B, client and service in separate processes"
+    );
     // Client on CPU 0, services on CPU 1 ("-" when there is one CPU).
     let server_cpu = if cpus() >= 2 {
         println!("(client pinned to CPU 0, services to CPU 1)");
@@ -157,7 +162,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("| X-IO zero-copy (adaptive wait) | {x50:>11.2} us | {x99:>11.2} us |");
     println!("| Unix-domain stream socket      | {u50:>11.2} us | {u99:>11.2} us |");
     println!();
-    println!("X-IO is {:.1}x faster at the median; every echoed payload was checked.", u50 / x50);
+    println!(
+        "X-IO is {:.1}x faster at the median; every echoed payload was checked.",
+        u50 / x50
+    );
     println!(
         "adaptive waiting: {} waits met by spinning, {} sleeps (measured wake-up cost {:.1} us)",
         policy.spin_hits,

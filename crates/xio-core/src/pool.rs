@@ -30,7 +30,7 @@
 
 use std::sync::Mutex;
 
-use crate::layout::{bufword, Descriptor, MAG_SIZE, MAX_CLASSES, NO_CLASS};
+use crate::layout::{bufword, Descriptor, Magazine, MAG_SIZE, MAX_CLASSES, NO_CLASS};
 use crate::segment::Segment;
 use crate::sync::{spin_hint, AtomicU64, Ordering};
 
@@ -122,48 +122,13 @@ impl PoolView {
 
     /// Pops a magazine off the tagged stack at `head`.
     fn mag_pop(&self, class: usize, head: &AtomicU64) -> Option<u32> {
-        loop {
-            // Acquire: pairs with the Release CAS in `mag_push`: the
-            // magazine's contents and link were written before.
-            let h = head.load(Ordering::Acquire);
-            let first = h as u32;
-            if first == 0 {
-                return None;
-            }
-            // A corrupt head: behave as empty; the manager's reconciliation
-            // rebuilds the lists.
-            let mag = self.seg.magazine(class, first - 1)?;
-            // May be stale if another stack pops it first; the tagged CAS
-            // then fails and we retry.
-            let next = mag.next.load(Ordering::Relaxed);
-            let new = ((h >> 32).wrapping_add(1) << 32) | next as u64;
-            if head
-                .compare_exchange(h, new, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                return Some(first - 1);
-            }
-            spin_hint();
-        }
+        tagged_pop(head, |m| self.seg.magazine(class, m))
     }
 
     /// Pushes magazine `m` (ours alone) onto the tagged stack at `head`.
     fn mag_push(&self, class: usize, head: &AtomicU64, m: u32) {
         let mag = self.seg.magazine(class, m).expect("own magazine in range");
-        loop {
-            let h = head.load(Ordering::Relaxed);
-            mag.next.store(h as u32, Ordering::Relaxed);
-            let new = ((h >> 32).wrapping_add(1) << 32) | (m as u64 + 1);
-            // Release: publishes the magazine's contents and link; pairs
-            // with the Acquire load in `mag_pop`.
-            if head
-                .compare_exchange(h, new, Ordering::Release, Ordering::Relaxed)
-                .is_ok()
-            {
-                return;
-            }
-            spin_hint();
-        }
+        tagged_push(head, mag, m)
     }
 
     /// Takes one full magazine of `class` into `out`, claiming each buffer
@@ -310,6 +275,53 @@ impl PoolView {
             self.seg.buf_data(b.class as usize, b.index),
             c.buf_size as usize,
         )
+    }
+}
+
+/// Treiber pop of a magazine index from a tagged head
+/// (`tag << 32 | index + 1`). `mag` resolves an index, `None` if out of
+/// range (a corrupt head then reads as empty).
+pub(crate) fn tagged_pop<'a>(
+    head: &AtomicU64,
+    mag: impl Fn(u32) -> Option<&'a Magazine>,
+) -> Option<u32> {
+    loop {
+        // Acquire: pairs with the Release CAS in `tagged_push`: the
+        // magazine's contents and link were written before.
+        let h = head.load(Ordering::Acquire);
+        let first = h as u32;
+        if first == 0 {
+            return None;
+        }
+        // May be stale if another stack pops it first; the tagged CAS then
+        // fails (the tag changed even if the same magazine is back on top).
+        let next = mag(first - 1)?.next.load(Ordering::Relaxed);
+        let new = ((h >> 32).wrapping_add(1) << 32) | next as u64;
+        if head
+            .compare_exchange(h, new, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            return Some(first - 1);
+        }
+        spin_hint();
+    }
+}
+
+/// Treiber push of magazine `m` (exclusively ours) onto a tagged head.
+pub(crate) fn tagged_push(head: &AtomicU64, mag: &Magazine, m: u32) {
+    loop {
+        let h = head.load(Ordering::Relaxed);
+        mag.next.store(h as u32, Ordering::Relaxed);
+        let new = ((h >> 32).wrapping_add(1) << 32) | (m as u64 + 1);
+        // Release: publishes the magazine's contents and link; pairs with
+        // the Acquire load in `tagged_pop`.
+        if head
+            .compare_exchange(h, new, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
+        {
+            return;
+        }
+        spin_hint();
     }
 }
 
@@ -894,5 +906,104 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(total_free(&m), 256);
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    struct Lists {
+        full: AtomicU64,
+        empty: AtomicU64,
+        mags: Vec<Magazine>,
+    }
+
+    impl Lists {
+        fn pop(&self, head: &AtomicU64) -> Option<u32> {
+            tagged_pop(head, |m| self.mags.get(m as usize))
+        }
+        fn push(&self, head: &AtomicU64, m: u32) {
+            tagged_push(head, &self.mags[m as usize], m)
+        }
+        fn walk(&self, head: &AtomicU64) -> Vec<u32> {
+            let mut v = Vec::new();
+            let mut cur = head.load(Ordering::Acquire) as u32;
+            while cur != 0 {
+                v.push(cur - 1);
+                cur = self.mags[cur as usize - 1].next.load(Ordering::Relaxed);
+                assert!(v.len() <= self.mags.len(), "cycle");
+            }
+            v
+        }
+    }
+
+    /// Three magazines: 0 and 1 full (holding buffers 10 and 11), 2 empty.
+    fn lists() -> Arc<Lists> {
+        let l = Lists {
+            full: AtomicU64::new(0),
+            empty: AtomicU64::new(0),
+            mags: (0..3).map(|_| Magazine::default()).collect(),
+        };
+        for (m, b) in [(1u32, 11u32), (0, 10)] {
+            l.mags[m as usize].idx[0].store(b, Ordering::Relaxed);
+            l.mags[m as usize].len.store(1, Ordering::Relaxed);
+            l.push(&l.full, m);
+        }
+        l.push(&l.empty, 2);
+        Arc::new(l)
+    }
+
+    /// Two stacks take a full magazine each and return it empty, while a
+    /// third returns a buffer in the empty magazine: no magazine is handed
+    /// out twice, none is lost, and every buffer index read is one that was
+    /// published with its magazine.
+    #[test]
+    fn loom_magazine_stacks_take_and_return() {
+        // Three threads with CAS retry loops: bound preemptions (as loom's
+        // docs advise) so the model stays tractable; 3 covers every
+        // interleaving of one racing CAS against another with a retry.
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(3);
+        b.check(|| {
+            let l = lists();
+            let takers: Vec<_> = (0..2)
+                .map(|_| {
+                    let l = l.clone();
+                    thread::spawn(move || {
+                        let m = l.pop(&l.full).expect("two full magazines for two takers");
+                        let mag = &l.mags[m as usize];
+                        assert_eq!(mag.len.load(Ordering::Relaxed), 1);
+                        let b = mag.idx[0].load(Ordering::Relaxed);
+                        assert!(b == 10 || b == 11 || b == 12, "published index, got {b}");
+                        mag.len.store(0, Ordering::Relaxed);
+                        l.push(&l.empty, m);
+                        b
+                    })
+                })
+                .collect();
+            let giver = {
+                let l = l.clone();
+                thread::spawn(move || {
+                    if let Some(m) = l.pop(&l.empty) {
+                        let mag = &l.mags[m as usize];
+                        mag.idx[0].store(12, Ordering::Relaxed);
+                        mag.len.store(1, Ordering::Relaxed);
+                        l.push(&l.full, m);
+                    }
+                })
+            };
+            let mut got: Vec<u32> = takers.into_iter().map(|t| t.join().unwrap()).collect();
+            giver.join().unwrap();
+            got.sort_unstable();
+            got.dedup();
+            assert_eq!(got.len(), 2, "no buffer taken twice");
+            let mut all = l.walk(&l.full);
+            all.extend(l.walk(&l.empty));
+            all.sort_unstable();
+            assert_eq!(all, vec![0, 1, 2], "every magazine on exactly one list");
+        });
     }
 }

@@ -708,7 +708,8 @@ impl Stack {
         let wake = (matches!(rung, Ok(true)) && rung_at >= slept_from)
             .then(|| woke.saturating_sub(rung_at));
         if self.mode == WaitMode::Adaptive {
-            self.spin.on_sleep(slept_from - start, woke - slept_from, wake);
+            self.spin
+                .on_sleep(slept_from - start, woke - slept_from, wake);
         }
         if !rung? {
             // Not the doorbell: the control socket (a message, or the

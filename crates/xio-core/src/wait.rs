@@ -71,7 +71,12 @@ pub struct AdaptiveSpin {
 impl Default for AdaptiveSpin {
     fn default() -> Self {
         let wake_ns = INITIAL_WAKE_NS;
-        Self { wake_ns, budget_ns: Self::ceiling(wake_ns), spin_hits: 0, sleeps: 0 }
+        Self {
+            wake_ns,
+            budget_ns: Self::ceiling(wake_ns),
+            spin_hits: 0,
+            sleeps: 0,
+        }
     }
 }
 
