@@ -270,6 +270,14 @@ impl SpinCounts {
         }
     }
 
+    /// Sum of two counts.
+    pub fn plus(self, other: SpinCounts) -> SpinCounts {
+        SpinCounts {
+            hits: self.hits + other.hits,
+            sleeps: self.sleeps + other.sleeps,
+        }
+    }
+
     fn since(self, earlier: SpinCounts) -> SpinCounts {
         SpinCounts {
             hits: self.hits - earlier.hits,
@@ -460,16 +468,16 @@ impl OnewayResult {
     }
 }
 
-/// Sends `n` messages of `size` bytes in bursts, then a marker, and waits
-/// for the marker's echo.
+/// Sends `n` messages of `size` bytes in bursts (`alloc_burst`, touch the
+/// first byte, `send_burst`), then a marker, and waits for the marker's
+/// echo.
 fn stream(s: &mut Stack, peer: PeerId, size: usize, n: u64, batch: &mut Vec<BufMut>) -> Result<()> {
     let mut sent = 0u64;
     while sent < n {
         let k = (n - sent).min(BURST as u64) as usize;
-        for _ in 0..k {
-            let mut b = s.alloc(size)?;
+        s.alloc_burst(size, k, batch)?;
+        for b in batch.iter_mut() {
             b[0] = 1;
-            batch.push(b);
         }
         s.send_burst(peer, batch)?;
         sent += k as u64;

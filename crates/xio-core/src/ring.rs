@@ -1,31 +1,40 @@
 //! Single-producer single-consumer descriptor ring.
 //!
-//! The classic Lamport ring as refined by FastForward/MCRingBuffer and rtrb:
-//! head and tail live on separate 128-byte lines, each side keeps a private
-//! copy of its own index and a cached copy of the other's, and touches the
-//! other's line only when the cache says the ring is full (producer) or empty
-//! (consumer). Indices are free-running `u32`s; `index & mask` is the slot.
+//! Lamport's ring with the refinements of FastForward (Giacomoni et al.,
+//! PPoPP'08) and rtrb: there is no shared producer index. Each slot carries
+//! a sequence number (`position + 1`) that the producer stores last, with
+//! Release, so a consumer polling for the next descriptor reads only that
+//! slot's line, the one the producer just wrote: one cache-line transfer per
+//! descriptor instead of two (index, then slot). The consumer's index lives
+//! on its own 128-byte line and the producer keeps a cached copy, reading
+//! the shared one only when the cache says the ring is full. Positions are
+//! free-running `u32`s; `position & mask` is the slot.
 //!
-//! The other side is another process, so the index we read from it is
-//! untrusted: a value that would make more than `capacity` slots readable or
-//! writable is reported as [`RingError::Corrupt`] instead of being used.
+//! The other side is another process, so what we read from it is untrusted:
+//! a consumer index that would make more than `capacity` slots writable is
+//! [`RingError`]; a forged sequence number can only make us read a
+//! descriptor early, and every descriptor is validated before use anyway.
 
 use std::sync::Arc;
 
-use crate::layout::{Descriptor, RingHeader};
-use crate::sync::{Ordering, UnsafeCell};
+use crate::layout::{Descriptor, RingHeader, RingSlot};
+use crate::sync::Ordering;
 
 /// A ring's shared index was impossible: the peer is buggy or hostile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("ring corrupt: peer index out of range")]
 pub struct RingError;
 
-/// Alias kept for readability at call sites.
-pub use RingError as Corrupt;
+/// The sequence number slot `k` of a fresh ring holds: "written one lap
+/// before position 0", which matches no position until the slot is written.
+/// (Zero would not do: it is what position `u32::MAX` publishes.)
+pub fn initial_seq(k: u32, cap: u32) -> u32 {
+    k.wrapping_add(1).wrapping_sub(cap)
+}
 
 pub(crate) struct RawRing {
     hdr: *const RingHeader,
-    slots: *const UnsafeCell<Descriptor>,
+    slots: *const RingSlot,
     mask: u32,
     // Keeps the memory the pointers point into alive.
     _keep: Arc<dyn Send + Sync>,
@@ -33,9 +42,9 @@ pub(crate) struct RawRing {
 
 impl RawRing {
     /// # Safety
-    /// `hdr` must point to a `RingHeader` followed (at `slots`) by `cap`
-    /// descriptor slots, all valid for as long as `keep` lives, with at most
-    /// one producer and one consumer attached.
+    /// `hdr` must point to a `RingHeader` and `slots` to `cap` `RingSlot`s,
+    /// all valid for as long as `keep` lives, with at most one producer and
+    /// one consumer attached.
     pub(crate) unsafe fn new(
         hdr: *const RingHeader,
         slots: *const u8,
@@ -58,7 +67,7 @@ impl RawRing {
     }
 
     #[inline]
-    fn slot(&self, i: u32) -> &UnsafeCell<Descriptor> {
+    fn slot(&self, i: u32) -> &RingSlot {
         // SAFETY: `i & mask < cap`, and the slots are valid (see `new`).
         unsafe { &*self.slots.add((i & self.mask) as usize) }
     }
@@ -71,7 +80,7 @@ impl RawRing {
 /// Heap-allocated ring storage, for tests, loom models and in-process use.
 pub(crate) struct HeapRing {
     hdr: RingHeader,
-    slots: Box<[UnsafeCell<Descriptor>]>,
+    slots: Box<[RingSlot]>,
 }
 
 // SAFETY: the slots are only touched under the SPSC protocol below.
@@ -84,10 +93,12 @@ pub fn heap_ring(cap: u32) -> (Producer, Consumer) {
     assert!(cap.is_power_of_two() && cap >= 2);
     let r = Arc::new(HeapRing {
         hdr: RingHeader::default(),
-        slots: (0..cap)
-            .map(|_| UnsafeCell::new(Descriptor::default()))
-            .collect(),
+        slots: (0..cap).map(|_| RingSlot::default()).collect(),
     });
+    for (k, slot) in r.slots.iter().enumerate() {
+        slot.seq
+            .store(initial_seq(k as u32, cap), Ordering::Relaxed);
+    }
     let hdr = &r.hdr as *const RingHeader;
     let slots = r.slots.as_ptr().cast::<u8>();
     let keep: Arc<dyn Send + Sync> = r;
@@ -112,11 +123,10 @@ pub struct Producer {
 pub struct Consumer {
     ring: RawRing,
     head: u32,
-    cached_tail: u32,
 }
 
-// SAFETY: a Producer is the only writer of the ring's tail and slots; moving
-// it to another thread moves that role with it.
+// SAFETY: a Producer is the only writer of the ring's slots; moving it to
+// another thread moves that role with it.
 unsafe impl Send for Producer {}
 // SAFETY: likewise for the consumer's head.
 unsafe impl Send for Consumer {}
@@ -140,14 +150,12 @@ impl std::fmt::Debug for Consumer {
 
 impl Producer {
     pub(crate) fn new(ring: RawRing) -> Self {
-        // Relaxed: we are the only writer of tail; the consumer's head is
-        // re-read with Acquire before any slot is reused.
-        let tail = ring.hdr().tail.load(Ordering::Relaxed);
-        let cached_head = ring.hdr().head.load(Ordering::Acquire);
+        // A fresh ring (the manager zeroes it): both ends start at 0.
+        let head = ring.hdr().head.load(Ordering::Acquire);
         Self {
             ring,
-            tail,
-            cached_head,
+            tail: head,
+            cached_head: head,
         }
     }
 
@@ -172,11 +180,12 @@ impl Producer {
         }
         // Acquire: pairs with the consumer's Release store of head in
         // `Consumer::pop_burst`; the slots it has read are ours to overwrite.
-        self.cached_head = self.ring.hdr().head.load(Ordering::Acquire);
-        let used = self.tail.wrapping_sub(self.cached_head);
+        let head = self.ring.hdr().head.load(Ordering::Acquire);
+        let used = self.tail.wrapping_sub(head);
         if used > cap {
             return Err(RingError);
         }
+        self.cached_head = head;
         Ok(cap - used)
     }
 
@@ -192,16 +201,16 @@ impl Producer {
     pub fn push_burst(&mut self, ds: &[Descriptor]) -> Result<usize, RingError> {
         let free = self.free_for(ds.len().min(u32::MAX as usize) as u32)? as usize;
         let n = ds.len().min(free);
-        for (i, d) in ds[..n].iter().enumerate() {
-            // SAFETY: slots between tail and cached_head + cap are not being
-            // read by the consumer (it has published head past them).
-            unsafe { self.ring.slot(self.tail.wrapping_add(i as u32)).write(*d) };
-        }
-        if n > 0 {
-            self.tail = self.tail.wrapping_add(n as u32);
-            // Release: publishes the slot writes above; pairs with the
-            // consumer's Acquire load of tail in `Consumer::available`.
-            self.ring.hdr().tail.store(self.tail, Ordering::Release);
+        for d in &ds[..n] {
+            let slot = self.ring.slot(self.tail);
+            // SAFETY: the consumer has moved its head past this slot (we
+            // checked the free space), so it will not read it until the seq
+            // store below publishes it.
+            unsafe { slot.desc.write(*d) };
+            self.tail = self.tail.wrapping_add(1);
+            // Release: publishes the descriptor written above; pairs with
+            // the consumer's Acquire load of `seq` in `Consumer::ready`.
+            slot.seq.store(self.tail, Ordering::Release);
         }
         Ok(n)
     }
@@ -215,38 +224,25 @@ impl Consumer {
     pub(crate) fn new(ring: RawRing) -> Self {
         // Relaxed: we are the only writer of head.
         let head = ring.hdr().head.load(Ordering::Relaxed);
-        Self {
-            ring,
-            head,
-            cached_tail: head,
-        }
+        Self { ring, head }
     }
 
-    /// Descriptors ready to read (refreshes the cached tail when it shows
-    /// none).
+    /// Whether the slot at position `pos` holds the descriptor written there.
     #[inline]
+    fn ready(&self, pos: u32) -> bool {
+        // Acquire: pairs with the producer's Release store of `seq` in
+        // `Producer::push_burst`; the descriptor is written before it.
+        self.ring.slot(pos).seq.load(Ordering::Acquire) == pos.wrapping_add(1)
+    }
+
+    /// Descriptors ready to read (at least the count of consecutive
+    /// published slots from the head, up to the capacity).
     pub fn available(&mut self) -> Result<u32, RingError> {
-        self.available_for(1)
-    }
-
-    /// Descriptors ready, reading the producer's index only when the cached
-    /// value shows fewer than `want`.
-    #[inline]
-    fn available_for(&mut self, want: u32) -> Result<u32, RingError> {
-        let avail = self.cached_tail.wrapping_sub(self.head);
-        if avail >= want {
-            return Ok(avail);
+        let mut n = 0;
+        while n < self.ring.cap() && self.ready(self.head.wrapping_add(n)) {
+            n += 1;
         }
-        // Acquire: pairs with the producer's Release store of tail in
-        // `Producer::push_burst`; the slots before it are written.
-        self.cached_tail = self.ring.hdr().tail.load(Ordering::Acquire);
-        let avail = self.cached_tail.wrapping_sub(self.head);
-        if avail > self.ring.cap() {
-            // Leave cached_tail where it cannot mislead the next call.
-            self.cached_tail = self.head;
-            return Err(RingError);
-        }
-        Ok(avail)
+        Ok(n)
     }
 
     /// Pops one descriptor.
@@ -257,26 +253,26 @@ impl Consumer {
 
     /// Pops up to `out.len()` descriptors; returns how many.
     pub fn pop_burst(&mut self, out: &mut [Descriptor]) -> Result<usize, RingError> {
-        let want = out.len().min(u32::MAX as usize) as u32;
-        let n = (self.available_for(want)? as usize).min(out.len());
-        for (i, o) in out[..n].iter_mut().enumerate() {
-            // SAFETY: slots from head to cached_tail were published by the
-            // producer (Acquire above) and it will not touch them until we
-            // move head past them.
-            *o = unsafe { self.ring.slot(self.head.wrapping_add(i as u32)).read() };
+        let mut n = 0;
+        while n < out.len() && self.ready(self.head.wrapping_add(n as u32)) {
+            // SAFETY: the slot is published (Acquire in `ready`) and the
+            // producer will not touch it until we move head past it.
+            out[n] = unsafe { self.ring.slot(self.head.wrapping_add(n as u32)).desc.read() };
+            n += 1;
         }
         if n > 0 {
             self.head = self.head.wrapping_add(n as u32);
             // Release: our reads of the slots happen before the producer may
-            // reuse them; pairs with its Acquire load of head in `free_slots`.
+            // reuse them; pairs with its Acquire load of head in `free_for`.
             self.ring.hdr().head.store(self.head, Ordering::Release);
         }
         Ok(n)
     }
 
-    /// True when nothing is ready (refreshes the cached tail).
+    /// True when nothing is ready: one load of the next slot's line.
+    #[inline]
     pub fn is_empty(&mut self) -> bool {
-        !matches!(self.available(), Ok(n) if n > 0)
+        !self.ready(self.head)
     }
 }
 
@@ -326,13 +322,19 @@ mod tests {
     #[test]
     fn index_wraps_past_u32() {
         let (mut p, mut c) = heap_ring(4);
-        // Start both sides just below the u32 wrap.
-        p.tail = u32::MAX - 2;
-        p.cached_head = u32::MAX - 2;
-        c.head = u32::MAX - 2;
-        c.cached_tail = u32::MAX - 2;
-        p.ring.hdr().tail.store(u32::MAX - 2, Ordering::Relaxed);
-        c.ring.hdr().head.store(u32::MAX - 2, Ordering::Relaxed);
+        // Start both sides just below the u32 wrap, slots as a fresh ring
+        // starting there would have them.
+        let start = u32::MAX - 2;
+        p.tail = start;
+        p.cached_head = start;
+        c.head = start;
+        c.ring.hdr().head.store(start, Ordering::Relaxed);
+        for pos in start..start.wrapping_add(4) {
+            p.ring
+                .slot(pos)
+                .seq
+                .store(pos.wrapping_add(1).wrapping_sub(4), Ordering::Relaxed);
+        }
         for i in 0..20 {
             p.push(d(i)).unwrap();
             assert_eq!(c.pop().unwrap(), Some(d(i)));
@@ -340,17 +342,22 @@ mod tests {
     }
 
     #[test]
-    fn corrupt_tail_is_reported_not_used() {
+    fn corrupt_indices_are_reported_not_used() {
         let (mut p, mut c) = heap_ring(4);
         p.push(d(1)).unwrap();
-        // A hostile producer claims a thousand descriptors are ready.
-        p.ring.hdr().tail.store(1000, Ordering::Release);
-        assert_eq!(c.pop(), Err(RingError));
+        // A hostile producer forges sequence numbers: at most `capacity`
+        // slots are ever read, and what they hold is validated later.
+        for pos in 0..4u32 {
+            p.ring.slot(pos).seq.store(pos + 1, Ordering::Release);
+        }
+        let mut out = [Descriptor::default(); 16];
+        assert_eq!(c.pop_burst(&mut out), Ok(4));
         // A hostile consumer moves head beyond tail.
         c.ring.hdr().head.store(500, Ordering::Release);
         p.cached_head = 0;
         p.tail = 4;
         assert_eq!(p.free_slots(), Err(RingError));
+        let _ = c;
     }
 
     #[test]

@@ -252,8 +252,7 @@ impl Segment {
                 && off.is_multiple_of(64)
         };
         let ring_end = crate::layout::ring_offset(h.ring_capacity, 1)
-            + core::mem::size_of::<RingHeader>() as u64
-            + h.ring_capacity as u64 * 16;
+            + crate::layout::ring_bytes(h.ring_capacity);
         let ok = fits(
             h.free_heads_off,
             MAX_CLASSES as u64,
@@ -419,12 +418,22 @@ impl Segment {
     /// channel out; nobody else uses it then).
     pub fn reset_channel_rings(&self, ch: u32) {
         for dir in 0..2 {
-            let (h, _) = self.ring_ptrs(ch, dir);
+            let (h, s) = self.ring_ptrs(ch, dir);
             // SAFETY: in range (ring_ptrs asserts); a shared reference to an
             // atomic-only ShmSafe header is always sound.
             let h = unsafe { &*h };
-            h.tail.store(0, crate::sync::Ordering::Relaxed);
             h.head.store(0, crate::sync::Ordering::Relaxed);
+            // Stale sequence numbers from the channel's last use would read
+            // as published descriptors.
+            for i in 0..self.ring_capacity as usize {
+                // SAFETY: the ring's slots follow its header inside the
+                // channel slot `open` checked; nobody uses the ring now.
+                let slot = unsafe { &*(s as *const crate::layout::RingSlot).add(i) };
+                slot.seq.store(
+                    crate::ring::initial_seq(i as u32, self.ring_capacity),
+                    crate::sync::Ordering::Relaxed,
+                );
+            }
         }
     }
 }

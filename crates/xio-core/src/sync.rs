@@ -17,8 +17,21 @@ pub(crate) use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 pub(crate) struct UnsafeCell<T>(core::cell::UnsafeCell<T>);
 
 #[cfg(not(loom))]
+impl<T: Default> Default for UnsafeCell<T> {
+    fn default() -> Self {
+        Self::new(T::default())
+    }
+}
+
+#[cfg(loom)]
+impl<T: Default> Default for UnsafeCell<T> {
+    fn default() -> Self {
+        Self::new(T::default())
+    }
+}
+
+#[cfg(not(loom))]
 impl<T> UnsafeCell<T> {
-    #[allow(dead_code)]
     pub(crate) const fn new(v: T) -> Self {
         Self(core::cell::UnsafeCell::new(v))
     }
