@@ -207,6 +207,11 @@ pub mod bufword {
     }
 }
 
+/// [`StackSlot::sleeping`]: asleep in `futex(FUTEX_WAIT)` on the word.
+pub const SLEEP_FUTEX: u32 = 1;
+/// [`StackSlot::sleeping`]: asleep polling the doorbell eventfd.
+pub const SLEEP_EVENTFD: u32 = 2;
+
 /// Stack slot states.
 pub mod slot_state {
     /// Unused.
@@ -222,8 +227,9 @@ pub mod slot_state {
 #[derive(Debug, Default)]
 #[repr(C)]
 pub struct StackSlot {
-    /// 1 while the stack is (about to be) asleep on its doorbell. Producers
-    /// ring only when they swap it from 1 to 0.
+    /// Non-zero while the stack is (about to be) asleep: [`SLEEP_FUTEX`]
+    /// (on this word) or [`SLEEP_EVENTFD`] (on its doorbell, for reactors).
+    /// A producer wakes it only when it swaps the word back to 0.
     pub sleeping: CachePadded<AtomicU32>,
     /// `CLOCK_MONOTONIC` ns when the doorbell was last rung, for measuring
     /// what a wake-up costs.

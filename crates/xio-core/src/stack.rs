@@ -24,13 +24,13 @@ use std::time::{Duration, Instant};
 use crate::backend::{BufferPool, DescConsumer, DescProducer, Doorbell, EventFdDoorbell};
 use crate::buf::{Buf, BufMut};
 use crate::ctrl::{self, RecvError};
-use crate::layout::{chan_state, kind, Descriptor, StackSlot};
+use crate::layout::{chan_state, kind, Descriptor, StackSlot, SLEEP_EVENTFD, SLEEP_FUTEX};
 use crate::paths;
 use crate::pool::{AllocError, PoolView, StackPool};
 use crate::proto::{ErrorCode, Msg};
 use crate::ring::{Consumer, Producer, RawRing};
 use crate::segment::{Region, Segment};
-use crate::sync::{fence, spin_hint, Ordering};
+use crate::sync::{fence, futex_wait, futex_wake, spin_hint, Ordering};
 use crate::wait::{now_ns, AdaptiveSpin, WaitMode};
 
 /// Another stack, as seen from this one.
@@ -653,7 +653,9 @@ impl Stack {
             WaitMode::Adaptive | WaitMode::Blocking => {}
         }
         let my_cpu = rustix::thread::sched_getcpu() as u32 + 1;
-        self.slot().cpu.store(my_cpu, Ordering::Relaxed);
+        if self.slot().cpu.load(Ordering::Relaxed) != my_cpu {
+            self.slot().cpu.store(my_cpu, Ordering::Relaxed);
+        }
         let start = now_ns();
         if self.mode == WaitMode::Adaptive {
             let budget = self.spin.spin_for(self.worth_spinning(my_cpu));
@@ -679,9 +681,9 @@ impl Stack {
             }
         }
         // Sleep. Dekker with `notify`: we store `sleeping` then load the
-        // rings; a producer stores the ring tail then loads `sleeping`.
-        // The SeqCst fences on both sides make at least one see the other.
-        self.slot().sleeping.store(1, Ordering::SeqCst);
+        // rings; a producer stores its slot then loads `sleeping`. The
+        // SeqCst fences on both sides make at least one see the other.
+        self.slot().sleeping.store(SLEEP_FUTEX, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         if self.anything_ready() {
             self.slot().sleeping.store(0, Ordering::Relaxed);
@@ -699,22 +701,20 @@ impl Stack {
             None => None,
         };
         let slept_from = now_ns();
-        self.slot().sleeps.fetch_add(1, Ordering::Relaxed);
-        let rung = self.bell.wait(timeout, Some(self.ctrl_fd()));
         let slot = self.seg.stack_slot(self.id);
-        slot.sleeping.store(0, Ordering::Relaxed);
+        slot.sleeps.fetch_add(1, Ordering::Relaxed);
+        // One system call to sleep and one (the waker's) to wake, as with a
+        // socket. The futex returns at once if a producer already swapped
+        // the word back to 0. The manager wakes us the same way after
+        // queueing a control message (and bumping `ctrl_seq`).
+        futex_wait(&slot.sleeping, SLEEP_FUTEX, timeout);
+        let rung = slot.sleeping.swap(0, Ordering::AcqRel) == 0;
         let woke = now_ns();
         let rung_at = slot.rung_at.load(Ordering::Relaxed);
-        let wake = (matches!(rung, Ok(true)) && rung_at >= slept_from)
-            .then(|| woke.saturating_sub(rung_at));
+        let wake = (rung && rung_at >= slept_from).then(|| woke.saturating_sub(rung_at));
         if self.mode == WaitMode::Adaptive {
             self.spin
                 .on_sleep(slept_from - start, woke - slept_from, wake);
-        }
-        if !rung? {
-            // Not the doorbell: the control socket (a message, or the
-            // manager died) or a timeout. Look at the socket now.
-            self.poll_ctrl()?;
         }
         Ok(())
     }
@@ -984,15 +984,25 @@ impl Stack {
         }
     }
 
-    /// Rings the peer's doorbell if it is asleep (the producer half of the
-    /// Dekker handshake in `wait`).
+    /// Wakes the peer if it is asleep (the producer half of the Dekker
+    /// handshake in `wait`): a futex wake, or the doorbell for a peer that
+    /// waits in a reactor.
     #[inline]
     fn notify(seg: &Segment, ch: &Chan) {
         fence(Ordering::SeqCst);
         let s = seg.stack_slot(ch.peer);
-        if s.sleeping.load(Ordering::Relaxed) != 0 && s.sleeping.swap(0, Ordering::AcqRel) != 0 {
-            s.rung_at.store(now_ns(), Ordering::Relaxed);
-            let _ = ch.peer_bell.ring();
+        if s.sleeping.load(Ordering::Relaxed) != 0 {
+            match s.sleeping.swap(0, Ordering::AcqRel) {
+                SLEEP_FUTEX => {
+                    s.rung_at.store(now_ns(), Ordering::Relaxed);
+                    futex_wake(&s.sleeping);
+                }
+                SLEEP_EVENTFD => {
+                    s.rung_at.store(now_ns(), Ordering::Relaxed);
+                    let _ = ch.peer_bell.ring();
+                }
+                _ => {}
+            }
         }
     }
 

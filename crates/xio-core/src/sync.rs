@@ -102,3 +102,34 @@ impl<T> core::ops::Deref for CachePadded<T> {
         &self.0
     }
 }
+
+/// Sleeps while `word` holds `expected` (a futex shared between processes:
+/// no PRIVATE flag), at most `timeout`. Spurious returns are allowed.
+#[cfg(not(loom))]
+pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<std::time::Duration>) {
+    let ts = timeout.map(|d| rustix::time::Timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
+        tv_nsec: d.subsec_nanos() as _,
+    });
+    let _ = rustix::thread::futex::wait(
+        word,
+        rustix::thread::futex::Flags::empty(),
+        expected,
+        ts.as_ref(),
+    );
+}
+
+/// Wakes every process sleeping in [`futex_wait`] on `word`.
+#[cfg(not(loom))]
+pub(crate) fn futex_wake(word: &AtomicU32) {
+    let _ =
+        rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), i32::MAX as u32);
+}
+
+#[cfg(loom)]
+pub(crate) fn futex_wait(_: &AtomicU32, _: u32, _: Option<std::time::Duration>) {
+    loom::thread::yield_now();
+}
+
+#[cfg(loom)]
+pub(crate) fn futex_wake(_: &AtomicU32) {}
