@@ -577,12 +577,15 @@ impl Manager {
     }
 
     fn notify(&self, id: u16) {
-        // Sent first, then the sequence bump, then the bell: a stack that
+        // Sent first, then the sequence bump, then the wake-up: a stack that
         // sees the bump finds the message already queued.
-        self.seg
-            .stack_slot(id)
-            .ctrl_seq
-            .fetch_add(1, Ordering::AcqRel);
+        let slot = self.seg.stack_slot(id);
+        slot.ctrl_seq.fetch_add(1, Ordering::SeqCst);
+        // Wake it however it sleeps (futex or doorbell); both are harmless
+        // when it is awake. Storing 0 also makes a FUTEX_WAIT that has not
+        // started yet return at once.
+        slot.sleeping.store(0, Ordering::SeqCst);
+        crate::sync::futex_wake(&slot.sleeping);
         if let Some(e) = self.stacks.get(&id) {
             let _ = e.bell.ring();
         }

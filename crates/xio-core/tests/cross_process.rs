@@ -376,3 +376,32 @@ fn waiting_modes_all_deliver() {
         mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
     });
 }
+
+#[test]
+fn a_sleeping_stack_is_woken_by_its_peer_leaving() {
+    setup();
+    let p = prefix("sleepreset");
+    let mgr = Manager::builder(&p).spawn().unwrap();
+    let mut server = Stack::attach(&p).unwrap();
+    server.bind(addr(11)).unwrap();
+    let mut client = Stack::attach(&p).unwrap();
+    let peer = client.connect(addr(11)).unwrap();
+    let b = client.alloc(8).unwrap();
+    client.send(peer, b).unwrap();
+    let t = std::thread::spawn(move || {
+        let m = server.recv().unwrap();
+        drop(m);
+        // Now idle long past any spin budget: the stack sleeps.
+        let r = server.recv();
+        (r.map(|_| ()), server.spin_policy().sleeps)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    drop(client);
+    wait_until("the sleeping server returned", || t.is_finished());
+    let (r, sleeps) = t.join().unwrap();
+    assert!(matches!(r, Err(Error::Reset(_))), "{r:?}");
+    assert!(sleeps >= 1, "the server did go to sleep");
+    wait_until("pool whole", || {
+        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
+    });
+}
