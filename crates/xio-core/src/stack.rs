@@ -206,6 +206,10 @@ impl StackBuilder {
 
 const BURST: usize = 32;
 
+/// Longest sleep without a deadline before a stack looks at its control
+/// socket on its own (see `Stack::wait`).
+const LIVENESS_TICK: Duration = Duration::from_secs(1);
+
 struct Chan {
     id: u32,
     peer: u16,
@@ -537,7 +541,14 @@ impl Stack {
     /// then the `Buf`s (whose reference-count increments are locked
     /// instructions that would otherwise wait for each miss in turn).
     fn deliver_burst(&mut self, peer: u16, n: usize) {
-        let mut ok = [(crate::pool::RawBuf { class: 0, index: 0 }, 0u32, 0u32); BURST];
+        // The `Buf`s' pool references first: their increments are locked
+        // instructions, which would otherwise stall on the header stores
+        // below (each an ownership transfer of a line the sender wrote).
+        let mut refs: [Option<Arc<dyn BufferPool>>; BURST] = Default::default();
+        for r in &mut refs[..n] {
+            let p: Arc<dyn BufferPool> = self.pool.clone();
+            *r = Some(p);
+        }
         let mut k = 0;
         for j in 0..n {
             let d = self.scratch[j];
@@ -548,8 +559,13 @@ impl Stack {
             };
             match r {
                 Ok(raw) => {
-                    ok[k] = (raw, d.len, d.conn);
+                    let p = refs[k].take().expect("one reference per descriptor");
                     k += 1;
+                    self.inbox.push_back(Event::Msg(Message {
+                        from: PeerId(peer),
+                        tag: d.conn,
+                        buf: Buf::new(p, raw, d.len as usize),
+                    }));
                 }
                 Err(why) => {
                     self.corrupt += 1;
@@ -557,14 +573,6 @@ impl Stack {
                     tracing::warn!(peer, ?d, %why, "rejected a corrupt descriptor");
                 }
             }
-        }
-        for &(raw, len, tag) in &ok[..k] {
-            let p: Arc<dyn BufferPool> = self.pool.clone();
-            self.inbox.push_back(Event::Msg(Message {
-                from: PeerId(peer),
-                tag,
-                buf: Buf::new(p, raw, len as usize),
-            }));
         }
     }
 
@@ -706,8 +714,15 @@ impl Stack {
         // One system call to sleep and one (the waker's) to wake, as with a
         // socket. The futex returns at once if a producer already swapped
         // the word back to 0. The manager wakes us the same way after
-        // queueing a control message (and bumping `ctrl_seq`).
-        futex_wait(&slot.sleeping, SLEEP_FUTEX, timeout);
+        // queueing a control message (and bumping `ctrl_seq`). Without a
+        // deadline we still wake once a second to look at the control
+        // socket: that notices a dead manager, and bounds the cost of any
+        // wake-up that could be missed to a second instead of forever.
+        futex_wait(
+            &slot.sleeping,
+            SLEEP_FUTEX,
+            Some(timeout.unwrap_or(LIVENESS_TICK)),
+        );
         let rung = slot.sleeping.swap(0, Ordering::AcqRel) == 0;
         let woke = now_ns();
         let rung_at = slot.rung_at.load(Ordering::Relaxed);
@@ -715,6 +730,9 @@ impl Stack {
         if self.mode == WaitMode::Adaptive {
             self.spin
                 .on_sleep(slept_from - start, woke - slept_from, wake);
+        }
+        if !rung {
+            self.poll_ctrl()?;
         }
         Ok(())
     }

@@ -23,6 +23,7 @@ fn child_main() {
         "sink" => sink(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "oneway" => oneway(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "hoarder" => hoarder(&a[0], a[1].parse().unwrap()),
+        "echo_until_reset" => echo_until_reset(&a[0], a[1].parse().unwrap()),
         r => panic!("unknown role {r}"),
     }
 }
@@ -45,6 +46,24 @@ fn echo(prefix: &str, addr: SocketAddr) {
             Err(e) => panic!("echo: {e}"),
         }
     }
+}
+
+/// Echoes until its client leaves, then exits.
+fn echo_until_reset(prefix: &str, addr: SocketAddr) {
+    let mut s = Stack::builder(prefix).name("echo-once").attach().unwrap();
+    s.bind(addr).unwrap();
+    println!("XIO:ready");
+    loop {
+        match s.recv() {
+            Ok(m) => {
+                let from = m.from;
+                s.send(from, m.buf.into_mut()).unwrap();
+            }
+            Err(Error::Reset(_)) => break,
+            Err(e) => panic!("echo: {e}"),
+        }
+    }
+    println!("XIO:reset {}", s.spin_policy().sleeps);
 }
 
 /// Sends `n` checksummed messages of varying size and checks each echo.
@@ -401,6 +420,36 @@ fn a_sleeping_stack_is_woken_by_its_peer_leaving() {
     let (r, sleeps) = t.join().unwrap();
     assert!(matches!(r, Err(Error::Reset(_))), "{r:?}");
     assert!(sleeps >= 1, "the server did go to sleep");
+    wait_until("pool whole", || {
+        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
+    });
+}
+
+#[test]
+fn an_idle_service_process_exits_when_its_client_leaves() {
+    setup();
+    let p = prefix("idleexit");
+    let mgr = Manager::builder(&p).spawn().unwrap();
+    let a = addr(12);
+    let mut server = ChildProc::spawn(
+        "child_main",
+        "echo_until_reset",
+        &[p.clone(), a.to_string()],
+    );
+    server.expect("ready");
+    let mut c = Stack::attach(&p).unwrap();
+    let peer = c.connect(a).unwrap();
+    for _ in 0..1000 {
+        let b = c.alloc(64).unwrap();
+        c.send(peer, b).unwrap();
+        drop(c.recv().unwrap());
+    }
+    // Long enough for the service's spin budget to run out: it sleeps.
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    drop(c);
+    let sleeps: u64 = server.expect("reset").parse().unwrap();
+    assert!(sleeps >= 1);
+    server.wait_success();
     wait_until("pool whole", || {
         mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
     });
