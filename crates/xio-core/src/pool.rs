@@ -767,7 +767,16 @@ mod tests {
     use crate::layout::PoolConfig;
     use crate::segment::Region;
 
-    fn pool(classes: Vec<(u32, u32)>) -> (ManagerPool, Segment) {
+    /// The conformance suite runs every pool test on each backing: the
+    /// heap region (the in-process backend) and a sealed memfd (shm).
+    #[derive(Clone, Copy, Debug)]
+    enum Backing {
+        Heap,
+        Memfd,
+    }
+    const BACKINGS: [Backing; 2] = [Backing::Heap, Backing::Memfd];
+
+    fn pool(b: Backing, classes: Vec<(u32, u32)>) -> (ManagerPool, Segment) {
         let cfg = PoolConfig {
             classes,
             max_stacks: 4,
@@ -775,7 +784,13 @@ mod tests {
             ring_capacity: 8,
         };
         let geo = cfg.geometry().unwrap();
-        let seg = Segment::init(Region::heap(geo.total_len as usize).unwrap(), &cfg, &geo).unwrap();
+        let region = match b {
+            Backing::Heap => Region::heap(geo.total_len as usize).unwrap(),
+            Backing::Memfd => {
+                Region::create_memfd("xio-pool-test", geo.total_len as usize).unwrap()
+            }
+        };
+        let seg = Segment::init(region, &cfg, &geo).unwrap();
         (ManagerPool::init(seg.clone()), seg)
     }
 
@@ -785,7 +800,13 @@ mod tests {
 
     #[test]
     fn alloc_free_all_classes_and_exhaustion() {
-        let (m, seg) = pool(vec![(64, 40), (4096, 3)]);
+        for b in BACKINGS {
+            alloc_free_all_classes_and_exhaustion_on(b);
+        }
+    }
+
+    fn alloc_free_all_classes_and_exhaustion_on(b: Backing) {
+        let (m, seg) = pool(b, vec![(64, 40), (4096, 3)]);
         let p = StackPool::new(PoolView::new(seg), 1);
         let small: Vec<_> = (0..40).map(|_| p.alloc(10, true).unwrap()).collect();
         assert_eq!(p.alloc(64, true), Err(AllocError::Exhausted));
@@ -807,7 +828,13 @@ mod tests {
 
     #[test]
     fn send_accept_and_forged_descriptors() {
-        let (_m, seg) = pool(vec![(256, 8)]);
+        for b in BACKINGS {
+            send_accept_and_forged_descriptors_on(b);
+        }
+    }
+
+    fn send_accept_and_forged_descriptors_on(b: Backing) {
+        let (_m, seg) = pool(b, vec![(256, 8)]);
         let a = StackPool::new(PoolView::new(seg.clone()), 1);
         let b = StackPool::new(PoolView::new(seg), 2);
         let x = a.alloc(100, true).unwrap();
@@ -844,7 +871,13 @@ mod tests {
 
     #[test]
     fn reclaim_returns_everything_a_dead_stack_held() {
-        let (m, seg) = pool(vec![(64, 100), (1024, 10)]);
+        for b in BACKINGS {
+            reclaim_returns_everything_a_dead_stack_held_on(b);
+        }
+    }
+
+    fn reclaim_returns_everything_a_dead_stack_held_on(b: Backing) {
+        let (m, seg) = pool(b, vec![(64, 100), (1024, 10)]);
         let a = StackPool::new(PoolView::new(seg.clone()), 1);
         let b = StackPool::new(PoolView::new(seg.clone()), 2);
         let held: Vec<_> = (0..30).map(|_| a.alloc(64, true).unwrap()).collect();
@@ -875,7 +908,13 @@ mod tests {
 
     #[test]
     fn concurrent_alloc_free_threads() {
-        let (m, seg) = pool(vec![(64, 256)]);
+        for b in BACKINGS {
+            concurrent_alloc_free_threads_on(b);
+        }
+    }
+
+    fn concurrent_alloc_free_threads_on(b: Backing) {
+        let (m, seg) = pool(b, vec![(64, 256)]);
         let hs: Vec<_> = (1..=3u16)
             .map(|id| {
                 let seg = seg.clone();
