@@ -9,8 +9,7 @@
 //! [free-list heads]                    MAX_CLASSES x 128 B
 //! [stack slots]                        max_stacks x StackSlot
 //! [channel slots]                      max_channels x (ChannelHeader + 2 rings)
-//! [buffer headers, per class]          count x BufHeader
-//! [buffer data, per class]             count x buf_size, page aligned per class
+//! [buffers, per class]                  count x (16 B header + buf_size), page aligned per class
 //! ```
 
 use crate::sync::{AtomicU32, AtomicU64, CachePadded};
@@ -18,7 +17,7 @@ use crate::sync::{AtomicU32, AtomicU64, CachePadded};
 /// `b"XIO-SHM\x01"`: first eight bytes of every segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"XIO-SHM\x01");
 /// Bumped on any change of the layout below.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Most size classes a pool can have.
 pub const MAX_CLASSES: usize = 8;
 /// Class value of a descriptor that carries no buffer (control kinds).
@@ -74,9 +73,9 @@ pub struct ClassInfo {
     pub buf_size: u32,
     /// Number of buffers.
     pub count: u32,
-    /// Offset of the `count` buffer headers.
-    pub hdr_off: u64,
-    /// Offset of the first buffer's data.
+    /// Reserved (zero).
+    pub _reserved: u64,
+    /// Offset of the first buffer (its header; the payload follows).
     pub data_off: u64,
     /// Offset of the `count` magazines (see [`Magazine`]).
     pub mag_off: u64,
@@ -156,9 +155,12 @@ unsafe impl ShmSafe for Magazine {}
 #[cfg(not(loom))]
 const _: () = assert!(core::mem::size_of::<Magazine>() == 128);
 
-/// Per-buffer header, separate from the data so a scan touches few lines.
+/// Per-buffer header, at the start of the buffer's own first cache line,
+/// just before the payload: a receiver checking ownership then reads the
+/// line that holds the first 48 payload bytes too, so validating a small
+/// message costs no extra cache miss (measured: see docs/design.md).
 #[derive(Debug, Default)]
-#[repr(C, align(64))]
+#[repr(C)]
 pub struct BufHeader {
     /// `state | owner << 8 | gen << 32`; see [`bufword`].
     pub word: AtomicU64,
@@ -170,7 +172,16 @@ pub struct BufHeader {
 // SAFETY: repr(C) atomics, zero is "free, no owner, generation 0".
 unsafe impl ShmSafe for BufHeader {}
 #[cfg(not(loom))]
-const _: () = assert!(core::mem::size_of::<BufHeader>() == 64);
+const _: () = assert!(core::mem::size_of::<BufHeader>() == BUF_HEADROOM as usize);
+
+/// Bytes before each buffer's payload: its [`BufHeader`].
+pub const BUF_HEADROOM: u64 = 16;
+
+/// Distance between consecutive buffers of a class of `buf_size` bytes:
+/// header plus payload, rounded up to a cache line.
+pub const fn buf_stride(buf_size: u32) -> u64 {
+    (BUF_HEADROOM + buf_size as u64 + 63) & !63
+}
 
 /// Packing of [`BufHeader::word`].
 pub mod bufword {
@@ -425,18 +436,15 @@ impl PoolConfig {
             128,
         );
         off = channels_off + channel_stride * self.max_channels as u64;
-        let mut classes = Vec::new();
-        for &(size, count) in &self.classes {
-            off = align_up(off, 128);
-            classes.push(ClassInfo {
+        let mut classes: Vec<ClassInfo> = self
+            .classes
+            .iter()
+            .map(|&(size, count)| ClassInfo {
                 buf_size: size,
                 count,
-                hdr_off: off,
-                data_off: 0,
-                mag_off: 0,
-            });
-            off += count as u64 * core::mem::size_of::<BufHeader>() as u64;
-        }
+                ..Default::default()
+            })
+            .collect();
         for (c, &(_, count)) in classes.iter_mut().zip(&self.classes) {
             off = align_up(off, 128);
             c.mag_off = off;
@@ -445,7 +453,7 @@ impl PoolConfig {
         for (c, &(size, count)) in classes.iter_mut().zip(&self.classes) {
             off = align_up(off, 4096);
             c.data_off = off;
-            off += size as u64 * count as u64;
+            off += buf_stride(size) * count as u64;
         }
         let total_len = align_up(off, 4096);
         if total_len > 64 << 30 {

@@ -271,11 +271,10 @@ impl Segment {
             && h.classes[..n].iter().all(|c| {
                 c.buf_size > 0
                     && fits(
-                        c.hdr_off,
+                        c.data_off,
                         c.count as u64,
-                        core::mem::size_of::<BufHeader>() as u64,
+                        crate::layout::buf_stride(c.buf_size),
                     )
-                    && fits(c.data_off, c.count as u64, c.buf_size as u64)
                     && fits(
                         c.mag_off,
                         c.count as u64,
@@ -385,7 +384,7 @@ impl Segment {
         if idx >= c.count {
             return None;
         }
-        Some(self.at(c.hdr_off + idx as u64 * core::mem::size_of::<BufHeader>() as u64))
+        Some(self.at(c.data_off + idx as u64 * crate::layout::buf_stride(c.buf_size)))
     }
 
     /// Magazine `m` of `class`; `None` when out of range.
@@ -403,12 +402,14 @@ impl Segment {
     pub(crate) fn buf_data(&self, class: usize, idx: u32) -> *mut u8 {
         let c = &self.classes[class];
         debug_assert!(class < self.n_classes && idx < c.count);
-        // SAFETY: in range per `open`'s check of data_off + count * size.
+        // SAFETY: in range per `open`'s check of data_off + count * stride;
+        // the payload follows the header within the stride.
         unsafe {
-            self.region
-                .base
-                .as_ptr()
-                .add((c.data_off + idx as u64 * c.buf_size as u64) as usize)
+            self.region.base.as_ptr().add(
+                (c.data_off
+                    + idx as u64 * crate::layout::buf_stride(c.buf_size)
+                    + crate::layout::BUF_HEADROOM) as usize,
+            )
         }
     }
 }
