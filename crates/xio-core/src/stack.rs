@@ -576,8 +576,13 @@ impl Stack {
         }
     }
 
-    /// Reads pending control messages without blocking.
+    /// Reads pending control messages without blocking. A dead manager is
+    /// reported once ([`Error::ManagerGone`]); the channels already set up
+    /// keep working after that, without it.
     fn poll_ctrl(&mut self) -> Result<(), Error> {
+        if self.manager_gone {
+            return Ok(());
+        }
         loop {
             match ctrl::recv(self.ctrl_fd(), true) {
                 Ok((m, fds)) => self.handle_async(m, fds)?,

@@ -458,3 +458,26 @@ fn an_idle_service_process_exits_when_its_client_leaves() {
         mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
     });
 }
+
+#[test]
+fn a_dead_manager_is_reported_once_and_channels_keep_working() {
+    setup();
+    let p = prefix("mgrgone");
+    let mgr = Manager::builder(&p).spawn().unwrap();
+    let mut server = Stack::attach(&p).unwrap();
+    server.bind(addr(13)).unwrap();
+    let mut client = Stack::attach(&p).unwrap();
+    let peer = client.connect(addr(13)).unwrap();
+    mgr.stop();
+    // Within a liveness tick the server notices; then the data path still works.
+    let e = server.recv().unwrap_err();
+    assert!(matches!(e, Error::ManagerGone), "{e}");
+    let mut b = client.alloc(4).unwrap();
+    b.copy_from(b"ping");
+    client.send(peer, b).unwrap();
+    assert_eq!(&server.recv().unwrap().buf[..], b"ping");
+    assert!(matches!(
+        client.connect(addr(14)),
+        Err(Error::ManagerGone) | Err(Error::Io(_))
+    ));
+}
