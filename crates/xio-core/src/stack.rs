@@ -673,6 +673,7 @@ impl Stack {
         if self.mode == WaitMode::Adaptive {
             let budget = self.spin.spin_for(self.worth_spinning(my_cpu));
             if budget > 0 {
+                self.spin.on_spin_start();
                 let mut i = 0u32;
                 loop {
                     if self.anything_ready() {

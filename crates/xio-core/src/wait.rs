@@ -62,6 +62,8 @@ const MAX_PLAUSIBLE_WAKE_NS: u64 = 5_000_000;
 pub struct AdaptiveSpin {
     wake_ns: u64,
     budget_ns: u64,
+    /// Waits that spun at all.
+    pub spins: u64,
     /// Waits satisfied while spinning.
     pub spin_hits: u64,
     /// Waits that ended in a sleep.
@@ -74,6 +76,7 @@ impl Default for AdaptiveSpin {
         Self {
             wake_ns,
             budget_ns: Self::ceiling(wake_ns),
+            spins: 0,
             spin_hits: 0,
             sleeps: 0,
         }
@@ -104,6 +107,11 @@ impl AdaptiveSpin {
         } else {
             0
         }
+    }
+
+    /// A wait starts spinning.
+    pub fn on_spin_start(&mut self) {
+        self.spins += 1;
     }
 
     /// Data arrived while spinning.

@@ -24,6 +24,12 @@ fn child_main() {
         "oneway" => oneway(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "hoarder" => hoarder(&a[0], a[1].parse().unwrap()),
         "echo_until_reset" => echo_until_reset(&a[0], a[1].parse().unwrap()),
+        "echo_on_cpu0" => {
+            let mut set = rustix::thread::CpuSet::new();
+            set.set(0);
+            rustix::thread::sched_setaffinity(None, &set).unwrap();
+            echo_until_reset(&a[0], a[1].parse().unwrap())
+        }
         r => panic!("unknown role {r}"),
     }
 }
@@ -480,4 +486,43 @@ fn a_dead_manager_is_reported_once_and_channels_keep_working() {
         client.connect(addr(14)),
         Err(Error::ManagerGone) | Err(Error::Io(_))
     ));
+}
+
+/// Two processes on one core: the adaptive waiter must see its peer on its
+/// own CPU and sleep instead of spinning (a spinner there costs the peer a
+/// whole scheduler tick per message).
+#[test]
+fn adaptive_waiters_sharing_one_core_do_not_spin() {
+    setup();
+    let p = prefix("onecore");
+    let mgr = Manager::builder(&p).spawn().unwrap();
+    let a = addr(15);
+    let mut server = ChildProc::spawn("child_main", "echo_on_cpu0", &[p.clone(), a.to_string()]);
+    server.expect("ready");
+    let t = std::thread::spawn(move || {
+        let mut set = rustix::thread::CpuSet::new();
+        set.set(0);
+        rustix::thread::sched_setaffinity(None, &set).unwrap();
+        let mut c = Stack::attach(&p).unwrap();
+        let peer = c.connect(a).unwrap();
+        for i in 0..2000u32 {
+            let mut b = c.alloc(4).unwrap();
+            b.copy_from(&i.to_le_bytes());
+            c.send(peer, b).unwrap();
+            assert_eq!(&c.recv().unwrap().buf[..], &i.to_le_bytes());
+        }
+        c.spin_policy().clone()
+    });
+    wait_until("client finished", || t.is_finished());
+    let policy = t.join().unwrap();
+    // The very first wait may start before the server has published its
+    // CPU; every later one must sleep at once. (Many waits find the reply
+    // already there: waking the server on our core often runs it at once.)
+    assert!(policy.spins <= 1, "{policy:?}");
+    assert!(policy.sleeps >= 100, "{policy:?}");
+    let _server_sleeps: u64 = server.expect("reset").parse().unwrap();
+    server.wait_success();
+    wait_until("pool whole", || {
+        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
+    });
 }
