@@ -120,9 +120,7 @@ fn malformed_control_messages_get_errors_and_the_manager_survives() {
     let status = xio_core::manager::query_status(&p).unwrap();
     assert!(status.contains("10.1.1.1:1"), "{status}");
     drop((c, good));
-    wait_until("pool whole", || {
-        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
-    });
+    wait_pool_whole(&mgr);
 }
 
 #[test]

@@ -171,9 +171,7 @@ fn echo_100k_checksummed_messages_64b_to_1mib() {
     // The client left: the server's channel is reset; the pool is whole
     // once the server goes too.
     server.kill9();
-    wait_until("pool whole after both left", || {
-        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
-    });
+    wait_pool_whole(&mgr);
 }
 
 #[test]
@@ -204,9 +202,7 @@ fn oneway_stream_with_backpressure_loses_nothing() {
     assert_eq!(sink.expect("done"), n.to_string());
     sink.wait_success();
     src.wait_success();
-    wait_until("pool whole", || {
-        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
-    });
+    wait_pool_whole(&mgr);
 }
 
 #[test]
@@ -266,20 +262,12 @@ fn kill9_reclaims_everything_and_peer_sees_reset() {
     let snap = mgr.snapshot();
     assert!(snap.reclaimed >= 40 + 30 + 5, "{snap:?}");
     drop(me);
-    wait_until("pool whole", || {
-        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
-    });
+    wait_pool_whole(&mgr);
 }
 
 #[test]
 fn corrupt_descriptors_are_counted_and_rejected() {
-    setup();
-    let p = prefix("corrupt");
-    let mgr = Manager::builder(&p).spawn().unwrap();
-    let mut rx = Stack::attach(&p).unwrap();
-    rx.bind(addr(1)).unwrap();
-    let mut tx = Stack::attach(&p).unwrap();
-    let peer = tx.connect(addr(1)).unwrap();
+    let (mgr, mut rx, mut tx, peer) = manager_and_pair("corrupt", addr(1));
     let good = tx.alloc(10).unwrap();
     // A real descriptor to copy fields from.
     let base = xio_core::layout::Descriptor {
@@ -324,9 +312,7 @@ fn corrupt_descriptors_are_counted_and_rejected() {
     drop((m, m2));
     assert_eq!(rx.corrupt_descriptors(), 5);
     drop((rx, tx));
-    wait_until("pool whole", || {
-        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
-    });
+    wait_pool_whole(&mgr);
 }
 
 #[test]
@@ -401,20 +387,12 @@ fn waiting_modes_all_deliver() {
     }
     t.join().unwrap();
     drop(server);
-    wait_until("pool whole", || {
-        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
-    });
+    wait_pool_whole(&mgr);
 }
 
 #[test]
 fn a_sleeping_stack_is_woken_by_its_peer_leaving() {
-    setup();
-    let p = prefix("sleepreset");
-    let mgr = Manager::builder(&p).spawn().unwrap();
-    let mut server = Stack::attach(&p).unwrap();
-    server.bind(addr(11)).unwrap();
-    let mut client = Stack::attach(&p).unwrap();
-    let peer = client.connect(addr(11)).unwrap();
+    let (mgr, mut server, mut client, peer) = manager_and_pair("sleepreset", addr(11));
     let b = client.alloc(8).unwrap();
     client.send(peer, b).unwrap();
     let t = std::thread::spawn(move || {
@@ -430,9 +408,7 @@ fn a_sleeping_stack_is_woken_by_its_peer_leaving() {
     let (r, sleeps) = t.join().unwrap();
     assert!(matches!(r, Err(Error::Reset(_))), "{r:?}");
     assert!(sleeps >= 1, "the server did go to sleep");
-    wait_until("pool whole", || {
-        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
-    });
+    wait_pool_whole(&mgr);
 }
 
 #[test]
@@ -460,20 +436,12 @@ fn an_idle_service_process_exits_when_its_client_leaves() {
     let sleeps: u64 = server.expect("reset").parse().unwrap();
     assert!(sleeps >= 1);
     server.wait_success();
-    wait_until("pool whole", || {
-        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
-    });
+    wait_pool_whole(&mgr);
 }
 
 #[test]
 fn a_dead_manager_is_reported_once_and_channels_keep_working() {
-    setup();
-    let p = prefix("mgrgone");
-    let mgr = Manager::builder(&p).spawn().unwrap();
-    let mut server = Stack::attach(&p).unwrap();
-    server.bind(addr(13)).unwrap();
-    let mut client = Stack::attach(&p).unwrap();
-    let peer = client.connect(addr(13)).unwrap();
+    let (mgr, mut server, mut client, peer) = manager_and_pair("mgrgone", addr(13));
     mgr.stop();
     // Within a liveness tick the server notices; then the data path still works.
     let e = server.recv().unwrap_err();
@@ -522,7 +490,5 @@ fn adaptive_waiters_sharing_one_core_do_not_spin() {
     assert!(policy.sleeps >= 100, "{policy:?}");
     let _server_sleeps: u64 = server.expect("reset").parse().unwrap();
     server.wait_success();
-    wait_until("pool whole", || {
-        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
-    });
+    wait_pool_whole(&mgr);
 }

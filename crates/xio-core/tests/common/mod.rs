@@ -176,3 +176,32 @@ pub fn size_of_msg(i: u64) -> usize {
         _ => 64 + (i as usize * 37) % 1985,
     }
 }
+
+/// Waits (watchdog) until every stack has left the manager and every buffer
+/// is back in the pool.
+pub fn wait_pool_whole(mgr: &xio_core::manager::ManagerHandle) {
+    wait_until("pool whole after every stack left", || {
+        mgr.snapshot().stacks.is_empty() && mgr.pool_is_whole()
+    });
+}
+
+/// An embedded manager for `test`, a server stack bound to `addr`, and a
+/// client stack connected to it.
+pub fn manager_and_pair(
+    test: &str,
+    addr: std::net::SocketAddr,
+) -> (
+    xio_core::manager::ManagerHandle,
+    xio_core::stack::Stack,
+    xio_core::stack::Stack,
+    xio_core::stack::PeerId,
+) {
+    setup();
+    let p = prefix(test);
+    let mgr = xio_core::manager::Manager::builder(&p).spawn().unwrap();
+    let mut server = xio_core::stack::Stack::attach(&p).unwrap();
+    server.bind(addr).unwrap();
+    let mut client = xio_core::stack::Stack::attach(&p).unwrap();
+    let peer = client.connect(addr).unwrap();
+    (mgr, server, client, peer)
+}
