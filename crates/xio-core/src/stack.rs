@@ -467,6 +467,11 @@ impl Stack {
     /// queues a reset for the application and tells the manager.
     fn close_channel(&mut self, peer: u16, announced: Option<u32>) {
         let Some(i) = self.by_peer.remove(&peer) else {
+            // Already closed here (a corrupt ring); the manager still waits
+            // for our release before it frees the dead peer's slot.
+            if let Some(ch) = announced {
+                let _ = ctrl::send(self.ctrl_fd(), &Msg::ChannelReleased { channel: ch }, &[]);
+            }
             return;
         };
         let mut ch = self.channels.swap_remove(i);
@@ -724,11 +729,8 @@ impl Stack {
         // deadline we still wake once a second to look at the control
         // socket: that notices a dead manager, and bounds the cost of any
         // wake-up that could be missed to a second instead of forever.
-        futex_wait(
-            &slot.sleeping,
-            SLEEP_FUTEX,
-            Some(timeout.unwrap_or(LIVENESS_TICK)),
-        );
+        let tick = timeout.map_or(LIVENESS_TICK, |t| t.min(LIVENESS_TICK));
+        futex_wait(&slot.sleeping, SLEEP_FUTEX, Some(tick));
         let rung = slot.sleeping.swap(0, Ordering::AcqRel) == 0;
         let woke = now_ns();
         let rung_at = slot.rung_at.load(Ordering::Relaxed);
