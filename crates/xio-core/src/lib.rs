@@ -40,6 +40,7 @@
 
 pub mod backend;
 pub mod buf;
+pub mod conn;
 pub mod ctrl;
 pub mod layout;
 pub mod manager;
