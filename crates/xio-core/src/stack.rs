@@ -549,6 +549,11 @@ impl Stack {
         // The `Buf`s' pool references first: their increments are locked
         // instructions, which would otherwise stall on the header stores
         // below (each an ownership transfer of a line the sender wrote).
+        if n > 1 {
+            for d in &self.scratch[..n] {
+                self.pool.view().prefetch_header(d);
+            }
+        }
         let mut refs: [Option<Arc<dyn BufferPool>>; BURST] = Default::default();
         for r in &mut refs[..n] {
             let p: Arc<dyn BufferPool> = self.pool.clone();
