@@ -368,7 +368,7 @@ pub fn run(a: &CompareArgs) -> Result<()> {
                 continue;
             }
             let label = format!(
-                "X-IO {} (alloc_burst + send_burst / recv_burst + free)",
+                "X-IO {} (send_burst_with / recv_burst_with: alloc, fill, send, check, free)",
                 m.label()
             );
             let r = repeat(&label, &mut || {

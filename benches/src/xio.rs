@@ -14,7 +14,7 @@
 //!
 //! It attaches a stack, binds `A`, and then either echoes (the L2-forwarder
 //! pattern: `recv`, `into_mut`, change one byte, `send` the same buffer back)
-//! or, with `--sink`, `recv_burst`s and drops everything except 1-byte
+//! or, with `--sink`, `recv_burst_with`s and drops everything except 1-byte
 //! marker messages, which it echoes so the sender knows the stream before
 //! the marker has been consumed. The server exits when the client's stack
 //! goes away (`Error::Reset`) or the manager does; a parent-death signal
@@ -141,19 +141,23 @@ fn echo_loop(s: &mut Stack) -> Result<()> {
 
 /// Drops data messages, echoes markers, until the client goes away.
 fn sink_loop(s: &mut Stack) -> Result<()> {
-    let mut msgs = Vec::with_capacity(BURST);
+    // The burst path: each payload is looked at in place and the buffers go
+    // back to the pool together.
     loop {
-        match s.recv_burst(&mut msgs, BURST) {
+        let mut marker_from = None;
+        match s.recv_burst_with(BURST, |from, _, payload| {
+            if payload.len() == MARKER_LEN {
+                marker_from = Some(from);
+            }
+        }) {
             Ok(_) => {
-                for m in msgs.drain(..) {
-                    if m.buf.len() == MARKER_LEN {
-                        let from = m.from;
-                        s.send(from, m.buf.into_mut()).context("marker echo")?;
-                    }
+                if let Some(from) = marker_from {
+                    let m = s.alloc(MARKER_LEN).context("marker echo alloc")?;
+                    s.send(from, m).context("marker echo")?;
                 }
             }
             Err(Error::Reset(_) | Error::ManagerGone) => return Ok(()),
-            Err(e) => return Err(e).context("sink recv_burst"),
+            Err(e) => return Err(e).context("sink recv_burst_with"),
         }
     }
 }
@@ -468,18 +472,16 @@ impl OnewayResult {
     }
 }
 
-/// Sends `n` messages of `size` bytes in bursts (`alloc_burst`, touch the
-/// first byte, `send_burst`), then a marker, and waits for the marker's
+/// Sends `n` messages of `size` bytes in bursts (`send_burst_with`, touching the
+/// first byte), then a marker, and waits for the marker's
 /// echo.
-fn stream(s: &mut Stack, peer: PeerId, size: usize, n: u64, batch: &mut Vec<BufMut>) -> Result<()> {
+fn stream(s: &mut Stack, peer: PeerId, size: usize, n: u64) -> Result<()> {
+    // The burst path: payloads are written straight into their pool
+    // buffers, no `BufMut` per message.
     let mut sent = 0u64;
     while sent < n {
         let k = (n - sent).min(BURST as u64) as usize;
-        s.alloc_burst(size, k, batch)?;
-        for b in batch.iter_mut() {
-            b[0] = 1;
-        }
-        s.send_burst(peer, batch)?;
+        s.send_burst_with(peer, k, size, |_, payload| payload[0] = 1)?;
         sent += k as u64;
     }
     let mut m = s.alloc(MARKER_LEN)?;
@@ -522,10 +524,9 @@ pub fn run_oneway(
             .attach()
             .context("attaching client stack")?;
         let peer = connect_retry(&mut s, addr, &mut child)?;
-        let mut batch = Vec::with_capacity(BURST);
-        stream(&mut s, peer, size, warmup, &mut batch)?;
+        stream(&mut s, peer, size, warmup)?;
         let t0 = Instant::now();
-        stream(&mut s, peer, size, n, &mut batch)?;
+        stream(&mut s, peer, size, n)?;
         let elapsed = t0.elapsed();
         Ok(OnewayResult { msgs: n, elapsed })
     })();

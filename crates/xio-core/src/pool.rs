@@ -497,6 +497,42 @@ impl StackPool {
         Ok(got)
     }
 
+    /// Returns buffers this stack holds to the pool with one pass over the
+    /// private cache: the burst path of [`StackPool::free`].
+    pub fn free_many(&self, bufs: &[RawBuf]) {
+        for &b in bufs {
+            if let Some(hdr) = self.view.seg.buf_header(b.class as usize, b.index) {
+                let w = hdr.word.load(Ordering::Relaxed);
+                hdr.word.store(
+                    bufword::pack(bufword::CACHED, self.me, bufword::gen(w)),
+                    Ordering::Relaxed,
+                );
+            }
+        }
+        let mut spills: Vec<(usize, Vec<u32>)> = Vec::new();
+        {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            for &b in bufs {
+                let class = b.class as usize;
+                let c = &mut cache[class];
+                c.push(b.index);
+                if c.len() > self.limit[class] {
+                    let at = c.len() - (self.limit[class] / 2).max(1);
+                    spills.push((class, c.drain(at..).collect()));
+                }
+            }
+        }
+        for (class, spill) in spills {
+            let ok = self
+                .view
+                .global_op(self.me, class, true, || self.view.push_chain(class, &spill));
+            if ok != Some(true) {
+                let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+                cache[class].extend_from_slice(&spill);
+            }
+        }
+    }
+
     /// Returns a buffer this stack owns (allocated or held) to the pool.
     pub fn free(&self, b: RawBuf) {
         let class = b.class as usize;

@@ -611,12 +611,18 @@ impl Stack {
 
     /// Moves whatever the rings hold into the inbox. Returns how many
     /// descriptors were taken.
-    fn poll_rings(&mut self) -> Result<usize, Error> {
+    /// Handles control messages if the manager queued any.
+    fn poll_ctrl_if_bumped(&mut self) -> Result<(), Error> {
         let seq = self.slot().ctrl_seq.load(Ordering::Acquire);
         if seq != self.ctrl_seen {
             self.ctrl_seen = seq;
             self.poll_ctrl()?;
         }
+        Ok(())
+    }
+
+    fn poll_rings(&mut self) -> Result<usize, Error> {
+        self.poll_ctrl_if_bumped()?;
         let n_ch = self.channels.len();
         let mut total = 0;
         let mut broken = Vec::new();
@@ -879,6 +885,158 @@ impl Stack {
                 backoff_wait(&mut backoff, self.mode);
             }
         }
+        Ok(())
+    }
+
+    /// Receives up to `max` messages and shows each to `f` as
+    /// `(sender, tag, payload)`; the buffers return to the pool together
+    /// right after. Waits for the first message per the mode. The burst
+    /// path for consumers that look at each payload and are done with it:
+    /// no `Buf` per message, one pass over the private cache per burst.
+    /// A peer's reset is reported as [`Error::Reset`] once its earlier
+    /// messages were shown.
+    pub fn recv_burst_with(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(PeerId, u32, &[u8]),
+    ) -> Result<usize, Error> {
+        loop {
+            // Messages already queued as `Buf`s (after a reset, say) first.
+            if let Some(ev) = self.inbox.pop_front() {
+                return match ev {
+                    Event::Msg(m) => {
+                        f(m.from, m.tag, &m.buf);
+                        Ok(1)
+                    }
+                    Event::Reset(p) => Err(Error::Reset(p)),
+                };
+            }
+            self.poll_ctrl_if_bumped()?;
+            if !self.inbox.is_empty() {
+                continue;
+            }
+            let mut shown = 0;
+            let mut done = [crate::pool::RawBuf { class: 0, index: 0 }; BURST];
+            let n_ch = self.channels.len();
+            for k in 0..n_ch {
+                if shown >= max {
+                    break;
+                }
+                let i = (self.rr + k) % n_ch;
+                let want = (max - shown).min(BURST);
+                let Ok(n) = self.channels[i].rx.pop_burst(&mut self.scratch[..want]) else {
+                    // A broken ring: the general path reports and closes it.
+                    return self.recv().map(|m| {
+                        f(m.from, m.tag, &m.buf);
+                        1
+                    });
+                };
+                let peer = self.channels[i].peer;
+                if n > 1 {
+                    for d in &self.scratch[..n] {
+                        self.pool.view().prefetch_header(d);
+                    }
+                }
+                let mut k_ok = 0;
+                for j in 0..n {
+                    let d = self.scratch[j];
+                    let r = if d.kind == kind::DATA {
+                        self.pool.view().accept(self.id, &d)
+                    } else {
+                        Err(crate::pool::Reject::Kind(d.kind))
+                    };
+                    match r {
+                        Ok(raw) => {
+                            let (ptr, _) = self.pool.view().data(raw);
+                            // SAFETY: `accept` checked the buffer is ours
+                            // (HELD) and `d.len` fits it; it stays ours
+                            // until `free_many` below.
+                            let payload =
+                                unsafe { std::slice::from_raw_parts(ptr, d.len as usize) };
+                            f(PeerId(peer), d.conn, payload);
+                            done[k_ok] = raw;
+                            k_ok += 1;
+                        }
+                        Err(why) => {
+                            self.corrupt += 1;
+                            self.slot().corrupt.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(peer, ?d, %why, "rejected a corrupt descriptor");
+                        }
+                    }
+                }
+                self.pool.free_many(&done[..k_ok]);
+                shown += k_ok;
+            }
+            self.rr = self.rr.wrapping_add(1);
+            if shown > 0 {
+                return Ok(shown);
+            }
+            self.wait(None)?;
+        }
+    }
+
+    /// Sends `n` messages of `len` bytes to `peer`, letting `fill(i, payload)`
+    /// write each straight into its pool buffer: the burst path for
+    /// producers, with no `BufMut` per message and one pass over the private
+    /// cache per burst. Waits (per the mode) for buffers and ring space.
+    pub fn send_burst_with(
+        &mut self,
+        peer: PeerId,
+        n: usize,
+        len: usize,
+        mut fill: impl FnMut(usize, &mut [u8]),
+    ) -> Result<(), Error> {
+        let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
+        let mut raws = [crate::pool::RawBuf { class: 0, index: 0 }; BURST];
+        let mut descs = [Descriptor::default(); BURST];
+        let mut sent = 0;
+        let mut backoff = 0u32;
+        while sent < n {
+            self.check_open(ci, peer)?;
+            let free = match self.channels[ci].tx_space() {
+                Ok(f) => f,
+                Err(()) => {
+                    self.close_channel(peer.0, None);
+                    return Err(Error::Reset(peer));
+                }
+            };
+            if free == 0 {
+                Self::notify(&self.seg, &self.channels[ci]);
+                if self.mode == WaitMode::NonBlocking {
+                    return Err(Error::WouldBlock);
+                }
+                backoff_wait(&mut backoff, self.mode);
+                continue;
+            }
+            let want = free.min(BURST).min(n - sent);
+            let got = match self.pool.alloc_many(len, &mut raws[..want]) {
+                Ok(g) => g,
+                Err(AllocError::TooLarge(l)) => return Err(Error::TooLarge(l)),
+                Err(AllocError::Exhausted) => {
+                    Self::notify(&self.seg, &self.channels[ci]);
+                    if self.mode == WaitMode::NonBlocking {
+                        return Err(Error::WouldBlock);
+                    }
+                    backoff_wait(&mut backoff, self.mode);
+                    continue;
+                }
+            };
+            for (k, raw) in raws[..got].iter().enumerate() {
+                let (ptr, _) = self.pool.view().data(*raw);
+                // SAFETY: freshly allocated to us (ALLOCATED), `len` fits
+                // the class; nobody else touches it until it is sent.
+                let payload = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+                fill(sent + k, payload);
+                descs[k] = self
+                    .pool
+                    .view()
+                    .prepare_send(*raw, len as u32, peer.0, 0, kind::DATA);
+            }
+            let pushed = self.channels[ci].tx.push_burst(&descs[..got]).unwrap_or(0);
+            debug_assert_eq!(pushed, got, "we are the only producer and saw room");
+            sent += got;
+        }
+        Self::notify(&self.seg, &self.channels[ci]);
         Ok(())
     }
 

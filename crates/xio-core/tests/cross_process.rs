@@ -24,6 +24,7 @@ fn child_main() {
         "oneway" => oneway(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "hoarder" => hoarder(&a[0], a[1].parse().unwrap()),
         "echo_until_reset" => echo_until_reset(&a[0], a[1].parse().unwrap()),
+        "burst_sink" => burst_sink(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "echo_on_cpu0" => {
             let mut set = rustix::thread::CpuSet::new();
             set.set(0);
@@ -52,6 +53,28 @@ fn echo(prefix: &str, addr: SocketAddr) {
             Err(e) => panic!("echo: {e}"),
         }
     }
+}
+
+/// Receives `n` messages with the burst API, checking order and content.
+fn burst_sink(prefix: &str, addr: SocketAddr, n: u64) {
+    let mut s = Stack::builder(prefix).name("burst-sink").attach().unwrap();
+    s.bind(addr).unwrap();
+    println!("XIO:ready");
+    let mut next = 0u64;
+    while next < n {
+        s.recv_burst_with(64, |_, tag, payload| {
+            assert_eq!(u64::from(tag), 0);
+            assert!(
+                (64..2048).contains(&payload.len()),
+                "message {next}: {} bytes",
+                payload.len()
+            );
+            assert!(verify(payload, next), "burst message {next} corrupted");
+            next += 1;
+        })
+        .unwrap();
+    }
+    println!("XIO:done {next}");
 }
 
 /// Echoes until its client leaves, then exits.
@@ -490,5 +513,42 @@ fn adaptive_waiters_sharing_one_core_do_not_spin() {
     assert!(policy.sleeps >= 100, "{policy:?}");
     let _server_sleeps: u64 = server.expect("reset").parse().unwrap();
     server.wait_success();
+    wait_pool_whole(&mgr);
+}
+
+#[test]
+fn burst_apis_stream_checksummed_messages_between_processes() {
+    setup();
+    let p = prefix("burstapi");
+    let cfg = PoolConfig {
+        classes: vec![(2048, 512)],
+        ring_capacity: 64,
+        ..PoolConfig::default()
+    };
+    let mgr = Manager::builder(&p).pool(cfg).spawn().unwrap();
+    let a = addr(16);
+    let n = 200_000u64;
+    let mut sink = ChildProc::spawn(
+        "child_main",
+        "burst_sink",
+        &[p.clone(), a.to_string(), n.to_string()],
+    );
+    sink.expect("ready");
+    let mut s = Stack::attach(&p).unwrap();
+    let peer = s.connect(a).unwrap();
+    let mut sent = 0u64;
+    while sent < n {
+        // Bursts of varying length and message size.
+        let k = (1 + sent % 40).min(n - sent);
+        let len = 64 + (sent as usize * 13) % 1900;
+        s.send_burst_with(peer, k as usize, len, |i, payload| {
+            fill(payload, sent + i as u64)
+        })
+        .unwrap();
+        sent += k;
+    }
+    assert_eq!(sink.expect("done"), n.to_string());
+    sink.wait_success();
+    drop(s);
     wait_pool_whole(&mgr);
 }
