@@ -116,7 +116,7 @@ fn malformed_control_messages_get_errors_and_the_manager_survives() {
     let mut b = c.alloc(3).unwrap();
     b.copy_from(b"abc");
     c.send(peer, b).unwrap();
-    assert_eq!(&good.recv().unwrap().buf[..], b"abc");
+    assert_eq!(&good.recv_timeout(WATCHDOG).unwrap().buf[..], b"abc");
     let status = xio_core::manager::query_status(&p).unwrap();
     assert!(status.contains("10.1.1.1:1"), "{status}");
     drop((c, good));

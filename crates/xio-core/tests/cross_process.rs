@@ -238,7 +238,7 @@ fn kill9_reclaims_everything_and_peer_sees_reset() {
     me.bind(a).unwrap();
     let mut h = ChildProc::spawn("child_main", "hoarder", &[p.clone(), a.to_string()]);
     // Wait for the hoarder's channel, then leave descriptors in flight to it.
-    let first = me.recv().unwrap();
+    let first = me.recv_timeout(WATCHDOG).unwrap();
     let peer = first.from;
     for _ in 0..30 {
         let b = me.alloc(64).unwrap();
@@ -260,7 +260,7 @@ fn kill9_reclaims_everything_and_peer_sees_reset() {
     let mut delivered = 1;
     drop(first);
     let err = loop {
-        match me.recv() {
+        match me.recv_timeout(WATCHDOG) {
             Ok(m) => {
                 assert!(verify(&m.buf, delivered));
                 delivered += 1;
@@ -322,7 +322,7 @@ fn corrupt_descriptors_are_counted_and_rejected() {
     }
     tx.send(peer, good).unwrap();
     // The receiver skips all five and gets the real one.
-    let m = rx.recv().unwrap();
+    let m = rx.recv_timeout(WATCHDOG).unwrap();
     assert_eq!(m.buf.len(), 10);
     assert_eq!(rx.corrupt_descriptors(), 5);
     // The stream goes on normally afterwards (replays of accepted
@@ -330,7 +330,7 @@ fn corrupt_descriptors_are_counted_and_rejected() {
     let mut b = tx.alloc(20).unwrap();
     b[0] = 42;
     tx.send(peer, b).unwrap();
-    let m2 = rx.recv().unwrap();
+    let m2 = rx.recv_timeout(WATCHDOG).unwrap();
     assert_eq!(m2.buf[0], 42);
     drop((m, m2));
     assert_eq!(rx.corrupt_descriptors(), 5);
@@ -398,7 +398,7 @@ fn waiting_modes_all_deliver() {
     });
     let mut served = 0;
     while served < 8000 {
-        match server.recv() {
+        match server.recv_timeout(WATCHDOG) {
             Ok(m) => {
                 let from = m.from;
                 server.send(from, m.buf.into_mut()).unwrap();
@@ -451,7 +451,7 @@ fn an_idle_service_process_exits_when_its_client_leaves() {
     for _ in 0..1000 {
         let b = c.alloc(64).unwrap();
         c.send(peer, b).unwrap();
-        drop(c.recv().unwrap());
+        drop(c.recv_timeout(WATCHDOG).unwrap());
     }
     // Long enough for the service's spin budget to run out: it sleeps.
     std::thread::sleep(std::time::Duration::from_millis(1000));
@@ -467,12 +467,12 @@ fn a_dead_manager_is_reported_once_and_channels_keep_working() {
     let (mgr, mut server, mut client, peer) = manager_and_pair("mgrgone", addr(13));
     mgr.stop();
     // Within a liveness tick the server notices; then the data path still works.
-    let e = server.recv().unwrap_err();
+    let e = server.recv_timeout(WATCHDOG).unwrap_err();
     assert!(matches!(e, Error::ManagerGone), "{e}");
     let mut b = client.alloc(4).unwrap();
     b.copy_from(b"ping");
     client.send(peer, b).unwrap();
-    assert_eq!(&server.recv().unwrap().buf[..], b"ping");
+    assert_eq!(&server.recv_timeout(WATCHDOG).unwrap().buf[..], b"ping");
     assert!(matches!(
         client.connect(addr(14)),
         Err(Error::ManagerGone) | Err(Error::Io(_))
