@@ -30,7 +30,7 @@
 
 use std::sync::Mutex;
 
-use crate::layout::{bufword, Descriptor, Magazine, MAG_SIZE, MAX_CLASSES, NO_CLASS};
+use crate::layout::{bufword, Descriptor, Magazine, MAG_SIZE, MAX_CLASSES};
 use crate::segment::Segment;
 use crate::sync::{spin_hint, AtomicU64, Ordering};
 
@@ -809,11 +809,6 @@ impl ManagerPool {
         self.open_gates();
         r
     }
-}
-
-/// Returned descriptor class for control-only descriptors.
-pub const fn no_buffer() -> u8 {
-    NO_CLASS
 }
 
 #[cfg(all(test, not(loom)))]

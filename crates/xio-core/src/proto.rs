@@ -9,7 +9,7 @@
 //! enum value and every string; anything else is a [`ProtoError`], which the
 //! manager answers with an error reply and a closed socket, never a panic.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// Version of this protocol.
 pub const PROTO_VERSION: u8 = 1;
@@ -404,9 +404,6 @@ impl Reader<'_> {
         Ok(SocketAddr::new(ip, port))
     }
 }
-
-/// The unspecified IPv4 address, for tests and defaults.
-pub const ANY_V4: Ipv4Addr = Ipv4Addr::UNSPECIFIED;
 
 #[cfg(test)]
 mod tests {
