@@ -72,8 +72,9 @@ impl BufferPool for StackPool {
 pub trait DescProducer: Send + std::fmt::Debug {
     /// Pushes as many as fit.
     fn push_burst(&mut self, ds: &[Descriptor]) -> Result<usize, RingError>;
-    /// Slots free right now.
-    fn free_slots(&mut self) -> Result<u32, RingError>;
+    /// Slots free, from the cached consumer index when it shows at least
+    /// `want` (no cross-core read), else freshly read.
+    fn free_slots(&mut self, want: u32) -> Result<u32, RingError>;
 }
 
 /// The receiving end of a descriptor ring.
@@ -88,8 +89,8 @@ impl DescProducer for Producer {
     fn push_burst(&mut self, ds: &[Descriptor]) -> Result<usize, RingError> {
         Producer::push_burst(self, ds)
     }
-    fn free_slots(&mut self) -> Result<u32, RingError> {
-        Producer::free_slots(self)
+    fn free_slots(&mut self, want: u32) -> Result<u32, RingError> {
+        Producer::free_for(self, want)
     }
 }
 

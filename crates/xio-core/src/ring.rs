@@ -172,7 +172,7 @@ impl Producer {
     /// Free slots, reading the consumer's index only when the cached value
     /// shows fewer than `want`.
     #[inline]
-    fn free_for(&mut self, want: u32) -> Result<u32, RingError> {
+    pub fn free_for(&mut self, want: u32) -> Result<u32, RingError> {
         let cap = self.ring.cap();
         let used = self.tail.wrapping_sub(self.cached_head);
         if cap - used >= want {

@@ -993,7 +993,7 @@ impl Stack {
         let mut backoff = 0u32;
         while sent < n {
             self.check_open(ci, peer)?;
-            let free = match self.channels[ci].tx_space() {
+            let free = match self.channels[ci].tx_space((n - sent).min(BURST)) {
                 Ok(f) => f,
                 Err(()) => {
                     self.close_channel(peer.0, None);
@@ -1085,7 +1085,7 @@ impl Stack {
         while sent < total {
             self.check_open(ci, peer)?;
             let ch = &mut self.channels[ci];
-            let free = match ch.tx_space() {
+            let free = match ch.tx_space((total - sent).min(BURST)) {
                 Ok(f) => f,
                 Err(()) => {
                     self.close_channel(peer.0, None);
@@ -1140,7 +1140,7 @@ impl Stack {
             let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
             self.check_open(ci, peer)?;
             let ch = &mut self.channels[ci];
-            match ch.tx_space() {
+            match ch.tx_space(1) {
                 Ok(0) => {
                     if mode == WaitMode::NonBlocking {
                         return Err(Error::WouldBlock);
@@ -1221,8 +1221,14 @@ impl Stack {
 }
 
 impl Chan {
-    fn tx_space(&mut self) -> Result<usize, ()> {
-        Ok(self.tx.free_slots().map_err(|_| ())? as usize)
+    /// Free slots for `want` descriptors: reads the consumer's index only
+    /// when the cached one shows fewer (reading it on every send cost a
+    /// cross-core miss per message: the consumer writes it on every pop).
+    fn tx_space(&mut self, want: usize) -> Result<usize, ()> {
+        Ok(self
+            .tx
+            .free_slots(want.min(u32::MAX as usize) as u32)
+            .map_err(|_| ())? as usize)
     }
 }
 
