@@ -484,17 +484,7 @@ impl Stack {
             if n == 0 {
                 break;
             }
-            for k in 0..n {
-                let d = self.scratch[k];
-                Self::deliver(
-                    &self.pool,
-                    &mut self.inbox,
-                    &mut self.corrupt,
-                    self.seg.stack_slot(self.id),
-                    peer,
-                    d,
-                );
-            }
+            self.deliver_burst(peer, n);
         }
         self.inbox.push_back(Event::Reset(PeerId(peer)));
         self.resolved.retain(|_, p| *p != peer);
@@ -510,50 +500,42 @@ impl Stack {
         tracing::debug!(stack = self.id, channel = ch.id, peer, "channel closed");
     }
 
-    fn deliver(
-        pool: &Arc<StackPool>,
-        inbox: &mut VecDeque<Event>,
-        corrupt: &mut u64,
-        slot: &StackSlot,
-        peer: u16,
-        d: Descriptor,
-    ) {
-        if d.kind != kind::DATA {
-            *corrupt += 1;
-            slot.corrupt.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        match pool.view().accept(pool.stack_id(), &d) {
-            Ok(raw) => {
-                let p: Arc<dyn BufferPool> = pool.clone();
-                inbox.push_back(Event::Msg(Message {
-                    from: PeerId(peer),
-                    tag: d.conn,
-                    buf: Buf::new(p, raw, d.len as usize),
-                }));
-            }
+    /// Checks one received descriptor and takes its buffer; a rejected
+    /// one is counted (here and in the slot, for status) and logged.
+    fn take_descriptor(&mut self, peer: u16, d: &Descriptor) -> Option<crate::pool::RawBuf> {
+        let r = if d.kind == kind::DATA {
+            self.pool.view().accept(self.id, d)
+        } else {
+            Err(crate::pool::Reject::Kind(d.kind))
+        };
+        match r {
+            Ok(raw) => Some(raw),
             Err(why) => {
-                *corrupt += 1;
-                slot.corrupt.fetch_add(1, Ordering::Relaxed);
+                self.corrupt += 1;
+                self.slot().corrupt.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(peer, ?d, %why, "rejected a corrupt descriptor");
+                None
             }
         }
     }
 
-    /// Validates `self.scratch[..n]` from `peer` and queues what passes.
-    /// Two passes: first every header check and ownership mark (plain loads
-    /// and stores to lines the sender just wrote, whose misses overlap),
-    /// then the `Buf`s (whose reference-count increments are locked
-    /// instructions that would otherwise wait for each miss in turn).
-    fn deliver_burst(&mut self, peer: u16, n: usize) {
-        // The `Buf`s' pool references first: their increments are locked
-        // instructions, which would otherwise stall on the header stores
-        // below (each an ownership transfer of a line the sender wrote).
+    /// Starts loading the headers of `self.scratch[..n]` so their misses
+    /// overlap (a single descriptor gains nothing from it).
+    fn prefetch_scratch(&self, n: usize) {
         if n > 1 {
             for d in &self.scratch[..n] {
                 self.pool.view().prefetch_header(d);
             }
         }
+    }
+
+    /// Validates `self.scratch[..n]` from `peer` and queues what passes as
+    /// `Buf`s. The headers are prefetched first, so their misses overlap.
+    fn deliver_burst(&mut self, peer: u16, n: usize) {
+        self.prefetch_scratch(n);
+        // The `Buf`s' pool references first: their increments are locked
+        // instructions, which would otherwise stall on the header stores
+        // below (each an ownership transfer of a line the sender wrote).
         let mut refs: [Option<Arc<dyn BufferPool>>; BURST] = Default::default();
         for r in &mut refs[..n] {
             let p: Arc<dyn BufferPool> = self.pool.clone();
@@ -562,26 +544,14 @@ impl Stack {
         let mut k = 0;
         for j in 0..n {
             let d = self.scratch[j];
-            let r = if d.kind == kind::DATA {
-                self.pool.view().accept(self.id, &d)
-            } else {
-                Err(crate::pool::Reject::Kind(d.kind))
-            };
-            match r {
-                Ok(raw) => {
-                    let p = refs[k].take().expect("one reference per descriptor");
-                    k += 1;
-                    self.inbox.push_back(Event::Msg(Message {
-                        from: PeerId(peer),
-                        tag: d.conn,
-                        buf: Buf::new(p, raw, d.len as usize),
-                    }));
-                }
-                Err(why) => {
-                    self.corrupt += 1;
-                    self.slot().corrupt.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(peer, ?d, %why, "rejected a corrupt descriptor");
-                }
+            if let Some(raw) = self.take_descriptor(peer, &d) {
+                let p = refs[k].take().expect("one reference per descriptor");
+                k += 1;
+                self.inbox.push_back(Event::Msg(Message {
+                    from: PeerId(peer),
+                    tag: d.conn,
+                    buf: Buf::new(p, raw, d.len as usize),
+                }));
             }
         }
     }
@@ -932,36 +902,19 @@ impl Stack {
                     });
                 };
                 let peer = self.channels[i].peer;
-                if n > 1 {
-                    for d in &self.scratch[..n] {
-                        self.pool.view().prefetch_header(d);
-                    }
-                }
+                self.prefetch_scratch(n);
                 let mut k_ok = 0;
                 for j in 0..n {
                     let d = self.scratch[j];
-                    let r = if d.kind == kind::DATA {
-                        self.pool.view().accept(self.id, &d)
-                    } else {
-                        Err(crate::pool::Reject::Kind(d.kind))
-                    };
-                    match r {
-                        Ok(raw) => {
-                            let (ptr, _) = self.pool.view().data(raw);
-                            // SAFETY: `accept` checked the buffer is ours
-                            // (HELD) and `d.len` fits it; it stays ours
-                            // until `free_many` below.
-                            let payload =
-                                unsafe { std::slice::from_raw_parts(ptr, d.len as usize) };
-                            f(PeerId(peer), d.conn, payload);
-                            done[k_ok] = raw;
-                            k_ok += 1;
-                        }
-                        Err(why) => {
-                            self.corrupt += 1;
-                            self.slot().corrupt.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(peer, ?d, %why, "rejected a corrupt descriptor");
-                        }
+                    if let Some(raw) = self.take_descriptor(peer, &d) {
+                        let (ptr, _) = self.pool.view().data(raw);
+                        // SAFETY: `take_descriptor` checked the buffer is
+                        // ours (HELD) and `d.len` fits it; it stays ours
+                        // until `free_many` below.
+                        let payload = unsafe { std::slice::from_raw_parts(ptr, d.len as usize) };
+                        f(PeerId(peer), d.conn, payload);
+                        done[k_ok] = raw;
+                        k_ok += 1;
                     }
                 }
                 self.pool.free_many(&done[..k_ok]);
