@@ -83,6 +83,21 @@ pub trait DescConsumer: Send + std::fmt::Debug {
     fn pop_burst(&mut self, out: &mut [Descriptor]) -> Result<usize, RingError>;
     /// Whether anything is ready.
     fn has_data(&mut self) -> bool;
+    /// A handle that answers [`RingWatch::has_data`] from another thread
+    /// while this consumer is not being used.
+    fn watch(&self) -> Box<dyn RingWatch>;
+}
+
+/// Readiness of a ring, checked without its consumer.
+pub trait RingWatch: Send + Sync {
+    /// Whether the consumer would find a descriptor.
+    fn has_data(&self) -> bool;
+}
+
+impl RingWatch for crate::ring::Watch {
+    fn has_data(&self) -> bool {
+        crate::ring::Watch::has_data(self)
+    }
 }
 
 impl DescProducer for Producer {
@@ -100,6 +115,9 @@ impl DescConsumer for Consumer {
     }
     fn has_data(&mut self) -> bool {
         !self.is_empty()
+    }
+    fn watch(&self) -> Box<dyn RingWatch> {
+        Box::new(Consumer::watch(self))
     }
 }
 

@@ -29,6 +29,9 @@ pub struct Buf {
     raw: RawBuf,
     len: usize,
     ptr: *const u8,
+    cap: usize,
+    /// Bytes skipped at the front by [`Buf::advance`].
+    off: usize,
 }
 
 // SAFETY: the buffer is exclusively owned (the pool protocol hands each
@@ -99,6 +102,16 @@ impl BufMut {
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.cap) }
     }
 
+    /// Makes this buffer a read-only [`Buf`] of this process without
+    /// sending it (what a connection to the same process delivers).
+    pub fn freeze(self) -> Buf {
+        let (raw, len) = (self.raw, self.len);
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is not used or dropped after the pool Arc is moved out.
+        let pool = unsafe { std::ptr::read(&this.pool) };
+        Buf::new(pool, raw, len)
+    }
+
     pub(crate) fn into_raw(self) -> (RawBuf, usize) {
         let r = (self.raw, self.len);
         // Ownership moves into the descriptor; the pool is told by the send.
@@ -149,7 +162,27 @@ impl Buf {
             raw,
             len,
             ptr,
+            cap,
+            off: 0,
         }
+    }
+
+    /// The buffer's size (its class): the pool memory it holds.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Drops the first `n` bytes of the payload (the buffer is unchanged;
+    /// only this view moves).
+    ///
+    /// # Panics
+    /// If `n` exceeds the length.
+    pub fn advance(&mut self, n: usize) {
+        assert!(n <= self.len, "advance {n} past length {}", self.len);
+        // SAFETY: n <= len, so the new pointer stays inside the buffer.
+        self.ptr = unsafe { self.ptr.add(n) };
+        self.len -= n;
+        self.off += n;
     }
 
     /// Bytes of payload.
@@ -169,7 +202,13 @@ impl Buf {
         // SAFETY: `this` is not used or dropped after the pool Arc is moved out.
         let pool = unsafe { std::ptr::read(&this.pool) };
         pool.reuse(this.raw);
-        BufMut::new(pool, this.raw, this.len)
+        let mut m = BufMut::new(pool, this.raw, this.off + this.len);
+        if this.off > 0 {
+            m.as_full_mut()
+                .copy_within(this.off..this.off + this.len, 0);
+            m.set_len(this.len);
+        }
+        m
     }
 }
 

@@ -12,6 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 
+use crate::layout::kind;
 use crate::stack::PeerId;
 
 /// Bits of a connection id that index the table; the rest is a generation.
@@ -21,12 +22,31 @@ const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
 pub const MAX_CONNS: usize = 1 << INDEX_BITS;
 
 /// A connection, local to one stack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnId(pub u32);
 
 impl ConnId {
     fn index(self) -> usize {
         (self.0 & INDEX_MASK) as usize
+    }
+}
+
+/// A received chunk of a stream: its bytes, and the buffer capacity it
+/// occupies (what flow control counts, since that is what the pool loses).
+pub trait Chunk: AsRef<[u8]> {
+    /// Bytes of pool memory this chunk holds.
+    fn footprint(&self) -> usize;
+}
+
+impl Chunk for Vec<u8> {
+    fn footprint(&self) -> usize {
+        self.len().max(1)
+    }
+}
+
+impl Chunk for crate::buf::Buf {
+    fn footprint(&self) -> usize {
+        self.capacity()
     }
 }
 
@@ -41,10 +61,11 @@ pub enum State {
     Reset,
 }
 
-/// What the driver must do after an input.
+/// What the driver must do after an input. Taken with [`Table::poll_action`].
 #[derive(Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Send a SYN for `conn` to `peer`, naming `target`.
+    /// Send a SYN for `conn` to `peer`, naming `target` and our `source`
+    /// address (a SYN carries a buffer with both).
     SendSyn {
         /// Destination stack.
         peer: PeerId,
@@ -52,32 +73,25 @@ pub enum Action {
         conn: ConnId,
         /// The listening address.
         target: SocketAddr,
+        /// Our end's address.
+        source: SocketAddr,
     },
-    /// Send a SYN-ACK: `to` is the initiator's id, `from` ours.
-    SendSynAck {
+    /// Send a control descriptor of `kind` (SYN-ACK, FIN, RST, CREDIT) for
+    /// the peer's connection `to`, with argument `arg`.
+    Control {
         /// Destination stack.
         peer: PeerId,
-        /// The initiator's connection id.
+        /// One of the socket kinds of [`crate::layout::kind`].
+        kind: u8,
+        /// The receiver's connection id.
         to: u32,
-        /// Our new connection.
-        from: ConnId,
-    },
-    /// Send a FIN (no more data from us) to the peer's `to`.
-    SendFin {
-        /// Destination stack.
-        peer: PeerId,
-        /// The peer's connection id.
-        to: u32,
-    },
-    /// Send a RST to the peer's `to`.
-    SendRst {
-        /// Destination stack.
-        peer: PeerId,
-        /// The peer's connection id.
-        to: u32,
+        /// Kind-specific: the acceptor's id for SYN-ACK, bytes for CREDIT.
+        arg: u32,
     },
     /// `conn` became readable (data, end of stream, or an error).
     Readable(ConnId),
+    /// `conn` got send credit back (or failed): wake its writers.
+    Writable(ConnId),
     /// `conn` finished connecting (or failed): wake its `connect`.
     Connected(ConnId),
     /// A connection is waiting to be accepted on `addr`.
@@ -87,7 +101,7 @@ pub enum Action {
 /// Errors of table operations, mapped to `io::ErrorKind` by the drivers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ConnError {
-    /// Nothing to read yet (or nothing to accept).
+    /// Nothing to read yet (or nothing to accept, or no send credit).
     #[error("operation would block")]
     WouldBlock,
     /// The peer reset the connection or died.
@@ -110,6 +124,22 @@ pub enum ConnError {
     BrokenPipe,
 }
 
+impl From<ConnError> for std::io::Error {
+    fn from(e: ConnError) -> Self {
+        use std::io::ErrorKind as K;
+        let k = match e {
+            ConnError::WouldBlock => K::WouldBlock,
+            ConnError::Reset => K::ConnectionReset,
+            ConnError::Refused => K::ConnectionRefused,
+            ConnError::NotConnected => K::NotConnected,
+            ConnError::AddrInUse => K::AddrInUse,
+            ConnError::TooMany => K::OutOfMemory,
+            ConnError::BrokenPipe => K::BrokenPipe,
+        };
+        std::io::Error::new(k, e)
+    }
+}
+
 struct Entry<B> {
     gen: u32,
     peer: PeerId,
@@ -117,11 +147,18 @@ struct Entry<B> {
     remote: u32,
     state: State,
     refused: bool,
+    local_addr: SocketAddr,
+    peer_addr: SocketAddr,
     rx: VecDeque<B>,
     /// Bytes of `rx.front()` already read.
     offset: usize,
     peer_fin: bool,
     fin_sent: bool,
+    read_shut: bool,
+    /// Bytes of buffer capacity we may still send.
+    credit: usize,
+    /// Capacity consumed here and not yet credited back to the sender.
+    unacked: usize,
 }
 
 /// A stack's connections and listeners.
@@ -130,23 +167,29 @@ pub struct Table<B> {
     gens: Vec<u32>,
     free: Vec<u32>,
     listeners: HashMap<SocketAddr, VecDeque<ConnId>>,
+    actions: VecDeque<Action>,
+    window: usize,
 }
 
-impl<B> Default for Table<B> {
-    fn default() -> Self {
+impl<B: Chunk> Table<B> {
+    /// An empty table whose connections may each have `window` bytes of
+    /// buffer capacity in flight (unread at the receiver). The window must
+    /// be at least twice the largest buffer a writer uses, so a writer
+    /// waiting for credit is always owed some (see [`Table::read`]).
+    pub fn new(window: usize) -> Self {
         Self {
             entries: Vec::new(),
             gens: Vec::new(),
             free: Vec::new(),
             listeners: HashMap::new(),
+            actions: VecDeque::new(),
+            window: window.max(2),
         }
     }
-}
 
-impl<B: AsRef<[u8]>> Table<B> {
-    /// An empty table.
-    pub fn new() -> Self {
-        Self::default()
+    /// The per-connection window.
+    pub fn window(&self) -> usize {
+        self.window
     }
 
     /// Connections open (in any state).
@@ -159,7 +202,19 @@ impl<B: AsRef<[u8]>> Table<B> {
         self.len() == 0
     }
 
-    fn insert(&mut self, peer: PeerId, remote: u32, state: State) -> Result<ConnId, ConnError> {
+    /// The next thing the driver must do, if any.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    fn insert(
+        &mut self,
+        peer: PeerId,
+        remote: u32,
+        state: State,
+        local_addr: SocketAddr,
+        peer_addr: SocketAddr,
+    ) -> Result<ConnId, ConnError> {
         let i = match self.free.pop() {
             Some(i) => i as usize,
             None => {
@@ -178,10 +233,15 @@ impl<B: AsRef<[u8]>> Table<B> {
             remote,
             state,
             refused: false,
+            local_addr,
+            peer_addr,
             rx: VecDeque::new(),
             offset: 0,
             peer_fin: false,
             fin_sent: false,
+            read_shut: false,
+            credit: self.window,
+            unacked: 0,
         });
         Ok(ConnId(gen << INDEX_BITS | i as u32))
     }
@@ -208,6 +268,20 @@ impl<B: AsRef<[u8]>> Table<B> {
         self.entries[i].take()
     }
 
+    fn rst(&mut self, peer: PeerId, to: u32) {
+        self.actions.push_back(Action::Control {
+            peer,
+            kind: kind::RST,
+            to,
+            arg: 0,
+        });
+    }
+
+    /// Whether a listener is on `addr`.
+    pub fn is_listening(&self, addr: &SocketAddr) -> bool {
+        self.listeners.contains_key(addr)
+    }
+
     /// Starts listening on `addr`.
     pub fn listen(&mut self, addr: SocketAddr) -> Result<(), ConnError> {
         if self.listeners.contains_key(&addr) {
@@ -217,35 +291,32 @@ impl<B: AsRef<[u8]>> Table<B> {
         Ok(())
     }
 
-    /// Stops listening; pending connections are reset.
-    pub fn unlisten(&mut self, addr: SocketAddr) -> Vec<Action> {
-        let mut out = Vec::new();
+    /// Stops listening; connections not yet accepted are reset.
+    pub fn unlisten(&mut self, addr: SocketAddr) {
         for c in self.listeners.remove(&addr).unwrap_or_default() {
             if let Some(e) = self.remove(c) {
-                out.push(Action::SendRst {
-                    peer: e.peer,
-                    to: e.remote,
-                });
+                if e.state == State::Established {
+                    self.rst(e.peer, e.remote);
+                }
             }
         }
-        out
     }
 
-    /// Opens a connection to `target` on stack `peer`.
+    /// Opens a connection from `source` to `target` on stack `peer`.
     pub fn connect(
         &mut self,
         peer: PeerId,
         target: SocketAddr,
-    ) -> Result<(ConnId, Action), ConnError> {
-        let c = self.insert(peer, 0, State::SynSent)?;
-        Ok((
-            c,
-            Action::SendSyn {
-                peer,
-                conn: c,
-                target,
-            },
-        ))
+        source: SocketAddr,
+    ) -> Result<ConnId, ConnError> {
+        let c = self.insert(peer, 0, State::SynSent, source, target)?;
+        self.actions.push_back(Action::SendSyn {
+            peer,
+            conn: c,
+            target,
+            source,
+        });
+        Ok(c)
     }
 
     /// Takes the next connection waiting on `addr`.
@@ -257,90 +328,122 @@ impl<B: AsRef<[u8]>> Table<B> {
         q.pop_front().ok_or(ConnError::WouldBlock)
     }
 
-    /// A SYN from `peer` for `target`, whose id there is `remote`.
-    pub fn on_syn(&mut self, peer: PeerId, remote: u32, target: SocketAddr) -> Vec<Action> {
+    /// A SYN from `peer` (whose id for it is `remote`) for `target`, from
+    /// `source`.
+    pub fn on_syn(&mut self, peer: PeerId, remote: u32, target: SocketAddr, source: SocketAddr) {
         if !self.listeners.contains_key(&target) {
-            return vec![Action::SendRst { peer, to: remote }];
+            return self.rst(peer, remote);
         }
-        match self.insert(peer, remote, State::Established) {
+        match self.insert(peer, remote, State::Established, target, source) {
             Ok(c) => {
                 self.listeners
                     .get_mut(&target)
                     .expect("checked")
                     .push_back(c);
-                vec![
-                    Action::SendSynAck {
-                        peer,
-                        to: remote,
-                        from: c,
-                    },
-                    Action::Acceptable(target),
-                ]
+                self.actions.push_back(Action::Control {
+                    peer,
+                    kind: kind::SYN_ACK,
+                    to: remote,
+                    arg: c.0,
+                });
+                self.actions.push_back(Action::Acceptable(target));
             }
-            Err(_) => vec![Action::SendRst { peer, to: remote }],
+            Err(_) => self.rst(peer, remote),
         }
     }
 
     /// A SYN-ACK for our `local` connection; the peer's id is `remote`.
-    pub fn on_syn_ack(&mut self, peer: PeerId, local: ConnId, remote: u32) -> Vec<Action> {
+    pub fn on_syn_ack(&mut self, peer: PeerId, local: ConnId, remote: u32) {
         match self.get_mut(local) {
             Some(e) if e.state == State::SynSent && e.peer == peer => {
                 e.state = State::Established;
                 e.remote = remote;
-                vec![Action::Connected(local)]
+                self.actions.push_back(Action::Connected(local));
             }
             // Stale or forged: tell the sender its connection is dead.
-            _ => vec![Action::SendRst { peer, to: remote }],
+            _ => self.rst(peer, remote),
         }
     }
 
-    /// Data for `local` from `peer`. A buffer for an unknown connection is
-    /// dropped (returned to the pool by its `Drop`) and answered with a RST.
-    pub fn on_data(&mut self, peer: PeerId, local: ConnId, buf: B) -> Vec<Action> {
-        match self.get_mut(local) {
-            Some(e) if e.peer == peer && e.state == State::Established && !e.peer_fin => {
-                e.rx.push_back(buf);
-                vec![Action::Readable(local)]
-            }
-            Some(e) if e.peer == peer => {
+    /// Stream bytes for `local` from `peer`. A buffer for an unknown or
+    /// finished connection is dropped (back to the pool by its `Drop`),
+    /// answered with a RST when the connection still exists.
+    pub fn on_data(&mut self, peer: PeerId, local: ConnId, buf: B) {
+        let window = self.window;
+        let Some(e) = self.get_mut(local) else { return };
+        if e.peer != peer {
+            return;
+        }
+        if e.state == State::Established && !e.peer_fin {
+            if e.read_shut {
+                // Discarded, and credited at once so the writer goes on.
+                let n = buf.footprint();
                 let to = e.remote;
-                vec![Action::SendRst { peer, to }]
+                self.credit(peer, to, n);
+                return;
             }
-            _ => Vec::new(),
+            // A sender that ignores its window only hurts itself: its
+            // excess waits here, and `unacked` is capped when credited.
+            let _ = window;
+            e.rx.push_back(buf);
+            self.actions.push_back(Action::Readable(local));
+        } else if e.state == State::Established {
+            let to = e.remote;
+            self.rst(peer, to);
+        }
+    }
+
+    fn credit(&mut self, peer: PeerId, to: u32, bytes: usize) {
+        self.actions.push_back(Action::Control {
+            peer,
+            kind: kind::CREDIT,
+            to,
+            arg: bytes.min(u32::MAX as usize) as u32,
+        });
+    }
+
+    /// The peer consumed `bytes` of what `local` sent.
+    pub fn on_credit(&mut self, peer: PeerId, local: ConnId, bytes: u32) {
+        let window = self.window;
+        if let Some(e) = self.get_mut(local) {
+            if e.peer == peer {
+                e.credit = (e.credit + bytes as usize).min(window);
+                self.actions.push_back(Action::Writable(local));
+            }
         }
     }
 
     /// The peer will send no more on `local`.
-    pub fn on_fin(&mut self, peer: PeerId, local: ConnId) -> Vec<Action> {
-        match self.get_mut(local) {
-            Some(e) if e.peer == peer => {
+    pub fn on_fin(&mut self, peer: PeerId, local: ConnId) {
+        if let Some(e) = self.get_mut(local) {
+            if e.peer == peer {
                 e.peer_fin = true;
-                vec![Action::Readable(local)]
+                self.actions.push_back(Action::Readable(local));
             }
-            _ => Vec::new(),
         }
     }
 
     /// The peer reset `local` (or refused it, if we were connecting).
-    pub fn on_rst(&mut self, peer: PeerId, local: ConnId) -> Vec<Action> {
-        match self.get_mut(local) {
-            Some(e) if e.peer == peer => {
-                let was_connecting = e.state == State::SynSent;
-                e.refused = was_connecting;
-                e.state = State::Reset;
-                e.rx.clear();
-                if was_connecting {
-                    vec![Action::Connected(local)]
-                } else {
-                    vec![Action::Readable(local)]
-                }
-            }
-            _ => Vec::new(),
+    pub fn on_rst(&mut self, peer: PeerId, local: ConnId) {
+        let Some(e) = self.get_mut(local) else { return };
+        if e.peer != peer || e.state == State::Reset {
+            return;
+        }
+        let was_connecting = e.state == State::SynSent;
+        e.refused = was_connecting;
+        e.state = State::Reset;
+        e.rx.clear();
+        e.offset = 0;
+        if was_connecting {
+            self.actions.push_back(Action::Connected(local));
+        } else {
+            self.actions.push_back(Action::Readable(local));
+            self.actions.push_back(Action::Writable(local));
         }
     }
 
     /// Stack `peer` died: every connection to it is reset.
-    pub fn on_peer_gone(&mut self, peer: PeerId) -> Vec<Action> {
+    pub fn on_peer_gone(&mut self, peer: PeerId) {
         let ids: Vec<ConnId> = self
             .entries
             .iter()
@@ -350,7 +453,9 @@ impl<B: AsRef<[u8]>> Table<B> {
                 (e.peer == peer).then_some(ConnId(e.gen << INDEX_BITS | i as u32))
             })
             .collect();
-        ids.into_iter().flat_map(|c| self.on_rst(peer, c)).collect()
+        for c in ids {
+            self.on_rst(peer, c);
+        }
     }
 
     /// The result of a `connect` once [`Action::Connected`] fired.
@@ -366,6 +471,36 @@ impl<B: AsRef<[u8]>> Table<B> {
         }
     }
 
+    /// Changes our address for `c` (a connecting stream's address depends
+    /// on its id, known only once it is inserted).
+    pub fn set_local_addr(&mut self, c: ConnId, addr: SocketAddr) {
+        if let Some(e) = self.get_mut(c) {
+            e.local_addr = addr;
+        }
+    }
+
+    /// Our address and the peer's for `c`.
+    pub fn addrs(&self, c: ConnId) -> Result<(SocketAddr, SocketAddr), ConnError> {
+        let e = self.get(c).ok_or(ConnError::NotConnected)?;
+        Ok((e.local_addr, e.peer_addr))
+    }
+
+    /// Records that `bytes` of capacity were consumed on `c`, and credits
+    /// the sender once a quarter of the window has built up. A writer that
+    /// waits needs at most half the window (see [`Table::new`]), so when
+    /// the reader has drained everything it is owed at least half, and a
+    /// quarter always triggers: no deadlock.
+    fn consumed(&mut self, c: ConnId, bytes: usize) {
+        let threshold = self.window / 4;
+        let Some(e) = self.get_mut(c) else { return };
+        e.unacked += bytes;
+        if e.unacked >= threshold && e.state == State::Established {
+            let (peer, to, n) = (e.peer, e.remote, e.unacked);
+            e.unacked = 0;
+            self.credit(peer, to, n);
+        }
+    }
+
     /// Copies received bytes into `out`: `Ok(0)` is end of stream (after
     /// every byte sent before the FIN). Bytes come in order, and a read
     /// may return part of one buffer or parts of several.
@@ -374,7 +509,11 @@ impl<B: AsRef<[u8]>> Table<B> {
         if e.state == State::Reset {
             return Err(ConnError::Reset);
         }
+        if e.read_shut {
+            return Ok(0);
+        }
         let mut n = 0;
+        let mut consumed = 0;
         while n < out.len() {
             let Some(front) = e.rx.front() else { break };
             let bytes = &front.as_ref()[e.offset..];
@@ -383,17 +522,51 @@ impl<B: AsRef<[u8]>> Table<B> {
             n += k;
             e.offset += k;
             if e.offset == front.as_ref().len() {
+                consumed += front.footprint();
                 e.rx.pop_front();
                 e.offset = 0;
             }
         }
+        let fin = e.peer_fin;
+        if consumed > 0 {
+            self.consumed(c, consumed);
+        }
         if n > 0 || out.is_empty() {
             Ok(n)
-        } else if e.peer_fin {
+        } else if fin {
             Ok(0)
         } else {
             Err(ConnError::WouldBlock)
         }
+    }
+
+    /// Takes the next received chunk whole (the zero-copy read), with the
+    /// number of its bytes already consumed by ordinary reads. `Ok(None)`
+    /// is end of stream.
+    pub fn take_chunk(&mut self, c: ConnId) -> Result<Option<(B, usize)>, ConnError> {
+        let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
+        if e.state == State::Reset {
+            return Err(ConnError::Reset);
+        }
+        if e.read_shut {
+            return Ok(None);
+        }
+        match e.rx.pop_front() {
+            Some(b) => {
+                let off = std::mem::take(&mut e.offset);
+                self.consumed(c, b.footprint());
+                Ok(Some((b, off)))
+            }
+            None if e.peer_fin => Ok(None),
+            None => Err(ConnError::WouldBlock),
+        }
+    }
+
+    /// Whether a read on `c` would return at once (data, end, or error).
+    pub fn is_readable(&self, c: ConnId) -> bool {
+        self.get(c).is_none_or(|e| {
+            !e.rx.is_empty() || e.peer_fin || e.read_shut || e.state == State::Reset
+        })
     }
 
     /// Where a write on `c` goes: the peer stack and its connection id.
@@ -407,35 +580,74 @@ impl<B: AsRef<[u8]>> Table<B> {
         }
     }
 
+    /// Send credit left on `c`, in bytes of buffer capacity.
+    pub fn credit_left(&self, c: ConnId) -> usize {
+        self.get(c).map_or(0, |e| e.credit)
+    }
+
+    /// Takes `bytes` of send credit for a buffer about to be sent on `c`.
+    pub fn take_credit(&mut self, c: ConnId, bytes: usize) -> Result<(), ConnError> {
+        self.send_target(c)?;
+        let e = self.get_mut(c).expect("checked by send_target");
+        if e.credit < bytes {
+            return Err(ConnError::WouldBlock);
+        }
+        e.credit -= bytes;
+        Ok(())
+    }
+
+    /// Gives back credit taken for a buffer that was not sent after all.
+    pub fn return_credit(&mut self, c: ConnId, bytes: usize) {
+        let window = self.window;
+        if let Some(e) = self.get_mut(c) {
+            e.credit = (e.credit + bytes).min(window);
+        }
+    }
+
     /// No more writes on `c` (the peer reads end of stream after our data).
-    pub fn shutdown_write(&mut self, c: ConnId) -> Result<Vec<Action>, ConnError> {
+    pub fn shutdown_write(&mut self, c: ConnId) -> Result<(), ConnError> {
         let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
         if e.state != State::Established || e.fin_sent {
-            return Ok(Vec::new());
+            return Ok(());
         }
         e.fin_sent = true;
-        Ok(vec![Action::SendFin {
-            peer: e.peer,
-            to: e.remote,
-        }])
+        let (peer, to) = (e.peer, e.remote);
+        self.actions.push_back(Action::Control {
+            peer,
+            kind: kind::FIN,
+            to,
+            arg: 0,
+        });
+        Ok(())
+    }
+
+    /// No more reads on `c`: reads return end of stream, what is queued
+    /// and what still arrives is discarded (and credited back).
+    pub fn shutdown_read(&mut self, c: ConnId) -> Result<(), ConnError> {
+        let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
+        e.read_shut = true;
+        let n: usize = e.rx.drain(..).map(|b| b.footprint()).sum();
+        e.offset = 0;
+        self.actions.push_back(Action::Readable(c));
+        if n > 0 {
+            self.consumed(c, n);
+        }
+        Ok(())
     }
 
     /// Closes `c`: a FIN if everything received was read, else a RST (as
     /// TCP does when unread data is discarded). The id is dead afterwards.
-    pub fn close(&mut self, c: ConnId) -> Vec<Action> {
-        let Some(e) = self.remove(c) else {
-            return Vec::new();
-        };
+    pub fn close(&mut self, c: ConnId) {
+        let Some(e) = self.remove(c) else { return };
         match e.state {
-            State::Established if !e.rx.is_empty() => vec![Action::SendRst {
+            State::Established if !e.rx.is_empty() => self.rst(e.peer, e.remote),
+            State::Established if !e.fin_sent => self.actions.push_back(Action::Control {
                 peer: e.peer,
+                kind: kind::FIN,
                 to: e.remote,
-            }],
-            State::Established if !e.fin_sent => vec![Action::SendFin {
-                peer: e.peer,
-                to: e.remote,
-            }],
-            _ => Vec::new(),
+                arg: 0,
+            }),
+            _ => {}
         }
     }
 }
@@ -448,26 +660,47 @@ mod tests {
         SocketAddr::from(([10, 0, 0, 1], p))
     }
 
+    fn src() -> SocketAddr {
+        SocketAddr::from(([127, 88, 0, 1], 5000))
+    }
+
+    fn actions<B: Chunk>(t: &mut Table<B>) -> Vec<Action> {
+        std::iter::from_fn(|| t.poll_action()).collect()
+    }
+
     /// Two tables wired back to back: `c` on stack 1, `s` on stack 2.
     fn handshake() -> (Table<Vec<u8>>, Table<Vec<u8>>, ConnId, ConnId) {
-        let mut c = Table::new();
-        let mut s = Table::new();
+        let mut c = Table::new(64);
+        let mut s = Table::new(64);
         s.listen(a(80)).unwrap();
-        let (cid, syn) = c.connect(PeerId(2), a(80)).unwrap();
-        let Action::SendSyn { conn, target, .. } = syn else {
-            panic!()
+        let cid = c.connect(PeerId(2), a(80), src()).unwrap();
+        let acts = actions(&mut c);
+        let [Action::SendSyn {
+            conn,
+            target,
+            source,
+            ..
+        }] = acts[..]
+        else {
+            panic!("{acts:?}")
         };
-        let acts = s.on_syn(PeerId(1), conn.0, target);
-        let Action::SendSynAck { to, from, .. } = acts[0] else {
+        s.on_syn(PeerId(1), conn.0, target, source);
+        let acts = actions(&mut s);
+        let Action::Control {
+            kind: kind::SYN_ACK,
+            to,
+            arg: from,
+            ..
+        } = acts[0]
+        else {
             panic!("{acts:?}")
         };
         assert_eq!(acts[1], Action::Acceptable(a(80)));
         let sid = s.accept(a(80)).unwrap();
-        assert_eq!(sid, from);
-        assert_eq!(
-            c.on_syn_ack(PeerId(2), ConnId(to), from.0),
-            vec![Action::Connected(cid)]
-        );
+        assert_eq!(sid.0, from);
+        assert_eq!(s.addrs(sid).unwrap(), (a(80), src()));
+        c.on_syn_ack(PeerId(2), ConnId(to), from);
+        assert_eq!(actions(&mut c), vec![Action::Connected(cid)]);
         assert_eq!(c.connect_result(cid), Ok(()));
         (c, s, cid, sid)
     }
@@ -486,11 +719,14 @@ mod tests {
         }
         assert_eq!(got, b"hello world");
         assert_eq!(s.read(sid, &mut buf), Err(ConnError::WouldBlock));
+        c.shutdown_write(cid).unwrap();
         assert_eq!(
-            c.shutdown_write(cid).unwrap(),
-            vec![Action::SendFin {
+            actions(&mut c),
+            vec![Action::Control {
                 peer: PeerId(2),
-                to: sid.0
+                kind: kind::FIN,
+                to: sid.0,
+                arg: 0
             }]
         );
         assert_eq!(c.send_target(cid), Err(ConnError::BrokenPipe));
@@ -501,35 +737,97 @@ mod tests {
     }
 
     #[test]
+    fn credit_is_taken_returned_and_never_deadlocks() {
+        let (mut c, mut s, cid, sid) = handshake();
+        let w = c.window();
+        assert_eq!(c.credit_left(cid), w);
+        // Fill the window with 8-byte chunks.
+        let mut sent = 0;
+        while c.take_credit(cid, 8).is_ok() {
+            s.on_data(PeerId(1), sid, vec![7u8; 8]);
+            sent += 8;
+        }
+        assert_eq!(sent, w);
+        assert_eq!(c.take_credit(cid, 8), Err(ConnError::WouldBlock));
+        actions(&mut s);
+        // The reader drains it all: credit flows back (at least a quarter
+        // of the window per message) and the writer may go on.
+        let mut out = [0u8; 5];
+        let mut credited = 0;
+        while let Ok(n) = s.read(sid, &mut out) {
+            assert!(n > 0);
+            for act in actions(&mut s) {
+                if let Action::Control {
+                    kind: kind::CREDIT,
+                    arg,
+                    to,
+                    ..
+                } = act
+                {
+                    assert_eq!(to, cid.0);
+                    assert!(arg as usize >= w / 4);
+                    credited += arg as usize;
+                    c.on_credit(PeerId(2), cid, arg);
+                }
+            }
+        }
+        assert_eq!(credited, w);
+        assert_eq!(c.credit_left(cid), w);
+        // A forged credit cannot push it past the window.
+        c.on_credit(PeerId(2), cid, u32::MAX);
+        assert_eq!(c.credit_left(cid), w);
+    }
+
+    #[test]
     fn refused_reset_and_peer_death() {
-        let mut c: Table<Vec<u8>> = Table::new();
-        let mut s: Table<Vec<u8>> = Table::new();
-        let (cid, _) = c.connect(PeerId(2), a(81)).unwrap();
-        let rst = s.on_syn(PeerId(1), cid.0, a(81));
+        let mut c: Table<Vec<u8>> = Table::new(64);
+        let mut s: Table<Vec<u8>> = Table::new(64);
+        let cid = c.connect(PeerId(2), a(81), src()).unwrap();
+        s.on_syn(PeerId(1), cid.0, a(81), src());
         assert_eq!(
-            rst,
-            vec![Action::SendRst {
+            actions(&mut s),
+            vec![Action::Control {
                 peer: PeerId(1),
-                to: cid.0
+                kind: kind::RST,
+                to: cid.0,
+                arg: 0
             }]
         );
-        assert_eq!(c.on_rst(PeerId(2), cid), vec![Action::Connected(cid)]);
+        actions(&mut c);
+        c.on_rst(PeerId(2), cid);
+        assert_eq!(actions(&mut c), vec![Action::Connected(cid)]);
         assert_eq!(c.connect_result(cid), Err(ConnError::Refused));
 
         let (mut c, mut s, cid, sid) = handshake();
         s.on_data(PeerId(1), sid, b"x".to_vec());
-        assert_eq!(s.on_peer_gone(PeerId(1)), vec![Action::Readable(sid)]);
+        actions(&mut s);
+        s.on_peer_gone(PeerId(1));
+        assert_eq!(
+            actions(&mut s),
+            vec![Action::Readable(sid), Action::Writable(sid)]
+        );
         let mut b = [0u8; 4];
         assert_eq!(s.read(sid, &mut b), Err(ConnError::Reset));
         // Closing with unread data sends RST, not FIN.
         let (_, mut s2, _, sid2) = handshake();
         s2.on_data(PeerId(1), sid2, b"unread".to_vec());
-        assert!(matches!(s2.close(sid2)[0], Action::SendRst { .. }));
+        actions(&mut s2);
+        s2.close(sid2);
+        assert!(matches!(
+            actions(&mut s2)[..],
+            [Action::Control {
+                kind: kind::RST,
+                ..
+            }]
+        ));
+        c.close(cid);
         assert_eq!(
-            c.close(cid),
-            vec![Action::SendFin {
+            actions(&mut c),
+            vec![Action::Control {
                 peer: PeerId(2),
-                to: sid.0
+                kind: kind::FIN,
+                to: sid.0,
+                arg: 0
             }]
         );
     }
@@ -538,26 +836,36 @@ mod tests {
     fn stale_ids_are_not_delivered_to_a_reused_slot() {
         let (mut c, _s, cid, _) = handshake();
         c.close(cid);
-        let (new, _) = c.connect(PeerId(2), a(80)).unwrap();
+        let new = c.connect(PeerId(2), a(80), src()).unwrap();
         assert_eq!(new.index(), cid.index(), "slot reused");
         assert_ne!(new, cid, "with a new generation");
-        assert!(c.on_data(PeerId(2), cid, b"late".to_vec()).is_empty());
+        actions(&mut c);
+        c.on_data(PeerId(2), cid, b"late".to_vec());
+        assert!(actions(&mut c).is_empty());
         assert_eq!(c.read(cid, &mut [0u8; 4]), Err(ConnError::NotConnected));
         // Data from the wrong peer is refused too.
-        assert!(!matches!(
-            c.on_data(PeerId(9), new, b"x".to_vec()).first(),
-            Some(Action::Readable(_))
+        c.on_data(PeerId(9), new, b"x".to_vec());
+        assert!(actions(&mut c).is_empty());
+        // A SYN-ACK for a stale id is answered with a RST.
+        c.on_syn_ack(PeerId(2), cid, 77);
+        assert!(matches!(
+            actions(&mut c)[..],
+            [Action::Control {
+                kind: kind::RST,
+                to: 77,
+                ..
+            }]
         ));
     }
 
     #[test]
     fn thousands_of_connections_and_reuse() {
-        let mut s: Table<Vec<u8>> = Table::new();
+        let mut s: Table<Vec<u8>> = Table::new(64);
         s.listen(a(1)).unwrap();
         for round in 0..3 {
             let ids: Vec<ConnId> = (0..5000)
                 .map(|i| {
-                    s.on_syn(PeerId(1 + (i % 7) as u16), i, a(1));
+                    s.on_syn(PeerId(1 + (i % 7) as u16), i, a(1), src());
                     s.accept(a(1)).unwrap()
                 })
                 .collect();
@@ -565,6 +873,7 @@ mod tests {
             for c in ids {
                 s.close(c);
             }
+            actions(&mut s);
             assert!(s.is_empty());
         }
         assert_eq!(s.listen(a(1)), Err(ConnError::AddrInUse));

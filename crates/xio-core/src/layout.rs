@@ -57,8 +57,34 @@ pub struct Descriptor {
 
 /// Descriptor kinds.
 pub mod kind {
-    /// A buffer of payload.
+    /// A buffer of payload (the zero-copy interface; `conn` is the tag).
     pub const DATA: u8 = 0;
+    /// Socket layer: open a connection. Carries a buffer naming the target
+    /// and source addresses; `conn` is the initiator's connection id.
+    pub const SYN: u8 = 1;
+    /// Socket layer: accept a connection. `conn` is the initiator's id,
+    /// `index` the acceptor's. No buffer.
+    pub const SYN_ACK: u8 = 2;
+    /// Socket layer: stream bytes for the receiver's connection `conn`.
+    pub const STREAM: u8 = 3;
+    /// Socket layer: no more bytes from the sender on `conn`. No buffer.
+    pub const FIN: u8 = 4;
+    /// Socket layer: `conn` is reset (refused, closed with unread data).
+    /// No buffer.
+    pub const RST: u8 = 5;
+    /// Socket layer: the receiver of `conn` consumed `index` more bytes of
+    /// buffer capacity; the sender may send that much more. No buffer.
+    pub const CREDIT: u8 = 6;
+
+    /// Whether descriptors of kind `k` carry a pool buffer.
+    pub fn carries_buffer(k: u8) -> bool {
+        matches!(k, DATA | SYN | STREAM)
+    }
+
+    /// Whether `k` is a kind this version knows.
+    pub fn is_known(k: u8) -> bool {
+        k <= CREDIT
+    }
 }
 
 // SAFETY: repr(C), plain integers, zero is valid.

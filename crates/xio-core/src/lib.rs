@@ -44,6 +44,7 @@ pub mod conn;
 pub mod ctrl;
 pub mod layout;
 pub mod manager;
+pub mod net;
 pub mod paths;
 pub mod pool;
 pub mod proto;

@@ -133,7 +133,11 @@ impl PoolView {
 
     /// Takes one full magazine of `class` into `out`, claiming each buffer
     /// for `me` as `CACHED`. Must run inside `global_op`.
-    fn pop_batch(&self, me: u16, class: usize, out: &mut Vec<u32>) {
+    ///
+    /// Takes at most `keep` of the magazine's buffers and puts the
+    /// magazine back with the rest: a class of few large buffers (32 x 1 MiB,
+    /// say) must not go whole into one stack's cache.
+    fn pop_batch(&self, me: u16, class: usize, keep: usize, out: &mut Vec<u32>) {
         let fh = self.seg.free_head(class);
         let Some(m) = self.mag_pop(class, &fh.head) else {
             return;
@@ -142,8 +146,9 @@ impl PoolView {
             .seg
             .magazine(class, m)
             .expect("popped magazine in range");
-        let len = (mag.len.load(Ordering::Relaxed) as usize).min(MAG_SIZE);
-        for slot in &mag.idx[..len] {
+        let all = (mag.len.load(Ordering::Relaxed) as usize).min(MAG_SIZE);
+        let rest = all.saturating_sub(keep.max(1));
+        for slot in &mag.idx[rest..all] {
             let i = slot.load(Ordering::Relaxed);
             // A corrupt entry is skipped; reconciliation finds the buffer.
             let Some(hdr) = self.seg.buf_header(class, i) else {
@@ -156,8 +161,12 @@ impl PoolView {
             );
             out.push(i);
         }
-        mag.len.store(0, Ordering::Relaxed);
-        self.mag_push(class, &fh.empty, m);
+        mag.len.store(rest as u32, Ordering::Relaxed);
+        if rest > 0 {
+            self.mag_push(class, &fh.head, m);
+        } else {
+            self.mag_push(class, &fh.empty, m);
+        }
     }
 
     /// Returns `idxs` (owned by `me`) to `class`'s full magazines. Must run
@@ -435,7 +444,7 @@ impl StackPool {
         let c = &mut cache[class];
         if c.is_empty() {
             self.view.global_op(self.me, class, wait, || {
-                self.view.pop_batch(self.me, class, c)
+                self.view.pop_batch(self.me, class, self.limit[class], c)
             });
         }
         let idx = c.pop().ok_or(AllocError::Exhausted)?;
@@ -468,7 +477,7 @@ impl StackPool {
             while got < out.len() {
                 if c.is_empty() {
                     self.view.global_op(self.me, class, true, || {
-                        self.view.pop_batch(self.me, class, c)
+                        self.view.pop_batch(self.me, class, self.limit[class], c)
                     });
                 }
                 let Some(idx) = c.pop() else { break };

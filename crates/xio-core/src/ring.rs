@@ -77,6 +77,40 @@ impl RawRing {
     }
 }
 
+impl Clone for RawRing {
+    fn clone(&self) -> Self {
+        Self {
+            hdr: self.hdr,
+            slots: self.slots,
+            mask: self.mask,
+            _keep: self._keep.clone(),
+        }
+    }
+}
+
+/// Looks at a ring from another thread of the consumer's process, without
+/// the consumer: "is the next slot published?". What a driver spins on
+/// while it does not hold its stack (see `Stack::probe`).
+pub struct Watch {
+    ring: RawRing,
+}
+
+// SAFETY: only atomic loads through pointers into memory `_keep` keeps alive.
+unsafe impl Send for Watch {}
+// SAFETY: as above; loads only.
+unsafe impl Sync for Watch {}
+
+impl Watch {
+    /// True when the slot at the consumer's head is published. The head is
+    /// read from the ring header, which the consumer stores after every pop
+    /// (a forged value can only make this answer wrongly, never fault).
+    #[inline]
+    pub fn has_data(&self) -> bool {
+        let head = self.ring.hdr().head.load(Ordering::Relaxed);
+        self.ring.slot(head).seq.load(Ordering::Acquire) == head.wrapping_add(1)
+    }
+}
+
 /// Heap-allocated ring storage, for tests, loom models and in-process use.
 pub(crate) struct HeapRing {
     hdr: RingHeader,
@@ -267,6 +301,13 @@ impl Consumer {
             self.ring.hdr().head.store(self.head, Ordering::Release);
         }
         Ok(n)
+    }
+
+    /// A [`Watch`] on this ring.
+    pub fn watch(&self) -> Watch {
+        Watch {
+            ring: self.ring.clone(),
+        }
     }
 
     /// True when nothing is ready: one load of the next slot's line.

@@ -18,10 +18,13 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::{BufferPool, DescConsumer, DescProducer, Doorbell, EventFdDoorbell};
+use crate::backend::{
+    BufferPool, DescConsumer, DescProducer, Doorbell, EventFdDoorbell, RingWatch,
+};
 use crate::buf::{Buf, BufMut};
 use crate::ctrl::{self, RecvError};
 use crate::layout::{chan_state, kind, Descriptor, StackSlot, SLEEP_EVENTFD, SLEEP_FUTEX};
@@ -200,6 +203,7 @@ impl StackBuilder {
             rr: 0,
             corrupt: 0,
             manager_gone: false,
+            epoch: Arc::new(AtomicU64::new(0)),
         })
     }
 }
@@ -243,6 +247,9 @@ pub struct Stack {
     rr: usize,
     corrupt: u64,
     manager_gone: bool,
+    /// Bumped whenever the set of channels changes, so a [`Probe`] made
+    /// earlier knows it may be missing a ring.
+    epoch: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Stack {
@@ -443,6 +450,7 @@ impl Stack {
             peer_bell: EventFdDoorbell::from_fd(bell),
         });
         self.by_peer.insert(peer, self.channels.len() - 1);
+        self.epoch.fetch_add(1, Ordering::Release);
         tracing::debug!(stack = self.id, channel, peer, "channel up");
         Ok(())
     }
@@ -478,6 +486,7 @@ impl Stack {
         if let Some(moved) = self.channels.get(i) {
             self.by_peer.insert(moved.peer, i);
         }
+        self.epoch.fetch_add(1, Ordering::Release);
         // Deliver everything the peer sent before it went away.
         loop {
             let n = ch.rx.pop_burst(&mut self.scratch).unwrap_or_default();
@@ -503,7 +512,7 @@ impl Stack {
     /// Checks one received descriptor and takes its buffer; a rejected
     /// one is counted (here and in the slot, for status) and logged.
     fn take_descriptor(&mut self, peer: u16, d: &Descriptor) -> Option<crate::pool::RawBuf> {
-        let r = if d.kind == kind::DATA {
+        let r = if kind::carries_buffer(d.kind) {
             self.pool.view().accept(self.id, d)
         } else {
             Err(crate::pool::Reject::Kind(d.kind))
@@ -620,117 +629,245 @@ impl Stack {
         Ok(total)
     }
 
-    /// Whether anything could be ready, without taking it (cheap: shared
-    /// loads only).
-    fn anything_ready(&mut self) -> bool {
-        !self.inbox.is_empty()
-            || self.slot().ctrl_seq.load(Ordering::Acquire) != self.ctrl_seen
-            || self.channels.iter_mut().any(|c| c.rx.has_data())
-    }
-
-    /// Whether spinning can pay: some peer awake on another CPU.
-    fn worth_spinning(&self, my_cpu: u32) -> bool {
-        self.channels.iter().any(|c| {
-            let s = self.seg.stack_slot(c.peer);
-            s.sleeping.load(Ordering::Relaxed) == 0 && s.cpu.load(Ordering::Relaxed) != my_cpu
-        })
-    }
-
     /// Waits until something may be ready, per the waiting mode.
     fn wait(&mut self, deadline: Option<Instant>) -> Result<(), Error> {
-        match self.mode {
-            WaitMode::NonBlocking => return Err(Error::WouldBlock),
-            WaitMode::BusyPoll => {
-                for _ in 0..64 {
-                    if self.anything_ready() {
-                        return Ok(());
-                    }
-                    spin_hint();
-                }
-                return self.check_deadline(deadline);
-            }
-            WaitMode::Adaptive | WaitMode::Blocking => {}
-        }
-        let my_cpu = rustix::thread::sched_getcpu() as u32 + 1;
-        if self.slot().cpu.load(Ordering::Relaxed) != my_cpu {
-            self.slot().cpu.store(my_cpu, Ordering::Relaxed);
-        }
-        let start = now_ns();
-        if self.mode == WaitMode::Adaptive {
-            let budget = self.spin.spin_for(self.worth_spinning(my_cpu));
-            if budget > 0 {
-                self.spin.on_spin_start();
-                let mut i = 0u32;
-                loop {
-                    if self.anything_ready() {
-                        self.spin.on_spin_hit();
-                        return Ok(());
-                    }
-                    spin_hint();
-                    i = i.wrapping_add(1);
-                    if i.is_multiple_of(256) {
-                        let now = now_ns();
-                        if now - start >= budget || !self.worth_spinning(my_cpu) {
-                            break;
-                        }
-                        if deadline.is_some_and(|d| Instant::now() >= d) {
-                            return Err(Error::TimedOut);
-                        }
-                    }
-                }
-            }
-        }
-        // Sleep. Dekker with `notify`: we store `sleeping` then load the
-        // rings; a producer stores its slot then loads `sleeping`. The
-        // SeqCst fences on both sides make at least one see the other.
-        self.slot().sleeping.store(SLEEP_FUTEX, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        if self.anything_ready() {
-            self.slot().sleeping.store(0, Ordering::Relaxed);
-            return Ok(());
-        }
-        let timeout = match deadline {
-            Some(d) => {
-                let now = Instant::now();
-                if now >= d {
-                    self.slot().sleeping.store(0, Ordering::Relaxed);
-                    return Err(Error::TimedOut);
-                }
-                Some(d - now)
-            }
-            None => None,
+        let mut view = StackView {
+            inbox: !self.inbox.is_empty(),
+            seg: &self.seg,
+            ctrl_seen: self.ctrl_seen,
+            id: self.id,
+            channels: &mut self.channels,
         };
-        let slept_from = now_ns();
-        let slot = self.seg.stack_slot(self.id);
-        slot.sleeps.fetch_add(1, Ordering::Relaxed);
-        // One system call to sleep and one (the waker's) to wake, as with a
-        // socket. The futex returns at once if a producer already swapped
-        // the word back to 0. The manager wakes us the same way after
-        // queueing a control message (and bumping `ctrl_seq`). Without a
-        // deadline we still wake once a second to look at the control
-        // socket: that notices a dead manager, and bounds the cost of any
-        // wake-up that could be missed to a second instead of forever.
-        let tick = timeout.map_or(LIVENESS_TICK, |t| t.min(LIVENESS_TICK));
-        futex_wait(&slot.sleeping, SLEEP_FUTEX, Some(tick));
-        let rung = slot.sleeping.swap(0, Ordering::AcqRel) == 0;
-        let woke = now_ns();
-        let rung_at = slot.rung_at.load(Ordering::Relaxed);
-        let wake = (rung && rung_at >= slept_from).then(|| woke.saturating_sub(rung_at));
-        if self.mode == WaitMode::Adaptive {
-            self.spin
-                .on_sleep(slept_from - start, woke - slept_from, wake);
-        }
-        if !rung {
+        let woken = wait_on(
+            &self.seg,
+            self.id,
+            self.mode,
+            &mut self.spin,
+            &mut view,
+            deadline,
+        )?;
+        if woken == Woken::Tick {
             self.poll_ctrl()?;
         }
         Ok(())
     }
 
-    fn check_deadline(&self, deadline: Option<Instant>) -> Result<(), Error> {
-        match deadline {
-            Some(d) if Instant::now() >= d => Err(Error::TimedOut),
-            _ => Ok(()),
+    /// A [`Probe`] on this stack's rings, for a driver that waits without
+    /// holding the stack (another thread may send meanwhile). `reuse` is
+    /// the previous probe, kept if the channels did not change. Give it
+    /// back with [`Stack::end_probe`].
+    pub(crate) fn probe(&mut self, reuse: Option<Probe>) -> Probe {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let mut p = match reuse {
+            Some(p) if p.epoch_seen == epoch => p,
+            _ => Probe {
+                seg: self.seg.clone(),
+                id: self.id,
+                ctrl_seen: 0,
+                watches: self
+                    .channels
+                    .iter()
+                    .map(|c| (c.peer, c.rx.watch()))
+                    .collect(),
+                epoch: self.epoch.clone(),
+                epoch_seen: epoch,
+                mode: self.mode,
+                spin: AdaptiveSpin::default(),
+            },
+        };
+        p.ctrl_seen = self.ctrl_seen;
+        p.mode = self.mode;
+        p.spin = std::mem::take(&mut self.spin);
+        p
+    }
+
+    /// Takes back what a probe learned (the adaptive policy's state).
+    pub(crate) fn end_probe(&mut self, p: &mut Probe) {
+        self.spin = std::mem::take(&mut p.spin);
+    }
+
+    /// Moves up to `max` descriptors from the rings to `f`, validating
+    /// each: buffers (data of both interfaces, SYNs) as [`Buf`]s, control
+    /// kinds as they are, and a peer's death as [`Incoming::PeerGone`]
+    /// after everything it sent. With `ctrl`, reads the control socket even
+    /// if the manager did not signal (after a liveness tick).
+    pub(crate) fn poll_events(
+        &mut self,
+        max: usize,
+        ctrl: bool,
+        f: &mut dyn FnMut(Incoming),
+    ) -> Result<usize, Error> {
+        if ctrl {
+            self.poll_ctrl()?;
+        } else {
+            self.poll_ctrl_if_bumped()?;
         }
+        let mut total = 0;
+        // Events queued earlier (a closed channel's last messages, resets).
+        while let Some(ev) = self.inbox.pop_front() {
+            match ev {
+                Event::Msg(m) => f(Incoming::Message(m)),
+                Event::Reset(p) => f(Incoming::PeerGone(p)),
+            }
+            total += 1;
+        }
+        let n_ch = self.channels.len();
+        let mut broken = Vec::new();
+        for k in 0..n_ch {
+            if total >= max {
+                break;
+            }
+            let i = (self.rr + k) % n_ch;
+            let want = (max - total).min(BURST);
+            let n = match self.channels[i].rx.pop_burst(&mut self.scratch[..want]) {
+                Ok(n) => n,
+                Err(_) => {
+                    self.corrupt += 1;
+                    self.slot().corrupt.fetch_add(1, Ordering::Relaxed);
+                    broken.push(self.channels[i].peer);
+                    continue;
+                }
+            };
+            let peer = self.channels[i].peer;
+            self.prefetch_scratch(n);
+            for j in 0..n {
+                let d = self.scratch[j];
+                if kind::carries_buffer(d.kind) {
+                    if let Some(raw) = self.take_descriptor(peer, &d) {
+                        let p: Arc<dyn BufferPool> = self.pool.clone();
+                        let buf = Buf::new(p, raw, d.len as usize);
+                        f(Incoming::Buf {
+                            from: PeerId(peer),
+                            kind: d.kind,
+                            conn: d.conn,
+                            buf,
+                        });
+                    }
+                } else if kind::is_known(d.kind) {
+                    f(Incoming::Control {
+                        from: PeerId(peer),
+                        kind: d.kind,
+                        conn: d.conn,
+                        arg: d.index,
+                    });
+                } else {
+                    self.corrupt += 1;
+                    self.slot().corrupt.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(peer, ?d, "rejected a descriptor of unknown kind");
+                }
+            }
+            total += n;
+        }
+        self.rr = self.rr.wrapping_add(1);
+        for p in broken {
+            self.close_channel(p, None);
+        }
+        while let Some(ev) = self.inbox.pop_front() {
+            match ev {
+                Event::Msg(m) => f(Incoming::Message(m)),
+                Event::Reset(p) => f(Incoming::PeerGone(p)),
+            }
+            total += 1;
+        }
+        Ok(total)
+    }
+
+    /// Pushes one control descriptor (no buffer) to `peer` and wakes it if
+    /// it sleeps. `Ok(false)` when the ring is full.
+    pub(crate) fn push_control(
+        &mut self,
+        peer: PeerId,
+        kind: u8,
+        conn: u32,
+        arg: u32,
+    ) -> Result<bool, Error> {
+        let ci = *self.by_peer.get(&peer.0).ok_or(Error::Reset(peer))?;
+        self.check_open(ci, peer)?;
+        let ch = &mut self.channels[ci];
+        let d = Descriptor {
+            index: arg,
+            kind,
+            conn,
+            ..Descriptor::default()
+        };
+        match ch.tx.push_burst(&[d]) {
+            Ok(1) => {
+                Self::notify(&self.seg, ch);
+                Ok(true)
+            }
+            Ok(_) => Ok(false),
+            Err(_) => {
+                self.close_channel(peer.0, None);
+                Err(Error::Reset(peer))
+            }
+        }
+    }
+
+    /// Pushes a buffer of kind `kind` for the peer's `conn`, or hands it
+    /// back (`Ok(Some)`) when the ring is full. With `notify` false the
+    /// peer is not woken (call [`Stack::wake_peer`] after a burst).
+    pub(crate) fn push_buf(
+        &mut self,
+        peer: PeerId,
+        kind: u8,
+        conn: u32,
+        buf: BufMut,
+        notify: bool,
+    ) -> Result<Option<BufMut>, Error> {
+        let ci = *self.by_peer.get(&peer.0).ok_or(Error::Reset(peer))?;
+        self.check_open(ci, peer)?;
+        let ch = &mut self.channels[ci];
+        match ch.tx_space(1) {
+            Ok(0) => {
+                Self::notify(&self.seg, ch);
+                Ok(Some(buf))
+            }
+            Ok(_) => {
+                let (raw, len) = buf.into_raw();
+                let d = self
+                    .pool
+                    .view()
+                    .prepare_send(raw, len as u32, peer.0, conn, kind);
+                let n = ch.tx.push_burst(&[d]).unwrap_or(0);
+                debug_assert_eq!(n, 1, "we are the only producer and saw room");
+                if notify {
+                    Self::notify(&self.seg, ch);
+                }
+                Ok(None)
+            }
+            Err(()) => {
+                self.close_channel(peer.0, None);
+                Err(Error::Reset(peer))
+            }
+        }
+    }
+
+    /// Wakes `peer` if it sleeps (after pushes made with `notify` false).
+    pub(crate) fn wake_peer(&self, peer: PeerId) {
+        if let Some(&ci) = self.by_peer.get(&peer.0) {
+            Self::notify(&self.seg, &self.channels[ci]);
+        }
+    }
+
+    /// Ends the wait of a driver thread (see [`Probe`]) at once: something
+    /// local became ready that its rings will not show. The Dekker pair of
+    /// the sleep in `wait_on`: bump what the probe checks, then look at
+    /// `sleeping`.
+    pub(crate) fn kick(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let s = self.slot();
+        if s.sleeping.load(Ordering::Relaxed) == SLEEP_FUTEX
+            && s.sleeping.swap(0, Ordering::AcqRel) == SLEEP_FUTEX
+        {
+            futex_wake(&s.sleeping);
+        }
+    }
+
+    /// Forgets which stack `addr` resolved to, so the next `connect` asks
+    /// the manager again.
+    pub(crate) fn forget_resolution(&mut self, addr: &SocketAddr) {
+        self.resolved.remove(addr);
     }
 
     fn next_event(
@@ -1183,6 +1320,218 @@ impl Chan {
             .free_slots(want.min(u32::MAX as usize) as u32)
             .map_err(|_| ())? as usize)
     }
+}
+
+/// What arrived, for the socket layer (see [`Stack::poll_events`]).
+pub(crate) enum Incoming {
+    /// A validated buffer of a buffer-carrying kind.
+    Buf {
+        from: PeerId,
+        kind: u8,
+        conn: u32,
+        buf: Buf,
+    },
+    /// A control descriptor (no buffer): only its fields.
+    Control {
+        from: PeerId,
+        kind: u8,
+        conn: u32,
+        arg: u32,
+    },
+    /// A message of the zero-copy interface (the socket layer drops it).
+    Message(Message),
+    /// The peer died or left; everything it sent came before.
+    PeerGone(PeerId),
+}
+
+/// How a wait ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Woken {
+    /// Something looked ready (seen while spinning or before sleeping), or
+    /// a peer rang.
+    Ready,
+    /// The liveness tick: nobody rang; look at the control socket.
+    Tick,
+}
+
+/// What a waiter looks at while it waits.
+trait WaitView {
+    /// Whether anything could be ready (shared loads only).
+    fn ready(&mut self) -> bool;
+    /// Whether spinning can pay: some peer awake on another CPU.
+    fn worth_spinning(&self, my_cpu: u32) -> bool;
+}
+
+fn peers_worth_spinning(seg: &Segment, peers: impl Iterator<Item = u16>, my_cpu: u32) -> bool {
+    peers.into_iter().any(|p| {
+        let s = seg.stack_slot(p);
+        s.sleeping.load(Ordering::Relaxed) == 0 && s.cpu.load(Ordering::Relaxed) != my_cpu
+    })
+}
+
+struct StackView<'a> {
+    inbox: bool,
+    seg: &'a Segment,
+    ctrl_seen: u32,
+    id: u16,
+    channels: &'a mut [Chan],
+}
+
+impl WaitView for StackView<'_> {
+    fn ready(&mut self) -> bool {
+        self.inbox
+            || self
+                .seg
+                .stack_slot(self.id)
+                .ctrl_seq
+                .load(Ordering::Acquire)
+                != self.ctrl_seen
+            || self.channels.iter_mut().any(|c| c.rx.has_data())
+    }
+    fn worth_spinning(&self, my_cpu: u32) -> bool {
+        peers_worth_spinning(self.seg, self.channels.iter().map(|c| c.peer), my_cpu)
+    }
+}
+
+/// A stack's rings seen from a driver thread that waits without holding
+/// the stack: the socket layer's sockets share one stack behind a lock,
+/// and its driver must not hold that lock while it spins or sleeps, or no
+/// other thread could send. Watches every ring, the control sequence and
+/// the channel set (a channel added meanwhile ends the wait, since its
+/// ring is not watched).
+pub(crate) struct Probe {
+    seg: Segment,
+    id: u16,
+    ctrl_seen: u32,
+    watches: Vec<(u16, Box<dyn RingWatch>)>,
+    epoch: Arc<AtomicU64>,
+    epoch_seen: u64,
+    mode: WaitMode,
+    spin: AdaptiveSpin,
+}
+
+impl WaitView for Probe {
+    fn ready(&mut self) -> bool {
+        self.seg
+            .stack_slot(self.id)
+            .ctrl_seq
+            .load(Ordering::Acquire)
+            != self.ctrl_seen
+            || self.epoch.load(Ordering::Relaxed) != self.epoch_seen
+            || self.watches.iter().any(|(_, w)| w.has_data())
+    }
+    fn worth_spinning(&self, my_cpu: u32) -> bool {
+        peers_worth_spinning(&self.seg, self.watches.iter().map(|(p, _)| *p), my_cpu)
+    }
+}
+
+impl Probe {
+    /// Waits per the mode until something may be ready or `deadline`
+    /// ([`Error::TimedOut`]). True if the wait ended on the liveness tick.
+    pub(crate) fn wait(&mut self, deadline: Option<Instant>) -> Result<bool, Error> {
+        let seg = self.seg.clone();
+        let mut spin = std::mem::take(&mut self.spin);
+        let r = wait_on(&seg, self.id, self.mode, &mut spin, self, deadline);
+        self.spin = spin;
+        Ok(r? == Woken::Tick)
+    }
+}
+
+/// The waiting policy (see [`crate::wait`]) over any [`WaitView`].
+fn wait_on(
+    seg: &Segment,
+    id: u16,
+    mode: WaitMode,
+    spin: &mut AdaptiveSpin,
+    view: &mut impl WaitView,
+    deadline: Option<Instant>,
+) -> Result<Woken, Error> {
+    let check_deadline = || match deadline {
+        Some(d) if Instant::now() >= d => Err(Error::TimedOut),
+        _ => Ok(Woken::Ready),
+    };
+    match mode {
+        WaitMode::NonBlocking => return Err(Error::WouldBlock),
+        WaitMode::BusyPoll => {
+            for _ in 0..64 {
+                if view.ready() {
+                    return Ok(Woken::Ready);
+                }
+                spin_hint();
+            }
+            return check_deadline();
+        }
+        WaitMode::Adaptive | WaitMode::Blocking => {}
+    }
+    let slot = seg.stack_slot(id);
+    let my_cpu = rustix::thread::sched_getcpu() as u32 + 1;
+    if slot.cpu.load(Ordering::Relaxed) != my_cpu {
+        slot.cpu.store(my_cpu, Ordering::Relaxed);
+    }
+    let start = now_ns();
+    if mode == WaitMode::Adaptive {
+        let budget = spin.spin_for(view.worth_spinning(my_cpu));
+        if budget > 0 {
+            spin.on_spin_start();
+            let mut i = 0u32;
+            loop {
+                if view.ready() {
+                    spin.on_spin_hit();
+                    return Ok(Woken::Ready);
+                }
+                spin_hint();
+                i = i.wrapping_add(1);
+                if i.is_multiple_of(256) {
+                    let now = now_ns();
+                    if now - start >= budget || !view.worth_spinning(my_cpu) {
+                        break;
+                    }
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(Error::TimedOut);
+                    }
+                }
+            }
+        }
+    }
+    // Sleep. Dekker with `notify`: we store `sleeping` then load the
+    // rings; a producer stores its slot then loads `sleeping`. The
+    // SeqCst fences on both sides make at least one see the other.
+    slot.sleeping.store(SLEEP_FUTEX, Ordering::SeqCst);
+    fence(Ordering::SeqCst);
+    if view.ready() {
+        slot.sleeping.store(0, Ordering::Relaxed);
+        return Ok(Woken::Ready);
+    }
+    let timeout = match deadline {
+        Some(d) => {
+            let now = Instant::now();
+            if now >= d {
+                slot.sleeping.store(0, Ordering::Relaxed);
+                return Err(Error::TimedOut);
+            }
+            Some(d - now)
+        }
+        None => None,
+    };
+    let slept_from = now_ns();
+    slot.sleeps.fetch_add(1, Ordering::Relaxed);
+    // One system call to sleep and one (the waker's) to wake, as with a
+    // socket. The futex returns at once if a producer already swapped
+    // the word back to 0. The manager wakes us the same way after
+    // queueing a control message (and bumping `ctrl_seq`). Without a
+    // deadline we still wake once a second to look at the control
+    // socket: that notices a dead manager, and bounds the cost of any
+    // wake-up that could be missed to a second instead of forever.
+    let tick = timeout.map_or(LIVENESS_TICK, |t| t.min(LIVENESS_TICK));
+    futex_wait(&slot.sleeping, SLEEP_FUTEX, Some(tick));
+    let rung = slot.sleeping.swap(0, Ordering::AcqRel) == 0;
+    let woke = now_ns();
+    let rung_at = slot.rung_at.load(Ordering::Relaxed);
+    let wake = (rung && rung_at >= slept_from).then(|| woke.saturating_sub(rung_at));
+    if mode == WaitMode::Adaptive {
+        spin.on_sleep(slept_from - start, woke - slept_from, wake);
+    }
+    Ok(if rung { Woken::Ready } else { Woken::Tick })
 }
 
 /// Waits a little longer each time: spin, then yield, then short sleeps.

@@ -1,0 +1,1596 @@
+//! Sockets over shared memory: [`XioListener`] and [`XioStream`], shaped
+//! like `std::net::TcpListener` and `TcpStream` so code ports by changing
+//! the type names (the paper's POSIX-like layer, §III-D).
+//!
+//! ```no_run
+//! use std::io::{Read, Write};
+//! use xio_core::net::{XioListener, XioStream};
+//!
+//! let listener = XioListener::bind("10.0.0.1:80")?;   // pool from $XIO_PREFIX
+//! std::thread::spawn(move || {
+//!     for conn in listener.incoming() {
+//!         let mut s = conn.unwrap();
+//!         let mut buf = [0u8; 5];
+//!         s.read_exact(&mut buf).unwrap();
+//!         s.write_all(&buf).unwrap();
+//!     }
+//! });
+//! let mut s = XioStream::connect("10.0.0.1:80")?;
+//! s.write_all(b"hello")?;
+//! let mut back = [0u8; 5];
+//! s.read_exact(&mut back)?;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! # How it works
+//! A process's sockets share one [`Stack`] (one per [`Net`]); connections
+//! multiplex over the channel between two stacks, demultiplexed by the
+//! receiving stack's connection table ([`crate::conn::Table`], which has no
+//! I/O of its own). Streams are byte streams: reads return what is there,
+//! in order, however it was written; a write larger than a pool buffer is
+//! split; `write_vectored` packs its slices into one buffer when they fit.
+//!
+//! **Waiting.** A thread that must wait becomes the *driver* if nobody is:
+//! it waits on the stack's rings with the stack's waiting policy (adaptive
+//! by default: spin while a peer is awake on another core, then sleep on
+//! the futex), without holding the lock, so other threads keep sending.
+//! When something arrives it drains every ring into the table and wakes
+//! every thread whose connection became ready in one pass (the paper's
+//! batch wake-up). Other waiters sleep until woken; none spins. When the
+//! driver has what it waited for, it hands the role to another waiter.
+//!
+//! **Flow control.** Each connection may have a window of buffer capacity
+//! unread at the receiver ([`NetBuilder::window`], 2 MiB by default); the
+//! reader credits it back as it consumes. A writer without credit waits
+//! (or gets `WouldBlock`); nothing is dropped. An exhausted pool is a
+//! wait too, and a write falls back to smaller buffers before it waits.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::task::Waker;
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use crate::buf::{Buf, BufMut};
+use crate::conn::{Action, ConnError, ConnId, Table};
+use crate::layout::kind;
+use crate::stack::{Error, Incoming, PeerId, Probe, Stack};
+use crate::wait::WaitMode;
+
+/// Longest a driver waits before retrying sends that did not fit a full
+/// ring (nothing wakes it when the peer makes room).
+const RETRY_FULL: Duration = Duration::from_micros(50);
+
+/// Options for [`Net`].
+#[derive(Clone, Debug)]
+pub struct NetBuilder {
+    prefix: String,
+    mode: WaitMode,
+    window: Option<usize>,
+    batch: bool,
+}
+
+impl NetBuilder {
+    /// How blocking calls wait ([`WaitMode::Adaptive`] by default;
+    /// [`WaitMode::BusyPoll`] for latency-critical users with a core to
+    /// spare). Per-socket non-blocking mode is
+    /// [`XioStream::set_nonblocking`].
+    pub fn wait_mode(mut self, mode: WaitMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Bytes of buffer capacity a connection may have unread at the
+    /// receiver (at least twice the largest buffer class; 2 MiB by
+    /// default, or more with larger classes).
+    pub fn window(mut self, bytes: usize) -> Self {
+        self.window = Some(bytes);
+        self
+    }
+
+    /// Batch wake-up (on by default): one drain of the rings wakes every
+    /// connection that became ready. Off, a drain takes one descriptor at a
+    /// time (for comparison, as the paper's X-IO-no-batch).
+    pub fn batch_wakeup(mut self, on: bool) -> Self {
+        self.batch = on;
+        self
+    }
+
+    /// Attaches to the pool's manager.
+    pub fn attach(self) -> io::Result<Net> {
+        let stack = Stack::builder(&self.prefix)
+            .wait_mode(self.mode)
+            .attach()
+            .map_err(io::Error::from)?;
+        let classes: Vec<usize> = stack
+            .__segment()
+            .classes()
+            .iter()
+            .map(|c| c.buf_size as usize)
+            .collect();
+        let max_buf = classes.last().copied().unwrap_or(0);
+        if max_buf < SYN_LEN {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the pool's buffers are too small for the socket layer",
+            ));
+        }
+        let window = self
+            .window
+            .unwrap_or(2 << 20)
+            .max(2 * max_buf)
+            .min(u32::MAX as usize / 2);
+        Ok(Net {
+            shared: Arc::new(Shared {
+                core: Mutex::new(Core {
+                    stack,
+                    table: Table::new(window),
+                    driving: false,
+                    probe: None,
+                    waiters: HashMap::new(),
+                    parked: 0,
+                    pending: HashMap::new(),
+                    force_ctrl: false,
+                    batch: self.batch,
+                    ready: Vec::new(),
+                    track_ready: false,
+                    ready_seen: HashMap::new(),
+                    syn_buf: None,
+                    refused_peers: Vec::new(),
+                }),
+                classes,
+            }),
+        })
+    }
+}
+
+/// A process's attachment for sockets: one stack shared by all the
+/// listeners and streams made from it. Cheap to clone.
+#[derive(Clone)]
+pub struct Net {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Net").finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    core: Mutex<Core>,
+    classes: Vec<usize>,
+}
+
+/// What waits for a key: a blocked thread, or a task's waker.
+#[derive(Debug)]
+pub enum Waiter {
+    /// A thread parked in a blocking call.
+    Thread(Thread),
+    /// An async task.
+    Waker(Waker),
+}
+
+impl Waiter {
+    fn wake(self) {
+        match self {
+            Waiter::Thread(t) => t.unpark(),
+            Waiter::Waker(w) => w.wake(),
+        }
+    }
+}
+
+/// What a waiter waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    Read(ConnId),
+    Write(ConnId),
+    Connect(ConnId),
+    Accept(SocketAddr),
+    Poll,
+}
+
+/// A send that did not fit the ring, kept in order per peer.
+enum Pending {
+    Ctrl { kind: u8, to: u32, arg: u32 },
+    Buf { kind: u8, to: u32, buf: BufMut },
+}
+
+/// Readiness reported by [`Net::poll`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A stream (see [`XioStream::token`]) may be readable and/or writable.
+    Stream {
+        /// The stream's token.
+        token: u64,
+        /// A read may make progress (data, end of stream or an error).
+        readable: bool,
+        /// A write may make progress (credit came back, or an error).
+        writable: bool,
+    },
+    /// A connection waits to be accepted on this address.
+    Accept(SocketAddr),
+}
+
+struct Core {
+    stack: Stack,
+    table: Table<Buf>,
+    driving: bool,
+    probe: Option<Probe>,
+    waiters: HashMap<Key, Vec<Waiter>>,
+    parked: usize,
+    pending: HashMap<u16, VecDeque<Pending>>,
+    force_ctrl: bool,
+    batch: bool,
+    ready: Vec<Event>,
+    track_ready: bool,
+    /// Index in `ready` of each stream already listed (dedup).
+    ready_seen: HashMap<u32, usize>,
+    /// The buffer the next SYN travels in (allocated before taking the lock).
+    syn_buf: Option<BufMut>,
+    /// Peers a SYN-ACK or data could not reach (their channel is gone).
+    refused_peers: Vec<PeerId>,
+}
+
+/// Bytes of a SYN's payload: version, then target and source addresses.
+const SYN_LEN: usize = 1 + 2 * ADDR_LEN;
+const ADDR_LEN: usize = 1 + 16 + 2;
+
+fn put_addr(out: &mut [u8], a: &SocketAddr) {
+    match a {
+        SocketAddr::V4(v) => {
+            out[0] = 4;
+            out[1..5].copy_from_slice(&v.ip().octets());
+            out[5..17].fill(0);
+        }
+        SocketAddr::V6(v) => {
+            out[0] = 6;
+            out[1..17].copy_from_slice(&v.ip().octets());
+        }
+    }
+    out[17..19].copy_from_slice(&a.port().to_le_bytes());
+}
+
+fn get_addr(b: &[u8]) -> Option<SocketAddr> {
+    let port = u16::from_le_bytes([b[17], b[18]]);
+    match b[0] {
+        4 => {
+            let ip: [u8; 4] = b[1..5].try_into().ok()?;
+            Some(SocketAddr::from((ip, port)))
+        }
+        6 => {
+            let ip: [u8; 16] = b[1..17].try_into().ok()?;
+            Some(SocketAddr::from((ip, port)))
+        }
+        _ => None,
+    }
+}
+
+fn encode_syn(buf: &mut BufMut, target: &SocketAddr, source: &SocketAddr) {
+    buf.set_len(SYN_LEN);
+    buf[0] = 1;
+    put_addr(&mut buf[1..1 + ADDR_LEN], target);
+    put_addr(&mut buf[1 + ADDR_LEN..], source);
+}
+
+fn decode_syn(b: &[u8]) -> Option<(SocketAddr, SocketAddr)> {
+    if b.len() != SYN_LEN || b[0] != 1 {
+        return None;
+    }
+    Some((
+        get_addr(&b[1..1 + ADDR_LEN])?,
+        get_addr(&b[1 + ADDR_LEN..])?,
+    ))
+}
+
+/// The address a connecting stream gets: X-IO clients do not bind, so it
+/// is made from the stack and connection ids, unique on the machine
+/// (`127.88.<stack>:<port>`).
+fn client_addr(stack: PeerId, c: ConnId) -> SocketAddr {
+    let [hi, lo] = stack.0.to_be_bytes();
+    let port = 1024 + (c.0 & 0xfffff) % (65536 - 1024);
+    SocketAddr::from(([127, 88, hi, lo], port as u16))
+}
+
+fn stack_err(e: Error) -> io::Error {
+    io::Error::from(e)
+}
+
+impl Core {
+    fn me(&self) -> PeerId {
+        self.stack.id()
+    }
+
+    /// Sends (or queues, behind earlier sends to the same peer) one
+    /// descriptor. A peer whose channel is gone is reset by the drain that
+    /// follows; what was queued for it is dropped (buffers back to the pool).
+    fn send_or_queue(&mut self, peer: PeerId, p: Pending) {
+        let q = self.pending.entry(peer.0).or_default();
+        if !q.is_empty() {
+            q.push_back(p);
+            return;
+        }
+        match self.push(peer, p) {
+            Ok(None) => {}
+            Ok(Some(p)) => self.pending.entry(peer.0).or_default().push_back(p),
+            Err(_) => self.refused_peers.push(peer),
+        }
+    }
+
+    /// One push: `Ok(Some)` hands it back when the ring is full.
+    fn push(&mut self, peer: PeerId, p: Pending) -> Result<Option<Pending>, Error> {
+        match p {
+            Pending::Ctrl { kind, to, arg } => {
+                if self.stack.push_control(peer, kind, to, arg)? {
+                    Ok(None)
+                } else {
+                    Ok(Some(Pending::Ctrl { kind, to, arg }))
+                }
+            }
+            Pending::Buf { kind, to, buf } => Ok(self
+                .stack
+                .push_buf(peer, kind, to, buf, true)?
+                .map(|buf| Pending::Buf { kind, to, buf })),
+        }
+    }
+
+    /// Pushes queued sends in order; true if nothing is left queued.
+    fn flush_pending(&mut self) -> bool {
+        if self.pending.values().all(VecDeque::is_empty) {
+            return true;
+        }
+        let peers: Vec<u16> = self.pending.keys().copied().collect();
+        for p in peers {
+            let mut q = self.pending.remove(&p).unwrap_or_default();
+            while let Some(item) = q.pop_front() {
+                match self.push(PeerId(p), item) {
+                    Ok(None) => {}
+                    Ok(Some(item)) => {
+                        q.push_front(item);
+                        break;
+                    }
+                    Err(_) => {
+                        q.clear();
+                        self.refused_peers.push(PeerId(p));
+                    }
+                }
+            }
+            if !q.is_empty() {
+                self.pending.insert(p, q);
+            }
+        }
+        self.pending.values().all(VecDeque::is_empty)
+    }
+
+    fn has_pending(&self) -> bool {
+        self.pending.values().any(|q| !q.is_empty())
+    }
+
+    fn pending_for(&self, peer: PeerId) -> bool {
+        self.pending.get(&peer.0).is_some_and(|q| !q.is_empty())
+    }
+
+    /// Moves what the rings hold into the table and runs what follows.
+    fn drain(&mut self, wake: &mut Vec<Waiter>) -> io::Result<()> {
+        self.flush_pending();
+        let max = if self.batch { usize::MAX } else { 1 };
+        let force = std::mem::take(&mut self.force_ctrl);
+        let me = self.me();
+        let table = &mut self.table;
+        let mut gone = Vec::new();
+        let r = self.stack.poll_events(max, force, &mut |ev| match ev {
+            Incoming::Buf {
+                from,
+                kind: kind::STREAM,
+                conn,
+                buf,
+            } => table.on_data(from, ConnId(conn), buf),
+            Incoming::Buf {
+                from,
+                kind: kind::SYN,
+                conn,
+                buf,
+            } => match decode_syn(&buf) {
+                Some((target, source)) => table.on_syn(from, conn, target, source),
+                None => {
+                    tracing::warn!(peer = from.0, "malformed SYN refused");
+                }
+            },
+            Incoming::Buf { from, kind, .. } => {
+                tracing::debug!(peer = from.0, kind, "dropped a non-stream buffer");
+            }
+            Incoming::Control {
+                from,
+                kind,
+                conn,
+                arg,
+            } => dispatch_control(table, from, kind, conn, arg),
+            Incoming::Message(m) => {
+                tracing::debug!(peer = m.from.0, "dropped a zero-copy message");
+            }
+            Incoming::PeerGone(p) => {
+                table.on_peer_gone(p);
+                gone.push(p);
+            }
+        });
+        let _ = me;
+        for p in gone {
+            self.pending.remove(&p.0);
+        }
+        match r {
+            Ok(_) => {}
+            Err(Error::ManagerGone) => {
+                tracing::warn!("the X-IO manager went away; open connections keep working");
+            }
+            Err(e) => return Err(stack_err(e)),
+        }
+        self.run_actions(wake);
+        Ok(())
+    }
+
+    /// Carries out what the table asked for: sends, and wake-ups.
+    fn run_actions(&mut self, wake: &mut Vec<Waiter>) {
+        let me = self.me();
+        let mut kick = false;
+        while let Some(a) = self.table.poll_action() {
+            let key = match a {
+                Action::SendSyn {
+                    peer,
+                    conn,
+                    target,
+                    source,
+                } => {
+                    if peer == me {
+                        let source = self.table.addrs(conn).map_or(source, |a| a.0);
+                        self.table.on_syn(me, conn.0, target, source);
+                    } else if let Some(mut buf) = self.syn_buf.take() {
+                        let source = self.table.addrs(conn).map_or(source, |a| a.0);
+                        encode_syn(&mut buf, &target, &source);
+                        self.send_or_queue(
+                            peer,
+                            Pending::Buf {
+                                kind: kind::SYN,
+                                to: conn.0,
+                                buf,
+                            },
+                        );
+                    } else {
+                        // Only `connect` makes SYNs, and it provides the buffer.
+                        self.table.on_rst(peer, conn);
+                    }
+                    continue;
+                }
+                Action::Control {
+                    peer,
+                    kind,
+                    to,
+                    arg,
+                } => {
+                    if peer == me {
+                        dispatch_control(&mut self.table, me, kind, to, arg);
+                    } else {
+                        self.send_or_queue(peer, Pending::Ctrl { kind, to, arg });
+                    }
+                    continue;
+                }
+                Action::Readable(c) => {
+                    self.note_ready(c, true, false);
+                    Key::Read(c)
+                }
+                Action::Writable(c) => {
+                    self.note_ready(c, false, true);
+                    Key::Write(c)
+                }
+                Action::Connected(c) => {
+                    self.note_ready(c, true, true);
+                    Key::Connect(c)
+                }
+                Action::Acceptable(addr) => {
+                    if self.track_ready && !self.ready.contains(&Event::Accept(addr)) {
+                        self.ready.push(Event::Accept(addr));
+                        kick |= self.wake_key(Key::Poll, wake);
+                    }
+                    Key::Accept(addr)
+                }
+            };
+            kick |= self.wake_key(key, wake);
+        }
+        // Peers whose channel vanished under a send: reset their connections.
+        for p in std::mem::take(&mut self.refused_peers) {
+            self.table.on_peer_gone(p);
+            self.pending.remove(&p.0);
+            while let Some(a) = self.table.poll_action() {
+                let key = match a {
+                    Action::Readable(c) => Key::Read(c),
+                    Action::Writable(c) => Key::Write(c),
+                    Action::Connected(c) => Key::Connect(c),
+                    _ => continue,
+                };
+                kick |= self.wake_key(key, wake);
+            }
+        }
+        // A driver waiting on the rings (another thread) cannot see what a
+        // local operation made ready (a connection to this same process,
+        // say): wake it so it looks.
+        if kick && self.driving {
+            self.stack.kick();
+        }
+    }
+
+    /// Moves the waiters of `key` to `wake`; true if nobody was parked on
+    /// it (the driver may be the one waiting for it).
+    fn wake_key(&mut self, key: Key, wake: &mut Vec<Waiter>) -> bool {
+        match self.waiters.remove(&key) {
+            Some(ws) => {
+                self.parked -= ws.len();
+                wake.extend(ws);
+                false
+            }
+            None => true,
+        }
+    }
+
+    fn note_ready(&mut self, c: ConnId, r: bool, w: bool) {
+        if !self.track_ready {
+            return;
+        }
+        match self.ready_seen.get(&c.0) {
+            Some(&i) => {
+                if let Event::Stream {
+                    readable, writable, ..
+                } = &mut self.ready[i]
+                {
+                    *readable |= r;
+                    *writable |= w;
+                }
+            }
+            None => {
+                self.ready_seen.insert(c.0, self.ready.len());
+                self.ready.push(Event::Stream {
+                    token: u64::from(c.0),
+                    readable: r,
+                    writable: w,
+                });
+            }
+        }
+    }
+
+    fn add_waiter(&mut self, key: Key, w: Waiter) {
+        self.waiters.entry(key).or_default().push(w);
+        self.parked += 1;
+    }
+
+    fn remove_thread(&mut self, key: Key, t: &Thread) {
+        if let Some(ws) = self.waiters.get_mut(&key) {
+            let before = ws.len();
+            ws.retain(|w| !matches!(w, Waiter::Thread(x) if x.id() == t.id()));
+            self.parked -= before - ws.len();
+            if ws.is_empty() {
+                self.waiters.remove(&key);
+            }
+        }
+    }
+
+    /// Any one waiter, to take over driving.
+    fn take_any_waiter(&mut self) -> Option<Waiter> {
+        let key = *self.waiters.keys().next()?;
+        let ws = self.waiters.get_mut(&key)?;
+        let w = ws.pop();
+        if ws.is_empty() {
+            self.waiters.remove(&key);
+        }
+        if w.is_some() {
+            self.parked -= 1;
+        }
+        w
+    }
+}
+
+fn dispatch_control(table: &mut Table<Buf>, from: PeerId, k: u8, conn: u32, arg: u32) {
+    let c = ConnId(conn);
+    match k {
+        kind::SYN_ACK => table.on_syn_ack(from, c, arg),
+        kind::FIN => table.on_fin(from, c),
+        kind::RST => table.on_rst(from, c),
+        kind::CREDIT => table.on_credit(from, c, arg),
+        _ => tracing::warn!(peer = from.0, k, "unexpected control descriptor ignored"),
+    }
+}
+
+fn wake_all(wake: &mut Vec<Waiter>) {
+    for w in wake.drain(..) {
+        w.wake();
+    }
+}
+
+/// What one attempt of a blocking operation found.
+enum Try<R> {
+    Done(io::Result<R>),
+    /// Not yet: wait for `Key`.
+    Wait,
+    /// Not yet, and nothing will signal it (a full ring, an exhausted
+    /// pool): retry after a short pause.
+    Retry,
+}
+
+impl Net {
+    /// Options for attaching to pool `prefix`.
+    pub fn builder(prefix: &str) -> NetBuilder {
+        NetBuilder {
+            prefix: prefix.to_owned(),
+            mode: WaitMode::default(),
+            window: None,
+            batch: true,
+        }
+    }
+
+    /// Attaches to pool `prefix` with default options.
+    pub fn attach(prefix: &str) -> io::Result<Net> {
+        Self::builder(prefix).attach()
+    }
+
+    /// The process-wide default: pool `$XIO_PREFIX` (or `xio`), attached
+    /// on first use. What [`XioListener::bind`] and [`XioStream::connect`]
+    /// use.
+    pub fn global() -> io::Result<Net> {
+        static GLOBAL: OnceLock<Net> = OnceLock::new();
+        static INIT: Mutex<()> = Mutex::new(());
+        if let Some(n) = GLOBAL.get() {
+            return Ok(n.clone());
+        }
+        let _g = INIT.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = GLOBAL.get() {
+            return Ok(n.clone());
+        }
+        let n = Net::attach(&crate::paths::default_prefix())?;
+        Ok(GLOBAL.get_or_init(|| n).clone())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        self.shared.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This net's stack id in the pool.
+    pub fn stack_id(&self) -> PeerId {
+        self.lock().me()
+    }
+
+    /// Connections open (in any state).
+    pub fn connections(&self) -> usize {
+        self.lock().table.len()
+    }
+
+    /// The per-connection flow-control window in bytes.
+    pub fn window(&self) -> usize {
+        self.lock().table.window()
+    }
+
+    /// Runs one operation until it completes: the blocking driver. See the
+    /// module docs for who waits how.
+    fn block<R>(
+        &self,
+        key: Key,
+        nonblocking: bool,
+        deadline: Option<Instant>,
+        mut f: impl FnMut(&mut Core, &mut Vec<Waiter>) -> Try<R>,
+    ) -> io::Result<R> {
+        let mut wake = Vec::new();
+        let mut g = self.lock();
+        let mut backoff = 0u32;
+        let r = loop {
+            if !g.driving {
+                if let Err(e) = g.drain(&mut wake) {
+                    break Err(e);
+                }
+            }
+            let retry = match f(&mut g, &mut wake) {
+                Try::Done(r) => break r,
+                Try::Wait => false,
+                Try::Retry => true,
+            };
+            if nonblocking {
+                break Err(io::ErrorKind::WouldBlock.into());
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break Err(io::ErrorKind::TimedOut.into());
+            }
+            if retry {
+                // Nothing will ring for a full ring or an empty pool; drain
+                // (our own rings may be what the peer waits on) and pause.
+                drop(g);
+                wake_all(&mut wake);
+                backoff = backoff.saturating_add(1);
+                match backoff {
+                    0..64 => std::hint::spin_loop(),
+                    64..128 => std::thread::yield_now(),
+                    _ => std::thread::sleep(Duration::from_micros(20)),
+                }
+                g = self.lock();
+                continue;
+            }
+            if !g.driving {
+                g.driving = true;
+                let reuse = g.probe.take();
+                let mut probe = g.stack.probe(reuse);
+                let until = if g.has_pending() {
+                    let r = Instant::now() + RETRY_FULL;
+                    Some(deadline.map_or(r, |d| d.min(r)))
+                } else {
+                    deadline
+                };
+                drop(g);
+                wake_all(&mut wake);
+                let res = probe.wait(until);
+                g = self.lock();
+                g.stack.end_probe(&mut probe);
+                g.probe = Some(probe);
+                g.driving = false;
+                match res {
+                    Ok(true) => g.force_ctrl = true,
+                    Ok(false) | Err(Error::TimedOut) => {}
+                    Err(e) => break Err(stack_err(e)),
+                }
+            } else {
+                let me = std::thread::current();
+                g.add_waiter(key, Waiter::Thread(me.clone()));
+                drop(g);
+                wake_all(&mut wake);
+                match deadline {
+                    Some(d) => {
+                        std::thread::park_timeout(d.saturating_duration_since(Instant::now()))
+                    }
+                    None => std::thread::park(),
+                }
+                g = self.lock();
+                g.remove_thread(key, &me);
+            }
+        };
+        // Someone else still waits: hand over the driver's role.
+        if !g.driving && g.parked > 0 {
+            if let Some(w) = g.take_any_waiter() {
+                wake.push(w);
+            }
+        }
+        drop(g);
+        wake_all(&mut wake);
+        r
+    }
+
+    /// Listens on `addr` (port 0 picks a free port). The address is bound
+    /// in the pool's manager, so other processes' `connect` reaches it.
+    pub fn listen(&self, addr: impl ToSocketAddrs) -> io::Result<XioListener> {
+        let mut last = None;
+        for a in addr.to_socket_addrs()? {
+            match self.listen_one(a) {
+                Ok(l) => return Ok(l),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last
+            .unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address to bind")))
+    }
+
+    fn listen_one(&self, addr: SocketAddr) -> io::Result<XioListener> {
+        let mut g = self.lock();
+        let mut a = addr;
+        let mut tries = 0;
+        loop {
+            if a.port() == 0 || tries > 0 {
+                a.set_port(49152 + (fastrand(tries) % 16384) as u16);
+            }
+            if g.table.is_listening(&a) {
+                if addr.port() != 0 {
+                    return Err(ConnError::AddrInUse.into());
+                }
+            } else {
+                match g.stack.bind(a) {
+                    Ok(()) => break,
+                    Err(e) => {
+                        let e = stack_err(e);
+                        if addr.port() != 0 || e.kind() != io::ErrorKind::AddrInUse || tries > 64 {
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+            tries += 1;
+        }
+        g.table.listen(a).map_err(io::Error::from)?;
+        Ok(XioListener {
+            net: self.clone(),
+            addr: a,
+            nonblocking: AtomicBool::new(false),
+        })
+    }
+
+    /// Connects to `addr`, which some process (this one included) listens
+    /// on. Fails with `ConnectionRefused` if nobody does.
+    pub fn connect(&self, addr: impl ToSocketAddrs) -> io::Result<XioStream> {
+        let mut last = None;
+        for a in addr.to_socket_addrs()? {
+            match self.connect_one(a, None) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "no address to connect to")
+        }))
+    }
+
+    /// Connects, waiting at most `timeout`.
+    pub fn connect_timeout(&self, addr: &SocketAddr, timeout: Duration) -> io::Result<XioStream> {
+        self.connect_one(*addr, Some(Instant::now() + timeout))
+    }
+
+    fn connect_one(&self, addr: SocketAddr, deadline: Option<Instant>) -> io::Result<XioStream> {
+        let mut retried = false;
+        loop {
+            // The SYN's buffer, taken before the lock (it may have to wait).
+            let syn = self.alloc_wait(SYN_LEN, deadline)?;
+            let (c, peer) = {
+                let mut g = self.lock();
+                let me = g.me();
+                let peer = if g.table.is_listening(&addr) {
+                    me
+                } else {
+                    g.stack.connect(addr).map_err(stack_err)?
+                };
+                // The source address depends on the id: reserve it, then fix.
+                let c = g
+                    .table
+                    .connect(peer, addr, client_addr(me, ConnId(0)))
+                    .map_err(io::Error::from)?;
+                // Rewrite the SYN with the real source address.
+                let src = client_addr(me, c);
+                g.table.set_local_addr(c, src);
+                g.syn_buf = Some(syn);
+                let mut wake = Vec::new();
+                g.run_actions(&mut wake);
+                g.syn_buf = None;
+                drop(g);
+                wake_all(&mut wake);
+                (c, peer)
+            };
+            let r = self.await_syn_ack(c, peer, addr, deadline);
+            match r {
+                Ok(()) => return Ok(XioStream::new(self.clone(), c)),
+                Err(e) => {
+                    let mut wake = Vec::new();
+                    let mut g = self.lock();
+                    g.table.close(c);
+                    g.run_actions(&mut wake);
+                    // A stale resolution (the address moved to another
+                    // process): ask the manager again, once.
+                    let again = e.kind() == io::ErrorKind::ConnectionRefused && !retried;
+                    if again {
+                        g.stack.forget_resolution(&addr);
+                    }
+                    drop(g);
+                    wake_all(&mut wake);
+                    if !again {
+                        return Err(e);
+                    }
+                    retried = true;
+                }
+            }
+        }
+    }
+
+    /// Waits for the answer to a SYN. The answer needs the listening
+    /// process to look at its rings, which it does whenever one of its
+    /// threads waits in X-IO (an accept loop always does). A process that
+    /// stopped listening and does nothing with X-IO any more would leave the
+    /// SYN unanswered, so after a little while we ask the manager whether
+    /// the address still belongs to that process: if not, the connection is
+    /// refused (and the caller retries with a fresh resolution).
+    fn await_syn_ack(
+        &self,
+        c: ConnId,
+        peer: PeerId,
+        addr: SocketAddr,
+        deadline: Option<Instant>,
+    ) -> io::Result<()> {
+        let mut check = Duration::from_millis(2);
+        loop {
+            let until = Instant::now() + check;
+            let until = deadline.map_or(until, |d| d.min(until));
+            let r = self.block(Key::Connect(c), false, Some(until), |core, _| {
+                match core.table.connect_result(c) {
+                    Err(ConnError::WouldBlock) => Try::Wait,
+                    r => Try::Done(r.map_err(io::Error::from)),
+                }
+            });
+            match r {
+                Err(e)
+                    if e.kind() == io::ErrorKind::TimedOut
+                        && deadline.is_none_or(|d| Instant::now() < d) =>
+                {
+                    let mut g = self.lock();
+                    g.stack.forget_resolution(&addr);
+                    match g.stack.connect(addr) {
+                        Ok(p) if p == peer => {}
+                        Ok(_) => return Err(ConnError::Refused.into()),
+                        Err(e) => return Err(stack_err(e)),
+                    }
+                    check = (check * 2).min(Duration::from_millis(100));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// A writable pool buffer of `len` bytes, waiting while the pool is
+    /// exhausted.
+    fn alloc_wait(&self, len: usize, deadline: Option<Instant>) -> io::Result<BufMut> {
+        let mut backoff = 0u32;
+        loop {
+            let r = self.lock().stack.try_alloc(len);
+            match r {
+                Ok(b) => return Ok(b),
+                Err(Error::WouldBlock) => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(io::ErrorKind::TimedOut.into());
+                    }
+                    backoff += 1;
+                    if backoff < 64 {
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(Duration::from_micros(20));
+                    }
+                }
+                Err(e) => return Err(stack_err(e)),
+            }
+        }
+    }
+
+    /// Waits for readiness events of streams in non-blocking mode (an
+    /// `epoll_wait` for X-IO sockets): appends to `events` what became
+    /// readable, writable or acceptable since the last call, waiting up to
+    /// `timeout` (per the net's waiting mode) when nothing is. With batch
+    /// wake-up on, one drain of the rings reports every ready connection;
+    /// off, one descriptor at a time. Events are edge-like hints: after
+    /// one, read or write until `WouldBlock`.
+    pub fn poll(&self, events: &mut Vec<Event>, timeout: Option<Duration>) -> io::Result<usize> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let start = events.len();
+        let r = self.block(Key::Poll, false, deadline, |core, _| {
+            if !core.track_ready {
+                core.track_ready = true;
+            }
+            if core.ready.is_empty() {
+                return Try::Wait;
+            }
+            core.ready_seen.clear();
+            events.append(&mut core.ready);
+            Try::Done(Ok(()))
+        });
+        match r {
+            Ok(()) => Ok(events.len() - start),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn class_for(&self, n: usize) -> usize {
+        let c = &self.shared.classes;
+        c.iter()
+            .copied()
+            .find(|&s| s >= n)
+            .unwrap_or_else(|| *c.last().expect("at least one class"))
+    }
+
+    /// Writes from `bufs` (as one byte sequence) on `c`: splits into pool
+    /// buffers, packs several slices into one buffer when they fit. Returns
+    /// the bytes written; blocking, writes everything unless an error
+    /// comes after some bytes were written.
+    fn write_on(
+        &self,
+        c: ConnId,
+        bufs: &[IoSlice<'_>],
+        nonblocking: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<usize> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if total == 0 {
+            return self
+                .lock()
+                .table
+                .send_target(c)
+                .map(|_| 0)
+                .map_err(io::Error::from);
+        }
+        let max_buf = *self.shared.classes.last().expect("a class");
+        let mut cursor = (0usize, 0usize); // (slice, offset)
+        let mut written = 0usize;
+        let mut peer_used = None;
+        let r = self.block(Key::Write(c), nonblocking, deadline, |core, _| {
+            while written < total {
+                let (peer, to) = match core.table.send_target(c) {
+                    Ok(t) => t,
+                    Err(e) => return Try::Done(Err(e.into())),
+                };
+                peer_used = Some(peer);
+                if core.pending_for(peer) && !core.flush_pending() && core.pending_for(peer) {
+                    return Try::Retry;
+                }
+                let mut want = (total - written).min(max_buf);
+                let credit = core.table.credit_left(c);
+                if credit < self.class_for(want) {
+                    // Use what credit there is, in a smaller buffer.
+                    match self.shared.classes.iter().rev().find(|&&s| s <= credit) {
+                        Some(&s) if s > 0 => want = want.min(s),
+                        _ => return Try::Wait,
+                    }
+                }
+                // The best buffer; a smaller one if that class is exhausted.
+                let mut buf = None;
+                let mut len = want;
+                loop {
+                    match core.stack.try_alloc(len) {
+                        Ok(b) => {
+                            buf = Some(b);
+                            break;
+                        }
+                        Err(Error::WouldBlock) => {
+                            let cap = self.class_for(len);
+                            match self.shared.classes.iter().rev().find(|&&s| s < cap) {
+                                Some(&s) => len = s,
+                                None => break,
+                            }
+                        }
+                        Err(e) => return Try::Done(Err(stack_err(e))),
+                    }
+                }
+                let Some(mut buf) = buf else {
+                    return Try::Retry;
+                };
+                let cap = buf.capacity();
+                if core.table.take_credit(c, cap).is_err() {
+                    return Try::Wait;
+                }
+                // Gather `len` bytes from the slices.
+                buf.set_len(len);
+                let mut k = 0;
+                while k < len {
+                    let s = &bufs[cursor.0][cursor.1..];
+                    let n = s.len().min(len - k);
+                    buf[k..k + n].copy_from_slice(&s[..n]);
+                    k += n;
+                    cursor.1 += n;
+                    if cursor.1 == bufs[cursor.0].len() {
+                        cursor = (cursor.0 + 1, 0);
+                    }
+                }
+                let me = core.me();
+                if peer == me {
+                    core.table.on_data(me, ConnId(to), buf.freeze());
+                    written += len;
+                    continue;
+                }
+                match core.stack.push_buf(peer, kind::STREAM, to, buf, false) {
+                    Ok(None) => written += len,
+                    Ok(Some(back)) => {
+                        // Ring full: undo, wait for room.
+                        drop(back);
+                        core.table.return_credit(c, cap);
+                        rewind(&mut cursor, bufs, len);
+                        core.stack.wake_peer(peer);
+                        return if written > 0 && nonblocking {
+                            Try::Done(Ok(written))
+                        } else {
+                            Try::Retry
+                        };
+                    }
+                    Err(e) => {
+                        core.refused_peers.push(peer);
+                        return Try::Done(Err(stack_err(e)));
+                    }
+                }
+            }
+            Try::Done(Ok(written))
+        });
+        {
+            let mut g = self.lock();
+            if let Some(p) = peer_used {
+                g.stack.wake_peer(p);
+            }
+            let mut wake = Vec::new();
+            g.run_actions(&mut wake);
+            drop(g);
+            wake_all(&mut wake);
+        }
+        match r {
+            Err(e) if written > 0 && e.kind() != io::ErrorKind::WouldBlock => {
+                tracing::debug!(error = %e, written, "write ended early");
+                Ok(written)
+            }
+            Err(e) if written > 0 && e.kind() == io::ErrorKind::WouldBlock => Ok(written),
+            r => r,
+        }
+    }
+}
+
+/// Moves a gather cursor back by `n` bytes.
+fn rewind(cursor: &mut (usize, usize), bufs: &[IoSlice<'_>], mut n: usize) {
+    while n > 0 {
+        if cursor.1 == 0 {
+            cursor.0 -= 1;
+            cursor.1 = bufs[cursor.0].len();
+        }
+        let k = n.min(cursor.1);
+        cursor.1 -= k;
+        n -= k;
+    }
+}
+
+/// A small deterministic-enough spread for picking ports.
+fn fastrand(i: u32) -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut x = t ^ i.wrapping_mul(0x9E37_79B9) ^ std::process::id();
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    x
+}
+
+/// A listening socket. Like `std::net::TcpListener`.
+pub struct XioListener {
+    net: Net,
+    addr: SocketAddr,
+    nonblocking: AtomicBool,
+}
+
+impl std::fmt::Debug for XioListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XioListener")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl XioListener {
+    /// Binds `addr` on the process-wide [`Net::global`].
+    pub fn bind(addr: impl ToSocketAddrs) -> io::Result<XioListener> {
+        Net::global()?.listen(addr)
+    }
+
+    /// The address this listener is bound to.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.addr)
+    }
+
+    /// The net this listener belongs to.
+    pub fn net(&self) -> &Net {
+        &self.net
+    }
+
+    /// Waits for a connection (or `WouldBlock` in non-blocking mode).
+    pub fn accept(&self) -> io::Result<(XioStream, SocketAddr)> {
+        let nb = self.nonblocking.load(AtomicOrdering::Relaxed);
+        let addr = self.addr;
+        let c = self.net.block(Key::Accept(addr), nb, None, |core, _| {
+            match core.table.accept(addr) {
+                Ok(c) => Try::Done(Ok(c)),
+                Err(ConnError::WouldBlock) => Try::Wait,
+                Err(e) => Try::Done(Err(e.into())),
+            }
+        })?;
+        let s = XioStream::new(self.net.clone(), c);
+        let peer = s.peer_addr()?;
+        Ok((s, peer))
+    }
+
+    /// An endless iterator of accepted streams.
+    pub fn incoming(&self) -> impl Iterator<Item = io::Result<XioStream>> + '_ {
+        std::iter::repeat_with(|| self.accept().map(|(s, _)| s))
+    }
+
+    /// Non-blocking `accept`.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        self.nonblocking.store(nonblocking, AtomicOrdering::Relaxed);
+        Ok(())
+    }
+}
+
+impl Drop for XioListener {
+    fn drop(&mut self) {
+        let mut g = self.net.lock();
+        g.table.unlisten(self.addr);
+        if let Err(e) = g.stack.unbind(self.addr) {
+            tracing::debug!(addr = %self.addr, error = %e, "unbind failed");
+        }
+        let mut wake = Vec::new();
+        g.run_actions(&mut wake);
+        drop(g);
+        wake_all(&mut wake);
+    }
+}
+
+struct StreamInner {
+    net: Net,
+    id: ConnId,
+    nonblocking: AtomicBool,
+    /// Nanoseconds; 0 is none.
+    read_timeout: AtomicU64,
+    write_timeout: AtomicU64,
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        let mut g = self.net.lock();
+        g.table.close(self.id);
+        let mut wake = Vec::new();
+        g.run_actions(&mut wake);
+        drop(g);
+        wake_all(&mut wake);
+    }
+}
+
+/// A connected stream. Like `std::net::TcpStream`: `Read`, `Write`
+/// (also on `&XioStream`), shutdown, timeouts, non-blocking mode; plus
+/// zero-copy [`XioStream::recv_buf`] and [`XioStream::send_buf`].
+/// Dropping the last handle closes it (a FIN, or a RST if received data
+/// was left unread).
+#[derive(Clone)]
+pub struct XioStream {
+    inner: Arc<StreamInner>,
+}
+
+impl std::fmt::Debug for XioStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XioStream")
+            .field("conn", &self.inner.id)
+            .finish()
+    }
+}
+
+fn timeout_of(a: &AtomicU64) -> Option<Instant> {
+    match a.load(AtomicOrdering::Relaxed) {
+        0 => None,
+        n => Some(Instant::now() + Duration::from_nanos(n)),
+    }
+}
+
+fn store_timeout(a: &AtomicU64, t: Option<Duration>) -> io::Result<()> {
+    match t {
+        Some(d) if d.is_zero() => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "cannot set a 0 duration timeout",
+        )),
+        Some(d) => {
+            a.store(
+                d.as_nanos().clamp(1, u64::MAX as u128) as u64,
+                AtomicOrdering::Relaxed,
+            );
+            Ok(())
+        }
+        None => {
+            a.store(0, AtomicOrdering::Relaxed);
+            Ok(())
+        }
+    }
+}
+
+impl XioStream {
+    fn new(net: Net, id: ConnId) -> Self {
+        Self {
+            inner: Arc::new(StreamInner {
+                net,
+                id,
+                nonblocking: AtomicBool::new(false),
+                read_timeout: AtomicU64::new(0),
+                write_timeout: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Connects to `addr` on the process-wide [`Net::global`].
+    pub fn connect(addr: impl ToSocketAddrs) -> io::Result<XioStream> {
+        Net::global()?.connect(addr)
+    }
+
+    /// Connects on [`Net::global`], waiting at most `timeout`.
+    pub fn connect_timeout(addr: &SocketAddr, timeout: Duration) -> io::Result<XioStream> {
+        Net::global()?.connect_timeout(addr, timeout)
+    }
+
+    /// The token [`Net::poll`] reports this stream's readiness under.
+    pub fn token(&self) -> u64 {
+        u64::from(self.inner.id.0)
+    }
+
+    /// The net this stream belongs to.
+    pub fn net(&self) -> &Net {
+        &self.inner.net
+    }
+
+    /// This end's address (for a connecting stream, a per-connection
+    /// address made from the process's stack id: X-IO clients do not bind).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        let g = self.inner.net.lock();
+        g.table
+            .addrs(self.inner.id)
+            .map(|a| a.0)
+            .map_err(io::Error::from)
+    }
+
+    /// The other end's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        let g = self.inner.net.lock();
+        g.table
+            .addrs(self.inner.id)
+            .map(|a| a.1)
+            .map_err(io::Error::from)
+    }
+
+    /// Another handle to the same stream (the stream closes when the last
+    /// one is dropped).
+    pub fn try_clone(&self) -> io::Result<XioStream> {
+        Ok(self.clone())
+    }
+
+    /// Non-blocking mode: reads and writes return `WouldBlock` instead of
+    /// waiting.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        self.inner
+            .nonblocking
+            .store(nonblocking, AtomicOrdering::Relaxed);
+        Ok(())
+    }
+
+    /// Read timeout (`TimedOut` after it); `None` waits forever.
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        store_timeout(&self.inner.read_timeout, t)
+    }
+
+    /// Write timeout (for waits on credit, ring space or buffers).
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        store_timeout(&self.inner.write_timeout, t)
+    }
+
+    /// The read timeout.
+    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(
+            match self.inner.read_timeout.load(AtomicOrdering::Relaxed) {
+                0 => None,
+                n => Some(Duration::from_nanos(n)),
+            },
+        )
+    }
+
+    /// The write timeout.
+    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(
+            match self.inner.write_timeout.load(AtomicOrdering::Relaxed) {
+                0 => None,
+                n => Some(Duration::from_nanos(n)),
+            },
+        )
+    }
+
+    /// TCP_NODELAY has no meaning here (nothing is delayed); accepted for
+    /// compatibility.
+    pub fn set_nodelay(&self, _nodelay: bool) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// Shuts down reading, writing or both. Writing: the peer reads end of
+    /// stream after the data already written. Reading: reads return end of
+    /// stream; what arrives is discarded.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        let mut g = self.inner.net.lock();
+        let c = self.inner.id;
+        if matches!(how, Shutdown::Write | Shutdown::Both) {
+            g.table.shutdown_write(c).map_err(io::Error::from)?;
+        }
+        if matches!(how, Shutdown::Read | Shutdown::Both) {
+            g.table.shutdown_read(c).map_err(io::Error::from)?;
+        }
+        let mut wake = Vec::new();
+        g.run_actions(&mut wake);
+        drop(g);
+        wake_all(&mut wake);
+        Ok(())
+    }
+
+    fn nb(&self) -> bool {
+        self.inner.nonblocking.load(AtomicOrdering::Relaxed)
+    }
+
+    fn read_on(&self, out: &mut [u8]) -> io::Result<usize> {
+        let c = self.inner.id;
+        let deadline = timeout_of(&self.inner.read_timeout);
+        let r = self
+            .inner
+            .net
+            .block(Key::Read(c), self.nb(), deadline, |core, wake| {
+                match core.table.read(c, out) {
+                    Ok(n) => {
+                        core.run_actions(wake);
+                        Try::Done(Ok(n))
+                    }
+                    Err(ConnError::WouldBlock) => Try::Wait,
+                    Err(e) => Try::Done(Err(e.into())),
+                }
+            });
+        // std reports a timeout as WouldBlock on Unix; keep TimedOut, which
+        // says what happened, as tokio does.
+        r
+    }
+
+    /// Receives the next chunk as the pool buffer itself, without copying
+    /// (FABLE's getreadbuf): `Ok(None)` is end of stream. Bytes already
+    /// taken by `read` are skipped. Mixes freely with `read`.
+    pub fn recv_buf(&self) -> io::Result<Option<Buf>> {
+        let c = self.inner.id;
+        let deadline = timeout_of(&self.inner.read_timeout);
+        self.inner
+            .net
+            .block(Key::Read(c), self.nb(), deadline, |core, wake| {
+                match core.table.take_chunk(c) {
+                    Ok(Some((mut b, off))) => {
+                        core.run_actions(wake);
+                        b.advance(off);
+                        Try::Done(Ok(Some(b)))
+                    }
+                    Ok(None) => Try::Done(Ok(None)),
+                    Err(ConnError::WouldBlock) => Try::Wait,
+                    Err(e) => Try::Done(Err(e.into())),
+                }
+            })
+    }
+
+    /// A writable pool buffer of `len` bytes to fill and [`send_buf`]
+    /// (waits while the pool is exhausted; `InvalidInput` above the largest
+    /// class).
+    ///
+    /// [`send_buf`]: XioStream::send_buf
+    pub fn alloc(&self, len: usize) -> io::Result<BufMut> {
+        let deadline = timeout_of(&self.inner.write_timeout);
+        if self.nb() {
+            return self
+                .inner
+                .net
+                .lock()
+                .stack
+                .try_alloc(len)
+                .map_err(stack_err);
+        }
+        self.inner.net.alloc_wait(len, deadline)
+    }
+
+    /// Sends a pool buffer as the next bytes of the stream, without copying
+    /// (FABLE's commit). In non-blocking mode a `WouldBlock` error hands
+    /// the buffer back.
+    pub fn send_buf(&self, buf: BufMut) -> Result<(), (io::Error, Option<BufMut>)> {
+        let c = self.inner.id;
+        let deadline = timeout_of(&self.inner.write_timeout);
+        let mut slot = Some(buf);
+        let mut peer_used = None;
+        let r = self
+            .inner
+            .net
+            .block(Key::Write(c), self.nb(), deadline, |core, _| {
+                let (peer, to) = match core.table.send_target(c) {
+                    Ok(t) => t,
+                    Err(e) => return Try::Done(Err(e.into())),
+                };
+                if core.pending_for(peer) && !core.flush_pending() && core.pending_for(peer) {
+                    return Try::Retry;
+                }
+                let cap = slot.as_ref().expect("until sent").capacity();
+                if core.table.take_credit(c, cap).is_err() {
+                    return Try::Wait;
+                }
+                let buf = slot.take().expect("until sent");
+                let me = core.me();
+                if peer == me {
+                    core.table.on_data(me, ConnId(to), buf.freeze());
+                    return Try::Done(Ok(()));
+                }
+                peer_used = Some(peer);
+                match core.stack.push_buf(peer, kind::STREAM, to, buf, true) {
+                    Ok(None) => Try::Done(Ok(())),
+                    Ok(Some(back)) => {
+                        slot = Some(back);
+                        core.table.return_credit(c, cap);
+                        Try::Retry
+                    }
+                    Err(e) => {
+                        core.refused_peers.push(peer);
+                        Try::Done(Err(stack_err(e)))
+                    }
+                }
+            });
+        {
+            let mut g = self.inner.net.lock();
+            let mut wake = Vec::new();
+            g.run_actions(&mut wake);
+            drop(g);
+            wake_all(&mut wake);
+        }
+        let _ = peer_used;
+        r.map_err(|e| (e, slot))
+    }
+}
+
+impl Read for XioStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_on(buf)
+    }
+}
+
+impl Read for &XioStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_on(buf)
+    }
+}
+
+impl Write for &XioStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_vectored(&[IoSlice::new(buf)])
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let deadline = timeout_of(&self.inner.write_timeout);
+        self.inner
+            .net
+            .write_on(self.inner.id, bufs, self.nb(), deadline)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Write for XioStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        (&*self).write_vectored(bufs)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn syn_encoding_round_trips_and_rejects_garbage() {
+        let t: SocketAddr = "10.1.2.3:80".parse().unwrap();
+        let s: SocketAddr = "[fe80::1]:4242".parse().unwrap();
+        let mut b = vec![0u8; SYN_LEN];
+        b[0] = 1;
+        put_addr(&mut b[1..1 + ADDR_LEN], &t);
+        put_addr(&mut b[1 + ADDR_LEN..], &s);
+        assert_eq!(decode_syn(&b), Some((t, s)));
+        assert_eq!(decode_syn(&b[..SYN_LEN - 1]), None);
+        b[1] = 9;
+        assert_eq!(decode_syn(&b), None);
+        b[1] = 4;
+        b[0] = 2;
+        assert_eq!(decode_syn(&b), None);
+    }
+
+    #[test]
+    fn rewind_crosses_slices() {
+        let a = [1u8; 3];
+        let b = [2u8; 4];
+        let bufs = [IoSlice::new(&a), IoSlice::new(&b)];
+        let mut cur = (1, 2);
+        rewind(&mut cur, &bufs, 4);
+        assert_eq!(cur, (0, 1));
+    }
+}

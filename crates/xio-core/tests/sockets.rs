@@ -1,0 +1,528 @@
+//! Cross-process tests of the socket interface ([`xio_core::net`]): an
+//! embedded manager in the test process, real child processes as servers
+//! and clients, every byte checked.
+
+mod common;
+
+use std::io::{IoSlice, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::time::Duration;
+
+use common::*;
+use xio_core::manager::{Manager, ManagerHandle};
+use xio_core::net::{Event, Net, XioStream};
+
+/// Entry point of child processes (a no-op when run as a normal test).
+#[test]
+fn child_main() {
+    let Ok(role) = std::env::var("XIO_CHILD_ROLE") else {
+        return;
+    };
+    die_with_parent();
+    let a = child_args();
+    match role.as_str() {
+        "echo_server" => echo_server(&a[0], a[1].parse().unwrap()),
+        "stream_clients" => stream_clients(
+            &a[0],
+            a[1].parse().unwrap(),
+            a[2].parse().unwrap(),
+            a[3].parse().unwrap(),
+            a[4].parse().unwrap(),
+        ),
+        "short_clients" => short_clients(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
+        "writer_forever" => writer_forever(&a[0], a[1].parse().unwrap()),
+        "slow_reader_server" => slow_reader_server(&a[0], a[1].parse().unwrap()),
+        r => panic!("unknown role {r}"),
+    }
+}
+
+fn start(test: &str) -> (ManagerHandle, String) {
+    setup();
+    let p = prefix(test);
+    let mgr = Manager::builder(&p).spawn().unwrap();
+    (mgr, p)
+}
+
+/// A thread-per-connection echo server, as a std user would write it.
+fn echo_server(prefix: &str, addr: SocketAddr) {
+    let net = Net::attach(prefix).unwrap();
+    let l = net.listen(addr).unwrap();
+    println!("XIO:ready");
+    for s in l.incoming() {
+        let mut s = s.unwrap();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 20];
+            let mut rng = (s.token() | 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            loop {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                // Random read sizes, 1 B to 1 MiB.
+                let want = 1 + (rng as usize % buf.len());
+                match s.read(&mut buf[..want]) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if s.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+        });
+    }
+}
+
+/// A deterministic byte stream: byte `i` of stream `seed`.
+fn stream_byte(seed: u64, i: u64) -> u8 {
+    let x = (i / 8).wrapping_add(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let x = (x ^ (x >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    (x >> (8 * (i % 8))) as u8
+}
+
+/// Runs one checksummed echo exchange of `total` bytes on `s`: a writer
+/// thread sends with random write sizes (1 B to 1 MiB), this thread reads
+/// with random read sizes and checks every byte.
+fn checked_echo(s: XioStream, seed: u64, total: u64) {
+    let w = s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let mut w = w;
+        let mut rng = seed | 1;
+        let mut sent = 0u64;
+        let mut chunk = Vec::new();
+        while sent < total {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let n = (1 + rng % (1 << 20)).min(total - sent);
+            chunk.clear();
+            chunk.extend((sent..sent + n).map(|i| stream_byte(seed, i)));
+            w.write_all(&chunk).unwrap();
+            sent += n;
+        }
+        w.shutdown(Shutdown::Write).unwrap();
+    });
+    let mut r = s;
+    let mut rng = seed.rotate_left(17) | 1;
+    let mut got = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let want = 1 + (rng as usize % buf.len());
+        let n = r.read(&mut buf[..want]).unwrap();
+        if n == 0 {
+            break;
+        }
+        for (k, &b) in buf[..n].iter().enumerate() {
+            assert_eq!(
+                b,
+                stream_byte(seed, got + k as u64),
+                "byte {} of stream {seed}",
+                got + k as u64
+            );
+        }
+        got += n as u64;
+    }
+    assert_eq!(got, total, "stream {seed}: every byte back");
+    writer.join().unwrap();
+}
+
+/// `conns` concurrent connections, each a checksummed echo of `bytes`.
+fn stream_clients(prefix: &str, addr: SocketAddr, conns: u64, bytes: u64, seed0: u64) {
+    let net = Net::attach(prefix).unwrap();
+    let hs: Vec<_> = (0..conns)
+        .map(|i| {
+            let net = net.clone();
+            std::thread::spawn(move || {
+                let s = net.connect(addr).unwrap();
+                checked_echo(s, seed0 + i, bytes);
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    wait_until("client connections closed", || net.connections() == 0);
+    println!("XIO:done");
+}
+
+fn run_echo(test: &str, port: u16, procs: u64, conns: u64, bytes: u64) {
+    let (mgr, p) = start(test);
+    let addr: SocketAddr = format!("10.3.0.1:{port}").parse().unwrap();
+    let mut server = ChildProc::spawn("child_main", "echo_server", &[p.clone(), addr.to_string()]);
+    server.expect("ready");
+    let clients: Vec<_> = (0..procs)
+        .map(|k| {
+            ChildProc::spawn(
+                "child_main",
+                "stream_clients",
+                &[
+                    p.clone(),
+                    addr.to_string(),
+                    conns.to_string(),
+                    bytes.to_string(),
+                    (k * 100_000).to_string(),
+                ],
+            )
+        })
+        .collect();
+    for mut c in clients {
+        c.expect("done");
+        c.wait_success();
+    }
+    server.kill9();
+    wait_pool_whole(&mgr);
+}
+
+#[test]
+fn echo_one_client_large_random_stream() {
+    run_echo("echo1", 1, 1, 1, 24 << 20);
+}
+
+#[test]
+fn echo_64_concurrent_clients() {
+    run_echo("echo64", 2, 2, 32, 1 << 20);
+}
+
+#[test]
+fn echo_1000_concurrent_clients() {
+    run_echo("echo1000", 3, 4, 250, 16 << 10);
+}
+
+/// In one process: a listener and its clients on the same stack (no
+/// channel: the table delivers to itself), with half-close.
+#[test]
+fn same_process_half_close_and_eof() {
+    let (_mgr, p) = start("sameproc");
+    let net = Net::attach(&p).unwrap();
+    let l = net.listen("10.3.0.2:80").unwrap();
+    let c = std::thread::spawn({
+        let net = net.clone();
+        move || {
+            let mut s = net.connect("10.3.0.2:80").unwrap();
+            s.write_all(b"request").unwrap();
+            s.shutdown(Shutdown::Write).unwrap();
+            let mut back = String::new();
+            s.read_to_string(&mut back).unwrap();
+            back
+        }
+    });
+    let (mut s, peer) = l.accept().unwrap();
+    assert_eq!(peer, net_peer(&s));
+    let mut req = Vec::new();
+    s.read_to_end(&mut req).unwrap();
+    assert_eq!(req, b"request", "end of stream after every byte");
+    s.write_all(b"response after the client's FIN").unwrap();
+    drop(s);
+    assert_eq!(c.join().unwrap(), "response after the client's FIN");
+    wait_until("connections closed", || net.connections() == 0);
+}
+
+fn net_peer(s: &XioStream) -> SocketAddr {
+    s.peer_addr().unwrap()
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// `n` short connections in a row: connect, 64 B each way, close.
+fn short_clients(prefix: &str, addr: SocketAddr, n: u64) {
+    let net = Net::attach(prefix).unwrap();
+    // Warm: the first connect opens the channel (and its doorbell fd).
+    let mut buf = [0u8; 64];
+    let fds = |net: &Net| {
+        let mut s = net.connect(addr).unwrap();
+        s.write_all(&[1u8; 64]).unwrap();
+        s.read_exact(&mut [0u8; 64]).unwrap();
+        open_fds()
+    };
+    let before = fds(&net);
+    for i in 0..n {
+        let mut s = net.connect(addr).unwrap();
+        fill(&mut buf, i);
+        s.write_all(&buf).unwrap();
+        let mut back = [0u8; 64];
+        s.read_exact(&mut back).unwrap();
+        assert!(verify(&back, i), "connection {i}");
+    }
+    assert_eq!(open_fds(), before, "no fd per connection");
+    wait_until("client table empty", || net.connections() == 0);
+    println!("XIO:done");
+}
+
+#[test]
+fn ten_thousand_short_connections_leak_nothing() {
+    let (mgr, p) = start("short");
+    let addr: SocketAddr = "10.3.0.3:80".parse().unwrap();
+    let n = 10_000u64;
+    {
+        let net = Net::attach(&p).unwrap();
+        let l = net.listen(addr).unwrap();
+        let mut client = ChildProc::spawn(
+            "child_main",
+            "short_clients",
+            &[p.clone(), addr.to_string(), n.to_string()],
+        );
+        // Serve n + 1 connections one after another, as a simple server.
+        for _ in 0..=n {
+            let (mut s, _) = l.accept().unwrap();
+            let mut b = [0u8; 64];
+            s.read_exact(&mut b).unwrap();
+            s.write_all(&b).unwrap();
+        }
+        client.expect("done");
+        client.wait_success();
+        wait_until("server table empty", || net.connections() == 0);
+    }
+    wait_pool_whole(&mgr);
+}
+
+/// Writes a pattern forever on one connection (killed by the test).
+fn writer_forever(prefix: &str, addr: SocketAddr) {
+    let net = Net::attach(prefix).unwrap();
+    let l = net.listen(addr).unwrap();
+    println!("XIO:ready");
+    let (mut s, _) = l.accept().unwrap();
+    let chunk = vec![0x5au8; 100_000];
+    loop {
+        if s.write_all(&chunk).is_err() {
+            return;
+        }
+    }
+}
+
+#[test]
+fn peer_killed_mid_stream_gives_reset_and_pool_is_whole() {
+    let (mgr, p) = start("kill");
+    let addr: SocketAddr = "10.3.0.4:80".parse().unwrap();
+    let mut server = ChildProc::spawn(
+        "child_main",
+        "writer_forever",
+        &[p.clone(), addr.to_string()],
+    );
+    server.expect("ready");
+    {
+        let net = Net::attach(&p).unwrap();
+        let mut s = net.connect(addr).unwrap();
+        let mut buf = vec![0u8; 65536];
+        let mut got = 0usize;
+        while got < (8 << 20) {
+            let n = s.read(&mut buf).unwrap();
+            assert!(buf[..n].iter().all(|&b| b == 0x5a));
+            got += n;
+        }
+        // The writer holds buffers in flight to us and in its cache.
+        server.kill9();
+        let err = loop {
+            match s.read(&mut buf) {
+                Ok(n) => assert!(n > 0, "a reset, not end of stream"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+        let err = s.write_all(b"anyone?").unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    }
+    wait_pool_whole(&mgr);
+}
+
+#[test]
+fn connect_refused_promptly() {
+    let (_mgr, p) = start("refused");
+    let net = Net::attach(&p).unwrap();
+    // Nobody bound the address.
+    let e = net.connect("10.3.0.5:1").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+    // The address's listener is gone but its stack is still there.
+    let other = Net::attach(&p).unwrap();
+    let l = other.listen("10.3.0.5:2").unwrap();
+    let t = std::thread::spawn(move || {
+        drop(l.accept().unwrap());
+        l
+    });
+    let s = net.connect("10.3.0.5:2").unwrap();
+    drop(s);
+    drop(t.join().unwrap());
+    // Nobody in that process waits in X-IO now, so nothing answers the
+    // SYN; the manager knows the address is free: refused.
+    let e = net.connect("10.3.0.5:2").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+    // Same process, nobody listening.
+    let e = other.connect("10.3.0.5:3").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+    // A second listener on the same address is refused.
+    let _l = other.listen("10.3.0.5:4").unwrap();
+    let e = net.listen("10.3.0.5:4").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+}
+
+/// Accepts A then B; echoes on B; reads nothing on A until B says so,
+/// then reads all of A and reports what it got on B.
+fn slow_reader_server(prefix: &str, addr: SocketAddr) {
+    let net = Net::attach(prefix).unwrap();
+    let l = net.listen(addr).unwrap();
+    println!("XIO:ready");
+    let (mut a, _) = l.accept().unwrap();
+    let (mut b, _) = l.accept().unwrap();
+    let mut msg = [0u8; 64];
+    loop {
+        b.read_exact(&mut msg).unwrap();
+        if msg[0] == b'!' {
+            break;
+        }
+        b.write_all(&msg).unwrap();
+    }
+    let mut got = 0u64;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = a.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        for (k, &x) in buf[..n].iter().enumerate() {
+            assert_eq!(x, stream_byte(7, got + k as u64));
+        }
+        got += n as u64;
+    }
+    b.write_all(&got.to_le_bytes()).unwrap();
+    b.read_exact(&mut [0u8; 1]).unwrap_err();
+}
+
+#[test]
+fn slow_reader_does_not_starve_others_and_loses_nothing() {
+    let (mgr, p) = start("slow");
+    let addr: SocketAddr = "10.3.0.6:80".parse().unwrap();
+    let mut server = ChildProc::spawn(
+        "child_main",
+        "slow_reader_server",
+        &[p.clone(), addr.to_string()],
+    );
+    server.expect("ready");
+    let total: u64 = 32 << 20;
+    {
+        let net = Net::attach(&p).unwrap();
+        let a = net.connect(addr).unwrap();
+        let mut b = net.connect(addr).unwrap();
+        // A writes far more than the window; its reader is not reading.
+        let writer = std::thread::spawn(move || {
+            let mut a = a;
+            let mut sent = 0u64;
+            let mut chunk = vec![0u8; 300_000];
+            while sent < total {
+                let n = (chunk.len() as u64).min(total - sent) as usize;
+                for (k, x) in chunk[..n].iter_mut().enumerate() {
+                    *x = stream_byte(7, sent + k as u64);
+                }
+                a.write_all(&chunk[..n]).unwrap();
+                sent += n as u64;
+            }
+        });
+        // Meanwhile B keeps working, and the pool is never taken by A.
+        wait_until("A's window full", || {
+            mgr.usage().iter().any(|c| c.free < c.total)
+        });
+        for i in 0..2000u64 {
+            let mut m = [0u8; 64];
+            fill(&mut m, i);
+            m[0] = b'.';
+            b.write_all(&m).unwrap();
+            let mut back = [0u8; 64];
+            b.read_exact(&mut back).unwrap();
+            assert_eq!(back, m);
+        }
+        let usage = mgr.usage();
+        let held: u64 = usage
+            .iter()
+            .map(|c| u64::from(c.total - c.free) * u64::from(c.buf_size))
+            .sum();
+        assert!(
+            held <= 4 * net.window() as u64,
+            "a stalled reader holds at most about a window ({held} bytes in use)"
+        );
+        b.write_all(&[b'!'; 64]).unwrap();
+        writer.join().unwrap();
+        // Closing A (its last handle went with the writer thread) sends a FIN.
+        let mut got = [0u8; 8];
+        b.read_exact(&mut got).unwrap();
+        assert_eq!(u64::from_le_bytes(got), total, "every byte of A arrived");
+    }
+    server.wait_success();
+    wait_pool_whole(&mgr);
+}
+
+#[test]
+fn zero_copy_buffers_vectored_writes_timeouts_and_poll() {
+    let (_mgr, p) = start("zc");
+    let srv = Net::attach(&p).unwrap();
+    let cli = Net::attach(&p).unwrap();
+    let l = srv.listen("10.3.0.7:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    assert_ne!(addr.port(), 0, "port 0 picks one");
+    // The handshake is answered by the listening process when one of its
+    // threads waits in X-IO: here, an accept in another thread.
+    let acc = std::thread::spawn(move || l.accept().unwrap().0);
+    let c = cli.connect(addr).unwrap();
+    let s = acc.join().unwrap();
+
+    // write_vectored: header + body leave as one buffer.
+    let n = (&c)
+        .write_vectored(&[IoSlice::new(b"HEADER\r\n"), IoSlice::new(&[7u8; 1000])])
+        .unwrap();
+    assert_eq!(n, 1008);
+    let b = s.recv_buf().unwrap().unwrap();
+    assert_eq!(b.len(), 1008, "one descriptor for header and body");
+    assert_eq!(&b[..8], b"HEADER\r\n");
+    drop(b);
+
+    // alloc + send_buf, received by an ordinary read in small pieces, then
+    // a recv_buf of the rest of the same buffer.
+    let mut m = c.alloc(100).unwrap();
+    for (i, x) in m.iter_mut().enumerate() {
+        *x = i as u8;
+    }
+    c.send_buf(m).unwrap();
+    let mut three = [0u8; 3];
+    (&s).read_exact(&mut three).unwrap();
+    assert_eq!(three, [0, 1, 2]);
+    let rest = s.recv_buf().unwrap().unwrap();
+    assert_eq!(rest.len(), 97);
+    assert_eq!(rest[0], 3);
+    // Forward the received buffer in place.
+    let mut fwd = rest.into_mut();
+    fwd[0] = 0xff;
+    s.send_buf(fwd).unwrap();
+    let mut got = [0u8; 97];
+    (&c).read_exact(&mut got).unwrap();
+    assert_eq!(got[0], 0xff);
+    assert_eq!(got[1], 4);
+
+    // Timeouts and non-blocking mode.
+    s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+    let e = (&s).read(&mut three).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+    s.set_nonblocking(true).unwrap();
+    let e = (&s).read(&mut three).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+
+    // poll: readiness of the server's stream once the client writes.
+    let mut evs = Vec::new();
+    assert_eq!(
+        srv.poll(&mut evs, Some(Duration::from_millis(1))).unwrap(),
+        0
+    );
+    (&c).write_all(b"ping").unwrap();
+    while evs.is_empty() {
+        srv.poll(&mut evs, Some(Duration::from_secs(1))).unwrap();
+    }
+    assert!(evs.contains(&Event::Stream {
+        token: s.token(),
+        readable: true,
+        writable: false
+    }));
+    let mut ping = [0u8; 4];
+    (&s).read_exact(&mut ping).unwrap();
+    assert_eq!(&ping, b"ping");
+}
