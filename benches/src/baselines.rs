@@ -93,7 +93,7 @@ impl fmt::Display for Baseline {
 }
 
 /// How long the parent waits for a freshly spawned server to become ready.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the parent waits for a server to exit after the session ended.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// While spinning, check the stop flag every this many empty polls.
@@ -378,7 +378,7 @@ fn accept_or_orphaned<S>(
 
 /// Echoes `size`-byte messages until the peer closes at a message boundary.
 /// Returns the number of messages echoed.
-fn echo_loop<S: Read + Write>(mut s: S, size: usize) -> Result<u64> {
+pub(crate) fn echo_loop<S: Read + Write>(mut s: S, size: usize) -> Result<u64> {
     let mut buf = vec![0u8; size];
     let mut count = 0u64;
     loop {
@@ -438,7 +438,10 @@ fn parse_tcp_endpoint(endpoint: &str) -> Result<SocketAddr> {
 /// Reads the server's stdout until the `PORT <n>` line. The reader thread
 /// keeps draining (and forwarding to stderr) whatever the server prints
 /// afterwards so the server can never block on a full pipe.
-fn read_port_line(stdout: std::process::ChildStdout, child: &mut ServerChild) -> Result<u16> {
+pub(crate) fn read_port_line(
+    stdout: std::process::ChildStdout,
+    child: &mut ServerChild,
+) -> Result<u16> {
     let (tx, rx) = mpsc::channel::<u16>();
     std::thread::Builder::new()
         .name("xio-bench-server-stdout".into())
@@ -479,7 +482,7 @@ fn read_port_line(stdout: std::process::ChildStdout, child: &mut ServerChild) ->
 
 /// Retries `connect` until it succeeds, the timeout passes, or `child`
 /// (if given) exits.
-fn retry_connect<T>(
+pub(crate) fn retry_connect<T>(
     mut connect: impl FnMut() -> io::Result<T>,
     mut child: Option<&mut ServerChild>,
     timeout: Duration,
@@ -502,7 +505,7 @@ fn retry_connect<T>(
     }
 }
 
-fn temp_socket_path() -> PathBuf {
+pub(crate) fn temp_socket_path() -> PathBuf {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
     let name = format!(
         "xio-bench-{}-{}.sock",
@@ -1089,19 +1092,19 @@ fn check_server_alive(pid: i32) -> Result<()> {
 
 /// A recognisable, non-constant byte pattern (so a wrong echo is detected and
 /// pages are really touched).
-fn pattern(size: usize) -> Vec<u8> {
+pub(crate) fn pattern(size: usize) -> Vec<u8> {
     (0..size)
         .map(|i| (i.wrapping_mul(31) ^ (i >> 8)) as u8 | 1)
         .collect()
 }
 
 #[inline]
-fn elapsed_ns(t0: Instant) -> u64 {
+pub(crate) fn elapsed_ns(t0: Instant) -> u64 {
     u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Removes a file when dropped (best effort).
-struct RemoveOnDrop(PathBuf);
+pub(crate) struct RemoveOnDrop(pub(crate) PathBuf);
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {

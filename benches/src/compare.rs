@@ -126,7 +126,7 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 }
 
 /// `64 B`, `1 KiB`, `1 MiB`.
-fn fmt_size(n: usize) -> String {
+pub(crate) fn fmt_size(n: usize) -> String {
     if n >= MIB && n.is_multiple_of(MIB) {
         format!("{} MiB", n / MIB)
     } else if n >= KIB && n.is_multiple_of(KIB) {
@@ -527,9 +527,9 @@ impl Ctx<'_> {
 
 /// Share of all CPUs' time that was busy (and stolen by the hypervisor)
 /// over a short window, from `/proc/stat`.
-struct Load {
-    busy_pct: f64,
-    steal_pct: f64,
+pub(crate) struct Load {
+    pub(crate) busy_pct: f64,
+    pub(crate) steal_pct: f64,
 }
 
 /// `/proc/stat`'s all-CPU counters (in clock ticks): user nice system idle
@@ -552,7 +552,7 @@ fn busy_ticks(v: &[u64]) -> u64 {
 }
 
 /// Samples `/proc/stat` twice, `window` apart, while this process is idle.
-fn background_load(window: Duration) -> Option<Load> {
+pub(crate) fn background_load(window: Duration) -> Option<Load> {
     let a = proc_stat_cpu()?;
     std::thread::sleep(window);
     let b = proc_stat_cpu()?;
@@ -581,14 +581,14 @@ fn own_ticks() -> Option<u64> {
 
 /// Measures how much CPU *other* processes used while the benchmark ran:
 /// all CPUs' busy time minus ours (and our children's).
-struct NoiseMeter {
+pub(crate) struct NoiseMeter {
     t0: Instant,
     busy0: u64,
     own0: u64,
 }
 
 impl NoiseMeter {
-    fn start() -> Option<Self> {
+    pub(crate) fn start() -> Option<Self> {
         Some(NoiseMeter {
             t0: Instant::now(),
             busy0: busy_ticks(&proc_stat_cpu()?),
@@ -597,7 +597,7 @@ impl NoiseMeter {
     }
 
     /// (CPU seconds used by others, as a percentage of one CPU over the run).
-    fn finish(&self) -> Option<(f64, f64)> {
+    pub(crate) fn finish(&self) -> Option<(f64, f64)> {
         let busy = busy_ticks(&proc_stat_cpu()?) - self.busy0;
         let own = own_ticks()? - self.own0;
         let hz = rustix::param::clock_ticks_per_second().max(1) as f64;
@@ -617,7 +617,7 @@ fn median_range(runs: &[xio::OnewayResult]) -> (f64, f64, f64) {
     }
 }
 
-fn progress(what: &str) {
+pub(crate) fn progress(what: &str) {
     eprintln!("[xio-bench] {what} ...");
 }
 
@@ -913,10 +913,10 @@ fn print_targets(
 }
 
 /// A fresh directory for the pool's control socket, removed on drop.
-struct RunDir(PathBuf);
+pub(crate) struct RunDir(pub(crate) PathBuf);
 
 impl RunDir {
-    fn create() -> Result<Self> {
+    pub(crate) fn create() -> Result<Self> {
         let d = std::env::temp_dir().join(format!("xio-bench-run-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).with_context(|| format!("creating {d:?}"))?;

@@ -3,15 +3,18 @@
 //!
 //! ```text
 //! cargo run -p xio-bench --release -- compare [--quick] [--sizes 64,1K,...] [--modes adaptive,...] [--iters N]
+//! cargo run -p xio-bench --release -- sockets [--quick] [--sections a,b,c] [--placement apart,one-core]
 //! ```
 //!
 //! The parent process is the client of every pair and runs the embedded
 //! X-IO manager; each server is this same executable run with a hidden
-//! subcommand (`serve` for the baselines, `serve-xio` for X-IO).
+//! subcommand (`serve` for the baselines, `serve-xio` for X-IO,
+//! `serve-sock` for `sockets`).
 
 mod baselines;
 mod compare;
 mod pin;
+mod sockets;
 mod stats;
 mod xio;
 
@@ -33,6 +36,9 @@ struct Cli {
 enum Cmd {
     /// Compare X-IO with the baselines; prints markdown tables on stdout.
     Compare(compare::CompareArgs),
+    /// Stream sockets (Unix socket, TCP loopback) side by side: round trip,
+    /// short connections, concurrent connections; markdown on stdout.
+    Sockets(sockets::SocketsArgs),
     /// (internal) Baseline server, spawned by the parent.
     #[command(hide = true)]
     Serve {
@@ -60,6 +66,23 @@ enum Cmd {
         #[arg(long)]
         sink: bool,
     },
+    /// (internal) `sockets` server, spawned by the parent.
+    #[command(hide = true)]
+    ServeSock {
+        #[arg(long, value_enum)]
+        transport: sockets::Transport,
+        #[arg(long)]
+        endpoint: String,
+        #[arg(long, value_enum)]
+        section: sockets::Section,
+        #[arg(long)]
+        size: usize,
+        /// Connections of section c.
+        #[arg(long, default_value_t = 1)]
+        conns: usize,
+        #[arg(long)]
+        cpu: Option<usize>,
+    },
 }
 
 fn pin(cpu: Option<usize>) -> Result<()> {
@@ -72,6 +95,7 @@ fn pin(cpu: Option<usize>) -> Result<()> {
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Compare(a) => compare::run(&a),
+        Cmd::Sockets(a) => sockets::run(&a),
         Cmd::Serve {
             baseline,
             endpoint,
@@ -92,6 +116,18 @@ fn main() -> Result<()> {
             xio::die_with_parent()?;
             pin(cpu)?;
             xio::serve(&prefix, mode, addr, sink)
+        }
+        Cmd::ServeSock {
+            transport,
+            endpoint,
+            section,
+            size,
+            conns,
+            cpu,
+        } => {
+            xio::die_with_parent()?;
+            pin(cpu)?;
+            sockets::serve(transport, &endpoint, section, size, conns)
         }
     }
 }

@@ -562,6 +562,29 @@ impl<B: Chunk> Table<B> {
         }
     }
 
+    /// Connections a read would not wait on, and listeners with
+    /// connections to accept (what a poller starting late must hear of).
+    pub fn ready_now(&self) -> (Vec<ConnId>, Vec<SocketAddr>) {
+        let conns = self
+            .entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| {
+                let e = e.as_ref()?;
+                let ready =
+                    !e.rx.is_empty() || e.peer_fin || e.read_shut || e.state == State::Reset;
+                ready.then_some(ConnId(e.gen << INDEX_BITS | i as u32))
+            })
+            .collect();
+        let accepts = self
+            .listeners
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(a, _)| *a)
+            .collect();
+        (conns, accepts)
+    }
+
     /// Whether a read on `c` would return at once (data, end, or error).
     pub fn is_readable(&self, c: ConnId) -> bool {
         self.get(c).is_none_or(|e| {

@@ -435,7 +435,20 @@ impl Core {
     fn run_actions(&mut self, wake: &mut Vec<Waiter>) {
         let me = self.me();
         let mut kick = false;
-        while let Some(a) = self.table.poll_action() {
+        loop {
+            let Some(a) = self.table.poll_action() else {
+                let refused = std::mem::take(&mut self.refused_peers);
+                if refused.is_empty() {
+                    break;
+                }
+                // Peers whose channel vanished under a send: reset their
+                // connections, through this same loop like any other reset.
+                for p in refused {
+                    self.table.on_peer_gone(p);
+                    self.pending.remove(&p.0);
+                }
+                continue;
+            };
             let key = match a {
                 Action::SendSyn {
                     peer,
@@ -497,20 +510,6 @@ impl Core {
                 }
             };
             kick |= self.wake_key(key, wake);
-        }
-        // Peers whose channel vanished under a send: reset their connections.
-        for p in std::mem::take(&mut self.refused_peers) {
-            self.table.on_peer_gone(p);
-            self.pending.remove(&p.0);
-            while let Some(a) = self.table.poll_action() {
-                let key = match a {
-                    Action::Readable(c) => Key::Read(c),
-                    Action::Writable(c) => Key::Write(c),
-                    Action::Connected(c) => Key::Connect(c),
-                    _ => continue,
-                };
-                kick |= self.wake_key(key, wake);
-            }
         }
         // A driver waiting on the rings (another thread) cannot see what a
         // local operation made ready (a connection to this same process,
@@ -680,13 +679,25 @@ impl Net {
         let mut wake = Vec::new();
         let mut g = self.lock();
         let mut backoff = 0u32;
+        // First try with what the table holds: a read whose data is
+        // queued, or a write with credit, needs no look at the rings.
+        // After a wait, drain first.
+        let mut waited = false;
         let r = loop {
-            if !g.driving {
+            if waited && !g.driving {
                 if let Err(e) = g.drain(&mut wake) {
                     break Err(e);
                 }
             }
-            let retry = match f(&mut g, &mut wake) {
+            let mut attempt = f(&mut g, &mut wake);
+            if !waited && !matches!(attempt, Try::Done(_)) && !g.driving {
+                if let Err(e) = g.drain(&mut wake) {
+                    break Err(e);
+                }
+                attempt = f(&mut g, &mut wake);
+            }
+            waited = true;
+            let retry = match attempt {
                 Try::Done(r) => break r,
                 Try::Wait => false,
                 Try::Retry => true,
@@ -959,7 +970,14 @@ impl Net {
         let start = events.len();
         let r = self.block(Key::Poll, false, deadline, |core, _| {
             if !core.track_ready {
+                // From now on readiness is recorded; what is ready already
+                // is reported first.
                 core.track_ready = true;
+                let (conns, accepts) = core.table.ready_now();
+                for c in conns {
+                    core.note_ready(c, true, true);
+                }
+                core.ready.extend(accepts.into_iter().map(Event::Accept));
             }
             if core.ready.is_empty() {
                 return Try::Wait;
@@ -1007,7 +1025,7 @@ impl Net {
         let mut cursor = (0usize, 0usize); // (slice, offset)
         let mut written = 0usize;
         let mut peer_used = None;
-        let r = self.block(Key::Write(c), nonblocking, deadline, |core, _| {
+        let r = self.block(Key::Write(c), nonblocking, deadline, |core, wake| {
             while written < total {
                 let (peer, to) = match core.table.send_target(c) {
                     Ok(t) => t,
@@ -1091,13 +1109,16 @@ impl Net {
                     }
                 }
             }
+            if let Some(p) = peer_used.take() {
+                core.stack.wake_peer(p);
+            }
+            core.run_actions(wake);
             Try::Done(Ok(written))
         });
-        {
+        if let Some(p) = peer_used {
+            // Ended early (an error, or non-blocking): the peer may sleep.
             let mut g = self.lock();
-            if let Some(p) = peer_used {
-                g.stack.wake_peer(p);
-            }
+            g.stack.wake_peer(p);
             let mut wake = Vec::new();
             g.run_actions(&mut wake);
             drop(g);

@@ -225,6 +225,10 @@ struct Chan {
 enum Event {
     Msg(Message),
     Reset(PeerId),
+    /// A socket-layer descriptor (buffer or control) found by a path that
+    /// does not route them: handed to [`Stack::poll_events`], dropped by
+    /// the zero-copy receive paths.
+    Sock(Incoming),
 }
 
 /// A process's attachment to an X-IO pool. See the module docs.
@@ -553,14 +557,33 @@ impl Stack {
         let mut k = 0;
         for j in 0..n {
             let d = self.scratch[j];
+            if !kind::carries_buffer(d.kind) && kind::is_known(d.kind) {
+                self.inbox.push_back(Event::Sock(Incoming::Control {
+                    from: PeerId(peer),
+                    kind: d.kind,
+                    conn: d.conn,
+                    arg: d.index,
+                }));
+                continue;
+            }
             if let Some(raw) = self.take_descriptor(peer, &d) {
                 let p = refs[k].take().expect("one reference per descriptor");
                 k += 1;
-                self.inbox.push_back(Event::Msg(Message {
-                    from: PeerId(peer),
-                    tag: d.conn,
-                    buf: Buf::new(p, raw, d.len as usize),
-                }));
+                let buf = Buf::new(p, raw, d.len as usize);
+                self.inbox.push_back(if d.kind == kind::DATA {
+                    Event::Msg(Message {
+                        from: PeerId(peer),
+                        tag: d.conn,
+                        buf,
+                    })
+                } else {
+                    Event::Sock(Incoming::Buf {
+                        from: PeerId(peer),
+                        kind: d.kind,
+                        conn: d.conn,
+                        buf,
+                    })
+                });
             }
         }
     }
@@ -708,6 +731,7 @@ impl Stack {
             match ev {
                 Event::Msg(m) => f(Incoming::Message(m)),
                 Event::Reset(p) => f(Incoming::PeerGone(p)),
+                Event::Sock(i) => f(i),
             }
             total += 1;
         }
@@ -766,6 +790,7 @@ impl Stack {
             match ev {
                 Event::Msg(m) => f(Incoming::Message(m)),
                 Event::Reset(p) => f(Incoming::PeerGone(p)),
+                Event::Sock(i) => f(i),
             }
             total += 1;
         }
@@ -884,6 +909,7 @@ impl Stack {
                 break match ev {
                     Event::Msg(m) => Ok(m),
                     Event::Reset(p) => Err(Error::Reset(p)),
+                    Event::Sock(_) => continue,
                 };
             }
             match self.poll_rings() {
@@ -935,6 +961,9 @@ impl Stack {
                     }
                 }
                 Some(Event::Reset(_)) => break,
+                Some(Event::Sock(_)) => {
+                    self.inbox.pop_front();
+                }
                 None => {
                     if self.poll_rings()? == 0 {
                         break;
@@ -1016,6 +1045,7 @@ impl Stack {
                         Ok(1)
                     }
                     Event::Reset(p) => Err(Error::Reset(p)),
+                    Event::Sock(_) => continue,
                 };
             }
             self.poll_ctrl_if_bumped()?;

@@ -1,0 +1,1604 @@
+//! `xio-bench sockets`: stream sockets between two processes, every
+//! transport side by side, printed as markdown tables on stdout (progress
+//! goes to stderr).
+//!
+//! Transports: kernel Unix-domain stream sockets (`uds`) and TCP over
+//! 127.0.0.1 with `TCP_NODELAY` on both ends (`tcp`).
+//!
+//! Sections (`--sections` picks some), each for every `--placement`
+//! (`apart`: client CPU 0, server CPU 1; `one-core`: both on CPU 0):
+//! * `a`: round trip over one persistent connection, for every `--sizes`
+//!   size: the client `write_all`s `size` bytes, the server `read_exact`s
+//!   them and writes them back, the client `read_exact`s the reply;
+//! * `b`: short connections: connect, 64 B request, 64 B reply, close;
+//! * `c`: `--conns` concurrent persistent connections, 64 B request-response
+//!   with one request in flight per connection; client and server are each
+//!   one thread driving all connections with an epoll loop.
+//!
+//! The parent is the client. Every measurement spawns a fresh server: this
+//! executable with the hidden `serve-sock` subcommand, pinned to its CPU,
+//! killed with the parent (`PR_SET_PDEATHSIG`). Each cell's work is split
+//! into rounds that run round-robin over the transports (as in `compare`),
+//! so drift on the host hits all transports alike.
+//!
+//! # Adding a transport
+//!
+//! The client and server loops of sections a and b are generic over
+//! `Read + Write` streams ([`rtt_client`], [`short_client`],
+//! [`serve_blocking`] with a [`Listen`] impl); only listen/accept/connect are
+//! per transport. Section c's epoll loops ([`epoll_client`],
+//! [`epoll_server`]) need kernel file descriptors. A new transport is one
+//! [`Transport`] variant plus the arms marked `X-IO:` in [`spawn_server`],
+//! [`serve`] and [`client`].
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use clap::ValueEnum;
+use rustix::buffer::spare_capacity;
+use rustix::event::{epoll, Timespec};
+use rustix::io::Errno;
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+
+use crate::baselines::{
+    echo_loop, elapsed_ns, pattern, read_port_line, retry_connect, temp_socket_path, RemoveOnDrop,
+    ServerChild, READY_TIMEOUT,
+};
+use crate::compare::{background_load, fmt_size, parse_size, progress, NoiseMeter};
+use crate::pin::{online_cpus, pin_scoped};
+use crate::stats::{fmt_us, summarize, Summary};
+use xio_core::net::{Net, XioListener, XioStream};
+
+/// Options of `xio-bench sockets`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct SocketsArgs {
+    /// Short run: a: 3000 round trips (warm-up 200); b: 1000 connections;
+    /// c: 0.5 s per cell; all in 2 rounds.
+    #[arg(long)]
+    pub quick: bool,
+    /// Sections to run (default: all): `a` round trip on one persistent
+    /// connection, `b` short connections, `c` concurrent connections.
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 1..)]
+    pub sections: Vec<Section>,
+    /// Message sizes for section a (default 64,1K,4K,64K).
+    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = parse_size)]
+    pub sizes: Vec<usize>,
+    /// Connection counts for section c (default 1,16,64,256).
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub conns: Vec<usize>,
+    /// Placements (default both): `apart` (client CPU 0, server CPU 1),
+    /// `one-core` (both on CPU 0).
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 1..)]
+    pub placement: Vec<Placement>,
+    /// Transports to run (default: all).
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 1..)]
+    pub transports: Vec<Transport>,
+    /// Section a: timed round trips per cell (default 20000; 3000 with
+    /// --quick).
+    #[arg(long)]
+    pub iters: Option<usize>,
+    /// Section a: untimed round trips before each round (default 2000; 200
+    /// with --quick).
+    #[arg(long)]
+    pub warmup: Option<usize>,
+    /// Section b: timed connections per cell (default 10000; 1000 with
+    /// --quick), after 1/10 as many untimed ones per round.
+    #[arg(long)]
+    pub short_iters: Option<usize>,
+    /// Section c: measured time per cell in ms (default 2000; 500 with
+    /// --quick), split over the rounds; each round first runs 1/4 of its
+    /// time (at least 50 ms) unmeasured.
+    #[arg(long)]
+    pub duration_ms: Option<u64>,
+    /// Split each cell's work into this many rounds, run round-robin over
+    /// the transports (default 4; 2 with --quick).
+    #[arg(long)]
+    pub rounds: Option<usize>,
+}
+
+/// A stream transport under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Transport {
+    /// Kernel Unix-domain stream socket; the endpoint is a socket path.
+    Uds,
+    /// Kernel TCP over loopback with `TCP_NODELAY`; the endpoint is
+    /// `ip:port` (port 0: the server picks one and prints `PORT <n>`).
+    Tcp,
+    /// X-IO sockets (`xio_core::net`) over the embedded manager's pool;
+    /// the endpoint is `prefix/ip:port`.
+    Xio,
+    /// X-IO with batch wake-up off (one descriptor per drain), as the
+    /// paper's X-IO-no-batch.
+    XioNoBatch,
+}
+
+impl Transport {
+    /// Column label.
+    fn label(self) -> &'static str {
+        match self {
+            Transport::Uds => "UDS",
+            Transport::Tcp => "TCP",
+            Transport::Xio => "X-IO",
+            Transport::XioNoBatch => "X-IO no-batch",
+        }
+    }
+}
+
+/// A benchmark section.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Section {
+    /// Round trip over one persistent connection.
+    A,
+    /// Short connections: connect, 64 B exchange, close.
+    B,
+    /// Concurrent persistent connections, 64 B request-response.
+    C,
+}
+
+/// Where client and server run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Placement {
+    /// Client on CPU 0, server on CPU 1.
+    Apart,
+    /// Both on CPU 0.
+    OneCore,
+}
+
+impl Placement {
+    /// (client CPU, server CPU).
+    fn cpus(self) -> (usize, usize) {
+        match self {
+            Placement::Apart => (0, 1),
+            Placement::OneCore => (0, 0),
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Placement::Apart => "separate cores (client CPU 0, server CPU 1)",
+            Placement::OneCore => "one core (client and server both on CPU 0)",
+        }
+    }
+}
+
+const KIB: usize = 1 << 10;
+const DEFAULT_SIZES: [usize; 4] = [64, KIB, 4 * KIB, 64 * KIB];
+const DEFAULT_CONNS: [usize; 4] = [1, 16, 64, 256];
+/// Message size of sections b and c.
+const MSG: usize = 64;
+/// Listen backlog (capped by `net.core.somaxconn`), so that section c's
+/// connection burst never overflows the accept queue (std uses 128 for TCP).
+const BACKLOG: i32 = 1024;
+/// How long section c's client waits for the replies still in flight when
+/// the measurement ends.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Epoll token of the listening socket in [`epoll_server`].
+const LISTENER_TOKEN: u64 = u64::MAX;
+
+/// The name of a `clap::ValueEnum` value on the command line.
+fn value_name<T: ValueEnum>(v: &T) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_owned())
+        .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------
+// Orchestration (parent)
+// ---------------------------------------------------------------------------
+
+/// What a client run measured.
+#[derive(Default)]
+struct Outcome {
+    /// Per-operation latencies in ns (round trip, connection, request).
+    samples: Vec<u64>,
+    /// Operations completed in the measured window.
+    ops: u64,
+    /// Length of the measured window.
+    wall: Duration,
+}
+
+impl Outcome {
+    fn merge(&mut self, mut o: Outcome) {
+        self.samples.append(&mut o.samples);
+        self.ops += o.ops;
+        self.wall += o.wall;
+    }
+
+    /// Operations per second.
+    fn rate(&self) -> f64 {
+        self.ops as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+}
+
+/// A cell's result, summarized.
+struct Cell {
+    sum: Summary,
+    rate: f64,
+}
+
+/// One client/server pair's parameters.
+#[derive(Clone, Copy, Debug)]
+struct Job {
+    section: Section,
+    /// Message size (section a; [`MSG`] otherwise).
+    size: usize,
+    /// Concurrent connections (section c; 1 otherwise).
+    conns: usize,
+    /// Untimed operations first (sections a and b).
+    warmup: usize,
+    /// Timed operations (sections a and b).
+    iters: usize,
+    /// Unmeasured warm-up time (section c).
+    warm: Duration,
+    /// Measured time (section c).
+    measure: Duration,
+    client_cpu: usize,
+    server_cpu: usize,
+}
+
+/// Settings of a whole run.
+struct Plan {
+    transports: Vec<Transport>,
+    rounds: usize,
+    warmup: usize,
+    iters: usize,
+    short_iters: usize,
+    duration: Duration,
+}
+
+/// Runs `xio-bench sockets`.
+pub fn run(a: &SocketsArgs) -> Result<()> {
+    let started = Instant::now();
+    let sections: Vec<Section> = or_all(&a.sections, Section::value_variants());
+    let placements: Vec<Placement> = or_all(&a.placement, Placement::value_variants());
+    let sizes: Vec<usize> = or_all(&a.sizes, &DEFAULT_SIZES);
+    let conns: Vec<usize> = or_all(&a.conns, &DEFAULT_CONNS);
+    ensure!(conns.iter().all(|&c| c > 0), "--conns must be at least 1");
+    let plan = Plan {
+        transports: or_all(&a.transports, Transport::value_variants()),
+        rounds: a.rounds.unwrap_or(if a.quick { 2 } else { 4 }).max(1),
+        warmup: a.warmup.unwrap_or(if a.quick { 200 } else { 2_000 }),
+        iters: a
+            .iters
+            .unwrap_or(if a.quick { 3_000 } else { 20_000 })
+            .max(1),
+        short_iters: a
+            .short_iters
+            .unwrap_or(if a.quick { 1_000 } else { 10_000 })
+            .max(1),
+        duration: Duration::from_millis(
+            a.duration_ms
+                .unwrap_or(if a.quick { 500 } else { 2_000 })
+                .max(1),
+        ),
+    };
+    let cpus = online_cpus();
+
+    // X-IO: a private run dir and an embedded manager; servers inherit both.
+    let run_dir = crate::compare::RunDir::create()?;
+    std::env::set_var("XIO_RUN_DIR", &run_dir.0);
+    let prefix = format!("xio-bench-sock-{}", std::process::id());
+    std::env::set_var("XIO_BENCH_PREFIX", &prefix);
+    let _mgr = xio_core::manager::Manager::builder(&prefix)
+        .spawn()
+        .context("starting the embedded manager")?;
+
+    let load = background_load(Duration::from_millis(500));
+    let noise = NoiseMeter::start();
+    if let Some(l) = load.as_ref().filter(|l| l.busy_pct > 10.0) {
+        eprintln!(
+            "[xio-bench] WARNING: the machine is {:.0}% busy before the run; \
+             results will be noisy",
+            l.busy_pct
+        );
+    }
+
+    let labels: Vec<&str> = plan.transports.iter().map(|t| t.label()).collect();
+    println!("## Stream sockets: {}\n", labels.join(" vs "));
+    println!(
+        "Machine: {}; Linux {}; {cpus} CPUs online. Command: `{}`.\n",
+        cpu_model(),
+        kernel_release(),
+        std::env::args().collect::<Vec<_>>().join(" ")
+    );
+    println!(
+        "UDS: Unix-domain stream socket; TCP: TCP over 127.0.0.1 with TCP_NODELAY on both ends. \
+         Every cell's work is split into {} rounds run round-robin over the transports, \
+         each round with a fresh server process. Times in µs.\n",
+        plan.rounds
+    );
+    if let Some(l) = &load {
+        println!(
+            "Background load just before the run (all CPUs, 0.5 s): {:.1}% busy, {:.1}% steal.\n",
+            l.busy_pct, l.steal_pct
+        );
+    }
+
+    for &section in &sections {
+        for &place in &placements {
+            let (cc, sc) = place.cpus();
+            if cc.max(sc) >= cpus {
+                println!("({}: skipped, only {cpus} CPU online)\n", place.title());
+                continue;
+            }
+            match section {
+                Section::A => section_a(&plan, place, &sizes),
+                Section::B => section_b(&plan, place),
+                Section::C => section_c(&plan, place, &conns),
+            }
+        }
+    }
+
+    println!("Total run time: {:.0} s.", started.elapsed().as_secs_f64());
+    if let Some((secs, pct)) = noise.as_ref().and_then(NoiseMeter::finish) {
+        println!(
+            "Other processes used {secs:.1} CPU-seconds during the run \
+             ({pct:.1}% of one CPU on average).{}",
+            if pct > 5.0 {
+                " **The machine was not quiet: treat these numbers as noisy.**"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(())
+}
+
+/// `v`, or `all` if `v` is empty.
+fn or_all<T: Clone>(v: &[T], all: &[T]) -> Vec<T> {
+    if v.is_empty() { all } else { v }.to_vec()
+}
+
+/// `model name` from `/proc/cpuinfo`.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// `n` split into `rounds` parts, the remainder spread over the first ones.
+fn share(n: usize, rounds: usize, round: usize) -> usize {
+    n / rounds + usize::from(round < n % rounds)
+}
+
+/// Runs `job(round)` for every transport, round-robin over `plan.rounds`
+/// rounds; a transport that fails is not retried.
+fn measure(plan: &Plan, what: &str, job: impl Fn(usize) -> Job) -> Vec<Result<Cell, String>> {
+    let ts = &plan.transports;
+    let mut acc: Vec<Result<Outcome, String>> = ts.iter().map(|_| Ok(Outcome::default())).collect();
+    for round in 0..plan.rounds {
+        for (k, &t) in ts.iter().enumerate() {
+            if acc[k].is_err() {
+                continue;
+            }
+            progress(&format!(
+                "{} {what} (round {}/{})",
+                t.label(),
+                round + 1,
+                plan.rounds
+            ));
+            match run_pair(t, &job(round)) {
+                Ok(o) => {
+                    if let Ok(a) = &mut acc[k] {
+                        a.merge(o);
+                    }
+                }
+                Err(e) => {
+                    eprintln!("[xio-bench] {} {what}: FAILED: {e:#}", t.label());
+                    acc[k] = Err(format!("{e:#}"));
+                }
+            }
+        }
+    }
+    acc.into_iter()
+        .map(|r| {
+            r.map(|mut o| Cell {
+                sum: summarize(&mut o.samples),
+                rate: o.rate(),
+            })
+        })
+        .collect()
+}
+
+/// Prints the failures of a table's cells below it.
+fn print_failures(plan: &Plan, row: &str, cells: &[Result<Cell, String>]) {
+    for (t, c) in plan.transports.iter().zip(cells) {
+        if let Err(e) = c {
+            println!("* {} {row}: failed: {}", t.label(), e.replace('\n', " "));
+        }
+    }
+}
+
+fn section_a(plan: &Plan, place: Placement, sizes: &[usize]) {
+    let (cc, sc) = place.cpus();
+    let rows: Vec<(usize, Vec<Result<Cell, String>>)> = sizes
+        .iter()
+        .map(|&size| {
+            let what = format!("a {} {}", fmt_size(size), value_name(&place));
+            let cells = measure(plan, &what, |round| Job {
+                section: Section::A,
+                size,
+                conns: 1,
+                warmup: plan.warmup,
+                iters: share(plan.iters, plan.rounds, round),
+                warm: Duration::ZERO,
+                measure: Duration::ZERO,
+                client_cpu: cc,
+                server_cpu: sc,
+            });
+            (size, cells)
+        })
+        .collect();
+    println!(
+        "### (a) Round trip, one persistent connection, {}\n",
+        place.title()
+    );
+    println!(
+        "{} timed round trips per cell (`write_all` size bytes, server `read_exact` + \
+         `write_all`, client `read_exact`), each round after {} untimed ones; \
+         µs.\n",
+        plan.iters, plan.warmup
+    );
+    let mut head = String::from("| size |");
+    let mut rule = String::from("|---|");
+    for t in &plan.transports {
+        let l = t.label();
+        head.push_str(&format!(" {l} p50 | {l} p99 | {l} mean |"));
+        rule.push_str("---:|---:|---:|");
+    }
+    println!("{head}\n{rule}");
+    for (size, cells) in &rows {
+        let mut line = format!("| {} |", fmt_size(*size));
+        for c in cells {
+            match c {
+                Ok(c) => line.push_str(&format!(
+                    " {} | {} | {} |",
+                    fmt_us(c.sum.p50_ns),
+                    fmt_us(c.sum.p99_ns),
+                    fmt_us(c.sum.mean_ns)
+                )),
+                Err(_) => line.push_str(" failed | | |"),
+            }
+        }
+        println!("{line}");
+    }
+    println!();
+    for (size, cells) in &rows {
+        print_failures(plan, &fmt_size(*size), cells);
+    }
+}
+
+/// A row of section b's table: name, and how to print it from a cell.
+type Metric = (&'static str, fn(&Cell) -> String);
+
+fn section_b(plan: &Plan, place: Placement) {
+    let (cc, sc) = place.cpus();
+    let what = format!("b {}", value_name(&place));
+    let cells = measure(plan, &what, |round| {
+        let iters = share(plan.short_iters, plan.rounds, round);
+        Job {
+            section: Section::B,
+            size: MSG,
+            conns: 1,
+            warmup: (iters / 10).max(1),
+            iters,
+            warm: Duration::ZERO,
+            measure: Duration::ZERO,
+            client_cpu: cc,
+            server_cpu: sc,
+        }
+    });
+    println!("### (b) Short connections, {}\n", place.title());
+    println!(
+        "{} timed connections per transport: connect, write {MSG} B, `read_exact` {MSG} B \
+         (the server accepts, echoes, closes), close; each round after 1/10 as many \
+         untimed ones. Connections/s = timed connections / time of the timed loop.\n",
+        plan.short_iters
+    );
+    let mut head = String::from("| |");
+    let mut rule = String::from("|---|");
+    for t in &plan.transports {
+        head.push_str(&format!(" {} |", t.label()));
+        rule.push_str("---:|");
+    }
+    println!("{head}\n{rule}");
+    let metrics: [Metric; 4] = [
+        ("p50 (µs)", |c| fmt_us(c.sum.p50_ns)),
+        ("p99 (µs)", |c| fmt_us(c.sum.p99_ns)),
+        ("mean (µs)", |c| fmt_us(c.sum.mean_ns)),
+        ("connections/s", |c| format!("{:.0}", c.rate)),
+    ];
+    for (name, f) in metrics {
+        let mut line = format!("| {name} |");
+        for c in &cells {
+            match c {
+                Ok(c) => line.push_str(&format!(" {} |", f(c))),
+                Err(_) => line.push_str(" failed |"),
+            }
+        }
+        println!("{line}");
+    }
+    println!();
+    print_failures(plan, "short connections", &cells);
+}
+
+fn section_c(plan: &Plan, place: Placement, conns: &[usize]) {
+    let (cc, sc) = place.cpus();
+    let per_round = plan.duration / plan.rounds as u32;
+    let warm = (per_round / 4).max(Duration::from_millis(50));
+    let rows: Vec<(usize, Vec<Result<Cell, String>>)> = conns
+        .iter()
+        .map(|&n| {
+            let what = format!("c {n} conns {}", value_name(&place));
+            let cells = measure(plan, &what, |_| Job {
+                section: Section::C,
+                size: MSG,
+                conns: n,
+                warmup: 0,
+                iters: 0,
+                warm,
+                measure: per_round,
+                client_cpu: cc,
+                server_cpu: sc,
+            });
+            (n, cells)
+        })
+        .collect();
+    println!(
+        "### (c) Concurrent connections, {MSG} B request-response, {}\n",
+        place.title()
+    );
+    println!(
+        "One request in flight per connection; client and server are one thread each \
+         with an epoll loop over all connections. {:.1} s measured per cell \
+         ({} rounds of {:.2} s, each after {:.2} s unmeasured). Requests/s and \
+         latencies over the replies received in the measured window.\n",
+        plan.duration.as_secs_f64(),
+        plan.rounds,
+        per_round.as_secs_f64(),
+        warm.as_secs_f64()
+    );
+    let mut head = String::from("| conns |");
+    let mut rule = String::from("|---:|");
+    for t in &plan.transports {
+        let l = t.label();
+        head.push_str(&format!(" {l} req/s | {l} p50 | {l} p99 |"));
+        rule.push_str("---:|---:|---:|");
+    }
+    println!("{head}\n{rule}");
+    for (n, cells) in &rows {
+        let mut line = format!("| {n} |");
+        for c in cells {
+            match c {
+                Ok(c) => line.push_str(&format!(
+                    " {:.0} | {} | {} |",
+                    c.rate,
+                    fmt_us(c.sum.p50_ns),
+                    fmt_us(c.sum.p99_ns)
+                )),
+                Err(_) => line.push_str(" failed | | |"),
+            }
+        }
+        println!("{line}");
+    }
+    println!();
+    for (n, cells) in &rows {
+        print_failures(plan, &format!("{n} conns"), cells);
+    }
+}
+
+/// Spawns a server for `job`, runs the client pinned to its CPU, and waits
+/// for the server to exit.
+fn run_pair(t: Transport, job: &Job) -> Result<Outcome> {
+    let (mut child, endpoint, _cleanup) = spawn_server(t, job)?;
+    let res = pin_scoped(Some(job.client_cpu))
+        .context("pinning client")
+        .and_then(|_pin| client(t, job, &endpoint, &mut child));
+    child.finish(res)
+}
+
+/// Spawns `xio-bench serve-sock ...` for `job` on a fresh endpoint.
+/// Returns the server, the endpoint for the client, and what to clean up
+/// afterwards.
+fn spawn_server(t: Transport, job: &Job) -> Result<(ServerChild, String, Option<RemoveOnDrop>)> {
+    let exe = std::env::current_exe().context("locating current executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("serve-sock")
+        .args(["--transport", &value_name(&t)])
+        .args(["--section", &value_name(&job.section)])
+        .args(["--size", &job.size.to_string()])
+        .args(["--conns", &job.conns.to_string()])
+        .args(["--cpu", &job.server_cpu.to_string()])
+        .stdin(Stdio::null());
+    match t {
+        Transport::Uds => {
+            let path = temp_socket_path();
+            let endpoint = path
+                .to_str()
+                .ok_or_else(|| anyhow!("temp socket path {path:?} is not UTF-8"))?
+                .to_owned();
+            let cleanup = RemoveOnDrop(path);
+            cmd.args(["--endpoint", &endpoint]).stdout(Stdio::null());
+            let child = ServerChild::spawn(&mut cmd)?;
+            Ok((child, endpoint, Some(cleanup)))
+        }
+        Transport::Tcp => {
+            cmd.args(["--endpoint", "127.0.0.1:0"])
+                .stdout(Stdio::piped());
+            let mut child = ServerChild::spawn(&mut cmd)?;
+            let stdout = child
+                .stdout()
+                .ok_or_else(|| anyhow!("server stdout was not captured"))?;
+            let port = read_port_line(stdout, &mut child)?;
+            Ok((child, format!("127.0.0.1:{port}"), None))
+        }
+        Transport::Xio | Transport::XioNoBatch => {
+            let prefix = std::env::var("XIO_BENCH_PREFIX")
+                .context("X-IO needs the embedded manager (XIO_BENCH_PREFIX)")?;
+            let endpoint = format!("{prefix}/{}", fresh_xio_addr());
+            cmd.args(["--endpoint", &endpoint]).stdout(Stdio::null());
+            let child = ServerChild::spawn(&mut cmd)?;
+            Ok((child, endpoint, None))
+        }
+    }
+}
+
+/// Runs the client side of `job` against the server at `endpoint`. The
+/// first connection is retried until the server listens (or exits).
+fn client(t: Transport, job: &Job, endpoint: &str, child: &mut ServerChild) -> Result<Outcome> {
+    match t {
+        Transport::Uds => {
+            let path = PathBuf::from(endpoint);
+            let connect = || UnixStream::connect(&path);
+            match job.section {
+                Section::C => epoll_client(connect, Some(child), job),
+                _ => blocking_client(connect, Some(child), job),
+            }
+        }
+        Transport::Tcp => {
+            let addr: SocketAddr = endpoint
+                .parse()
+                .with_context(|| format!("bad TCP endpoint {endpoint:?}"))?;
+            let connect = || connect_tcp(addr);
+            match job.section {
+                Section::C => epoll_client(connect, Some(child), job),
+                _ => blocking_client(connect, Some(child), job),
+            }
+        }
+        Transport::Xio | Transport::XioNoBatch => {
+            let (prefix, addr) = split_xio(endpoint)?;
+            let net = Net::builder(prefix)
+                .batch_wakeup(t == Transport::Xio)
+                .attach()
+                .context("attaching the client")?;
+            let connect = || net.connect(addr);
+            match job.section {
+                Section::C => xio_loop_client(&net, connect, Some(child), job),
+                _ => blocking_client(connect, Some(child), job),
+            }
+        }
+    }
+    .with_context(|| format!("{} client (endpoint {endpoint:?})", t.label()))
+}
+
+fn connect_tcp(addr: SocketAddr) -> io::Result<TcpStream> {
+    let s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+// ---------------------------------------------------------------------------
+// Server (child)
+// ---------------------------------------------------------------------------
+
+/// A listening socket, as the generic server loops need it.
+trait Listen {
+    /// An accepted connection.
+    type Stream: Read + Write;
+    /// Accepts one connection (socket options already set).
+    fn accept_stream(&self) -> io::Result<Self::Stream>;
+}
+
+impl Listen for UnixListener {
+    type Stream = UnixStream;
+    fn accept_stream(&self) -> io::Result<UnixStream> {
+        self.accept().map(|(s, _)| s)
+    }
+}
+
+impl Listen for TcpListener {
+    type Stream = TcpStream;
+    fn accept_stream(&self) -> io::Result<TcpStream> {
+        let (s, _) = self.accept()?;
+        s.set_nodelay(true)?;
+        Ok(s)
+    }
+}
+
+impl Listen for XioListener {
+    type Stream = XioStream;
+    fn accept_stream(&self) -> io::Result<XioStream> {
+        self.accept().map(|(s, _)| s)
+    }
+}
+
+/// A fresh X-IO address for one server (unique within the run).
+fn fresh_xio_addr() -> SocketAddr {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    SocketAddr::from(([10, 77, (n >> 8) as u8, n as u8], 80))
+}
+
+/// `prefix/ip:port` into its parts.
+fn split_xio(endpoint: &str) -> Result<(&str, SocketAddr)> {
+    let (p, a) = endpoint
+        .split_once('/')
+        .ok_or_else(|| anyhow!("bad X-IO endpoint {endpoint:?} (want prefix/ip:port)"))?;
+    Ok((
+        p,
+        a.parse()
+            .with_context(|| format!("bad address in {endpoint:?}"))?,
+    ))
+}
+
+/// Section c's client over X-IO: the same protocol as [`epoll_client`]
+/// (one request in flight per connection, replies checked), with
+/// [`Net::poll`] as the event loop.
+fn xio_loop_client(
+    net: &Net,
+    mut connect: impl FnMut() -> io::Result<XioStream>,
+    child: Option<&mut ServerChild>,
+    job: &Job,
+) -> Result<Outcome> {
+    let n = job.conns;
+    let first = retry_connect(&mut connect, child, READY_TIMEOUT)?;
+    let mut conns = vec![first];
+    for _ in 1..n {
+        conns.push(connect().context("connecting")?);
+    }
+    let mut by_token = std::collections::HashMap::new();
+    for (i, c) in conns.iter().enumerate() {
+        c.set_nonblocking(true)?;
+        by_token.insert(c.token(), i);
+    }
+    struct St {
+        sent_at: Instant,
+        seq: u64,
+        got: usize,
+        rx: [u8; MSG],
+    }
+    let msg = |i: usize, seq: u64| {
+        let mut m = [0u8; MSG];
+        m[..8].copy_from_slice(&seq.to_le_bytes());
+        m[8..16].copy_from_slice(&(i as u64).to_le_bytes());
+        m
+    };
+    let mut st: Vec<St> = (0..n)
+        .map(|_| St {
+            sent_at: Instant::now(),
+            seq: 0,
+            got: 0,
+            rx: [0; MSG],
+        })
+        .collect();
+    for (i, c) in conns.iter().enumerate() {
+        st[i].sent_at = Instant::now();
+        (&*c).write_all(&msg(i, 0)).context("first request")?;
+    }
+    let start = Instant::now();
+    let measure_from = start + job.warm;
+    let measure_to = measure_from + job.measure;
+    let mut out = Outcome::default();
+    let mut events = Vec::new();
+    let mut in_flight = n;
+    let mut stopping = false;
+    while in_flight > 0 {
+        let now = Instant::now();
+        if !stopping && now >= measure_to {
+            stopping = true;
+        }
+        if stopping && now >= measure_to + DRAIN_TIMEOUT {
+            bail!("{in_flight} replies never came");
+        }
+        events.clear();
+        net.poll(&mut events, Some(Duration::from_millis(100)))?;
+        for ev in &events {
+            let xio_core::net::Event::Stream {
+                token,
+                readable: true,
+                ..
+            } = *ev
+            else {
+                continue;
+            };
+            let Some(&i) = by_token.get(&token) else {
+                continue;
+            };
+            let c = &conns[i];
+            loop {
+                let s = &mut st[i];
+                match (&*c).read(&mut s.rx[s.got..]) {
+                    Ok(0) => bail!("server closed connection {i}"),
+                    Ok(k) => s.got += k,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e).context("reading reply"),
+                }
+                if s.got < MSG {
+                    continue;
+                }
+                let t = Instant::now();
+                ensure!(s.rx == msg(i, s.seq), "wrong reply on connection {i}");
+                if s.sent_at >= measure_from && t <= measure_to {
+                    out.samples
+                        .push(t.duration_since(s.sent_at).as_nanos() as u64);
+                    out.ops += 1;
+                }
+                s.got = 0;
+                if stopping {
+                    in_flight -= 1;
+                    break;
+                }
+                s.seq += 1;
+                s.sent_at = Instant::now();
+                (&*c).write_all(&msg(i, s.seq)).context("request")?;
+            }
+        }
+    }
+    out.wall = job.measure;
+    Ok(out)
+}
+
+/// Section c's server over X-IO: accepts `n` connections, then echoes with
+/// [`Net::poll`] as the event loop.
+fn xio_loop_server(net: &Net, l: &XioListener, n: usize) -> Result<()> {
+    let mut conns = std::collections::HashMap::new();
+    for _ in 0..n {
+        let (s, _) = l.accept().context("accept")?;
+        s.set_nonblocking(true)?;
+        conns.insert(s.token(), (s, [0u8; MSG], 0usize));
+    }
+    let mut events = Vec::new();
+    while !conns.is_empty() {
+        events.clear();
+        net.poll(&mut events, None)?;
+        for ev in &events {
+            let xio_core::net::Event::Stream {
+                token,
+                readable: true,
+                ..
+            } = *ev
+            else {
+                continue;
+            };
+            let mut closed = false;
+            if let Some((s, buf, got)) = conns.get_mut(&token) {
+                loop {
+                    match (&*s).read(&mut buf[*got..]) {
+                        Ok(0) => {
+                            closed = true;
+                            break;
+                        }
+                        Ok(k) => *got += k,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                            closed = true;
+                            break;
+                        }
+                        Err(e) => return Err(e).context("reading request"),
+                    }
+                    if *got == MSG {
+                        (&*s).write_all(&buf[..]).context("reply")?;
+                        *got = 0;
+                    }
+                }
+            }
+            if closed {
+                conns.remove(&token);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs in the child (`serve-sock`): serves one session of `section`, then
+/// returns. Pinning is done by the caller first.
+///
+/// `endpoint`: the socket path for `uds` (removed on exit); `ip:port` for
+/// `tcp` (with port 0 the server prints `PORT <n>` on stdout). `conns` is
+/// the number of connections of section c.
+pub fn serve(
+    t: Transport,
+    endpoint: &str,
+    section: Section,
+    size: usize,
+    conns: usize,
+) -> Result<()> {
+    ensure!(size > 0, "message size must be at least 1 byte");
+    match t {
+        Transport::Uds => {
+            let path = Path::new(endpoint);
+            let l = listen_uds(path)?;
+            let _cleanup = RemoveOnDrop(path.to_path_buf());
+            match section {
+                Section::C => epoll_server(&l, conns),
+                _ => serve_blocking(&l, section, size),
+            }
+        }
+        Transport::Tcp => {
+            let l = listen_tcp(endpoint)?;
+            match section {
+                Section::C => epoll_server(&l, conns),
+                _ => serve_blocking(&l, section, size),
+            }
+        }
+        Transport::Xio | Transport::XioNoBatch => {
+            let (prefix, addr) = split_xio(endpoint)?;
+            let net = Net::builder(prefix)
+                .batch_wakeup(t == Transport::Xio)
+                .attach()
+                .context("attaching the server")?;
+            let l = net.listen(addr)?;
+            match section {
+                Section::C => xio_loop_server(&net, &l, conns),
+                _ => serve_blocking(&l, section, size),
+            }
+        }
+    }
+    .with_context(|| {
+        format!(
+            "{} server (section {}, endpoint {endpoint:?}, size {size})",
+            t.label(),
+            value_name(&section)
+        )
+    })
+}
+
+fn listen_uds(path: &Path) -> Result<UnixListener> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("removing stale {path:?}")),
+    }
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .context("socket(AF_UNIX)")?;
+    let addr = SocketAddrUnix::new(path).with_context(|| format!("socket path {path:?}"))?;
+    rustix::net::bind(&fd, &addr).with_context(|| format!("binding {path:?}"))?;
+    rustix::net::listen(&fd, BACKLOG).context("listen")?;
+    Ok(UnixListener::from(fd))
+}
+
+/// Binds and listens on `endpoint`; prints `PORT <n>` (flushed) if it asked
+/// for port 0.
+fn listen_tcp(endpoint: &str) -> Result<TcpListener> {
+    let addr: SocketAddr = endpoint
+        .parse()
+        .with_context(|| format!("bad TCP endpoint {endpoint:?} (want ip:port)"))?;
+    let family = match addr {
+        SocketAddr::V4(_) => AddressFamily::INET,
+        SocketAddr::V6(_) => AddressFamily::INET6,
+    };
+    let fd = rustix::net::socket_with(family, SocketType::STREAM, SocketFlags::CLOEXEC, None)
+        .context("socket(AF_INET)")?;
+    rustix::net::sockopt::set_socket_reuseaddr(&fd, true).context("SO_REUSEADDR")?;
+    rustix::net::bind(&fd, &addr).with_context(|| format!("binding {addr}"))?;
+    rustix::net::listen(&fd, BACKLOG).context("listen")?;
+    let l = TcpListener::from(fd);
+    if addr.port() == 0 {
+        let port = l.local_addr()?.port();
+        let mut out = io::stdout().lock();
+        writeln!(out, "PORT {port}")?;
+        out.flush()?;
+    }
+    Ok(l)
+}
+
+/// Server of sections a and b, for any transport with blocking streams.
+fn serve_blocking<L: Listen>(l: &L, section: Section, size: usize) -> Result<()> {
+    match section {
+        Section::A => {
+            let mut s = l.accept_stream().context("accept")?;
+            echo_loop(&mut s, size)?;
+            Ok(())
+        }
+        Section::B => short_server(l, size),
+        Section::C => bail!("section c needs an event loop"),
+    }
+}
+
+/// Section b: accepts connections one at a time, echoes one `size`-byte
+/// message on each and closes it. A connection that closes without sending
+/// anything ends the session.
+fn short_server<L: Listen>(l: &L, size: usize) -> Result<()> {
+    let mut buf = vec![0u8; size];
+    loop {
+        let mut s = l.accept_stream().context("accept")?;
+        let n = loop {
+            match s.read(&mut buf) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e).context("reading request"),
+            }
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        s.read_exact(&mut buf[n..]).context("reading request")?;
+        s.write_all(&buf).context("writing reply")?;
+        // Dropping `s` closes the connection.
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Blocking clients (sections a and b), generic over the stream type
+// ---------------------------------------------------------------------------
+
+/// Client of sections a and b for any transport with blocking streams.
+fn blocking_client<S: Read + Write>(
+    mut connect: impl FnMut() -> io::Result<S>,
+    child: Option<&mut ServerChild>,
+    job: &Job,
+) -> Result<Outcome> {
+    match job.section {
+        Section::A => {
+            let mut s = retry_connect(&mut connect, child, READY_TIMEOUT)?;
+            rtt_client(&mut s, job.size, job.warmup, job.iters)
+        }
+        Section::B => short_client(connect, child, job.warmup, job.iters),
+        Section::C => bail!("section c needs an event loop"),
+    }
+}
+
+/// `pattern` with every byte inverted: a different message of the same size,
+/// so a reply that repeats an earlier message is caught.
+fn other_pattern(size: usize) -> Vec<u8> {
+    pattern(size).into_iter().map(|b| !b).collect()
+}
+
+#[inline]
+fn round_trip<S: Read + Write>(s: &mut S, tx: &[u8], rx: &mut [u8]) -> Result<()> {
+    s.write_all(tx).context("writing request")?;
+    s.read_exact(rx).context("reading reply")?;
+    Ok(())
+}
+
+/// Section a: one verified round trip, `warmup` untimed ones, then `iters`
+/// timed ones. The first and the last timed replies are checked too (the
+/// last with a different message); the receive buffer is cleared before
+/// them, outside the timed region.
+fn rtt_client<S: Read + Write>(
+    s: &mut S,
+    size: usize,
+    warmup: usize,
+    iters: usize,
+) -> Result<Outcome> {
+    let tx = pattern(size);
+    let tx_last = other_pattern(size);
+    let mut rx = vec![0u8; size];
+    round_trip(s, &tx, &mut rx)?;
+    ensure!(rx == tx, "the reply does not echo the request");
+    for _ in 0..warmup {
+        round_trip(s, &tx, &mut rx)?;
+    }
+    let mut samples = Vec::with_capacity(iters);
+    let t_all = Instant::now();
+    for i in 0..iters {
+        let last = i + 1 == iters;
+        let check = i == 0 || last;
+        let msg = if last { &tx_last } else { &tx };
+        if check {
+            rx.fill(0);
+        }
+        let t0 = Instant::now();
+        round_trip(s, msg, &mut rx)?;
+        samples.push(elapsed_ns(t0));
+        ensure!(!check || rx == *msg, "reply {i} does not echo the request");
+    }
+    let wall = t_all.elapsed();
+    Ok(Outcome {
+        samples,
+        ops: iters as u64,
+        wall,
+    })
+}
+
+/// Section b: `warmup` untimed and `iters` timed connections, each
+/// connect + one [`MSG`]-byte exchange + close. The first (readiness)
+/// connection and the last timed one are checked. Ends the session with a
+/// connection that sends nothing.
+fn short_client<S: Read + Write>(
+    mut connect: impl FnMut() -> io::Result<S>,
+    child: Option<&mut ServerChild>,
+    warmup: usize,
+    iters: usize,
+) -> Result<Outcome> {
+    let tx = pattern(MSG);
+    let tx_last = other_pattern(MSG);
+    let mut rx = [0u8; MSG];
+    let mut s = retry_connect(&mut connect, child, READY_TIMEOUT)?;
+    round_trip(&mut s, &tx, &mut rx)?;
+    drop(s);
+    ensure!(rx[..] == tx[..], "the reply does not echo the request");
+    for _ in 0..warmup {
+        let mut s = connect().context("connect")?;
+        round_trip(&mut s, &tx, &mut rx)?;
+    }
+    let mut samples = Vec::with_capacity(iters);
+    let t_all = Instant::now();
+    for i in 0..iters {
+        let msg = if i + 1 == iters { &tx_last } else { &tx };
+        let t0 = Instant::now();
+        let mut s = connect().context("connect")?;
+        round_trip(&mut s, msg, &mut rx)?;
+        drop(s);
+        samples.push(elapsed_ns(t0));
+    }
+    let wall = t_all.elapsed();
+    ensure!(
+        rx[..] == tx_last[..],
+        "the last reply does not echo the request"
+    );
+    drop(connect().context("connect (end of session)")?);
+    Ok(Outcome {
+        samples,
+        ops: iters as u64,
+        wall,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Section c: epoll event loops over kernel sockets
+// ---------------------------------------------------------------------------
+
+fn set_nonblocking(fd: impl AsFd) -> Result<()> {
+    rustix::io::ioctl_fionbio(fd, true).context("setting O_NONBLOCK")
+}
+
+/// `epoll_wait` into `events` (cleared first); `EINTR` yields no events.
+fn wait(ep: &impl AsFd, events: &mut Vec<epoll::Event>, timeout: Option<&Timespec>) -> Result<()> {
+    events.clear();
+    match epoll::wait(ep, spare_capacity(events), timeout) {
+        Ok(_) | Err(Errno::INTR) => Ok(()),
+        Err(e) => Err(e).context("epoll_wait"),
+    }
+}
+
+fn would_block(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
+}
+
+/// One of section c's client connections.
+struct ClientConn<S> {
+    s: S,
+    token: u64,
+    seq: u64,
+    /// The request in flight (sequence number and token in the first 16
+    /// bytes, so a reply for another request or connection is caught).
+    tx: [u8; MSG],
+    tx_off: usize,
+    rx: [u8; MSG],
+    rx_off: usize,
+    sent: Instant,
+    /// Registered for `EPOLLOUT` (a request is partly written).
+    out_armed: bool,
+}
+
+impl<S: Read + Write + AsFd> ClientConn<S> {
+    /// Starts the next request.
+    fn send(&mut self, ep: &impl AsFd, now: Instant) -> Result<()> {
+        self.seq += 1;
+        self.tx[..8].copy_from_slice(&self.seq.to_le_bytes());
+        self.tx_off = 0;
+        self.sent = now;
+        self.flush(ep)
+    }
+
+    /// Writes what it can of the request; waits for `EPOLLOUT` if the
+    /// socket is full.
+    fn flush(&mut self, ep: &impl AsFd) -> Result<()> {
+        while self.tx_off < MSG {
+            match self.s.write(&self.tx[self.tx_off..]) {
+                Ok(0) => bail!("write returned 0"),
+                Ok(k) => self.tx_off += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if !self.out_armed {
+                        self.rearm(ep, epoll::EventFlags::IN | epoll::EventFlags::OUT)?;
+                        self.out_armed = true;
+                    }
+                    return Ok(());
+                }
+                Err(e) => return Err(e).context("writing request"),
+            }
+        }
+        if self.out_armed {
+            self.rearm(ep, epoll::EventFlags::IN)?;
+            self.out_armed = false;
+        }
+        Ok(())
+    }
+
+    fn rearm(&self, ep: &impl AsFd, flags: epoll::EventFlags) -> Result<()> {
+        epoll::modify(ep, &self.s, epoll::EventData::new_u64(self.token), flags)
+            .context("epoll_ctl(MOD)")
+    }
+
+    /// One `read`; true when the reply is complete (and checked).
+    fn on_readable(&mut self) -> Result<bool> {
+        match self.s.read(&mut self.rx[self.rx_off..]) {
+            Ok(0) => bail!("the server closed connection {}", self.token),
+            Ok(k) => {
+                self.rx_off += k;
+                if self.rx_off < MSG {
+                    return Ok(false);
+                }
+                ensure!(
+                    self.tx_off == MSG && self.rx == self.tx,
+                    "reply {} on connection {} does not echo the request",
+                    self.seq,
+                    self.token
+                );
+                self.rx_off = 0;
+                Ok(true)
+            }
+            Err(e) if would_block(&e) => Ok(false),
+            Err(e) => Err(e).context("reading reply"),
+        }
+    }
+}
+
+/// Section c's client: `job.conns` nonblocking connections driven by one
+/// epoll loop (level-triggered), one [`MSG`]-byte request in flight on each.
+/// Runs `job.warm` unmeasured, then records every reply received during
+/// `job.measure`, then stops sending and waits for the replies in flight.
+fn epoll_client<S: Read + Write + AsFd>(
+    mut connect: impl FnMut() -> io::Result<S>,
+    child: Option<&mut ServerChild>,
+    job: &Job,
+) -> Result<Outcome> {
+    let n = job.conns;
+    let first = retry_connect(&mut connect, child, READY_TIMEOUT)?;
+    let ep = epoll::create(epoll::CreateFlags::CLOEXEC).context("epoll_create")?;
+    let base = pattern(MSG);
+    let mut conns = Vec::with_capacity(n);
+    let mut next = Some(first);
+    for i in 0..n {
+        let s = match next.take() {
+            Some(s) => s,
+            None => connect().with_context(|| format!("connect #{i}"))?,
+        };
+        set_nonblocking(&s)?;
+        let token = i as u64;
+        epoll::add(
+            &ep,
+            &s,
+            epoll::EventData::new_u64(token),
+            epoll::EventFlags::IN,
+        )
+        .context("epoll_ctl(ADD)")?;
+        let mut tx = [0u8; MSG];
+        tx.copy_from_slice(&base);
+        tx[8..16].copy_from_slice(&token.to_le_bytes());
+        conns.push(ClientConn {
+            s,
+            token,
+            seq: 0,
+            tx,
+            tx_off: MSG,
+            rx: [0; MSG],
+            rx_off: 0,
+            sent: Instant::now(),
+            out_armed: false,
+        });
+    }
+
+    let start = Instant::now();
+    let t_measure = start + job.warm;
+    let t_end = t_measure + job.measure;
+    for c in &mut conns {
+        c.send(&ep, start)?;
+    }
+    let mut in_flight = n;
+    let mut samples = Vec::with_capacity(1 << 16);
+    let mut events = Vec::with_capacity(n.min(1024));
+    // Wake up now and then even with nothing to do, to notice the deadlines.
+    let tick = Timespec {
+        tv_sec: 0,
+        tv_nsec: 10_000_000,
+    };
+    while in_flight > 0 {
+        wait(&ep, &mut events, Some(&tick))?;
+        let mut now = Instant::now();
+        ensure!(
+            now < t_end + DRAIN_TIMEOUT,
+            "{in_flight} replies still missing {DRAIN_TIMEOUT:?} after the end"
+        );
+        for ev in &events {
+            let (flags, data) = (ev.flags, ev.data);
+            let c = &mut conns[data.u64() as usize];
+            if flags.contains(epoll::EventFlags::OUT) && c.tx_off < MSG {
+                c.flush(&ep)?;
+            }
+            if !flags
+                .intersects(epoll::EventFlags::IN | epoll::EventFlags::ERR | epoll::EventFlags::HUP)
+                || !c.on_readable()?
+            {
+                continue;
+            }
+            now = Instant::now();
+            in_flight -= 1;
+            if now >= t_measure && now <= t_end {
+                samples.push(u64::try_from((now - c.sent).as_nanos()).unwrap_or(u64::MAX));
+            }
+            if now < t_end {
+                c.send(&ep, now)?;
+                in_flight += 1;
+            }
+        }
+    }
+    // Dropping the connections closes them; the server exits when all are
+    // closed.
+    drop(conns);
+    Ok(Outcome {
+        ops: samples.len() as u64,
+        samples,
+        wall: job.measure,
+    })
+}
+
+/// One of section c's server connections: echoes whatever arrives.
+struct EchoConn<S> {
+    s: S,
+    token: u64,
+    buf: Vec<u8>,
+    /// `buf[off..len]` is still to be written back.
+    off: usize,
+    len: usize,
+    /// Registered for `EPOLLOUT` only (a reply is partly written).
+    out_armed: bool,
+}
+
+impl<S: Read + Write + AsFd> EchoConn<S> {
+    /// Handles one event; false when the peer closed the connection.
+    fn on_event(&mut self, ep: &impl AsFd) -> Result<bool> {
+        if self.off < self.len {
+            return self.flush(ep);
+        }
+        match self.s.read(&mut self.buf) {
+            Ok(0) => Ok(false),
+            Ok(k) => {
+                self.off = 0;
+                self.len = k;
+                self.flush(ep)
+            }
+            Err(e) if would_block(&e) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => Ok(false),
+            Err(e) => Err(e).context("reading request"),
+        }
+    }
+
+    /// Writes what it can of the pending reply; while some is left, waits
+    /// for `EPOLLOUT` instead of reading more.
+    fn flush(&mut self, ep: &impl AsFd) -> Result<bool> {
+        while self.off < self.len {
+            match self.s.write(&self.buf[self.off..self.len]) {
+                Ok(0) => bail!("write returned 0"),
+                Ok(k) => self.off += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if !self.out_armed {
+                        self.rearm(ep, epoll::EventFlags::OUT)?;
+                        self.out_armed = true;
+                    }
+                    return Ok(true);
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                    ) =>
+                {
+                    return Ok(false)
+                }
+                Err(e) => return Err(e).context("writing reply"),
+            }
+        }
+        if self.out_armed {
+            self.rearm(ep, epoll::EventFlags::IN)?;
+            self.out_armed = false;
+        }
+        Ok(true)
+    }
+
+    fn rearm(&self, ep: &impl AsFd, flags: epoll::EventFlags) -> Result<()> {
+        epoll::modify(ep, &self.s, epoll::EventData::new_u64(self.token), flags)
+            .context("epoll_ctl(MOD)")
+    }
+}
+
+/// Section c's server: one epoll loop (level-triggered) that accepts `n`
+/// connections and echoes on all of them; returns when all `n` are closed.
+fn epoll_server<L>(l: &L, n: usize) -> Result<()>
+where
+    L: Listen + AsFd,
+    L::Stream: AsFd,
+{
+    set_nonblocking(l)?;
+    let ep = epoll::create(epoll::CreateFlags::CLOEXEC).context("epoll_create")?;
+    epoll::add(
+        &ep,
+        l,
+        epoll::EventData::new_u64(LISTENER_TOKEN),
+        epoll::EventFlags::IN,
+    )
+    .context("epoll_ctl(ADD)")?;
+    let mut conns: Vec<Option<EchoConn<L::Stream>>> = Vec::with_capacity(n);
+    let mut open = 0usize;
+    let mut events = Vec::with_capacity(n.min(1024) + 1);
+    while conns.len() < n || open > 0 {
+        wait(&ep, &mut events, None)?;
+        for ev in &events {
+            let token = { ev.data }.u64();
+            if token == LISTENER_TOKEN {
+                while conns.len() < n {
+                    let s = match l.accept_stream() {
+                        Ok(s) => s,
+                        Err(e) if would_block(&e) => break,
+                        Err(e) => return Err(e).context("accept"),
+                    };
+                    set_nonblocking(&s)?;
+                    let token = conns.len() as u64;
+                    epoll::add(
+                        &ep,
+                        &s,
+                        epoll::EventData::new_u64(token),
+                        epoll::EventFlags::IN,
+                    )
+                    .context("epoll_ctl(ADD)")?;
+                    conns.push(Some(EchoConn {
+                        s,
+                        token,
+                        buf: vec![0; 4096],
+                        off: 0,
+                        len: 0,
+                        out_armed: false,
+                    }));
+                    open += 1;
+                }
+                if conns.len() == n {
+                    epoll::delete(&ep, l).context("epoll_ctl(DEL)")?;
+                }
+                continue;
+            }
+            let slot = &mut conns[token as usize];
+            let Some(c) = slot.as_mut() else { continue };
+            if !c.on_event(&ep)? {
+                epoll::delete(&ep, &c.s).context("epoll_ctl(DEL)")?;
+                *slot = None;
+                open -= 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_add_up() {
+        for (n, r) in [(10, 3), (3, 4), (20_000, 4)] {
+            assert_eq!((0..r).map(|i| share(n, r, i)).sum::<usize>(), n);
+        }
+    }
+
+    fn job(section: Section, size: usize, conns: usize) -> Job {
+        Job {
+            section,
+            size,
+            conns,
+            warmup: 5,
+            iters: 50,
+            warm: Duration::from_millis(20),
+            measure: Duration::from_millis(100),
+            client_cpu: 0,
+            server_cpu: 0,
+        }
+    }
+
+    /// Runs `serve`'s loop for `j` on a fresh Unix socket in a thread and
+    /// the client on this one.
+    fn over_uds(j: &Job) -> Outcome {
+        let path = temp_socket_path();
+        let l = listen_uds(&path).unwrap();
+        let _rm = RemoveOnDrop(path.clone());
+        let (section, size, conns) = (j.section, j.size, j.conns);
+        let server = std::thread::spawn(move || match section {
+            Section::C => epoll_server(&l, conns),
+            _ => serve_blocking(&l, section, size),
+        });
+        let connect = || UnixStream::connect(&path);
+        let o = match j.section {
+            Section::C => epoll_client(connect, None, j),
+            _ => blocking_client(connect, None, j),
+        }
+        .unwrap();
+        server.join().unwrap().unwrap();
+        o
+    }
+
+    #[test]
+    fn sections_over_uds() {
+        let o = over_uds(&job(Section::A, 5000, 1));
+        assert_eq!((o.samples.len(), o.ops), (50, 50));
+        let o = over_uds(&job(Section::B, MSG, 1));
+        assert_eq!((o.samples.len(), o.ops), (50, 50));
+        let o = over_uds(&job(Section::C, MSG, 8));
+        assert!(o.ops > 0);
+        assert_eq!(o.samples.len() as u64, o.ops);
+    }
+
+    #[test]
+    fn section_c_over_tcp() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = std::thread::spawn(move || epoll_server(&l, 4));
+        let o = epoll_client(|| connect_tcp(addr), None, &job(Section::C, MSG, 4)).unwrap();
+        server.join().unwrap().unwrap();
+        assert!(o.ops > 0);
+    }
+
+    #[test]
+    fn replayed_reply_is_caught() {
+        // A broken "echo" that always returns the first message it got.
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            let mut first = vec![0u8; 100];
+            b.read_exact(&mut first).unwrap();
+            let mut buf = vec![0u8; 100];
+            b.write_all(&first).unwrap();
+            while b.read_exact(&mut buf).is_ok() {
+                if b.write_all(&first).is_err() {
+                    break;
+                }
+            }
+        });
+        let e = rtt_client(&mut a, 100, 3, 10).err().expect("must fail");
+        assert!(format!("{e:#}").contains("reply 9"), "{e:#}");
+        drop(a);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(value_name(&Section::A), "a");
+        assert_eq!(value_name(&Placement::OneCore), "one-core");
+        assert_eq!(value_name(&Transport::Uds), "uds");
+    }
+}
