@@ -116,6 +116,11 @@ pub enum Transport {
     /// X-IO with batch wake-up off (one descriptor per drain), as the
     /// paper's X-IO-no-batch.
     XioNoBatch,
+    /// X-IO streams through the zero-copy calls (section a only): the
+    /// client sends pool buffers (`alloc` + `send_buf`) and takes replies
+    /// with `recv_buf`; the server forwards each received buffer back in
+    /// place (`recv_buf`, `into_mut`, `send_buf`). No payload copy at all.
+    XioZc,
 }
 
 impl Transport {
@@ -126,6 +131,7 @@ impl Transport {
             Transport::Tcp => "TCP",
             Transport::Xio => "X-IO",
             Transport::XioNoBatch => "X-IO no-batch",
+            Transport::XioZc => "X-IO zero-copy",
         }
     }
 }
@@ -243,6 +249,7 @@ struct Job {
 }
 
 /// Settings of a whole run.
+#[derive(Clone)]
 struct Plan {
     transports: Vec<Transport>,
     rounds: usize,
@@ -489,7 +496,15 @@ fn section_a(plan: &Plan, place: Placement, sizes: &[usize]) {
 /// A row of section b's table: name, and how to print it from a cell.
 type Metric = (&'static str, fn(&Cell) -> String);
 
+/// `plan` without the transports that only take part in section a.
+fn copy_transports(plan: &Plan) -> Plan {
+    let mut p = plan.clone();
+    p.transports.retain(|&t| t != Transport::XioZc);
+    p
+}
+
 fn section_b(plan: &Plan, place: Placement) {
+    let plan = &copy_transports(plan);
     let (cc, sc) = place.cpus();
     let what = format!("b {}", value_name(&place));
     let cells = measure(plan, &what, |round| {
@@ -541,6 +556,7 @@ fn section_b(plan: &Plan, place: Placement) {
 }
 
 fn section_c(plan: &Plan, place: Placement, conns: &[usize]) {
+    let plan = &copy_transports(plan);
     let (cc, sc) = place.cpus();
     let per_round = plan.duration / plan.rounds as u32;
     let warm = (per_round / 4).max(Duration::from_millis(50));
@@ -650,7 +666,7 @@ fn spawn_server(t: Transport, job: &Job) -> Result<(ServerChild, String, Option<
             let port = read_port_line(stdout, &mut child)?;
             Ok((child, format!("127.0.0.1:{port}"), None))
         }
-        Transport::Xio | Transport::XioNoBatch => {
+        Transport::Xio | Transport::XioNoBatch | Transport::XioZc => {
             let prefix = std::env::var("XIO_BENCH_PREFIX")
                 .context("X-IO needs the embedded manager (XIO_BENCH_PREFIX)")?;
             let endpoint = format!("{prefix}/{}", fresh_xio_addr());
@@ -683,15 +699,19 @@ fn client(t: Transport, job: &Job, endpoint: &str, child: &mut ServerChild) -> R
                 _ => blocking_client(connect, Some(child), job),
             }
         }
-        Transport::Xio | Transport::XioNoBatch => {
+        Transport::Xio | Transport::XioNoBatch | Transport::XioZc => {
             let (prefix, addr) = split_xio(endpoint)?;
             let net = Net::builder(prefix)
-                .batch_wakeup(t == Transport::Xio)
+                .batch_wakeup(t != Transport::XioNoBatch)
                 .attach()
                 .context("attaching the client")?;
             let connect = || net.connect(addr);
             match job.section {
                 Section::C => xio_loop_client(&net, connect, Some(child), job),
+                Section::A if t == Transport::XioZc => {
+                    let s = retry_connect(connect, Some(child), READY_TIMEOUT)?;
+                    zc_rtt_client(&s, job.size, job.warmup, job.iters)
+                }
                 _ => blocking_client(connect, Some(child), job),
             }
         }
@@ -866,6 +886,66 @@ fn xio_loop_client(
     Ok(out)
 }
 
+/// Section a over X-IO's zero-copy calls: sends a pool buffer of `size`
+/// bytes and takes the reply as pool buffers. The payload is written only
+/// for the checked round trips (the first and last), as an application
+/// that builds its message in the buffer would; nothing is ever copied.
+fn zc_rtt_client(s: &XioStream, size: usize, warmup: usize, iters: usize) -> Result<Outcome> {
+    let tx = pattern(size);
+    let tx_last = other_pattern(size);
+    let one = |msg: Option<&[u8]>| -> Result<()> {
+        let mut b = s.alloc(size)?;
+        if let Some(m) = msg {
+            b.copy_from_slice(m);
+        }
+        s.send_buf(b).map_err(|(e, _)| e).context("send_buf")?;
+        let mut got = 0;
+        let mut ok = true;
+        while got < size {
+            let r = s.recv_buf()?.ok_or_else(|| anyhow!("server closed"))?;
+            if let Some(m) = msg {
+                ok &= r[..] == m[got..got + r.len()];
+            }
+            got += r.len();
+        }
+        ensure!(ok, "the reply does not echo the request");
+        Ok(())
+    };
+    one(Some(&tx))?;
+    for _ in 0..warmup {
+        one(None)?;
+    }
+    let mut samples = Vec::with_capacity(iters);
+    let t_all = Instant::now();
+    for i in 0..iters {
+        let msg = match i {
+            0 => Some(&tx[..]),
+            _ if i + 1 == iters => Some(&tx_last[..]),
+            _ => None,
+        };
+        let t0 = Instant::now();
+        one(msg)?;
+        samples.push(elapsed_ns(t0));
+    }
+    Ok(Outcome {
+        samples,
+        ops: iters as u64,
+        wall: t_all.elapsed(),
+    })
+}
+
+/// Section a's server over X-IO's zero-copy calls: every received buffer
+/// goes back as it is (`into_mut` + `send_buf`), until end of stream.
+fn zc_echo_server(l: &XioListener) -> Result<()> {
+    let (s, _) = l.accept().context("accept")?;
+    while let Some(b) = s.recv_buf()? {
+        s.send_buf(b.into_mut())
+            .map_err(|(e, _)| e)
+            .context("send_buf")?;
+    }
+    Ok(())
+}
+
 /// Section c's server over X-IO: accepts `n` connections, then echoes with
 /// [`Net::poll`] as the event loop.
 fn xio_loop_server(net: &Net, l: &XioListener, n: usize) -> Result<()> {
@@ -949,15 +1029,16 @@ pub fn serve(
                 _ => serve_blocking(&l, section, size),
             }
         }
-        Transport::Xio | Transport::XioNoBatch => {
+        Transport::Xio | Transport::XioNoBatch | Transport::XioZc => {
             let (prefix, addr) = split_xio(endpoint)?;
             let net = Net::builder(prefix)
-                .batch_wakeup(t == Transport::Xio)
+                .batch_wakeup(t != Transport::XioNoBatch)
                 .attach()
                 .context("attaching the server")?;
             let l = net.listen(addr)?;
             match section {
                 Section::C => xio_loop_server(&net, &l, conns),
+                Section::A if t == Transport::XioZc => zc_echo_server(&l),
                 _ => serve_blocking(&l, section, size),
             }
         }

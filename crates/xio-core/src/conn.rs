@@ -153,6 +153,9 @@ struct Entry<B> {
     /// Bytes of `rx.front()` already read.
     offset: usize,
     peer_fin: bool,
+    /// The peer process is gone after a clean FIN: reads end normally,
+    /// writes fail.
+    peer_gone: bool,
     fin_sent: bool,
     read_shut: bool,
     /// Bytes of buffer capacity we may still send.
@@ -238,6 +241,7 @@ impl<B: Chunk> Table<B> {
             rx: VecDeque::new(),
             offset: 0,
             peer_fin: false,
+            peer_gone: false,
             fin_sent: false,
             read_shut: false,
             credit: self.window,
@@ -442,7 +446,9 @@ impl<B: Chunk> Table<B> {
         }
     }
 
-    /// Stack `peer` died: every connection to it is reset.
+    /// Stack `peer` died or left: its connections are reset, except that
+    /// one it had closed cleanly (FIN) still reads to its end, as with TCP
+    /// when a process exits after closing its socket.
     pub fn on_peer_gone(&mut self, peer: PeerId) {
         let ids: Vec<ConnId> = self
             .entries
@@ -454,7 +460,13 @@ impl<B: Chunk> Table<B> {
             })
             .collect();
         for c in ids {
-            self.on_rst(peer, c);
+            match self.get_mut(c) {
+                Some(e) if e.peer_fin && e.state == State::Established => {
+                    e.peer_gone = true;
+                    self.actions.push_back(Action::Writable(c));
+                }
+                _ => self.on_rst(peer, c),
+            }
         }
     }
 
@@ -599,6 +611,7 @@ impl<B: Chunk> Table<B> {
             State::Reset => Err(ConnError::Reset),
             State::SynSent => Err(ConnError::NotConnected),
             State::Established if e.fin_sent => Err(ConnError::BrokenPipe),
+            State::Established if e.peer_gone => Err(ConnError::Reset),
             State::Established => Ok((e.peer, e.remote)),
         }
     }
@@ -630,7 +643,7 @@ impl<B: Chunk> Table<B> {
     /// No more writes on `c` (the peer reads end of stream after our data).
     pub fn shutdown_write(&mut self, c: ConnId) -> Result<(), ConnError> {
         let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
-        if e.state != State::Established || e.fin_sent {
+        if e.state != State::Established || e.fin_sent || e.peer_gone {
             return Ok(());
         }
         e.fin_sent = true;
@@ -663,6 +676,7 @@ impl<B: Chunk> Table<B> {
     pub fn close(&mut self, c: ConnId) {
         let Some(e) = self.remove(c) else { return };
         match e.state {
+            State::Established if e.peer_gone => {}
             State::Established if !e.rx.is_empty() => self.rst(e.peer, e.remote),
             State::Established if !e.fin_sent => self.actions.push_back(Action::Control {
                 peer: e.peer,
@@ -831,6 +845,15 @@ mod tests {
         );
         let mut b = [0u8; 4];
         assert_eq!(s.read(sid, &mut b), Err(ConnError::Reset));
+        // A peer that closed cleanly and then exited: its data, then end
+        // of stream; writing to it fails.
+        let (_, mut s3, _, sid3) = handshake();
+        s3.on_data(PeerId(1), sid3, b"last".to_vec());
+        s3.on_fin(PeerId(1), sid3);
+        s3.on_peer_gone(PeerId(1));
+        assert_eq!(s3.read(sid3, &mut b), Ok(4));
+        assert_eq!(s3.read(sid3, &mut b), Ok(0));
+        assert_eq!(s3.send_target(sid3), Err(ConnError::Reset));
         // Closing with unread data sends RST, not FIN.
         let (_, mut s2, _, sid2) = handshake();
         s2.on_data(PeerId(1), sid2, b"unread".to_vec());
