@@ -60,6 +60,11 @@ use crate::layout::kind;
 use crate::stack::{Error, Incoming, PeerId, Probe, Stack};
 use crate::wait::WaitMode;
 
+/// Most descriptors one drain takes with batch wake-up on: enough to wake
+/// many connections per pass, few enough that the first of them is served
+/// (and its reply on its way) before the rest are even looked at.
+const DRAIN_BATCH: usize = 32;
+
 /// Longest a driver waits before retrying sends that did not fit a full
 /// ring (nothing wakes it when the peer makes room).
 const RETRY_FULL: Duration = Duration::from_micros(50);
@@ -376,7 +381,7 @@ impl Core {
     /// Moves what the rings hold into the table and runs what follows.
     fn drain(&mut self, wake: &mut Vec<Waiter>) -> io::Result<()> {
         self.flush_pending();
-        let max = if self.batch { usize::MAX } else { 1 };
+        let max = if self.batch { DRAIN_BATCH } else { 1 };
         let force = std::mem::take(&mut self.force_ctrl);
         let me = self.me();
         let table = &mut self.table;

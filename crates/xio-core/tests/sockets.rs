@@ -32,6 +32,7 @@ fn child_main() {
         "short_clients" => short_clients(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "writer_forever" => writer_forever(&a[0], a[1].parse().unwrap()),
         "slow_reader_server" => slow_reader_server(&a[0], a[1].parse().unwrap()),
+        "poll_clients" => poll_clients(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         r => panic!("unknown role {r}"),
     }
 }
@@ -525,4 +526,83 @@ fn zero_copy_buffers_vectored_writes_timeouts_and_poll() {
     let mut ping = [0u8; 4];
     (&s).read_exact(&mut ping).unwrap();
     assert_eq!(&ping, b"ping");
+}
+
+/// Opens `n` connections, sends one request on each, says so, and waits to
+/// be killed.
+fn poll_clients(prefix: &str, addr: SocketAddr, n: usize) {
+    let net = Net::attach(prefix).unwrap();
+    let conns: Vec<XioStream> = (0..n).map(|_| net.connect(addr).unwrap()).collect();
+    for (i, c) in conns.iter().enumerate() {
+        (&*c).write_all(&(i as u64).to_le_bytes()).unwrap();
+    }
+    for c in &conns {
+        let mut b = [0u8; 8];
+        (&*c).read_exact(&mut b).unwrap();
+    }
+    println!("XIO:sent");
+    loop {
+        std::thread::park();
+    }
+}
+
+/// An event-loop server ([`Net::poll`], non-blocking streams) hears of
+/// every connection's reset when its client process is killed: none is
+/// left waiting forever.
+#[test]
+fn event_loop_server_sees_every_reset_of_a_killed_client() {
+    let (mgr, p) = start("pollkill");
+    let addr: SocketAddr = "10.3.0.8:80".parse().unwrap();
+    let n = 200;
+    {
+        let net = Net::attach(&p).unwrap();
+        let l = net.listen(addr).unwrap();
+        let mut client = ChildProc::spawn(
+            "child_main",
+            "poll_clients",
+            &[p.clone(), addr.to_string(), n.to_string()],
+        );
+        let mut conns = std::collections::HashMap::new();
+        for _ in 0..n {
+            let (s, _) = l.accept().unwrap();
+            s.set_nonblocking(true).unwrap();
+            conns.insert(s.token(), s);
+        }
+        let mut events = Vec::new();
+        let mut answered = 0;
+        let mut resets = 0;
+        let mut killed = false;
+        while !conns.is_empty() {
+            events.clear();
+            net.poll(&mut events, Some(Duration::from_secs(1))).unwrap();
+            for ev in &events {
+                let Event::Stream { token, .. } = *ev else {
+                    continue;
+                };
+                let Some(s) = conns.get(&token) else { continue };
+                let mut b = [0u8; 8];
+                match (&*s).read(&mut b) {
+                    Ok(8) => {
+                        (&*s).write_all(&b).unwrap();
+                        answered += 1;
+                    }
+                    Ok(n) => panic!("short read {n}"),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => {
+                        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+                        conns.remove(&token);
+                        resets += 1;
+                    }
+                }
+            }
+            if answered == n && !killed {
+                client.expect("sent");
+                client.kill9();
+                killed = true;
+            }
+        }
+        assert_eq!((answered, resets), (n, n));
+        drop(l);
+    }
+    wait_pool_whole(&mgr);
 }
