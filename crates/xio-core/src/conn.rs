@@ -9,7 +9,9 @@
 //! descriptor for a closed and reused slot is recognised and dropped.
 //! Generic over the buffer type so it can be tested without a pool.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::sync::FxHashMap as HashMap;
 use std::net::SocketAddr;
 
 use crate::layout::kind;
@@ -160,6 +162,11 @@ struct Entry<B> {
     read_shut: bool,
     /// Bytes of buffer capacity we may still send.
     credit: usize,
+    /// Closed by the application while its SYN was unanswered: kept until
+    /// the answer comes, so it is not taken for a stale id (and reset).
+    closed: bool,
+    /// For an accepted connection: the initiator's key in `early`.
+    early_key: Option<(u16, u32)>,
     /// Capacity consumed here and not yet credited back to the sender.
     unacked: usize,
 }
@@ -172,6 +179,9 @@ pub struct Table<B> {
     listeners: HashMap<SocketAddr, VecDeque<ConnId>>,
     actions: VecDeque<Action>,
     window: usize,
+    /// Accepted connections by (initiator stack, initiator's id), for what
+    /// the initiator sent before it knew our id ([`kind::EARLY`]).
+    early: HashMap<(u16, u32), ConnId>,
 }
 
 impl<B: Chunk> Table<B> {
@@ -184,9 +194,10 @@ impl<B: Chunk> Table<B> {
             entries: Vec::new(),
             gens: Vec::new(),
             free: Vec::new(),
-            listeners: HashMap::new(),
+            listeners: HashMap::default(),
             actions: VecDeque::new(),
             window: window.max(2),
+            early: HashMap::default(),
         }
     }
 
@@ -246,6 +257,8 @@ impl<B: Chunk> Table<B> {
             read_shut: false,
             credit: self.window,
             unacked: 0,
+            closed: false,
+            early_key: None,
         });
         Ok(ConnId(gen << INDEX_BITS | i as u32))
     }
@@ -269,7 +282,27 @@ impl<B: Chunk> Table<B> {
         let i = c.index();
         self.gens[i] = (self.gens[i] + 1) & (u32::MAX >> INDEX_BITS);
         self.free.push(i as u32);
-        self.entries[i].take()
+        let e = self.entries[i].take();
+        if let Some(k) = e.as_ref().and_then(|e| e.early_key) {
+            self.early.remove(&k);
+        }
+        e
+    }
+
+    /// Our connection for what `peer` sent with its own id `remote`
+    /// ([`kind::EARLY`]).
+    pub fn early_conn(&self, peer: PeerId, remote: u32) -> Option<ConnId> {
+        self.early.get(&(peer.0, remote)).copied()
+    }
+
+    /// Whether `c` still waits for its SYN-ACK.
+    pub fn is_connecting(&self, c: ConnId) -> bool {
+        self.get(c).is_some_and(|e| e.state == State::SynSent)
+    }
+
+    /// The stack a connection goes to.
+    pub fn peer_of(&self, c: ConnId) -> Option<PeerId> {
+        self.get(c).map(|e| e.peer)
     }
 
     fn rst(&mut self, peer: PeerId, to: u32) {
@@ -340,6 +373,10 @@ impl<B: Chunk> Table<B> {
         }
         match self.insert(peer, remote, State::Established, target, source) {
             Ok(c) => {
+                if let Some(e) = self.get_mut(c) {
+                    e.early_key = Some((peer.0, remote));
+                }
+                self.early.insert((peer.0, remote), c);
                 self.listeners
                     .get_mut(&target)
                     .expect("checked")
@@ -359,6 +396,10 @@ impl<B: Chunk> Table<B> {
     /// A SYN-ACK for our `local` connection; the peer's id is `remote`.
     pub fn on_syn_ack(&mut self, peer: PeerId, local: ConnId, remote: u32) {
         match self.get_mut(local) {
+            Some(e) if e.state == State::SynSent && e.peer == peer && e.closed => {
+                // Closed meanwhile; its FIN already went (early).
+                self.remove(local);
+            }
             Some(e) if e.state == State::SynSent && e.peer == peer => {
                 e.state = State::Established;
                 e.remote = remote;
@@ -433,6 +474,10 @@ impl<B: Chunk> Table<B> {
         if e.peer != peer || e.state == State::Reset {
             return;
         }
+        if e.closed {
+            self.remove(local);
+            return;
+        }
         let was_connecting = e.state == State::SynSent;
         e.refused = was_connecting;
         e.state = State::Reset;
@@ -440,10 +485,9 @@ impl<B: Chunk> Table<B> {
         e.offset = 0;
         if was_connecting {
             self.actions.push_back(Action::Connected(local));
-        } else {
-            self.actions.push_back(Action::Readable(local));
-            self.actions.push_back(Action::Writable(local));
         }
+        self.actions.push_back(Action::Readable(local));
+        self.actions.push_back(Action::Writable(local));
     }
 
     /// Stack `peer` died or left: its connections are reset, except that
@@ -461,6 +505,9 @@ impl<B: Chunk> Table<B> {
             .collect();
         for c in ids {
             match self.get_mut(c) {
+                Some(e) if e.closed => {
+                    self.remove(c);
+                }
                 Some(e) if e.peer_fin && e.state == State::Established => {
                     e.peer_gone = true;
                     self.actions.push_back(Action::Writable(c));
@@ -519,7 +566,11 @@ impl<B: Chunk> Table<B> {
     pub fn read(&mut self, c: ConnId, out: &mut [u8]) -> Result<usize, ConnError> {
         let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
         if e.state == State::Reset {
-            return Err(ConnError::Reset);
+            return Err(if e.refused {
+                ConnError::Refused
+            } else {
+                ConnError::Reset
+            });
         }
         if e.read_shut {
             return Ok(0);
@@ -558,7 +609,11 @@ impl<B: Chunk> Table<B> {
     pub fn take_chunk(&mut self, c: ConnId) -> Result<Option<(B, usize)>, ConnError> {
         let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
         if e.state == State::Reset {
-            return Err(ConnError::Reset);
+            return Err(if e.refused {
+                ConnError::Refused
+            } else {
+                ConnError::Reset
+            });
         }
         if e.read_shut {
             return Ok(None);
@@ -604,15 +659,18 @@ impl<B: Chunk> Table<B> {
         })
     }
 
-    /// Where a write on `c` goes: the peer stack and its connection id.
-    pub fn send_target(&self, c: ConnId) -> Result<(PeerId, u32), ConnError> {
+    /// Where a write on `c` goes: the peer stack, the id to address, and
+    /// the flag to add to the kind ([`kind::EARLY`] while the SYN is
+    /// unanswered: then the id is our own).
+    pub fn send_target(&self, c: ConnId) -> Result<(PeerId, u32, u8), ConnError> {
         let e = self.get(c).ok_or(ConnError::NotConnected)?;
         match e.state {
+            State::Reset if e.refused => Err(ConnError::Refused),
             State::Reset => Err(ConnError::Reset),
-            State::SynSent => Err(ConnError::NotConnected),
-            State::Established if e.fin_sent => Err(ConnError::BrokenPipe),
+            _ if e.fin_sent => Err(ConnError::BrokenPipe),
+            State::SynSent => Ok((e.peer, c.0, kind::EARLY)),
             State::Established if e.peer_gone => Err(ConnError::Reset),
-            State::Established => Ok((e.peer, e.remote)),
+            State::Established => Ok((e.peer, e.remote, 0)),
         }
     }
 
@@ -643,14 +701,18 @@ impl<B: Chunk> Table<B> {
     /// No more writes on `c` (the peer reads end of stream after our data).
     pub fn shutdown_write(&mut self, c: ConnId) -> Result<(), ConnError> {
         let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
-        if e.state != State::Established || e.fin_sent || e.peer_gone {
+        if e.state == State::Reset || e.fin_sent || e.peer_gone {
             return Ok(());
         }
         e.fin_sent = true;
-        let (peer, to) = (e.peer, e.remote);
+        let (peer, to, k) = if e.state == State::SynSent {
+            (e.peer, c.0, kind::FIN | kind::EARLY)
+        } else {
+            (e.peer, e.remote, kind::FIN)
+        };
         self.actions.push_back(Action::Control {
             peer,
-            kind: kind::FIN,
+            kind: k,
             to,
             arg: 0,
         });
@@ -674,6 +736,26 @@ impl<B: Chunk> Table<B> {
     /// Closes `c`: a FIN if everything received was read, else a RST (as
     /// TCP does when unread data is discarded). The id is dead afterwards.
     pub fn close(&mut self, c: ConnId) {
+        if let Some(e) = self.get_mut(c) {
+            if e.state == State::SynSent {
+                // Unanswered SYN: say FIN now (early), and keep the entry
+                // until the answer, which would otherwise look stale and
+                // be reset, losing what we sent.
+                e.closed = true;
+                e.rx.clear();
+                if !e.fin_sent {
+                    e.fin_sent = true;
+                    let peer = e.peer;
+                    self.actions.push_back(Action::Control {
+                        peer,
+                        kind: kind::FIN | kind::EARLY,
+                        to: c.0,
+                        arg: 0,
+                    });
+                }
+                return;
+            }
+        }
         let Some(e) = self.remove(c) else { return };
         match e.state {
             State::Established if e.peer_gone => {}
@@ -745,8 +827,8 @@ mod tests {
     #[test]
     fn handshake_data_partial_reads_and_fin() {
         let (mut c, mut s, cid, sid) = handshake();
-        let (peer, to) = c.send_target(cid).unwrap();
-        assert_eq!((peer, to), (PeerId(2), sid.0));
+        let (peer, to, flag) = c.send_target(cid).unwrap();
+        assert_eq!((peer, to, flag), (PeerId(2), sid.0, 0));
         s.on_data(PeerId(1), sid, b"hello ".to_vec());
         s.on_data(PeerId(1), sid, b"world".to_vec());
         let mut buf = [0u8; 3];
@@ -832,8 +914,16 @@ mod tests {
         );
         actions(&mut c);
         c.on_rst(PeerId(2), cid);
-        assert_eq!(actions(&mut c), vec![Action::Connected(cid)]);
+        assert_eq!(
+            actions(&mut c),
+            vec![
+                Action::Connected(cid),
+                Action::Readable(cid),
+                Action::Writable(cid)
+            ]
+        );
         assert_eq!(c.connect_result(cid), Err(ConnError::Refused));
+        assert_eq!(c.read(cid, &mut [0u8; 1]), Err(ConnError::Refused));
 
         let (mut c, mut s, cid, sid) = handshake();
         s.on_data(PeerId(1), sid, b"x".to_vec());
@@ -876,6 +966,45 @@ mod tests {
                 arg: 0
             }]
         );
+    }
+
+    #[test]
+    fn early_data_and_fin_before_the_syn_ack() {
+        let mut c: Table<Vec<u8>> = Table::new(64);
+        let mut s: Table<Vec<u8>> = Table::new(64);
+        s.listen(a(80)).unwrap();
+        let cid = c.connect(PeerId(2), a(80), src()).unwrap();
+        actions(&mut c);
+        // Before any answer the client writes, addressed by its own id...
+        let (peer, to, flag) = c.send_target(cid).unwrap();
+        assert_eq!((peer, to, flag), (PeerId(2), cid.0, kind::EARLY));
+        c.close(cid);
+        assert_eq!(
+            actions(&mut c),
+            vec![Action::Control {
+                peer: PeerId(2),
+                kind: kind::FIN | kind::EARLY,
+                to: cid.0,
+                arg: 0
+            }]
+        );
+        assert_eq!(c.len(), 1, "kept until the answer");
+        // ...and the server maps that id to its own connection.
+        s.on_syn(PeerId(1), cid.0, a(80), src());
+        let sid = s.accept(a(80)).unwrap();
+        assert_eq!(s.early_conn(PeerId(1), cid.0), Some(sid));
+        s.on_data(PeerId(1), sid, b"early".to_vec());
+        s.on_fin(PeerId(1), sid);
+        let mut b = [0u8; 8];
+        assert_eq!(s.read(sid, &mut b), Ok(5));
+        assert_eq!(s.read(sid, &mut b), Ok(0));
+        // The SYN-ACK for the closed connection ends it quietly (no RST).
+        actions(&mut c);
+        c.on_syn_ack(PeerId(2), cid, sid.0);
+        assert!(actions(&mut c).is_empty());
+        assert!(c.is_empty());
+        s.close(sid);
+        assert_eq!(s.early_conn(PeerId(1), cid.0), None, "forgotten on close");
     }
 
     #[test]

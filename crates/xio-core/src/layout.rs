@@ -76,14 +76,26 @@ pub mod kind {
     /// buffer capacity; the sender may send that much more. No buffer.
     pub const CREDIT: u8 = 6;
 
+    /// Flag on STREAM, FIN and RST sent before the SYN-ACK came back: `conn`
+    /// is then the *sender's* id (the one its SYN carried), which the
+    /// receiver maps to its own. Lets a client send at once after its SYN
+    /// (one round trip for connect + request + reply, as TCP Fast Open).
+    pub const EARLY: u8 = 0x80;
+
+    /// The kind without the [`EARLY`] flag.
+    pub fn base(k: u8) -> u8 {
+        k & !EARLY
+    }
+
     /// Whether descriptors of kind `k` carry a pool buffer.
     pub fn carries_buffer(k: u8) -> bool {
-        matches!(k, DATA | SYN | STREAM)
+        matches!(base(k), DATA | SYN | STREAM)
     }
 
     /// Whether `k` is a kind this version knows.
     pub fn is_known(k: u8) -> bool {
-        k <= CREDIT
+        let b = base(k);
+        b <= CREDIT && (k & EARLY == 0 || matches!(b, STREAM | FIN | RST))
     }
 }
 

@@ -45,7 +45,9 @@
 //! (or gets `WouldBlock`); nothing is dropped. An exhausted pool is a
 //! wait too, and a write falls back to smaller buffers before it waits.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::sync::FxHashMap as HashMap;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
@@ -135,14 +137,14 @@ impl NetBuilder {
                     table: Table::new(window),
                     driving: false,
                     probe: None,
-                    waiters: HashMap::new(),
+                    waiters: HashMap::default(),
                     parked: 0,
-                    pending: HashMap::new(),
+                    pending: HashMap::default(),
                     force_ctrl: false,
                     batch: self.batch,
                     ready: Vec::new(),
                     track_ready: false,
-                    ready_seen: HashMap::new(),
+                    ready_seen: HashMap::default(),
                     syn_buf: None,
                     refused_peers: Vec::new(),
                 }),
@@ -395,6 +397,16 @@ impl Core {
             } => table.on_data(from, ConnId(conn), buf),
             Incoming::Buf {
                 from,
+                kind: k,
+                conn,
+                buf,
+            } if k == kind::STREAM | kind::EARLY => {
+                if let Some(c) = table.early_conn(from, conn) {
+                    table.on_data(from, c, buf);
+                }
+            }
+            Incoming::Buf {
+                from,
                 kind: kind::SYN,
                 conn,
                 buf,
@@ -594,8 +606,15 @@ impl Core {
 }
 
 fn dispatch_control(table: &mut Table<Buf>, from: PeerId, k: u8, conn: u32, arg: u32) {
-    let c = ConnId(conn);
-    match k {
+    let c = if k & kind::EARLY != 0 {
+        match table.early_conn(from, conn) {
+            Some(c) => c,
+            None => return,
+        }
+    } else {
+        ConnId(conn)
+    };
+    match kind::base(k) {
         kind::SYN_ACK => table.on_syn_ack(from, c, arg),
         kind::FIN => table.on_fin(from, c),
         kind::RST => table.on_rst(from, c),
@@ -843,57 +862,63 @@ impl Net {
     }
 
     fn connect_one(&self, addr: SocketAddr, deadline: Option<Instant>) -> io::Result<XioStream> {
-        let mut retried = false;
-        loop {
-            // The SYN's buffer, taken before the lock (it may have to wait).
-            let syn = self.alloc_wait(SYN_LEN, deadline)?;
-            let (c, peer) = {
-                let mut g = self.lock();
-                let me = g.me();
-                let peer = if g.table.is_listening(&addr) {
-                    me
-                } else {
-                    g.stack.connect(addr).map_err(stack_err)?
-                };
-                // The source address depends on the id: reserve it, then fix.
-                let c = g
-                    .table
-                    .connect(peer, addr, client_addr(me, ConnId(0)))
-                    .map_err(io::Error::from)?;
-                // Rewrite the SYN with the real source address.
-                let src = client_addr(me, c);
-                g.table.set_local_addr(c, src);
-                g.syn_buf = Some(syn);
-                let mut wake = Vec::new();
-                g.run_actions(&mut wake);
-                g.syn_buf = None;
-                drop(g);
-                wake_all(&mut wake);
-                (c, peer)
+        // The SYN's buffer, taken before the lock (it may have to wait).
+        let syn = self.alloc_wait(SYN_LEN, deadline)?;
+        let (c, local) = {
+            let mut g = self.lock();
+            let me = g.me();
+            let local = g.table.is_listening(&addr);
+            let peer = if local {
+                me
+            } else {
+                // The manager refuses an address nobody binds, at once.
+                g.stack.connect(addr).map_err(stack_err)?
             };
-            let r = self.await_syn_ack(c, peer, addr, deadline);
-            match r {
-                Ok(()) => return Ok(XioStream::new(self.clone(), c)),
-                Err(e) => {
-                    let mut wake = Vec::new();
-                    let mut g = self.lock();
-                    g.table.close(c);
-                    g.run_actions(&mut wake);
-                    // A stale resolution (the address moved to another
-                    // process): ask the manager again, once.
-                    let again = e.kind() == io::ErrorKind::ConnectionRefused && !retried;
-                    if again {
-                        g.stack.forget_resolution(&addr);
-                    }
-                    drop(g);
-                    wake_all(&mut wake);
-                    if !again {
-                        return Err(e);
-                    }
-                    retried = true;
-                }
+            // The source address depends on the id: reserve it, then fix.
+            let c = g
+                .table
+                .connect(peer, addr, client_addr(me, ConnId(0)))
+                .map_err(io::Error::from)?;
+            g.table.set_local_addr(c, client_addr(me, c));
+            g.syn_buf = Some(syn);
+            let mut wake = Vec::new();
+            g.run_actions(&mut wake);
+            g.syn_buf = None;
+            drop(g);
+            wake_all(&mut wake);
+            (c, local)
+        };
+        let s = XioStream::new(self.clone(), c);
+        if local {
+            // Answered already, by our own table.
+            self.ensure_connected(c, deadline)?;
+        }
+        // Otherwise the stream is usable at once: writes go out behind the
+        // SYN (addressed by our id until the SYN-ACK tells us the
+        // listener's), and the first read waits for the answer.
+        Ok(s)
+    }
+
+    /// Waits until `c`'s SYN is answered (at once if it was). A refusal is
+    /// `ConnectionRefused`, and the address is resolved afresh next time.
+    fn ensure_connected(&self, c: ConnId, deadline: Option<Instant>) -> io::Result<()> {
+        let (peer, addr) = {
+            let g = self.lock();
+            if !g.table.is_connecting(c) {
+                return Ok(());
+            }
+            let peer = g.table.peer_of(c).ok_or(ConnError::NotConnected)?;
+            let addr = g.table.addrs(c).map_err(io::Error::from)?.1;
+            (peer, addr)
+        };
+        let r = self.await_syn_ack(c, peer, addr, deadline);
+        if let Err(e) = &r {
+            if e.kind() == io::ErrorKind::ConnectionRefused {
+                // Perhaps a stale resolution: the next connect asks again.
+                self.lock().stack.forget_resolution(&addr);
             }
         }
+        r
     }
 
     /// Waits for the answer to a SYN. The answer needs the listening
@@ -927,10 +952,19 @@ impl Net {
                 {
                     let mut g = self.lock();
                     g.stack.forget_resolution(&addr);
-                    match g.stack.connect(addr) {
-                        Ok(p) if p == peer => {}
-                        Ok(_) => return Err(ConnError::Refused.into()),
+                    let still = match g.stack.connect(addr) {
+                        Ok(p) => p == peer,
+                        Err(Error::Refused { .. }) => false,
                         Err(e) => return Err(stack_err(e)),
+                    };
+                    if !still {
+                        // Nobody will answer: refuse it here.
+                        g.table.on_rst(peer, c);
+                        let mut wake = Vec::new();
+                        g.run_actions(&mut wake);
+                        drop(g);
+                        wake_all(&mut wake);
+                        return Err(ConnError::Refused.into());
                     }
                     check = (check * 2).min(Duration::from_millis(100));
                 }
@@ -1032,7 +1066,7 @@ impl Net {
         let mut peer_used = None;
         let r = self.block(Key::Write(c), nonblocking, deadline, |core, wake| {
             while written < total {
-                let (peer, to) = match core.table.send_target(c) {
+                let (peer, to, flag) = match core.table.send_target(c) {
                     Ok(t) => t,
                     Err(e) => return Try::Done(Err(e.into())),
                 };
@@ -1094,7 +1128,10 @@ impl Net {
                     written += len;
                     continue;
                 }
-                match core.stack.push_buf(peer, kind::STREAM, to, buf, false) {
+                match core
+                    .stack
+                    .push_buf(peer, kind::STREAM | flag, to, buf, false)
+                {
                     Ok(None) => written += len,
                     Ok(Some(back)) => {
                         // Ring full: undo, wait for room.
@@ -1432,6 +1469,9 @@ impl XioStream {
     fn read_on(&self, out: &mut [u8]) -> io::Result<usize> {
         let c = self.inner.id;
         let deadline = timeout_of(&self.inner.read_timeout);
+        if !self.nb() {
+            self.inner.net.ensure_connected(c, deadline)?;
+        }
         let r = self
             .inner
             .net
@@ -1456,6 +1496,9 @@ impl XioStream {
     pub fn recv_buf(&self) -> io::Result<Option<Buf>> {
         let c = self.inner.id;
         let deadline = timeout_of(&self.inner.read_timeout);
+        if !self.nb() {
+            self.inner.net.ensure_connected(c, deadline)?;
+        }
         self.inner
             .net
             .block(Key::Read(c), self.nb(), deadline, |core, wake| {
@@ -1503,7 +1546,7 @@ impl XioStream {
             .inner
             .net
             .block(Key::Write(c), self.nb(), deadline, |core, _| {
-                let (peer, to) = match core.table.send_target(c) {
+                let (peer, to, flag) = match core.table.send_target(c) {
                     Ok(t) => t,
                     Err(e) => return Try::Done(Err(e.into())),
                 };
@@ -1521,7 +1564,10 @@ impl XioStream {
                     return Try::Done(Ok(()));
                 }
                 peer_used = Some(peer);
-                match core.stack.push_buf(peer, kind::STREAM, to, buf, true) {
+                match core
+                    .stack
+                    .push_buf(peer, kind::STREAM | flag, to, buf, true)
+                {
                     Ok(None) => Try::Done(Ok(())),
                     Ok(Some(back)) => {
                         slot = Some(back);

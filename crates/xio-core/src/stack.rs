@@ -33,7 +33,7 @@ use crate::pool::{AllocError, PoolView, StackPool};
 use crate::proto::{ErrorCode, Msg};
 use crate::ring::{Consumer, Producer, RawRing};
 use crate::segment::{Region, Segment};
-use crate::sync::{fence, futex_wait, futex_wake, spin_hint, Ordering};
+use crate::sync::{fence, futex_wait, futex_wake, spin_hint, FxHashMap, Ordering};
 use crate::wait::{now_ns, AdaptiveSpin, WaitMode};
 
 /// Another stack, as seen from this one.
@@ -193,7 +193,7 @@ impl StackBuilder {
             pool,
             bell,
             channels: Vec::new(),
-            by_peer: HashMap::new(),
+            by_peer: FxHashMap::default(),
             resolved: HashMap::new(),
             ctrl_seen: slot_seq,
             mode: self.mode,
@@ -241,7 +241,7 @@ pub struct Stack {
     pool: Arc<StackPool>,
     bell: EventFdDoorbell,
     channels: Vec<Chan>,
-    by_peer: HashMap<u16, usize>,
+    by_peer: FxHashMap<u16, usize>,
     resolved: HashMap<SocketAddr, u16>,
     ctrl_seen: u32,
     mode: WaitMode,

@@ -348,7 +348,16 @@ fn connect_refused_promptly() {
     drop(s);
     drop(t.join().unwrap());
     // Nobody in that process waits in X-IO now, so nothing answers the
-    // SYN; the manager knows the address is free: refused.
+    // SYN. The connect itself returns at once (the stream is usable behind
+    // its SYN), but the first read asks the manager after a moment, which
+    // knows the address is free: refused.
+    if let Ok(s) = net.connect("10.3.0.5:2") {
+        let e = (&s).read(&mut [0u8; 1]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+        let e = (&s).write(b"x").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+    }
+    // And the next connect asks the manager: refused at once.
     let e = net.connect("10.3.0.5:2").unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
     // Same process, nobody listening.
