@@ -615,3 +615,62 @@ fn event_loop_server_sees_every_reset_of_a_killed_client() {
     }
     wait_pool_whole(&mgr);
 }
+
+/// A pool far smaller than the window: writers wait for buffers (falling
+/// back to smaller classes first) while the reader is slow, and every byte
+/// arrives once it reads.
+#[test]
+fn pool_exhaustion_is_a_wait_not_an_error() {
+    setup();
+    let p = prefix("tinypool");
+    let mgr = Manager::builder(&p)
+        .pool(xio_core::layout::PoolConfig {
+            classes: vec![(2 << 10, 128), (16 << 10, 16)],
+            ..Default::default()
+        })
+        .spawn()
+        .unwrap();
+    let total: u64 = 4 << 20;
+    {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        assert!(
+            srv.window() as u64 > 512 << 10,
+            "window larger than the pool"
+        );
+        let l = srv.listen("10.3.0.9:80").unwrap();
+        let acc = std::thread::spawn(move || l.accept().unwrap().0);
+        let c = cli.connect("10.3.0.9:80").unwrap();
+        let s = acc.join().unwrap();
+        let writer = std::thread::spawn(move || {
+            let mut sent = 0u64;
+            let mut chunk = vec![0u8; 40_000];
+            while sent < total {
+                let n = (chunk.len() as u64).min(total - sent) as usize;
+                for (k, x) in chunk[..n].iter_mut().enumerate() {
+                    *x = stream_byte(3, sent + k as u64);
+                }
+                (&c).write_all(&chunk[..n]).unwrap();
+                sent += n as u64;
+            }
+            c.shutdown(Shutdown::Write).unwrap();
+        });
+        // Let the writer run into the empty pool before reading.
+        wait_until("pool exhausted", || mgr.usage().iter().all(|u| u.free == 0));
+        let mut got = 0u64;
+        let mut buf = vec![0u8; 7000];
+        loop {
+            let n = (&s).read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            for (k, &x) in buf[..n].iter().enumerate() {
+                assert_eq!(x, stream_byte(3, got + k as u64));
+            }
+            got += n as u64;
+        }
+        assert_eq!(got, total);
+        writer.join().unwrap();
+    }
+    wait_pool_whole(&mgr);
+}
