@@ -52,7 +52,7 @@ use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::task::Waker;
+use std::task::{ready, Context, Poll, Waker};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
@@ -147,6 +147,8 @@ impl NetBuilder {
                     ready_seen: HashMap::default(),
                     syn_buf: None,
                     refused_peers: Vec::new(),
+                    retry_waiters: Vec::new(),
+                    missed: None,
                 }),
                 classes,
             }),
@@ -164,6 +166,17 @@ pub struct Net {
 impl std::fmt::Debug for Net {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Net").finish_non_exhaustive()
+    }
+}
+
+/// A [`Net`] that does not keep it alive (see [`Net::downgrade`]).
+#[derive(Clone, Debug)]
+pub struct WeakNet(std::sync::Weak<Shared>);
+
+impl WeakNet {
+    /// The net, if some handle still keeps it.
+    pub fn upgrade(&self) -> Option<Net> {
+        self.0.upgrade().map(|shared| Net { shared })
     }
 }
 
@@ -240,6 +253,11 @@ struct Core {
     syn_buf: Option<BufMut>,
     /// Peers a SYN-ACK or data could not reach (their channel is gone).
     refused_peers: Vec<PeerId>,
+    /// Tasks waiting on something nothing signals (a full ring, an empty
+    /// pool): an adapter's driver wakes them after a short pause.
+    retry_waiters: Vec<Waker>,
+    /// A spin before parking that found nothing: (ns spun, when it ended).
+    missed: Option<(u64, u64)>,
 }
 
 /// Bytes of a SYN's payload: version, then target and source addresses.
@@ -381,7 +399,7 @@ impl Core {
     }
 
     /// Moves what the rings hold into the table and runs what follows.
-    fn drain(&mut self, wake: &mut Vec<Waiter>) -> io::Result<()> {
+    fn drain(&mut self, wake: &mut Vec<Waiter>) -> io::Result<usize> {
         self.flush_pending();
         let max = if self.batch { DRAIN_BATCH } else { 1 };
         let force = std::mem::take(&mut self.force_ctrl);
@@ -437,15 +455,24 @@ impl Core {
         for p in gone {
             self.pending.remove(&p.0);
         }
-        match r {
-            Ok(_) => {}
+        let n = match r {
+            Ok(n) => n,
             Err(Error::ManagerGone) => {
                 tracing::warn!("the X-IO manager went away; open connections keep working");
+                0
             }
             Err(e) => return Err(stack_err(e)),
-        }
+        };
         self.run_actions(wake);
-        Ok(())
+        if n > 0 {
+            if let Some((spun, at)) = self.missed.take() {
+                // A worker's spin before parking missed this traffic: tell
+                // the policy how long the gap really was.
+                let gap = crate::wait::now_ns().saturating_sub(at);
+                self.stack.spin_mut().on_sleep(spun, gap, None);
+            }
+        }
+        Ok(n)
     }
 
     /// Carries out what the table asked for: sends, and wake-ups.
@@ -541,7 +568,7 @@ impl Core {
     fn wake_key(&mut self, key: Key, wake: &mut Vec<Waiter>) -> bool {
         match self.waiters.remove(&key) {
             Some(ws) => {
-                self.parked -= ws.len();
+                self.parked -= ws.iter().filter(|w| matches!(w, Waiter::Thread(_))).count();
                 wake.extend(ws);
                 false
             }
@@ -590,18 +617,38 @@ impl Core {
         }
     }
 
-    /// Any one waiter, to take over driving.
+    /// Any one parked thread, to take over driving.
     fn take_any_waiter(&mut self) -> Option<Waiter> {
-        let key = *self.waiters.keys().next()?;
+        let key = *self
+            .waiters
+            .iter()
+            .find(|(_, ws)| ws.iter().any(|w| matches!(w, Waiter::Thread(_))))?
+            .0;
         let ws = self.waiters.get_mut(&key)?;
-        let w = ws.pop();
+        let i = ws.iter().position(|w| matches!(w, Waiter::Thread(_)))?;
+        let w = ws.swap_remove(i);
         if ws.is_empty() {
             self.waiters.remove(&key);
         }
-        if w.is_some() {
-            self.parked -= 1;
+        self.parked -= 1;
+        Some(w)
+    }
+
+    /// Registers a task's waker for `key` (once per task).
+    fn add_waker(&mut self, key: Key, w: &Waker) {
+        let ws = self.waiters.entry(key).or_default();
+        if !ws
+            .iter()
+            .any(|x| matches!(x, Waiter::Waker(y) if y.will_wake(w)))
+        {
+            ws.push(Waiter::Waker(w.clone()));
         }
-        w
+    }
+
+    fn add_retry(&mut self, w: &Waker) {
+        if !self.retry_waiters.iter().any(|y| y.will_wake(w)) {
+            self.retry_waiters.push(w.clone());
+        }
     }
 }
 
@@ -670,6 +717,16 @@ impl Net {
         }
         let n = Net::attach(&crate::paths::default_prefix())?;
         Ok(GLOBAL.get_or_init(|| n).clone())
+    }
+
+    /// An identity for this net (equal for clones), for adapters' tables.
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
+    /// A handle that does not keep the net (its stack) alive.
+    pub fn downgrade(&self) -> WeakNet {
+        WeakNet(Arc::downgrade(&self.shared))
     }
 
     fn lock(&self) -> MutexGuard<'_, Core> {
@@ -1538,6 +1595,14 @@ impl XioStream {
     /// (FABLE's commit). In non-blocking mode a `WouldBlock` error hands
     /// the buffer back.
     pub fn send_buf(&self, buf: BufMut) -> Result<(), (io::Error, Option<BufMut>)> {
+        self.send_buf_with(buf, self.nb())
+    }
+
+    fn send_buf_with(
+        &self,
+        buf: BufMut,
+        nonblocking: bool,
+    ) -> Result<(), (io::Error, Option<BufMut>)> {
         let c = self.inner.id;
         let deadline = timeout_of(&self.inner.write_timeout);
         let mut slot = Some(buf);
@@ -1545,7 +1610,7 @@ impl XioStream {
         let r = self
             .inner
             .net
-            .block(Key::Write(c), self.nb(), deadline, |core, _| {
+            .block(Key::Write(c), nonblocking, deadline, |core, _| {
                 let (peer, to, flag) = match core.table.send_target(c) {
                     Ok(t) => t,
                     Err(e) => return Try::Done(Err(e.into())),
@@ -1632,6 +1697,287 @@ impl Write for XioStream {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+/// What [`Net::drive`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Drive {
+    /// The doorbell is armed: peers will ring it when they send, so the
+    /// caller may wait for it to become readable. When false, something
+    /// arrived meanwhile: call `drive` again (after yielding).
+    pub armed: bool,
+    /// Some task waits on something no peer signals (a full ring, an empty
+    /// pool): call [`Net::wake_retriers`] after a short pause (about 50 µs).
+    pub retry: bool,
+}
+
+/// The adapter interface: readiness through wakers, for runtimes (the
+/// tokio adapter) and event loops in other languages (the C ABI). An
+/// adapter runs one *driver* per net: it waits for [`Net::doorbell`] to
+/// become readable, then calls [`Net::drive`], which drains the rings and
+/// wakes every task whose connection became ready (batch wake-up), and
+/// arms the doorbell again. The `poll_*` methods of the streams and
+/// listeners never wait and never spin: they register the task's waker.
+impl Net {
+    /// A duplicate of the doorbell eventfd: readable when a peer rang
+    /// because this net's doorbell was armed ([`Net::drive`]).
+    pub fn doorbell(&self) -> io::Result<std::os::fd::OwnedFd> {
+        let g = self.lock();
+        Ok(rustix::io::fcntl_dupfd_cloexec(g.stack.doorbell_fd(), 3)?)
+    }
+
+    /// Consumes the doorbell's ring, drains the rings, wakes the tasks
+    /// that became ready, and arms the doorbell. With `liveness`, also
+    /// reads the control socket (call it about once a second, so a dead
+    /// manager is noticed).
+    pub fn drive(&self, liveness: bool) -> io::Result<Drive> {
+        let mut wake = Vec::new();
+        let mut g = self.lock();
+        g.stack.clear_doorbell();
+        if liveness {
+            g.force_ctrl = true;
+        }
+        let mut r = Ok(());
+        if !g.driving {
+            if let Err(e) = g.drain(&mut wake) {
+                r = Err(e);
+            }
+        }
+        let retry = !g.retry_waiters.is_empty() || g.has_pending();
+        // A blocking driver thread watches the rings itself: leave the
+        // doorbell to it (it wakes our tasks' wakers as it drains).
+        let armed = g.driving || g.stack.arm_doorbell();
+        drop(g);
+        wake_all(&mut wake);
+        r.map(|()| Drive { armed, retry })
+    }
+
+    /// Wakes the tasks waiting on a full ring or an empty pool (see
+    /// [`Drive::retry`]), and retries queued control sends.
+    pub fn wake_retriers(&self) {
+        let mut g = self.lock();
+        g.flush_pending();
+        let ws = std::mem::take(&mut g.retry_waiters);
+        drop(g);
+        for w in ws {
+            w.wake();
+        }
+    }
+
+    /// Spins on the rings for the adaptive policy's budget, if some peer is
+    /// awake on another core, and drains and wakes tasks if something
+    /// arrives: for a runtime's worker thread about to park (tokio's
+    /// `on_thread_park`), which would otherwise pay a full wake-up (about
+    /// 30 µs on a VM) for the next message. Never sleeps; returns at once
+    /// when spinning cannot pay (an idle peer, or one on this core).
+    pub fn spin_before_park(&self) {
+        let mut g = self.lock();
+        if g.driving {
+            return;
+        }
+        g.driving = true;
+        let reuse = g.probe.take();
+        let mut probe = g.stack.probe(reuse);
+        // Peers need not ring while we watch.
+        g.stack.disarm_doorbell();
+        drop(g);
+        let hit = probe.spin_only();
+        let mut wake = Vec::new();
+        let mut g = self.lock();
+        g.stack.end_probe(&mut probe);
+        g.probe = Some(probe);
+        g.driving = false;
+        match hit {
+            Ok(()) => {
+                let _ = g.drain(&mut wake);
+            }
+            Err(spun) => g.missed = Some((spun, crate::wait::now_ns())),
+        }
+        // Hand the watch back to the doorbell (or drain what came).
+        while !g.stack.arm_doorbell() {
+            if g.drain(&mut wake).is_err() {
+                break;
+            }
+        }
+        drop(g);
+        wake_all(&mut wake);
+    }
+
+    /// One attempt of an operation for an adapter: as `block`'s first
+    /// round, then the task's waker is registered instead of waiting.
+    fn poll_op<R>(
+        &self,
+        key: Key,
+        cx: &Context<'_>,
+        mut f: impl FnMut(&mut Core, &mut Vec<Waiter>) -> Try<R>,
+    ) -> Poll<io::Result<R>> {
+        let mut wake = Vec::new();
+        let mut g = self.lock();
+        let mut attempt = f(&mut g, &mut wake);
+        if !matches!(attempt, Try::Done(_)) && !g.driving {
+            if let Err(e) = g.drain(&mut wake) {
+                drop(g);
+                wake_all(&mut wake);
+                return Poll::Ready(Err(e));
+            }
+            attempt = f(&mut g, &mut wake);
+        }
+        let r = match attempt {
+            Try::Done(r) => Poll::Ready(r),
+            Try::Wait => {
+                g.add_waker(key, cx.waker());
+                Poll::Pending
+            }
+            Try::Retry => {
+                g.add_retry(cx.waker());
+                Poll::Pending
+            }
+        };
+        drop(g);
+        wake_all(&mut wake);
+        r
+    }
+}
+
+impl XioListener {
+    /// Accepts a connection if one waits, else registers the task
+    /// (adapter interface, see [`Net::drive`]).
+    pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(XioStream, SocketAddr)>> {
+        let addr = self.addr;
+        let c = ready!(self.net.poll_op(Key::Accept(addr), cx, |core, _| {
+            match core.table.accept(addr) {
+                Ok(c) => Try::Done(Ok(c)),
+                Err(ConnError::WouldBlock) => Try::Wait,
+                Err(e) => Try::Done(Err(e.into())),
+            }
+        }))?;
+        let s = XioStream::new(self.net.clone(), c);
+        let peer = s.peer_addr()?;
+        Poll::Ready(Ok((s, peer)))
+    }
+}
+
+impl XioStream {
+    /// Reads if bytes (or end of stream, or an error) are there, else
+    /// registers the task (adapter interface, see [`Net::drive`]).
+    pub fn poll_read(&self, cx: &mut Context<'_>, out: &mut [u8]) -> Poll<io::Result<usize>> {
+        let c = self.inner.id;
+        self.inner.net.poll_op(Key::Read(c), cx, |core, wake| {
+            match core.table.read(c, out) {
+                Ok(n) => {
+                    core.run_actions(wake);
+                    Try::Done(Ok(n))
+                }
+                Err(ConnError::WouldBlock) => Try::Wait,
+                Err(e) => Try::Done(Err(e.into())),
+            }
+        })
+    }
+
+    /// Takes the next received pool buffer if there is one (`None`: end of
+    /// stream), else registers the task.
+    pub fn poll_recv_buf(&self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Buf>>> {
+        let c = self.inner.id;
+        self.inner.net.poll_op(Key::Read(c), cx, |core, wake| {
+            match core.table.take_chunk(c) {
+                Ok(Some((mut b, off))) => {
+                    core.run_actions(wake);
+                    b.advance(off);
+                    Try::Done(Ok(Some(b)))
+                }
+                Ok(None) => Try::Done(Ok(None)),
+                Err(ConnError::WouldBlock) => Try::Wait,
+                Err(e) => Try::Done(Err(e.into())),
+            }
+        })
+    }
+
+    /// Writes what fits now (credit, ring space, buffers), else registers
+    /// the task. Several slices are packed into one buffer when they fit.
+    pub fn poll_write_vectored(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let c = self.inner.id;
+        let net = &self.inner.net;
+        match net.write_on(c, bufs, true, None) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            r => return Poll::Ready(r),
+        }
+        // Register, then try once more: what freed the way between the two
+        // calls would otherwise wake nobody.
+        {
+            let mut g = net.lock();
+            let smallest = net.shared.classes[0];
+            if g.table.credit_left(c) < smallest {
+                g.add_waker(Key::Write(c), cx.waker());
+            } else {
+                g.add_retry(cx.waker());
+            }
+        }
+        match net.write_on(c, bufs, true, None) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Pending,
+            r => Poll::Ready(r),
+        }
+    }
+
+    /// Sends a pool buffer if there is credit and room, else registers the
+    /// task and leaves the buffer in `slot`.
+    pub fn poll_send_buf(
+        &self,
+        cx: &mut Context<'_>,
+        slot: &mut Option<BufMut>,
+    ) -> Poll<io::Result<()>> {
+        let Some(buf) = slot.take() else {
+            return Poll::Ready(Ok(()));
+        };
+        match self.send_buf_with(buf, true) {
+            Ok(()) => Poll::Ready(Ok(())),
+            Err((e, back)) if e.kind() == io::ErrorKind::WouldBlock => {
+                *slot = back;
+                let net = &self.inner.net;
+                {
+                    let mut g = net.lock();
+                    let need = slot.as_ref().map_or(0, BufMut::capacity);
+                    if g.table.credit_left(self.inner.id) < need {
+                        g.add_waker(Key::Write(self.inner.id), cx.waker());
+                    } else {
+                        g.add_retry(cx.waker());
+                    }
+                }
+                // Once more after registering (see `poll_write_vectored`).
+                let buf = slot.take().expect("handed back");
+                match self.send_buf_with(buf, true) {
+                    Ok(()) => Poll::Ready(Ok(())),
+                    Err((e, back)) if e.kind() == io::ErrorKind::WouldBlock => {
+                        *slot = back;
+                        Poll::Pending
+                    }
+                    Err((e, back)) => {
+                        *slot = back;
+                        Poll::Ready(Err(e))
+                    }
+                }
+            }
+            Err((e, back)) => {
+                *slot = back;
+                Poll::Ready(Err(e))
+            }
+        }
+    }
+
+    /// Waits (as a task) until the SYN is answered: `Ok` once connected,
+    /// `ConnectionRefused` if the listener refused.
+    pub fn poll_connected(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let c = self.inner.id;
+        self.inner.net.poll_op(Key::Connect(c), cx, |core, _| {
+            match core.table.connect_result(c) {
+                Err(ConnError::WouldBlock) => Try::Wait,
+                r => Try::Done(r.map_err(io::Error::from)),
+            }
+        })
     }
 }
 

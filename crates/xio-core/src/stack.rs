@@ -874,6 +874,43 @@ impl Stack {
         }
     }
 
+    /// Asks peers to ring the eventfd doorbell (not the futex) when they
+    /// send: what a reactor that polls [`Stack::doorbell_fd`] needs. The
+    /// Dekker half of `notify`: publish, then look at the rings. Returns
+    /// false (and leaves the doorbell unarmed) when something is already
+    /// there to drain.
+    pub(crate) fn arm_doorbell(&mut self) -> bool {
+        let slot = self.seg.stack_slot(self.id);
+        slot.sleeping.store(SLEEP_EVENTFD, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let ready = !self.inbox.is_empty()
+            || slot.ctrl_seq.load(Ordering::Acquire) != self.ctrl_seen
+            || self.channels.iter_mut().any(|c| c.rx.has_data());
+        if ready {
+            slot.sleeping.store(0, Ordering::Relaxed);
+        }
+        !ready
+    }
+
+    /// Undoes [`Stack::arm_doorbell`] (peers stop ringing) while a thread
+    /// watches the rings itself.
+    pub(crate) fn disarm_doorbell(&mut self) {
+        let slot = self.seg.stack_slot(self.id);
+        let _ =
+            slot.sleeping
+                .compare_exchange(SLEEP_EVENTFD, 0, Ordering::AcqRel, Ordering::Relaxed);
+    }
+
+    /// The adaptive policy, to report a gap measured outside `wait`.
+    pub(crate) fn spin_mut(&mut self) -> &mut AdaptiveSpin {
+        &mut self.spin
+    }
+
+    /// Consumes a ring of the eventfd doorbell.
+    pub(crate) fn clear_doorbell(&self) {
+        self.bell.drain();
+    }
+
     /// Ends the wait of a driver thread (see [`Probe`]) at once: something
     /// local became ready that its rings will not show. The Dekker pair of
     /// the sleep in `wait_on`: bump what the probe checks, then look at
@@ -1456,6 +1493,43 @@ impl WaitView for Probe {
 }
 
 impl Probe {
+    /// Spins per the adaptive policy's budget (never sleeps): `Ok` if
+    /// something became ready, else `Err(ns spun)` (for the caller to tell
+    /// the policy how long the gap turned out, once it knows). For a
+    /// runtime's worker about to park, which would otherwise pay a full
+    /// wake-up for the next message.
+    pub(crate) fn spin_only(&mut self) -> Result<(), u64> {
+        if self.mode != WaitMode::Adaptive && self.mode != WaitMode::BusyPoll {
+            return if self.ready() { Ok(()) } else { Err(0) };
+        }
+        let my_cpu = rustix::thread::sched_getcpu() as u32 + 1;
+        let slot = self.seg.stack_slot(self.id);
+        if slot.cpu.load(Ordering::Relaxed) != my_cpu {
+            slot.cpu.store(my_cpu, Ordering::Relaxed);
+        }
+        let budget = self.spin.spin_for(self.worth_spinning(my_cpu));
+        if budget == 0 {
+            return if self.ready() { Ok(()) } else { Err(0) };
+        }
+        self.spin.on_spin_start();
+        let start = now_ns();
+        let mut i = 0u32;
+        loop {
+            if self.ready() {
+                self.spin.on_spin_hit();
+                return Ok(());
+            }
+            spin_hint();
+            i = i.wrapping_add(1);
+            if i.is_multiple_of(256) {
+                let spun = now_ns() - start;
+                if spun >= budget || !self.worth_spinning(my_cpu) {
+                    return Err(spun);
+                }
+            }
+        }
+    }
+
     /// Waits per the mode until something may be ready or `deadline`
     /// ([`Error::TimedOut`]). True if the wait ended on the liveness tick.
     pub(crate) fn wait(&mut self, deadline: Option<Instant>) -> Result<bool, Error> {

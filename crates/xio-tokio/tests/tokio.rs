@@ -1,0 +1,381 @@
+//! xio-tokio under tokio: an embedded manager, two nets (two stacks, real
+//! shared-memory channels between them) in the test process, and a real
+//! child process where a test kills its peer.
+
+use std::io::Write;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use xio_core::manager::{Manager, ManagerHandle};
+use xio_tokio::{Net, XioListener, XioStream};
+
+/// Generous: a guard against hangs, not a performance bound.
+const WATCHDOG: Duration = Duration::from_secs(120);
+
+fn setup(test: &str) -> (ManagerHandle, String) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("XIO_CHILD_ROLE").is_none() {
+            let dir = std::env::temp_dir().join(format!("xio-tokio-test-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::env::set_var("XIO_RUN_DIR", &dir);
+        }
+    });
+    let p = format!("tt-{test}-{}", std::process::id());
+    let mgr = Manager::builder(&p).spawn().unwrap();
+    (mgr, p)
+}
+
+fn rt(threads: usize) -> tokio::runtime::Runtime {
+    xio_tokio::tune(&mut tokio::runtime::Builder::new_multi_thread())
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn stream_byte(seed: u64, i: u64) -> u8 {
+    let x = (i / 8).wrapping_add(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let x = (x ^ (x >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    (x >> (8 * (i % 8))) as u8
+}
+
+async fn echo_server(l: XioListener) {
+    loop {
+        let Ok((mut s, _)) = l.accept().await else {
+            return;
+        };
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        if s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// One checksummed echo of `total` bytes with random write sizes, the
+/// writer and the reader on the two owned halves.
+async fn checked_echo(s: XioStream, seed: u64, total: u64) {
+    let (mut r, mut w) = s.into_split();
+    let writer = tokio::spawn(async move {
+        let mut rng = seed | 1;
+        let mut sent = 0u64;
+        while sent < total {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let n = (1 + rng % 3000).min(total - sent);
+            let chunk: Vec<u8> = (sent..sent + n).map(|i| stream_byte(seed, i)).collect();
+            w.write_all(&chunk).await.unwrap();
+            sent += n;
+        }
+        w.shutdown().await.unwrap();
+    });
+    let mut got = 0u64;
+    let mut buf = vec![0u8; 5000];
+    loop {
+        let n = r.read(&mut buf).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        for (k, &b) in buf[..n].iter().enumerate() {
+            assert_eq!(
+                b,
+                stream_byte(seed, got + k as u64),
+                "stream {seed} byte {}",
+                got + k as u64
+            );
+        }
+        got += n as u64;
+    }
+    assert_eq!(got, total);
+    writer.await.unwrap();
+}
+
+#[test]
+fn echo_with_1000_concurrent_tasks() {
+    let (_mgr, p) = setup("echo1000");
+    let rt = rt(2);
+    rt.block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, "10.4.0.1:80").unwrap();
+        tokio::spawn(echo_server(l));
+        let tasks: Vec<_> = (0..1000u64)
+            .map(|i| {
+                let cli = cli.clone();
+                tokio::spawn(async move {
+                    let s = XioStream::connect_with(&cli, "10.4.0.1:80").await.unwrap();
+                    checked_echo(s, i, 20_000).await;
+                })
+            })
+            .collect();
+        tokio::time::timeout(WATCHDOG, async {
+            for t in tasks {
+                t.await.unwrap();
+            }
+        })
+        .await
+        .expect("watchdog");
+    });
+}
+
+#[test]
+fn current_thread_runtime_echo_and_zero_copy() {
+    let (_mgr, p) = setup("current");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, "10.4.0.2:80").unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut c = XioStream::connect_with(&cli, addr).await.unwrap();
+        c.connected().await.unwrap();
+        let (s, peer) = l.accept().await.unwrap();
+        assert_eq!(peer, c.local_addr().unwrap());
+        // Vectored: header and body in one buffer, seen as one by recv_buf.
+        let n = c
+            .write_vectored(&[
+                std::io::IoSlice::new(b"HEAD"),
+                std::io::IoSlice::new(b"body"),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(n, 8);
+        let b = s.recv_bytes().await.unwrap().unwrap();
+        assert_eq!(&b[..], b"HEADbody");
+        let clone = b.clone();
+        drop(b);
+        assert_eq!(
+            &clone[..4],
+            b"HEAD",
+            "the pool buffer lives while a clone does"
+        );
+        // Forward a pool buffer back without a copy.
+        let mut m = s.alloc(3).await.unwrap();
+        m.copy_from_slice(b"zc!");
+        s.send_buf(m).await.unwrap();
+        let mut got = [0u8; 3];
+        c.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"zc!");
+    });
+}
+
+#[test]
+fn copy_and_copy_bidirectional_with_another_stream() {
+    let (_mgr, p) = setup("copy");
+    rt(2).block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, "10.4.0.3:80").unwrap();
+        let mut c = XioStream::connect_with(&cli, "10.4.0.3:80").await.unwrap();
+        let (mut s, _) = l.accept().await.unwrap();
+        // X-IO <-> an in-memory duplex, both ways.
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let proxy =
+            tokio::spawn(async move { tokio::io::copy_bidirectional(&mut s, &mut a).await });
+        let data: Vec<u8> = (0..300_000u64).map(|i| stream_byte(9, i)).collect();
+        // tokio::io::copy from a reader into the X-IO stream.
+        let mut src = &data[..];
+        let n = tokio::io::copy(&mut src, &mut c).await.unwrap();
+        assert_eq!(n, data.len() as u64);
+        let mut through = vec![0u8; data.len()];
+        b.read_exact(&mut through).await.unwrap();
+        assert_eq!(through, data);
+        b.write_all(b"and back").await.unwrap();
+        b.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        c.shutdown().await.unwrap();
+        c.read_to_end(&mut back).await.unwrap();
+        assert_eq!(back, b"and back");
+        let (to_b, to_s) = proxy.await.unwrap().unwrap();
+        assert_eq!((to_b, to_s), (data.len() as u64, 8));
+    });
+}
+
+#[test]
+fn framed_lines_round_trip() {
+    use tokio_util::codec::{Framed, LinesCodec};
+    let (_mgr, p) = setup("framed");
+    rt(2).block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, "10.4.0.4:80").unwrap();
+        tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            let mut f = Framed::new(s, LinesCodec::new());
+            while let Some(Ok(line)) = f.next().await {
+                f.send(format!("echo: {line}")).await.unwrap();
+            }
+        });
+        let c = XioStream::connect_with(&cli, "10.4.0.4:80").await.unwrap();
+        let mut f = Framed::new(c, LinesCodec::new());
+        for i in 0..500 {
+            f.send(format!("line {i}")).await.unwrap();
+            let got = f.next().await.unwrap().unwrap();
+            assert_eq!(got, format!("echo: line {i}"));
+        }
+    });
+}
+
+/// A read raced against a short timeout, over and over, loses nothing.
+#[test]
+fn cancelled_reads_lose_nothing() {
+    let (_mgr, p) = setup("cancel");
+    rt(2).block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, "10.4.0.5:80").unwrap();
+        let total = 200_000u64;
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut sent = 0u64;
+            while sent < total {
+                let n = 777.min(total - sent);
+                let chunk: Vec<u8> = (sent..sent + n).map(|i| stream_byte(5, i)).collect();
+                s.write_all(&chunk).await.unwrap();
+                sent += n;
+                if sent.is_multiple_of(7770) {
+                    tokio::time::sleep(Duration::from_micros(300)).await;
+                }
+            }
+        });
+        let mut c = XioStream::connect_with(&cli, "10.4.0.5:80").await.unwrap();
+        let mut got = 0u64;
+        let mut timeouts = 0;
+        let mut buf = [0u8; 500];
+        while got < total {
+            tokio::select! {
+                r = c.read(&mut buf) => {
+                    let n = r.unwrap();
+                    assert!(n > 0);
+                    for (k, &b) in buf[..n].iter().enumerate() {
+                        assert_eq!(b, stream_byte(5, got + k as u64));
+                    }
+                    got += n as u64;
+                }
+                _ = tokio::time::sleep(Duration::from_micros(100)) => timeouts += 1,
+            }
+        }
+        assert_eq!(got, total);
+        println!("{timeouts} reads cancelled");
+    });
+}
+
+/// Entry point of the child process of `peer_killed_gives_connection_reset`.
+#[test]
+fn child_main() {
+    let Ok(role) = std::env::var("XIO_CHILD_ROLE") else {
+        return;
+    };
+    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+    assert_eq!(role, "writer");
+    let prefix = std::env::var("XIO_CHILD_PREFIX").unwrap();
+    // A plain blocking X-IO server in the child: accepts, then writes.
+    let net = Net::attach(&prefix).unwrap();
+    let l = net.listen("10.4.0.6:80").unwrap();
+    println!("ready");
+    std::io::stdout().flush().unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    let chunk = vec![0x5au8; 50_000];
+    while s.write_all(&chunk).is_ok() {}
+}
+
+#[test]
+fn peer_killed_gives_connection_reset() {
+    let (mgr, p) = setup("killed");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_main",
+            "--nocapture",
+            "--test-threads=1",
+            "--quiet",
+        ])
+        .env("XIO_CHILD_ROLE", "writer")
+        .env("XIO_CHILD_PREFIX", &p)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The test harness prints its own lines first.
+    let out = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let mut out = out.map_while(Result::ok);
+    assert!(out.any(|l| l == "ready"), "child never got ready");
+    rt(1).block_on(async {
+        let cli = Net::attach(&p).unwrap();
+        let mut c = XioStream::connect_with(&cli, "10.4.0.6:80").await.unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut got = 0;
+        while got < (4 << 20) {
+            got += c.read(&mut buf).await.unwrap();
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let err = tokio::time::timeout(WATCHDOG, async {
+            loop {
+                match c.read(&mut buf).await {
+                    Ok(n) => assert!(n > 0, "a reset, not end of stream"),
+                    Err(e) => return e,
+                }
+            }
+        })
+        .await
+        .expect("watchdog");
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    });
+    let deadline = std::time::Instant::now() + WATCHDOG;
+    while !mgr.snapshot().stacks.is_empty() || !mgr.pool_is_whole() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pool whole after every stack left"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Shutting a runtime down with connections open and reads pending returns
+/// promptly; the nets work again from a new runtime.
+#[test]
+fn runtime_shuts_down_cleanly_with_connections_open() {
+    let (_mgr, p) = setup("shutdown");
+    let srv = Net::attach(&p).unwrap();
+    let cli = Net::attach(&p).unwrap();
+    let first = rt(2);
+    let (l, c) = first.block_on(async {
+        let l = XioListener::bind_with(&srv, "10.4.0.7:80").unwrap();
+        let c = XioStream::connect_with(&cli, "10.4.0.7:80").await.unwrap();
+        (l, c)
+    });
+    let (mut s, _) = first.block_on(l.accept()).unwrap();
+    // Pending reads on both ends, then shut down under them.
+    let mut c2 = c;
+    first.spawn(async move {
+        let mut b = [0u8; 1];
+        let _ = c2.read(&mut b).await;
+    });
+    first.shutdown_timeout(WATCHDOG);
+    // A new runtime: the server side still works (its driver is respawned).
+    rt(1).block_on(async {
+        let mut c = XioStream::connect_with(&cli, "10.4.0.7:80").await.unwrap();
+        let (mut s2, _) = l.accept().await.unwrap();
+        c.write_all(b"again").await.unwrap();
+        let mut b = [0u8; 5];
+        s2.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"again");
+        // The first server stream saw its peer close (the task was dropped).
+        let mut one = [0u8; 1];
+        assert_eq!(s.read(&mut one).await.unwrap(), 0);
+    });
+}
