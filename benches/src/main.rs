@@ -16,6 +16,7 @@ mod compare;
 mod pin;
 mod sockets;
 mod stats;
+mod tokio_bench;
 mod xio;
 
 use std::net::SocketAddr;
@@ -34,6 +35,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Async echo under tokio: X-IO next to tokio's TcpStream and UnixStream.
+    Tokio(tokio_bench::TokioArgs),
+    /// (internal) tokio echo server, spawned by the parent.
+    #[command(hide = true)]
+    ServeTokio {
+        #[arg(long, value_enum)]
+        transport: tokio_bench::AsyncTransport,
+        #[arg(long)]
+        endpoint: String,
+        #[arg(long, default_value_t = 1)]
+        conns: usize,
+        #[arg(long)]
+        cpu: Option<usize>,
+    },
     /// Compare X-IO with the baselines; prints markdown tables on stdout.
     Compare(compare::CompareArgs),
     /// Stream sockets (Unix socket, TCP loopback) side by side: round trip,
@@ -96,6 +111,17 @@ fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Compare(a) => compare::run(&a),
         Cmd::Sockets(a) => sockets::run(&a),
+        Cmd::Tokio(a) => tokio_bench::run(&a),
+        Cmd::ServeTokio {
+            transport,
+            endpoint,
+            conns,
+            cpu,
+        } => {
+            xio::die_with_parent()?;
+            pin(cpu)?;
+            tokio_bench::serve(transport, &endpoint, conns)
+        }
         Cmd::Serve {
             baseline,
             endpoint,

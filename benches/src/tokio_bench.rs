@@ -1,0 +1,419 @@
+//! `xio-bench tokio`: async echo under tokio, X-IO streams (`xio-tokio`)
+//! next to tokio's `TcpStream` and `UnixStream` in the same run.
+//!
+//! One worker thread per process (client on CPU 0, server on CPU 1); N
+//! connections, each a task doing 64 B request-response with one request in
+//! flight, for a fixed time. *X-IO* runs on runtimes built with
+//! `xio_tokio::tune` (workers watch the rings briefly before parking);
+//! *X-IO no hook* on plain runtimes, to show what the hook is worth.
+
+use std::io;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::ValueEnum;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::baselines::{read_port_line, temp_socket_path, RemoveOnDrop, ServerChild};
+use crate::compare::progress;
+use crate::pin::{online_cpus, pin_scoped};
+use crate::stats::{fmt_us, summarize};
+
+const MSG: usize = 64;
+const DEFAULT_CONNS: [usize; 4] = [1, 16, 64, 256];
+
+/// Options of `xio-bench tokio`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct TokioArgs {
+    /// Short run: 0.5 s per cell in 2 rounds.
+    #[arg(long)]
+    pub quick: bool,
+    /// Connection counts (default 1,16,64,256).
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub conns: Vec<usize>,
+    /// Transports (default: all).
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 1..)]
+    pub transports: Vec<AsyncTransport>,
+    /// Measured time per cell in ms (default 2000; split over the rounds).
+    #[arg(long)]
+    pub duration_ms: Option<u64>,
+    /// Rounds per cell, run round-robin over the transports (default 4).
+    #[arg(long)]
+    pub rounds: Option<usize>,
+}
+
+/// A stream transport under tokio.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AsyncTransport {
+    /// tokio `UnixStream`.
+    Uds,
+    /// tokio `TcpStream` over 127.0.0.1, `TCP_NODELAY`.
+    Tcp,
+    /// `xio_tokio::XioStream` on runtimes built with `xio_tokio::tune`.
+    Xio,
+    /// `xio_tokio::XioStream` on plain runtimes.
+    XioNoHook,
+}
+
+impl AsyncTransport {
+    fn label(self) -> &'static str {
+        match self {
+            AsyncTransport::Uds => "tokio UDS",
+            AsyncTransport::Tcp => "tokio TCP",
+            AsyncTransport::Xio => "X-IO",
+            AsyncTransport::XioNoHook => "X-IO no hook",
+        }
+    }
+}
+
+/// A one-worker runtime (tuned for X-IO when asked).
+fn runtime(t: AsyncTransport) -> Result<tokio::runtime::Runtime> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if t == AsyncTransport::Xio {
+        xio_tokio::tune(&mut b);
+    }
+    Ok(b.worker_threads(1).enable_all().build()?)
+}
+
+trait AsyncStream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> AsyncStream for T {}
+
+#[derive(Default)]
+struct Outcome {
+    samples: Vec<u64>,
+    ops: u64,
+    wall: Duration,
+}
+
+/// Runs `xio-bench tokio`.
+pub fn run(a: &TokioArgs) -> Result<()> {
+    if online_cpus() < 2 {
+        bail!("needs 2 CPUs (client on 0, server on 1)");
+    }
+    let conns: Vec<usize> = if a.conns.is_empty() {
+        DEFAULT_CONNS.to_vec()
+    } else {
+        a.conns.clone()
+    };
+    let transports: Vec<AsyncTransport> = if a.transports.is_empty() {
+        AsyncTransport::value_variants().to_vec()
+    } else {
+        a.transports.clone()
+    };
+    let rounds = a.rounds.unwrap_or(if a.quick { 2 } else { 4 }).max(1);
+    let total = Duration::from_millis(a.duration_ms.unwrap_or(if a.quick { 500 } else { 2000 }));
+    let per_round = total / rounds as u32;
+    let warm = (per_round / 4).max(Duration::from_millis(50));
+
+    let run_dir = crate::compare::RunDir::create()?;
+    std::env::set_var("XIO_RUN_DIR", &run_dir.0);
+    let prefix = format!("xio-bench-tokio-{}", std::process::id());
+    std::env::set_var("XIO_BENCH_PREFIX", &prefix);
+    let _mgr = xio_core::manager::Manager::builder(&prefix)
+        .spawn()
+        .context("starting the embedded manager")?;
+
+    println!(
+        "## Async echo under tokio: {}\n",
+        transports
+            .iter()
+            .map(|t| t.label())
+            .collect::<Vec<_>>()
+            .join(" vs ")
+    );
+    println!(
+        "Command: `{}`. One tokio worker thread per process, client on CPU 0, server on CPU 1; \
+         each connection is a task doing {MSG} B request-response, one request in flight. \
+         {:.1} s measured per cell ({rounds} rounds, each after {:.2} s unmeasured). µs.\n",
+        std::env::args().collect::<Vec<_>>().join(" "),
+        total.as_secs_f64(),
+        warm.as_secs_f64()
+    );
+    let mut head = String::from("| conns |");
+    let mut rule = String::from("|---:|");
+    for t in &transports {
+        let l = t.label();
+        head.push_str(&format!(" {l} req/s | {l} p50 | {l} p99 |"));
+        rule.push_str("---:|---:|---:|");
+    }
+    let mut lines = Vec::new();
+    let mut failures = Vec::new();
+    for &n in &conns {
+        let mut acc: Vec<Result<Outcome, String>> =
+            transports.iter().map(|_| Ok(Outcome::default())).collect();
+        for round in 0..rounds {
+            for (k, &t) in transports.iter().enumerate() {
+                if acc[k].is_err() {
+                    continue;
+                }
+                progress(&format!(
+                    "{} {n} conns (round {}/{rounds})",
+                    t.label(),
+                    round + 1
+                ));
+                match run_one(t, &prefix, n, warm, per_round) {
+                    Ok(o) => {
+                        if let Ok(a) = &mut acc[k] {
+                            a.samples.extend(o.samples);
+                            a.ops += o.ops;
+                            a.wall += o.wall;
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("[xio-bench] {} {n} conns: FAILED: {e:#}", t.label());
+                        failures.push(format!("* {} {n} conns: {e:#}", t.label()));
+                        acc[k] = Err(format!("{e:#}"));
+                    }
+                }
+            }
+        }
+        let mut line = format!("| {n} |");
+        for a in acc {
+            match a {
+                Ok(mut o) => {
+                    let s = summarize(&mut o.samples);
+                    let rate = o.ops as f64 / o.wall.as_secs_f64().max(1e-9);
+                    line.push_str(&format!(
+                        " {rate:.0} | {} | {} |",
+                        fmt_us(s.p50_ns),
+                        fmt_us(s.p99_ns)
+                    ));
+                }
+                Err(_) => line.push_str(" failed | | |"),
+            }
+        }
+        lines.push(line);
+    }
+    println!("{head}\n{rule}");
+    for l in lines {
+        println!("{l}");
+    }
+    println!();
+    for f in failures {
+        println!("{f}");
+    }
+    Ok(())
+}
+
+fn fresh_xio_addr() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("10.78.{}.{}:80", (n >> 8) & 0xff, n & 0xff)
+}
+
+fn run_one(
+    t: AsyncTransport,
+    prefix: &str,
+    n: usize,
+    warm: Duration,
+    measure: Duration,
+) -> Result<Outcome> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("serve-tokio")
+        .args([
+            "--transport",
+            &t.to_possible_value()
+                .map(|v| v.get_name().to_owned())
+                .unwrap_or_default(),
+        ])
+        .args(["--conns", &n.to_string()])
+        .args(["--cpu", "1"])
+        .stdin(Stdio::null());
+    let mut _cleanup = None;
+    let endpoint = match t {
+        AsyncTransport::Uds => {
+            let p = temp_socket_path();
+            let e = p
+                .to_str()
+                .ok_or_else(|| anyhow!("socket path not UTF-8"))?
+                .to_owned();
+            _cleanup = Some(RemoveOnDrop(p));
+            e
+        }
+        AsyncTransport::Tcp => "127.0.0.1:0".to_owned(),
+        AsyncTransport::Xio | AsyncTransport::XioNoHook => format!("{prefix}/{}", fresh_xio_addr()),
+    };
+    cmd.args(["--endpoint", &endpoint]);
+    cmd.stdout(if t == AsyncTransport::Tcp {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    let mut child = ServerChild::spawn(&mut cmd)?;
+    let endpoint = if t == AsyncTransport::Tcp {
+        let out = child.stdout().ok_or_else(|| anyhow!("no server stdout"))?;
+        format!("127.0.0.1:{}", read_port_line(out, &mut child)?)
+    } else {
+        endpoint
+    };
+    let res = (|| {
+        let _pin = pin_scoped(Some(0))?;
+        let rt = runtime(t)?;
+        rt.block_on(client(t, endpoint, n, warm, measure))
+    })();
+    child.finish(res)
+}
+
+async fn connect(
+    t: AsyncTransport,
+    endpoint: &str,
+    net: Option<&xio_core::net::Net>,
+) -> io::Result<Box<dyn AsyncStream>> {
+    Ok(match t {
+        AsyncTransport::Uds => Box::new(tokio::net::UnixStream::connect(endpoint).await?),
+        AsyncTransport::Tcp => {
+            let s = tokio::net::TcpStream::connect(endpoint).await?;
+            s.set_nodelay(true)?;
+            Box::new(s)
+        }
+        AsyncTransport::Xio | AsyncTransport::XioNoHook => {
+            let (_, a) = endpoint
+                .split_once('/')
+                .ok_or_else(|| io::Error::other("bad endpoint"))?;
+            let net = net.ok_or_else(|| io::Error::other("no net"))?;
+            Box::new(xio_tokio::XioStream::connect_with(net, a).await?)
+        }
+    })
+}
+
+async fn client(
+    t: AsyncTransport,
+    endpoint: String,
+    n: usize,
+    warm: Duration,
+    measure: Duration,
+) -> Result<Outcome> {
+    let net = match t {
+        AsyncTransport::Xio | AsyncTransport::XioNoHook => {
+            let p = endpoint.split_once('/').map_or("", |x| x.0);
+            Some(xio_core::net::Net::attach(p).context("attaching the client")?)
+        }
+        _ => None,
+    };
+    // The first connection waits for the server to listen.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        match connect(t, &endpoint, net.as_ref()).await {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(2)).await
+            }
+            Err(e) => return Err(e).context("connecting"),
+        }
+    };
+    let mut streams = vec![first];
+    for _ in 1..n {
+        streams.push(
+            connect(t, &endpoint, net.as_ref())
+                .await
+                .context("connecting")?,
+        );
+    }
+    let start = Instant::now();
+    let from = start + warm;
+    let to = from + measure;
+    let tasks: Vec<_> = streams
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut s)| {
+            tokio::spawn(async move {
+                let mut tx = [0u8; MSG];
+                tx[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                let mut rx = [0u8; MSG];
+                let mut lat = Vec::new();
+                loop {
+                    let t0 = Instant::now();
+                    if t0 >= to {
+                        break;
+                    }
+                    s.write_all(&tx).await?;
+                    s.read_exact(&mut rx).await?;
+                    if rx != tx {
+                        return Err(io::Error::other("wrong echo"));
+                    }
+                    if t0 >= from {
+                        lat.push(t0.elapsed().as_nanos() as u64);
+                    }
+                }
+                s.shutdown().await?;
+                Ok::<_, io::Error>(lat)
+            })
+        })
+        .collect();
+    let mut out = Outcome::default();
+    for t in tasks {
+        let lat = t.await??;
+        out.ops += lat.len() as u64;
+        out.samples.extend(lat);
+    }
+    out.wall = measure;
+    Ok(out)
+}
+
+/// The server (`serve-tokio`): echoes on `conns` connections, then exits.
+pub fn serve(t: AsyncTransport, endpoint: &str, conns: usize) -> Result<()> {
+    let rt = runtime(t)?;
+    rt.block_on(async move {
+        let done = Arc::new(AtomicUsize::new(0));
+        let all = Arc::new(tokio::sync::Notify::new());
+        macro_rules! serve_loop {
+            ($accept:expr) => {{
+                for _ in 0..conns {
+                    let s = $accept;
+                    let (done, all) = (done.clone(), all.clone());
+                    tokio::spawn(async move {
+                        let _ = echo(s).await;
+                        if done.fetch_add(1, Ordering::SeqCst) + 1 == conns {
+                            all.notify_one();
+                        }
+                    });
+                }
+            }};
+        }
+        match t {
+            AsyncTransport::Uds => {
+                let _ = std::fs::remove_file(endpoint);
+                let l = tokio::net::UnixListener::bind(endpoint)?;
+                let _cleanup = RemoveOnDrop(PathBuf::from(endpoint));
+                serve_loop!(l.accept().await?.0);
+                all.notified().await;
+            }
+            AsyncTransport::Tcp => {
+                let l = tokio::net::TcpListener::bind(endpoint).await?;
+                println!("PORT {}", l.local_addr()?.port());
+                serve_loop!({
+                    let s = l.accept().await?.0;
+                    s.set_nodelay(true)?;
+                    s
+                });
+                all.notified().await;
+            }
+            AsyncTransport::Xio | AsyncTransport::XioNoHook => {
+                let (p, a) = endpoint
+                    .split_once('/')
+                    .ok_or_else(|| anyhow!("bad endpoint"))?;
+                let net = xio_core::net::Net::attach(p)?;
+                let l = xio_tokio::XioListener::bind_with(&net, a)?;
+                serve_loop!(l.accept().await?.0);
+                all.notified().await;
+            }
+        }
+        Ok::<_, anyhow::Error>(())
+    })
+}
+
+async fn echo<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> io::Result<()> {
+    let mut buf = [0u8; MSG];
+    loop {
+        match s.read_exact(&mut buf).await {
+            Ok(_) => s.write_all(&buf).await?,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+}
