@@ -3,9 +3,7 @@
 //!
 //! One worker thread per process (client on CPU 0, server on CPU 1); N
 //! connections, each a task doing 64 B request-response with one request in
-//! flight, for a fixed time. *X-IO* runs on runtimes built with
-//! `xio_tokio::tune` (workers watch the rings briefly before parking);
-//! *X-IO no hook* on plain runtimes, to show what the hook is worth.
+//! flight, for a fixed time, on plain `tokio::runtime::Builder` runtimes.
 
 use std::io;
 use std::path::PathBuf;
@@ -53,10 +51,8 @@ pub enum AsyncTransport {
     Uds,
     /// tokio `TcpStream` over 127.0.0.1, `TCP_NODELAY`.
     Tcp,
-    /// `xio_tokio::XioStream` on runtimes built with `xio_tokio::tune`.
+    /// `xio_tokio::XioStream`.
     Xio,
-    /// `xio_tokio::XioStream` on plain runtimes.
-    XioNoHook,
 }
 
 impl AsyncTransport {
@@ -65,18 +61,16 @@ impl AsyncTransport {
             AsyncTransport::Uds => "tokio UDS",
             AsyncTransport::Tcp => "tokio TCP",
             AsyncTransport::Xio => "X-IO",
-            AsyncTransport::XioNoHook => "X-IO no hook",
         }
     }
 }
 
-/// A one-worker runtime (tuned for X-IO when asked).
-fn runtime(t: AsyncTransport) -> Result<tokio::runtime::Runtime> {
-    let mut b = tokio::runtime::Builder::new_multi_thread();
-    if t == AsyncTransport::Xio {
-        xio_tokio::tune(&mut b);
-    }
-    Ok(b.worker_threads(1).enable_all().build()?)
+/// A one-worker runtime.
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?)
 }
 
 trait AsyncStream: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -236,7 +230,7 @@ fn run_one(
             e
         }
         AsyncTransport::Tcp => "127.0.0.1:0".to_owned(),
-        AsyncTransport::Xio | AsyncTransport::XioNoHook => format!("{prefix}/{}", fresh_xio_addr()),
+        AsyncTransport::Xio => format!("{prefix}/{}", fresh_xio_addr()),
     };
     cmd.args(["--endpoint", &endpoint]);
     cmd.stdout(if t == AsyncTransport::Tcp {
@@ -253,7 +247,7 @@ fn run_one(
     };
     let res = (|| {
         let _pin = pin_scoped(Some(0))?;
-        let rt = runtime(t)?;
+        let rt = runtime()?;
         rt.block_on(client(t, endpoint, n, warm, measure))
     })();
     child.finish(res)
@@ -271,7 +265,7 @@ async fn connect(
             s.set_nodelay(true)?;
             Box::new(s)
         }
-        AsyncTransport::Xio | AsyncTransport::XioNoHook => {
+        AsyncTransport::Xio => {
             let (_, a) = endpoint
                 .split_once('/')
                 .ok_or_else(|| io::Error::other("bad endpoint"))?;
@@ -289,7 +283,7 @@ async fn client(
     measure: Duration,
 ) -> Result<Outcome> {
     let net = match t {
-        AsyncTransport::Xio | AsyncTransport::XioNoHook => {
+        AsyncTransport::Xio => {
             let p = endpoint.split_once('/').map_or("", |x| x.0);
             Some(xio_core::net::Net::attach(p).context("attaching the client")?)
         }
@@ -357,7 +351,7 @@ async fn client(
 
 /// The server (`serve-tokio`): echoes on `conns` connections, then exits.
 pub fn serve(t: AsyncTransport, endpoint: &str, conns: usize) -> Result<()> {
-    let rt = runtime(t)?;
+    let rt = runtime()?;
     rt.block_on(async move {
         let done = Arc::new(AtomicUsize::new(0));
         let all = Arc::new(tokio::sync::Notify::new());
@@ -393,7 +387,7 @@ pub fn serve(t: AsyncTransport, endpoint: &str, conns: usize) -> Result<()> {
                 });
                 all.notified().await;
             }
-            AsyncTransport::Xio | AsyncTransport::XioNoHook => {
+            AsyncTransport::Xio => {
                 let (p, a) = endpoint
                     .split_once('/')
                     .ok_or_else(|| anyhow!("bad endpoint"))?;

@@ -1727,14 +1727,16 @@ impl Net {
         Ok(rustix::io::fcntl_dupfd_cloexec(g.stack.doorbell_fd(), 3)?)
     }
 
-    /// Consumes the doorbell's ring, drains the rings, wakes the tasks
-    /// that became ready, and arms the doorbell. With `liveness`, also
-    /// reads the control socket (call it about once a second, so a dead
-    /// manager is noticed).
-    pub fn drive(&self, liveness: bool) -> io::Result<Drive> {
+    /// Drains the rings, wakes the tasks that became ready, and arms the
+    /// doorbell. `rung`: the doorbell fd was readable (its ring is
+    /// consumed here). With `liveness`, also reads the control socket (call
+    /// it about once a second, so a dead manager is noticed).
+    pub fn drive(&self, rung: bool, liveness: bool) -> io::Result<Drive> {
         let mut wake = Vec::new();
         let mut g = self.lock();
-        g.stack.clear_doorbell();
+        if rung {
+            g.stack.clear_doorbell();
+        }
         if liveness {
             g.force_ctrl = true;
         }
@@ -1765,43 +1767,37 @@ impl Net {
         }
     }
 
-    /// Spins on the rings for the adaptive policy's budget, if some peer is
-    /// awake on another core, and drains and wakes tasks if something
-    /// arrives: for a runtime's worker thread about to park (tokio's
-    /// `on_thread_park`), which would otherwise pay a full wake-up (about
-    /// 30 µs on a VM) for the next message. Never sleeps; returns at once
-    /// when spinning cannot pay (an idle peer, or one on this core).
-    pub fn spin_before_park(&self) {
+    /// How long a driver task should keep watching the rings (yielding to
+    /// other tasks between looks) before it sleeps on the doorbell: the
+    /// adaptive policy's budget, zero unless a peer is awake on another
+    /// core. Call [`Net::watch_begin`] first and [`Net::watch_end`] after.
+    pub fn spin_budget(&self) -> Duration {
+        Duration::from_nanos(self.lock().stack.spin_budget_now())
+    }
+
+    /// Whether the rings hold something to drain (a few shared loads).
+    pub fn has_input(&self) -> bool {
+        self.lock().stack.has_input()
+    }
+
+    /// Starts watching the rings instead of the doorbell: peers stop
+    /// ringing it (a system call each) while we look.
+    pub fn watch_begin(&self) {
+        self.lock().stack.disarm_doorbell();
+    }
+
+    /// Ends a watch: `hit` if something arrived within it, after `spun`.
+    /// Teaches the adaptive policy; the caller then drives (a hit) or arms
+    /// the doorbell again through [`Net::drive`].
+    pub fn watch_end(&self, hit: bool, spun: Duration) {
         let mut g = self.lock();
-        if g.driving {
-            return;
+        let spin = g.stack.spin_mut();
+        spin.on_spin_start();
+        if hit {
+            spin.on_spin_hit();
+        } else {
+            g.missed = Some((spun.as_nanos() as u64, crate::wait::now_ns()));
         }
-        g.driving = true;
-        let reuse = g.probe.take();
-        let mut probe = g.stack.probe(reuse);
-        // Peers need not ring while we watch.
-        g.stack.disarm_doorbell();
-        drop(g);
-        let hit = probe.spin_only();
-        let mut wake = Vec::new();
-        let mut g = self.lock();
-        g.stack.end_probe(&mut probe);
-        g.probe = Some(probe);
-        g.driving = false;
-        match hit {
-            Ok(()) => {
-                let _ = g.drain(&mut wake);
-            }
-            Err(spun) => g.missed = Some((spun, crate::wait::now_ns())),
-        }
-        // Hand the watch back to the doorbell (or drain what came).
-        while !g.stack.arm_doorbell() {
-            if g.drain(&mut wake).is_err() {
-                break;
-            }
-        }
-        drop(g);
-        wake_all(&mut wake);
     }
 
     /// One attempt of an operation for an adapter: as `block`'s first

@@ -892,6 +892,32 @@ impl Stack {
         !ready
     }
 
+    /// Whether anything waits to be drained (shared loads only).
+    pub(crate) fn has_input(&mut self) -> bool {
+        !self.inbox.is_empty()
+            || self.slot().ctrl_seq.load(Ordering::Acquire) != self.ctrl_seen
+            || self.channels.iter_mut().any(|c| c.rx.has_data())
+    }
+
+    /// How long a waiter should watch the rings before sleeping now, per
+    /// the adaptive policy (0 unless a peer is awake on another CPU).
+    pub(crate) fn spin_budget_now(&mut self) -> u64 {
+        if self.mode != WaitMode::Adaptive {
+            return if self.mode == WaitMode::BusyPoll {
+                u64::MAX
+            } else {
+                0
+            };
+        }
+        let my_cpu = rustix::thread::sched_getcpu() as u32 + 1;
+        let slot = self.seg.stack_slot(self.id);
+        if slot.cpu.load(Ordering::Relaxed) != my_cpu {
+            slot.cpu.store(my_cpu, Ordering::Relaxed);
+        }
+        let worth = peers_worth_spinning(&self.seg, self.channels.iter().map(|c| c.peer), my_cpu);
+        self.spin.spin_for(worth)
+    }
+
     /// Undoes [`Stack::arm_doorbell`] (peers stop ringing) while a thread
     /// watches the rings itself.
     pub(crate) fn disarm_doorbell(&mut self) {
@@ -1493,43 +1519,6 @@ impl WaitView for Probe {
 }
 
 impl Probe {
-    /// Spins per the adaptive policy's budget (never sleeps): `Ok` if
-    /// something became ready, else `Err(ns spun)` (for the caller to tell
-    /// the policy how long the gap turned out, once it knows). For a
-    /// runtime's worker about to park, which would otherwise pay a full
-    /// wake-up for the next message.
-    pub(crate) fn spin_only(&mut self) -> Result<(), u64> {
-        if self.mode != WaitMode::Adaptive && self.mode != WaitMode::BusyPoll {
-            return if self.ready() { Ok(()) } else { Err(0) };
-        }
-        let my_cpu = rustix::thread::sched_getcpu() as u32 + 1;
-        let slot = self.seg.stack_slot(self.id);
-        if slot.cpu.load(Ordering::Relaxed) != my_cpu {
-            slot.cpu.store(my_cpu, Ordering::Relaxed);
-        }
-        let budget = self.spin.spin_for(self.worth_spinning(my_cpu));
-        if budget == 0 {
-            return if self.ready() { Ok(()) } else { Err(0) };
-        }
-        self.spin.on_spin_start();
-        let start = now_ns();
-        let mut i = 0u32;
-        loop {
-            if self.ready() {
-                self.spin.on_spin_hit();
-                return Ok(());
-            }
-            spin_hint();
-            i = i.wrapping_add(1);
-            if i.is_multiple_of(256) {
-                let spun = now_ns() - start;
-                if spun >= budget || !self.worth_spinning(my_cpu) {
-                    return Err(spun);
-                }
-            }
-        }
-    }
-
     /// Waits per the mode until something may be ready or `deadline`
     /// ([`Error::TimedOut`]). True if the wait ended on the liveness tick.
     pub(crate) fn wait(&mut self, deadline: Option<Instant>) -> Result<bool, Error> {

@@ -34,11 +34,16 @@
 //! spin; they register the task's waker.
 //!
 //! Waking a parked worker thread costs about 30 µs on a VM, far more than
-//! the shared-memory round trip. [`tune`] installs an `on_thread_park`
-//! hook that lets a worker about to park watch the rings for a short,
-//! adaptive while first (only while a peer is awake on another core, so it
-//! never spins against its own peer or when idle): build latency-sensitive
-//! runtimes with it. Without it everything works, at wake-up speed.
+//! the shared-memory round trip. So before the driver sleeps on the
+//! doorbell it keeps watching the rings for the adaptive policy's budget,
+//! yielding to the runtime's other tasks between looks (never spinning
+//! inside a poll), and only while a peer is awake on another core: idle,
+//! or sharing one core with its peer, it sleeps at once.
+//!
+//! **Busy-poll**, for latency-critical services with a core to spare: a
+//! [`Net`] built with `Net::builder(prefix).wait_mode(WaitMode::BusyPoll)`
+//! makes its driver watch the rings without ever sleeping (off by default;
+//! it keeps one worker busy).
 //!
 //! # Cancellation
 //! `accept`, `read` (and every `AsyncRead` use), `recv_buf`/`recv_bytes`
@@ -69,10 +74,9 @@ const LIVENESS: Duration = Duration::from_secs(1);
 /// Pause before retrying what nothing signals (a full ring, an empty pool).
 const RETRY: Duration = Duration::from_micros(50);
 
-/// Drivers by net, and the nets the park hook watches.
+/// Drivers by net.
 struct Registry {
     drivers: HashMap<usize, tokio::task::JoinHandle<()>>,
-    nets: Vec<xio_core::net::WeakNet>,
 }
 
 fn registry() -> &'static Mutex<Registry> {
@@ -80,7 +84,6 @@ fn registry() -> &'static Mutex<Registry> {
     R.get_or_init(|| {
         Mutex::new(Registry {
             drivers: HashMap::new(),
-            nets: Vec::new(),
         })
     })
 }
@@ -102,28 +105,25 @@ fn ensure_driver(net: &Net) -> io::Result<()> {
     // as it lives, and the `AsyncFd` owns it.
     let fd = unsafe { AsyncFd::register_with_interest(bell, tokio::io::Interest::READABLE)? };
     let weak = net.downgrade();
-    let h = handle.spawn(drive(weak.clone(), fd));
+    let h = handle.spawn(drive(weak, fd));
     r.drivers.insert(net.id(), h);
-    if !r
-        .nets
-        .iter()
-        .any(|w| w.upgrade().is_some_and(|n| n.id() == net.id()))
-    {
-        r.nets.push(weak);
-    }
     Ok(())
 }
 
 /// The driver task of one net (see the crate docs).
 async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
-    let mut last_tick = tokio::time::Instant::now();
+    let mut last_tick = std::time::Instant::now();
+    let mut rung = true;
+    let mut rounds = 0u32;
     loop {
         let Some(n) = net.upgrade() else { return };
-        let liveness = last_tick.elapsed() >= LIVENESS;
+        // Clock reads are slow on VMs: look at the time now and then only.
+        rounds = rounds.wrapping_add(1);
+        let liveness = rounds.is_multiple_of(64) && last_tick.elapsed() >= LIVENESS;
         if liveness {
-            last_tick = tokio::time::Instant::now();
+            last_tick = std::time::Instant::now();
         }
-        let d = match n.drive(liveness) {
+        let d = match n.drive(std::mem::take(&mut rung), liveness) {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(error = %e, "xio-tokio driver");
@@ -140,47 +140,46 @@ async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
             }
             continue;
         }
-        drop(n);
         if !d.armed {
+            drop(n);
             tokio::task::yield_now().await;
             continue;
         }
+        // Before sleeping on the doorbell (a parked worker costs ~30 us to
+        // wake on a VM), keep watching the rings for the adaptive budget,
+        // yielding to the runtime's other tasks between looks. The budget
+        // is zero unless a peer is awake on another core: idle, we sleep.
+        let budget = n.spin_budget();
+        if !budget.is_zero() {
+            n.watch_begin();
+            let start = std::time::Instant::now();
+            let mut looks = 0u32;
+            let hit = loop {
+                if n.has_input() {
+                    break true;
+                }
+                looks = looks.wrapping_add(1);
+                if looks.is_multiple_of(8) && start.elapsed() >= budget {
+                    break false;
+                }
+                tokio::task::yield_now().await;
+            };
+            n.watch_end(hit, start.elapsed());
+            // Drive again: drains what came, or re-arms the doorbell.
+            continue;
+        }
+        drop(n);
         match tokio::time::timeout(LIVENESS, fd.readable()).await {
-            Ok(Ok(mut guard)) => guard.clear_ready(),
+            Ok(Ok(mut guard)) => {
+                guard.clear_ready();
+                rung = true;
+            }
             Ok(Err(e)) => {
                 tracing::error!(error = %e, "xio-tokio: doorbell failed; driver stops");
                 return;
             }
             Err(_) => {} // the liveness tick
         }
-    }
-}
-
-/// Lets a worker thread about to park watch the X-IO rings for a short,
-/// adaptive while first (see the crate docs): the difference between
-/// microsecond and wake-up-bound latency on VMs.
-///
-/// ```
-/// let rt = xio_tokio::tune(&mut tokio::runtime::Builder::new_multi_thread())
-///     .worker_threads(1)
-///     .enable_all()
-///     .build()
-///     .unwrap();
-/// # drop(rt);
-/// ```
-pub fn tune(builder: &mut tokio::runtime::Builder) -> &mut tokio::runtime::Builder {
-    builder.on_thread_park(spin_before_park)
-}
-
-/// The `on_thread_park` hook [`tune`] installs, for runtimes built
-/// elsewhere.
-pub fn spin_before_park() {
-    let nets: Vec<Net> = {
-        let r = registry().lock().unwrap_or_else(|e| e.into_inner());
-        r.nets.iter().filter_map(|w| w.upgrade()).collect()
-    };
-    for n in nets {
-        n.spin_before_park();
     }
 }
 
@@ -220,8 +219,10 @@ impl XioListener {
 
     /// Polls for a connection.
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(XioStream, SocketAddr)>> {
-        ensure_driver(self.inner.net())?;
-        let (s, a) = ready!(self.inner.poll_accept(cx))?;
+        let (s, a) = ready!(pending_needs_driver(
+            self.inner.net(),
+            self.inner.poll_accept(cx)
+        ))?;
         // The core's own blocking calls (used by `alloc`) must not wait.
         s.set_nonblocking(true)?;
         Poll::Ready(Ok((XioStream { inner: s }, a)))
@@ -289,8 +290,7 @@ impl XioStream {
 
     /// Polls for the next received pool buffer.
     pub fn poll_recv_buf(&self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Buf>>> {
-        ensure_driver(self.inner.net())?;
-        self.inner.poll_recv_buf(cx)
+        pending_needs_driver(self.inner.net(), self.inner.poll_recv_buf(cx))
     }
 
     /// The next received pool buffer as [`Bytes`], without a copy: the
@@ -317,8 +317,7 @@ impl XioStream {
     pub async fn send_buf(&self, buf: BufMut) -> io::Result<()> {
         let mut slot = Some(buf);
         std::future::poll_fn(|cx| {
-            ensure_driver(self.inner.net())?;
-            self.inner.poll_send_buf(cx, &mut slot)
+            pending_needs_driver(self.inner.net(), self.inner.poll_send_buf(cx, &mut slot))
         })
         .await
     }
@@ -352,8 +351,10 @@ fn poll_read_core(
     cx: &mut Context<'_>,
     buf: &mut ReadBuf<'_>,
 ) -> Poll<io::Result<()>> {
-    ensure_driver(s.net())?;
-    let n = ready!(s.poll_read(cx, buf.initialize_unfilled()))?;
+    let n = ready!(pending_needs_driver(
+        s.net(),
+        s.poll_read(cx, buf.initialize_unfilled())
+    ))?;
     buf.advance(n);
     Poll::Ready(Ok(()))
 }
@@ -363,8 +364,18 @@ fn poll_write_core(
     cx: &mut Context<'_>,
     bufs: &[IoSlice<'_>],
 ) -> Poll<io::Result<usize>> {
-    ensure_driver(s.net())?;
-    s.poll_write_vectored(cx, bufs)
+    pending_needs_driver(s.net(), s.poll_write_vectored(cx, bufs))
+}
+
+/// A task that will wait needs the net's driver to wake it: make sure it
+/// runs (only then: a ready result needs nothing).
+fn pending_needs_driver<T>(net: &Net, p: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+    if p.is_pending() {
+        if let Err(e) = ensure_driver(net) {
+            return Poll::Ready(Err(e));
+        }
+    }
+    p
 }
 
 fn shutdown_core(s: &xio_core::net::XioStream) -> Poll<io::Result<()>> {

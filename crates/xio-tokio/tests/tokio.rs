@@ -28,7 +28,7 @@ fn setup(test: &str) -> (ManagerHandle, String) {
 }
 
 fn rt(threads: usize) -> tokio::runtime::Runtime {
-    xio_tokio::tune(&mut tokio::runtime::Builder::new_multi_thread())
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .enable_all()
         .build()
