@@ -379,3 +379,60 @@ fn runtime_shuts_down_cleanly_with_connections_open() {
         assert_eq!(s.read(&mut one).await.unwrap(), 0);
     });
 }
+
+/// The `io::ErrorKind`s a TCP user expects, and cancelled accepts and
+/// zero-copy reads that lose nothing.
+#[test]
+fn error_kinds_and_cancelled_accept_and_recv_buf() {
+    let (_mgr, p) = setup("errors");
+    rt(2).block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let e = XioStream::connect_with(&cli, "10.4.0.8:1")
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+        let l = XioListener::bind_with(&srv, "10.4.0.8:80").unwrap();
+        let e = XioListener::bind_with(&cli, "10.4.0.8:80").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+        // accept raced against a timeout, then the connection comes.
+        for _ in 0..20 {
+            tokio::select! {
+                _ = l.accept() => panic!("nobody connected yet"),
+                _ = tokio::time::sleep(Duration::from_micros(200)) => {}
+            }
+        }
+        let mut c = XioStream::connect_with(&cli, "10.4.0.8:80").await.unwrap();
+        let (s, _) = tokio::time::timeout(WATCHDOG, l.accept())
+            .await
+            .unwrap()
+            .unwrap();
+        // recv_buf raced against a timeout loses no buffer.
+        let writer = tokio::spawn(async move {
+            for i in 0..200u32 {
+                c.write_all(&i.to_le_bytes()).await.unwrap();
+                if i % 10 == 0 {
+                    tokio::time::sleep(Duration::from_micros(300)).await;
+                }
+            }
+            c.shutdown().await.unwrap();
+            // Writing after shutdown is a broken pipe.
+            let e = c.write_all(b"late").await.unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+            c
+        });
+        let mut got = Vec::new();
+        loop {
+            tokio::select! {
+                r = s.recv_buf() => match r.unwrap() {
+                    Some(b) => got.extend_from_slice(&b),
+                    None => break,
+                },
+                _ = tokio::time::sleep(Duration::from_micros(100)) => {}
+            }
+        }
+        let want: Vec<u8> = (0..200u32).flat_map(|i| i.to_le_bytes()).collect();
+        assert_eq!(got, want);
+        drop(writer.await.unwrap());
+    });
+}
