@@ -1,13 +1,286 @@
-//! X-IO for hyper, axum and tonic.
+//! X-IO for hyper and axum: swap one connector (client) or listener
+//! (server) and keep the rest of the HTTP code.
 //!
-//! This crate will hold a hyper-util connector (client side), an accept-loop
-//! helper and axum `Listener` (server side), and tonic glue, so an HTTP
-//! service keeps its code and swaps one connector or listener. It is filled
-//! by the xio-hyper issue; today it re-exports the core.
+//! **Client.** [`XioConnector`] is a `tower_service::Service<http::Uri>`
+//! for hyper-util's legacy client; the URI's authority (`ip:port`) is the
+//! X-IO address. HTTP/1.1, or HTTP/2 with prior knowledge (h2c):
 //!
+//! ```no_run
+//! use http_body_util::Empty;
+//! use hyper_util::client::legacy::Client;
+//! use hyper_util::rt::TokioExecutor;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::builder(TokioExecutor::new())
+//!     .build::<_, Empty<bytes::Bytes>>(xio_hyper::XioConnector::new()?);
+//! let resp = client.get("http://10.0.0.1:80/hello".parse()?).await?;
+//! # Ok(()) }
+//! # use http_body_util as _; use bytes as _;
 //! ```
-//! use xio_hyper::core::layout::PoolConfig;
-//! assert!(PoolConfig::default().geometry().is_ok());
-//! ```
+//!
+//! **Server.** [`serve`] runs any hyper service over an
+//! [`xio_tokio::XioListener`] (HTTP/1.1, h2c, or auto-detected), with
+//! graceful shutdown; with xio-tokio's `axum` feature, `axum::serve(listener,
+//! app)` works directly.
+//!
+//! **Fallback to TCP.** [`XioConnector::with_tcp_fallback`] dials over TCP
+//! when no X-IO service is bound to the address on this node (the manager
+//! refuses it, or no manager runs), so a service keeps working when its
+//! peers move to another node; [`serve`]'s caller can listen on both.
+
+use std::future::Future;
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use hyper::body::Incoming;
+use hyper::service::Service as HyperService;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
 
 pub use xio_core as core;
+pub use xio_tokio::{Net, XioListener, XioStream};
+
+/// A connection made by [`XioConnector`]: X-IO, or TCP after a fallback.
+#[derive(Debug)]
+pub enum XioConn {
+    /// Over X-IO shared memory.
+    Xio(TokioIo<XioStream>),
+    /// Over TCP (the address has no X-IO listener on this node).
+    Tcp(TokioIo<tokio::net::TcpStream>),
+}
+
+impl XioConn {
+    /// True when the connection is over X-IO.
+    pub fn is_xio(&self) -> bool {
+        matches!(self, XioConn::Xio(_))
+    }
+}
+
+impl Connection for XioConn {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
+}
+
+macro_rules! both {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self.get_mut() {
+            XioConn::Xio($s) => {
+                let $s = Pin::new($s);
+                $e
+            }
+            XioConn::Tcp($s) => {
+                let $s = Pin::new($s);
+                $e
+            }
+        }
+    };
+}
+
+impl hyper::rt::Read for XioConn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        both!(self, s => s.poll_read(cx, buf))
+    }
+}
+
+impl hyper::rt::Write for XioConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        both!(self, s => s.poll_write(cx, buf))
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        both!(self, s => s.poll_write_vectored(cx, bufs))
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            XioConn::Xio(s) => s.is_write_vectored(),
+            XioConn::Tcp(s) => s.is_write_vectored(),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        both!(self, s => s.poll_flush(cx))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        both!(self, s => s.poll_shutdown(cx))
+    }
+}
+
+/// A hyper-util connector over X-IO (see the crate docs).
+#[derive(Clone, Debug)]
+pub struct XioConnector {
+    net: Net,
+    tcp_fallback: bool,
+}
+
+impl XioConnector {
+    /// A connector on the process-wide pool ([`Net::global`]).
+    pub fn new() -> io::Result<Self> {
+        Ok(Self::with_net(Net::global()?))
+    }
+
+    /// A connector on `net`.
+    pub fn with_net(net: Net) -> Self {
+        Self {
+            net,
+            tcp_fallback: false,
+        }
+    }
+
+    /// Dials over TCP when the address has no X-IO listener on this node.
+    pub fn with_tcp_fallback(mut self) -> Self {
+        self.tcp_fallback = true;
+        self
+    }
+}
+
+/// The `ip:port` a URI names (port 80 for http, 443 for https if absent).
+fn uri_addr(uri: &http::Uri) -> io::Result<SocketAddr> {
+    let host = uri
+        .host()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("no host in {uri}")))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = uri
+        .port_u16()
+        .unwrap_or(if uri.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        });
+    (host, port)
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("no address for {uri}")))
+}
+
+impl tower_service::Service<http::Uri> for XioConnector {
+    type Response = XioConn;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<XioConn>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let net = self.net.clone();
+        let fallback = self.tcp_fallback;
+        Box::pin(async move {
+            let addr = uri_addr(&uri)?;
+            match XioStream::connect_with(&net, addr).await {
+                Ok(s) => Ok(XioConn::Xio(TokioIo::new(s))),
+                Err(e)
+                    if fallback
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
+                        ) =>
+                {
+                    tracing::debug!(%addr, "no X-IO listener here; dialling TCP");
+                    let s = tokio::net::TcpStream::connect(addr).await?;
+                    s.set_nodelay(true)?;
+                    Ok(XioConn::Tcp(TokioIo::new(s)))
+                }
+                Err(e) => Err(e),
+            }
+        })
+    }
+}
+
+/// Which HTTP versions [`serve`] speaks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP/1.1 and HTTP/2 with prior knowledge, detected per connection.
+    #[default]
+    Auto,
+    /// HTTP/1.1 only.
+    Http1,
+    /// HTTP/2 with prior knowledge (h2c) only.
+    Http2,
+}
+
+/// A stop signal for [`serve`]: `shutdown()` stops accepting and lets the
+/// connections in progress finish.
+#[derive(Clone, Debug, Default)]
+pub struct Shutdown(
+    std::sync::Arc<tokio::sync::Notify>,
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+);
+
+impl Shutdown {
+    /// A new signal.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Stops the server (graceful).
+    pub fn shutdown(&self) {
+        self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.0.notify_waiters();
+    }
+
+    async fn wait(&self) {
+        let notified = self.0.notified();
+        if self.1.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        notified.await;
+    }
+}
+
+/// Serves `service` on every connection `listener` accepts, until
+/// `shutdown` fires; then waits for the connections in progress to finish
+/// their requests (graceful) and returns.
+pub async fn serve<S, B>(
+    listener: XioListener,
+    service: S,
+    protocol: Protocol,
+    shutdown: Shutdown,
+) -> io::Result<()>
+where
+    S: HyperService<http::Request<Incoming>, Response = http::Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder = match protocol {
+        Protocol::Auto => builder,
+        Protocol::Http1 => builder.http1_only(),
+        Protocol::Http2 => builder.http2_only(),
+    };
+    loop {
+        let (stream, _peer) = tokio::select! {
+            r = listener.accept() => r?,
+            () = shutdown.wait() => break,
+        };
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), service.clone())
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}

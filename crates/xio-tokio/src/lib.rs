@@ -472,3 +472,27 @@ impl Drop for OwnedWriteHalf {
         let _ = self.0.shutdown(Shutdown::Write);
     }
 }
+
+/// `axum::serve(listener, app)` over X-IO (feature `axum`).
+#[cfg(feature = "axum")]
+impl axum::serve::Listener for XioListener {
+    type Io = XioStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (XioStream, SocketAddr) {
+        loop {
+            match XioListener::accept(self).await {
+                Ok(x) => return x,
+                Err(e) => {
+                    // As axum does for TCP: log, pause, go on.
+                    tracing::error!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        XioListener::local_addr(self)
+    }
+}

@@ -1,0 +1,337 @@
+//! HTTP over X-IO with only the transport swapped: an axum app, hyper
+//! clients and servers in HTTP/1.1 and h2c, the TCP fallback, and a server
+//! process that dies mid-request.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use xio_core::manager::{Manager, ManagerHandle};
+use xio_hyper::{Net, Protocol, Shutdown, XioConnector, XioListener};
+
+/// Generous: a guard against hangs, not a performance bound.
+const WATCHDOG: Duration = Duration::from_secs(120);
+
+fn setup(test: &str) -> (ManagerHandle, String) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("XIO_CHILD_ROLE").is_none() {
+            let dir = std::env::temp_dir().join(format!("xio-hyper-test-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::env::set_var("XIO_RUN_DIR", &dir);
+        }
+    });
+    let p = format!("th-{test}-{}", std::process::id());
+    let mgr = Manager::builder(&p).spawn().unwrap();
+    (mgr, p)
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+struct Item {
+    id: u32,
+    name: String,
+}
+
+fn app() -> axum::Router {
+    use axum::extract::{DefaultBodyLimit, Path};
+    use axum::routing::{get, post};
+    axum::Router::new()
+        .route("/hello", get(|| async { "hello over X-IO" }))
+        .route(
+            "/items/{id}",
+            get(|Path(id): Path<u32>| async move {
+                axum::Json(Item {
+                    id,
+                    name: format!("item {id}"),
+                })
+            }),
+        )
+        .route(
+            "/items",
+            post(|axum::Json(mut it): axum::Json<Item>| async move {
+                it.name = it.name.to_uppercase();
+                axum::Json(it)
+            }),
+        )
+        .route(
+            "/stream",
+            get(|| async {
+                let chunks =
+                    (0..100u32).map(|i| Ok::<_, Infallible>(Bytes::from(format!("chunk {i}\n"))));
+                axum::body::Body::from_stream(futures_util::stream::iter(chunks))
+            }),
+        )
+        .route(
+            "/upload",
+            post(|body: Bytes| async move {
+                let sum: u64 = body.iter().map(|&b| u64::from(b)).sum();
+                format!("{} {sum}", body.len())
+            }),
+        )
+        .layer(DefaultBodyLimit::max(64 << 20))
+}
+
+type Body = Full<Bytes>;
+
+fn client(net: &Net) -> Client<XioConnector, Body> {
+    Client::builder(TokioExecutor::new()).build(XioConnector::with_net(net.clone()))
+}
+
+async fn body_string(r: http::Response<hyper::body::Incoming>) -> String {
+    let b = r.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(b.to_vec()).unwrap()
+}
+
+#[test]
+fn axum_app_with_only_the_listener_swapped() {
+    let (_mgr, p) = setup("axum");
+    rt().block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, "10.5.0.1:80").unwrap();
+        let server = tokio::spawn(async move { axum::serve(l, app()).await });
+        let c = client(&cli);
+        let r = c
+            .get("http://10.5.0.1:80/hello".parse().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(body_string(r).await, "hello over X-IO");
+
+        let r = c
+            .get("http://10.5.0.1/items/7".parse().unwrap())
+            .await
+            .unwrap();
+        let it: Item = serde_json::from_str(&body_string(r).await).unwrap();
+        assert_eq!(
+            it,
+            Item {
+                id: 7,
+                name: "item 7".into()
+            }
+        );
+
+        let req = http::Request::post("http://10.5.0.1/items")
+            .header("content-type", "application/json")
+            .body(Full::from(
+                serde_json::to_vec(&Item {
+                    id: 1,
+                    name: "abc".into(),
+                })
+                .unwrap(),
+            ))
+            .unwrap();
+        let r = c.request(req).await.unwrap();
+        let it: Item = serde_json::from_str(&body_string(r).await).unwrap();
+        assert_eq!(it.name, "ABC");
+
+        let r = c
+            .get("http://10.5.0.1/stream".parse().unwrap())
+            .await
+            .unwrap();
+        let text = body_string(r).await;
+        assert_eq!(text.lines().count(), 100);
+        assert!(text.ends_with("chunk 99\n"));
+
+        // A 10 MiB upload, checksummed.
+        let big: Vec<u8> = (0..10u64 << 20).map(|i| (i * 31 % 251) as u8).collect();
+        let sum: u64 = big.iter().map(|&b| u64::from(b)).sum();
+        let req = http::Request::post("http://10.5.0.1/upload")
+            .body(Full::from(big))
+            .unwrap();
+        let r = c.request(req).await.unwrap();
+        assert_eq!(body_string(r).await, format!("{} {sum}", 10u64 << 20));
+
+        let r = c
+            .get("http://10.5.0.1/nope".parse().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404);
+        server.abort();
+    });
+}
+
+async fn echo(
+    req: http::Request<hyper::body::Incoming>,
+) -> Result<http::Response<Body>, Infallible> {
+    let v = req.version();
+    let b = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let mut r = http::Response::new(Full::from(b));
+    r.headers_mut()
+        .insert("x-version", format!("{v:?}").parse().unwrap());
+    Ok(r)
+}
+
+fn hyper_256_concurrent(protocol: Protocol, h2: bool, port: u16) {
+    let (_mgr, p) = setup(if h2 { "h2c" } else { "h1" });
+    rt().block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, ("10.5.0.2", port)).unwrap();
+        let stop = Shutdown::new();
+        let server = tokio::spawn(xio_hyper::serve(
+            l,
+            hyper::service::service_fn(echo),
+            protocol,
+            stop.clone(),
+        ));
+        let c: Client<XioConnector, Body> = Client::builder(TokioExecutor::new())
+            .http2_only(h2)
+            .build(XioConnector::with_net(cli.clone()));
+        let tasks: Vec<_> = (0..256u32)
+            .map(|i| {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let body = format!("request {i} ").repeat(1 + (i as usize % 50));
+                    let req = http::Request::post(format!("http://10.5.0.2:{port}/echo"))
+                        .body(Full::from(body.clone()))
+                        .unwrap();
+                    let r = c.request(req).await.unwrap();
+                    let want = if h2 { "HTTP/2.0" } else { "HTTP/1.1" };
+                    assert_eq!(r.headers()["x-version"], want);
+                    assert_eq!(body_string(r).await, body);
+                })
+            })
+            .collect();
+        tokio::time::timeout(WATCHDOG, async {
+            for t in tasks {
+                t.await.unwrap();
+            }
+        })
+        .await
+        .expect("watchdog");
+        drop(c);
+        stop.shutdown();
+        tokio::time::timeout(WATCHDOG, server)
+            .await
+            .expect("graceful shutdown finishes")
+            .unwrap()
+            .unwrap();
+    });
+}
+
+#[test]
+fn hyper_http1_256_concurrent_requests() {
+    hyper_256_concurrent(Protocol::Http1, false, 81);
+}
+
+#[test]
+fn hyper_h2c_256_concurrent_requests_auto_detected() {
+    hyper_256_concurrent(Protocol::Auto, true, 82);
+}
+
+#[test]
+fn tcp_fallback_when_no_xio_listener_on_this_node() {
+    let (_mgr, p) = setup("fallback");
+    rt().block_on(async {
+        // A plain TCP hyper server (the service "moved to another node").
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = tcp.accept().await.unwrap();
+                tokio::spawn(
+                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(
+                            hyper_util::rt::TokioIo::new(s),
+                            hyper::service::service_fn(echo),
+                        )
+                        .into_owned(),
+                );
+            }
+        });
+        let cli = Net::attach(&p).unwrap();
+        let uri: http::Uri = format!("http://{addr}/x").parse().unwrap();
+        // Without fallback: refused (nobody binds it in X-IO).
+        let strict: Client<XioConnector, Body> =
+            Client::builder(TokioExecutor::new()).build(XioConnector::with_net(cli.clone()));
+        assert!(strict.get(uri.clone()).await.is_err());
+        // With fallback: over TCP.
+        let c: Client<XioConnector, Body> = Client::builder(TokioExecutor::new())
+            .build(XioConnector::with_net(cli.clone()).with_tcp_fallback());
+        let req = http::Request::post(uri)
+            .body(Full::from("via tcp"))
+            .unwrap();
+        let r = c.request(req).await.unwrap();
+        assert_eq!(body_string(r).await, "via tcp");
+    });
+}
+
+/// The child of `server_dying_mid_request_gives_an_error`: a blocking X-IO
+/// server that reads a request and never answers.
+#[test]
+fn child_main() {
+    let Ok(role) = std::env::var("XIO_CHILD_ROLE") else {
+        return;
+    };
+    assert_eq!(role, "silent");
+    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+    let net = Net::attach(&std::env::var("XIO_CHILD_PREFIX").unwrap()).unwrap();
+    let l = net.listen("10.5.0.3:80").unwrap();
+    println!("ready");
+    use std::io::{Read, Write};
+    std::io::stdout().flush().unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    let mut b = [0u8; 4096];
+    let _ = s.read(&mut b);
+    println!("got");
+    std::io::stdout().flush().unwrap();
+    loop {
+        std::thread::park();
+    }
+}
+
+#[test]
+fn server_dying_mid_request_gives_an_error() {
+    let (_mgr, p) = setup("dying");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_main",
+            "--nocapture",
+            "--test-threads=1",
+            "--quiet",
+        ])
+        .env("XIO_CHILD_ROLE", "silent")
+        .env("XIO_CHILD_PREFIX", &p)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let mut out = out.map_while(Result::ok);
+    assert!(out.any(|l| l == "ready"));
+    rt().block_on(async {
+        let cli = Net::attach(&p).unwrap();
+        let c = client(&cli);
+        let req = c.get("http://10.5.0.3/slow".parse().unwrap());
+        let pending = tokio::spawn(req);
+        // Once the server has the request, it dies.
+        let waited = tokio::task::spawn_blocking(move || {
+            assert!(out.any(|l| l == "got"));
+            child.kill().unwrap();
+            child.wait().unwrap();
+        });
+        waited.await.unwrap();
+        let r = tokio::time::timeout(WATCHDOG, pending)
+            .await
+            .expect("an error, not a hang")
+            .unwrap();
+        assert!(r.is_err(), "the request must fail: {r:?}");
+    });
+}
