@@ -35,6 +35,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// HTTP echo under hyper: X-IO next to TCP and a Unix socket.
+    Http(tokio_bench::HttpArgs),
+    /// (internal) hyper echo server, spawned by the parent.
+    #[command(hide = true)]
+    ServeHttp {
+        #[arg(long, value_enum)]
+        transport: tokio_bench::AsyncTransport,
+        #[arg(long)]
+        endpoint: String,
+        #[arg(long, default_value_t = 1)]
+        conns: usize,
+        #[arg(long)]
+        cpu: Option<usize>,
+    },
     /// Async echo under tokio: X-IO next to tokio's TcpStream and UnixStream.
     Tokio(tokio_bench::TokioArgs),
     /// (internal) tokio echo server, spawned by the parent.
@@ -112,6 +126,17 @@ fn main() -> Result<()> {
         Cmd::Compare(a) => compare::run(&a),
         Cmd::Sockets(a) => sockets::run(&a),
         Cmd::Tokio(a) => tokio_bench::run(&a),
+        Cmd::Http(a) => tokio_bench::run_http(&a),
+        Cmd::ServeHttp {
+            transport,
+            endpoint,
+            conns,
+            cpu,
+        } => {
+            xio::die_with_parent()?;
+            pin(cpu)?;
+            tokio_bench::serve_http(transport, &endpoint, conns)
+        }
         Cmd::ServeTokio {
             transport,
             endpoint,

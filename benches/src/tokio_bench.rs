@@ -411,3 +411,404 @@ async fn echo<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> io::Result<()> {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// `xio-bench http`: hyper over X-IO next to hyper over TCP and a Unix socket.
+// ---------------------------------------------------------------------------
+
+/// Options of `xio-bench http`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct HttpArgs {
+    /// Short run: 0.5 s per cell in 2 rounds.
+    #[arg(long)]
+    pub quick: bool,
+    /// Connection counts (default 1,16,64,256).
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub conns: Vec<usize>,
+    /// Body sizes of the POSTs (default 64; e.g. 64,64K,1M).
+    #[arg(long, value_delimiter = ',', num_args = 1.., value_parser = crate::compare::parse_size)]
+    pub sizes: Vec<usize>,
+    /// HTTP versions (default both).
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 1..)]
+    pub versions: Vec<HttpVersion>,
+    /// Transports (default: all).
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 1..)]
+    pub transports: Vec<AsyncTransport>,
+    /// Measured time per cell in ms (default 2000; split over the rounds).
+    #[arg(long)]
+    pub duration_ms: Option<u64>,
+    /// Rounds per cell (default 4).
+    #[arg(long)]
+    pub rounds: Option<usize>,
+}
+
+/// An HTTP version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HttpVersion {
+    /// HTTP/1.1, keep-alive.
+    H1,
+    /// HTTP/2 with prior knowledge.
+    H2c,
+}
+
+/// Runs `xio-bench http`.
+pub fn run_http(a: &HttpArgs) -> Result<()> {
+    if online_cpus() < 2 {
+        bail!("needs 2 CPUs (client on 0, server on 1)");
+    }
+    let or = |v: &Vec<usize>, d: &[usize]| if v.is_empty() { d.to_vec() } else { v.clone() };
+    let conns = or(&a.conns, &DEFAULT_CONNS);
+    let sizes = or(&a.sizes, &[MSG]);
+    let versions = if a.versions.is_empty() {
+        vec![HttpVersion::H1, HttpVersion::H2c]
+    } else {
+        a.versions.clone()
+    };
+    let transports: Vec<AsyncTransport> = if a.transports.is_empty() {
+        AsyncTransport::value_variants().to_vec()
+    } else {
+        a.transports.clone()
+    };
+    let rounds = a.rounds.unwrap_or(if a.quick { 2 } else { 4 }).max(1);
+    let total = Duration::from_millis(a.duration_ms.unwrap_or(if a.quick { 500 } else { 2000 }));
+    let per_round = total / rounds as u32;
+    let warm = (per_round / 4).max(Duration::from_millis(50));
+
+    let run_dir = crate::compare::RunDir::create()?;
+    std::env::set_var("XIO_RUN_DIR", &run_dir.0);
+    let prefix = format!("xio-bench-http-{}", std::process::id());
+    let _mgr = xio_core::manager::Manager::builder(&prefix)
+        .spawn()
+        .context("starting the embedded manager")?;
+
+    println!(
+        "## HTTP echo under hyper: {}\n",
+        transports
+            .iter()
+            .map(|t| t.label().replace("tokio ", "hyper over "))
+            .collect::<Vec<_>>()
+            .join(" vs ")
+    );
+    println!(
+        "Command: `{}`. One tokio worker thread per process, client on CPU 0, server on CPU 1; \
+         each connection (hyper's client `conn` API, one connection per task) POSTs the body \
+         and the server echoes it, one request in flight per connection. {:.1} s measured per \
+         cell ({rounds} rounds). µs.\n",
+        std::env::args().collect::<Vec<_>>().join(" "),
+        total.as_secs_f64()
+    );
+    let mut failures = Vec::new();
+    for &v in &versions {
+        for &size in &sizes {
+            println!(
+                "### {} , {} body\n",
+                match v {
+                    HttpVersion::H1 => "HTTP/1.1",
+                    HttpVersion::H2c => "h2c",
+                },
+                crate::compare::fmt_size(size)
+            );
+            let mut head = String::from("| conns |");
+            let mut rule = String::from("|---:|");
+            for t in &transports {
+                let l = t.label().replace("tokio ", "");
+                head.push_str(&format!(" {l} req/s | {l} p50 |"));
+                rule.push_str("---:|---:|");
+            }
+            println!("{head}\n{rule}");
+            for &n in &conns {
+                let mut acc: Vec<Result<Outcome, String>> =
+                    transports.iter().map(|_| Ok(Outcome::default())).collect();
+                for round in 0..rounds {
+                    for (k, &t) in transports.iter().enumerate() {
+                        if acc[k].is_err() {
+                            continue;
+                        }
+                        progress(&format!(
+                            "http {v:?} {size} {} {n} conns (round {}/{rounds})",
+                            t.label(),
+                            round + 1
+                        ));
+                        match run_http_one(t, v, &prefix, n, size, warm, per_round) {
+                            Ok(o) => {
+                                if let Ok(a) = &mut acc[k] {
+                                    a.samples.extend(o.samples);
+                                    a.ops += o.ops;
+                                    a.wall += o.wall;
+                                }
+                            }
+                            Err(e) => {
+                                eprintln!("[xio-bench] http {} {n}: FAILED: {e:#}", t.label());
+                                failures
+                                    .push(format!("* {v:?} {size} {} {n} conns: {e:#}", t.label()));
+                                acc[k] = Err(format!("{e:#}"));
+                            }
+                        }
+                    }
+                }
+                let mut line = format!("| {n} |");
+                for a in acc {
+                    match a {
+                        Ok(mut o) => {
+                            let s = summarize(&mut o.samples);
+                            let rate = o.ops as f64 / o.wall.as_secs_f64().max(1e-9);
+                            line.push_str(&format!(" {rate:.0} | {} |", fmt_us(s.p50_ns)));
+                        }
+                        Err(_) => line.push_str(" failed | |"),
+                    }
+                }
+                println!("{line}");
+            }
+            println!();
+        }
+    }
+    for f in failures {
+        println!("{f}");
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_http_one(
+    t: AsyncTransport,
+    v: HttpVersion,
+    prefix: &str,
+    n: usize,
+    size: usize,
+    warm: Duration,
+    measure: Duration,
+) -> Result<Outcome> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("serve-http")
+        .args([
+            "--transport",
+            &t.to_possible_value()
+                .map(|v| v.get_name().to_owned())
+                .unwrap_or_default(),
+        ])
+        .args(["--conns", &n.to_string()])
+        .args(["--cpu", "1"])
+        .stdin(Stdio::null());
+    let mut _cleanup = None;
+    let endpoint = match t {
+        AsyncTransport::Uds => {
+            let p = temp_socket_path();
+            let e = p
+                .to_str()
+                .ok_or_else(|| anyhow!("socket path not UTF-8"))?
+                .to_owned();
+            _cleanup = Some(RemoveOnDrop(p));
+            e
+        }
+        AsyncTransport::Tcp => "127.0.0.1:0".to_owned(),
+        AsyncTransport::Xio => format!("{prefix}/{}", fresh_xio_addr()),
+    };
+    cmd.args(["--endpoint", &endpoint]);
+    cmd.stdout(if t == AsyncTransport::Tcp {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    let mut child = ServerChild::spawn(&mut cmd)?;
+    let endpoint = if t == AsyncTransport::Tcp {
+        let out = child.stdout().ok_or_else(|| anyhow!("no server stdout"))?;
+        format!("127.0.0.1:{}", read_port_line(out, &mut child)?)
+    } else {
+        endpoint
+    };
+    let res = (|| {
+        let _pin = pin_scoped(Some(0))?;
+        let rt = runtime()?;
+        rt.block_on(http_client(t, v, endpoint, n, size, warm, measure))
+    })();
+    child.finish(res)
+}
+
+type ReqBody = http_body_util::Full<bytes::Bytes>;
+
+enum Sender {
+    H1(hyper::client::conn::http1::SendRequest<ReqBody>),
+    H2(hyper::client::conn::http2::SendRequest<ReqBody>),
+}
+
+async fn http_conn(
+    t: AsyncTransport,
+    v: HttpVersion,
+    endpoint: &str,
+    net: Option<&xio_core::net::Net>,
+) -> io::Result<Sender> {
+    let s = connect(t, endpoint, net).await?;
+    let io = hyper_util::rt::TokioIo::new(s);
+    let err = |e: hyper::Error| io::Error::other(e.to_string());
+    Ok(match v {
+        HttpVersion::H1 => {
+            let (send, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(err)?;
+            tokio::spawn(conn);
+            Sender::H1(send)
+        }
+        HttpVersion::H2c => {
+            let (send, conn) =
+                hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                    .await
+                    .map_err(err)?;
+            tokio::spawn(conn);
+            Sender::H2(send)
+        }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn http_client(
+    t: AsyncTransport,
+    v: HttpVersion,
+    endpoint: String,
+    n: usize,
+    size: usize,
+    warm: Duration,
+    measure: Duration,
+) -> Result<Outcome> {
+    use http_body_util::BodyExt;
+    let net = match t {
+        AsyncTransport::Xio => {
+            let p = endpoint.split_once('/').map_or("", |x| x.0);
+            Some(xio_core::net::Net::attach(p).context("attaching the client")?)
+        }
+        _ => None,
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        match http_conn(t, v, &endpoint, net.as_ref()).await {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(2)).await
+            }
+            Err(e) => return Err(e).context("connecting"),
+        }
+    };
+    let mut senders = vec![first];
+    for _ in 1..n {
+        senders.push(
+            http_conn(t, v, &endpoint, net.as_ref())
+                .await
+                .context("connecting")?,
+        );
+    }
+    let body = bytes::Bytes::from((0..size).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+    let uri: http::Uri = "http://bench/echo".parse()?;
+    let start = Instant::now();
+    let from = start + warm;
+    let to = from + measure;
+    let tasks: Vec<_> = senders
+        .into_iter()
+        .map(|mut s| {
+            let body = body.clone();
+            let uri = uri.clone();
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                loop {
+                    let t0 = Instant::now();
+                    if t0 >= to {
+                        break;
+                    }
+                    let req = http::Request::post(uri.clone())
+                        .body(http_body_util::Full::new(body.clone()))
+                        .map_err(|e| anyhow!(e))?;
+                    let resp = match &mut s {
+                        Sender::H1(s) => {
+                            s.ready().await?;
+                            s.send_request(req).await?
+                        }
+                        Sender::H2(s) => {
+                            s.ready().await?;
+                            s.send_request(req).await?
+                        }
+                    };
+                    let got = resp.into_body().collect().await?.to_bytes();
+                    if got.len() != body.len() {
+                        bail!("echo of {} bytes came back as {}", body.len(), got.len());
+                    }
+                    if t0 >= from {
+                        lat.push(t0.elapsed().as_nanos() as u64);
+                    }
+                }
+                Ok::<_, anyhow::Error>(lat)
+            })
+        })
+        .collect();
+    let mut out = Outcome::default();
+    for t in tasks {
+        let lat = t.await??;
+        out.ops += lat.len() as u64;
+        out.samples.extend(lat);
+    }
+    out.wall = measure;
+    Ok(out)
+}
+
+/// The server (`serve-http`): hyper's auto (HTTP/1.1 + h2c) echo service.
+pub fn serve_http(t: AsyncTransport, endpoint: &str, conns: usize) -> Result<()> {
+    use http_body_util::BodyExt;
+    async fn echo(
+        req: http::Request<hyper::body::Incoming>,
+    ) -> Result<http::Response<http_body_util::Full<bytes::Bytes>>, hyper::Error> {
+        let b = req.into_body().collect().await?.to_bytes();
+        Ok(http::Response::new(http_body_util::Full::new(b)))
+    }
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let builder =
+            hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+        let done = Arc::new(AtomicUsize::new(0));
+        let all = Arc::new(tokio::sync::Notify::new());
+        macro_rules! accept_loop {
+            ($accept:expr) => {{
+                for _ in 0..conns {
+                    let s = $accept;
+                    let conn = builder
+                        .serve_connection(
+                            hyper_util::rt::TokioIo::new(s),
+                            hyper::service::service_fn(echo),
+                        )
+                        .into_owned();
+                    let (done, all) = (done.clone(), all.clone());
+                    tokio::spawn(async move {
+                        let _ = conn.await;
+                        if done.fetch_add(1, Ordering::SeqCst) + 1 == conns {
+                            all.notify_one();
+                        }
+                    });
+                }
+                all.notified().await;
+                Ok(())
+            }};
+        }
+        match t {
+            AsyncTransport::Uds => {
+                let _ = std::fs::remove_file(endpoint);
+                let l = tokio::net::UnixListener::bind(endpoint)?;
+                let _cleanup = RemoveOnDrop(PathBuf::from(endpoint));
+                accept_loop!(l.accept().await?.0)
+            }
+            AsyncTransport::Tcp => {
+                let l = tokio::net::TcpListener::bind(endpoint).await?;
+                println!("PORT {}", l.local_addr()?.port());
+                accept_loop!({
+                    let s = l.accept().await?.0;
+                    s.set_nodelay(true)?;
+                    s
+                })
+            }
+            AsyncTransport::Xio => {
+                let (p, a) = endpoint
+                    .split_once('/')
+                    .ok_or_else(|| anyhow!("bad endpoint"))?;
+                let net = xio_core::net::Net::attach(p)?;
+                let l = xio_tokio::XioListener::bind_with(&net, a)?;
+                accept_loop!(l.accept().await?.0)
+            }
+        }
+    })
+}
