@@ -564,6 +564,20 @@ impl<B: Chunk> Table<B> {
     /// every byte sent before the FIN). Bytes come in order, and a read
     /// may return part of one buffer or parts of several.
     pub fn read(&mut self, c: ConnId, out: &mut [u8]) -> Result<usize, ConnError> {
+        // SAFETY: initialised bytes are valid `MaybeUninit<u8>`s, and
+        // `read_uninit` only writes (never de-initialises) them.
+        let out = unsafe { &mut *(out as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
+        self.read_uninit(c, out)
+    }
+
+    /// [`Table::read`] into memory that may be uninitialised (a runtime's
+    /// read buffer): the first `n` bytes of `out` are written, nothing else
+    /// is touched.
+    pub fn read_uninit(
+        &mut self,
+        c: ConnId,
+        out: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Result<usize, ConnError> {
         let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
         if e.state == State::Reset {
             return Err(if e.refused {
@@ -581,7 +595,9 @@ impl<B: Chunk> Table<B> {
             let Some(front) = e.rx.front() else { break };
             let bytes = &front.as_ref()[e.offset..];
             let k = bytes.len().min(out.len() - n);
-            out[n..n + k].copy_from_slice(&bytes[..k]);
+            for (d, &b) in out[n..n + k].iter_mut().zip(&bytes[..k]) {
+                d.write(b);
+            }
             n += k;
             e.offset += k;
             if e.offset == front.as_ref().len() {

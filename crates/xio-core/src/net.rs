@@ -1132,6 +1132,17 @@ impl Net {
                     return Try::Retry;
                 }
                 let mut want = (total - written).min(max_buf);
+                // One buffer for the whole write when a class holds it
+                // without wasting most of it; otherwise fill buffers of the
+                // class below (65 KiB goes as 64 KiB + 2 KiB, not in a
+                // 1 MiB buffer: the large classes are few, and a buffer's
+                // whole capacity counts against the window).
+                let fit = self.class_for(want);
+                if fit >= 4 * want {
+                    if let Some(&below) = self.shared.classes.iter().rev().find(|&&s| s < want) {
+                        want = below;
+                    }
+                }
                 let credit = core.table.credit_left(c);
                 if credit < self.class_for(want) {
                     // Use what credit there is, in a smaller buffer.
@@ -1861,6 +1872,27 @@ impl XioStream {
         let c = self.inner.id;
         self.inner.net.poll_op(Key::Read(c), cx, |core, wake| {
             match core.table.read(c, out) {
+                Ok(n) => {
+                    core.run_actions(wake);
+                    Try::Done(Ok(n))
+                }
+                Err(ConnError::WouldBlock) => Try::Wait,
+                Err(e) => Try::Done(Err(e.into())),
+            }
+        })
+    }
+
+    /// [`XioStream::poll_read`] into memory that may be uninitialised (a
+    /// runtime's read buffer, which need not be zeroed first): the first
+    /// `n` bytes are written, nothing else.
+    pub fn poll_read_uninit(
+        &self,
+        cx: &mut Context<'_>,
+        out: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Poll<io::Result<usize>> {
+        let c = self.inner.id;
+        self.inner.net.poll_op(Key::Read(c), cx, |core, wake| {
+            match core.table.read_uninit(c, out) {
                 Ok(n) => {
                     core.run_actions(wake);
                     Try::Done(Ok(n))

@@ -351,10 +351,15 @@ fn poll_read_core(
     cx: &mut Context<'_>,
     buf: &mut ReadBuf<'_>,
 ) -> Poll<io::Result<()>> {
+    // SAFETY: `poll_read_uninit` only writes into the slice (never reads
+    // it or de-initialises anything), and reports how many bytes it wrote.
+    let unfilled = unsafe { buf.unfilled_mut() };
     let n = ready!(pending_needs_driver(
         s.net(),
-        s.poll_read(cx, buf.initialize_unfilled())
+        s.poll_read_uninit(cx, unfilled)
     ))?;
+    // SAFETY: the first `n` bytes of the unfilled part were just written.
+    unsafe { buf.assume_init(n) };
     buf.advance(n);
     Poll::Ready(Ok(()))
 }
