@@ -258,6 +258,27 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    serve_on(Some(listener), None, service, protocol, shutdown).await
+}
+
+/// [`serve`] on an X-IO listener and a TCP listener at once: the same
+/// service for peers on this node (X-IO) and on others (TCP), as when a
+/// deployment moves some of them away. Either listener may be absent.
+pub async fn serve_on<S, B>(
+    xio: Option<XioListener>,
+    tcp: Option<tokio::net::TcpListener>,
+    service: S,
+    protocol: Protocol,
+    shutdown: Shutdown,
+) -> io::Result<()>
+where
+    S: HyperService<http::Request<Incoming>, Response = http::Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder = match protocol {
@@ -266,13 +287,19 @@ where
         Protocol::Http2 => builder.http2_only(),
     };
     loop {
-        let (stream, _peer) = tokio::select! {
-            r = listener.accept() => r?,
+        let conn = tokio::select! {
+            r = async { xio.as_ref().expect("guarded").accept().await }, if xio.is_some() => {
+                let (s, _) = r?;
+                XioConn::Xio(TokioIo::new(s))
+            }
+            r = async { tcp.as_ref().expect("guarded").accept().await }, if tcp.is_some() => {
+                let (s, _) = r?;
+                s.set_nodelay(true)?;
+                XioConn::Tcp(TokioIo::new(s))
+            }
             () = shutdown.wait() => break,
         };
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), service.clone())
-            .into_owned();
+        let conn = builder.serve_connection(conn, service.clone()).into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -280,7 +307,7 @@ where
             }
         });
     }
-    drop(listener);
+    drop((xio, tcp));
     graceful.shutdown().await;
     Ok(())
 }

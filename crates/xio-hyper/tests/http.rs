@@ -335,3 +335,45 @@ fn server_dying_mid_request_gives_an_error() {
         assert!(r.is_err(), "the request must fail: {r:?}");
     });
 }
+
+/// One service on X-IO and TCP at once: peers on this node come over
+/// shared memory, the others over TCP, and a fallback client reaches it
+/// either way.
+#[test]
+fn one_server_on_xio_and_tcp() {
+    let (_mgr, p) = setup("both");
+    rt().block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let x = XioListener::bind_with(&srv, "10.5.0.4:80").unwrap();
+        let t = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let taddr = t.local_addr().unwrap();
+        let stop = Shutdown::new();
+        let server = tokio::spawn(xio_hyper::serve_on(
+            Some(x),
+            Some(t),
+            hyper::service::service_fn(echo),
+            Protocol::Auto,
+            stop.clone(),
+        ));
+        let c: Client<XioConnector, Body> = Client::builder(TokioExecutor::new())
+            .build(XioConnector::with_net(cli.clone()).with_tcp_fallback());
+        for uri in [
+            "http://10.5.0.4:80/a".to_owned(),
+            format!("http://{taddr}/b"),
+        ] {
+            let req = http::Request::post(uri.as_str())
+                .body(Full::from(uri.clone()))
+                .unwrap();
+            let r = c.request(req).await.unwrap();
+            assert_eq!(body_string(r).await, uri);
+        }
+        drop(c);
+        stop.shutdown();
+        tokio::time::timeout(WATCHDOG, server)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    });
+}
