@@ -311,3 +311,84 @@ where
     graceful.shutdown().await;
     Ok(())
 }
+
+/// tonic's server side: `Server::builder().add_service(svc)
+/// .serve_with_incoming(xio_hyper::incoming(listener))` (feature `tonic`).
+#[cfg(feature = "tonic")]
+pub fn incoming(listener: XioListener) -> XioIncoming {
+    XioIncoming { listener }
+}
+
+/// The stream of accepted connections [`incoming`] returns.
+#[cfg(feature = "tonic")]
+#[derive(Debug)]
+pub struct XioIncoming {
+    listener: XioListener,
+}
+
+#[cfg(feature = "tonic")]
+impl futures_core::Stream for XioIncoming {
+    type Item = io::Result<GrpcStream>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        match self.listener.poll_accept(cx) {
+            Poll::Ready(Ok((s, peer))) => Poll::Ready(Some(Ok(GrpcStream { inner: s, peer }))),
+            Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// An accepted X-IO stream as tonic's server needs it (`Connected`).
+#[cfg(feature = "tonic")]
+#[derive(Debug)]
+pub struct GrpcStream {
+    inner: XioStream,
+    peer: SocketAddr,
+}
+
+#[cfg(feature = "tonic")]
+impl tonic::transport::server::Connected for GrpcStream {
+    type ConnectInfo = SocketAddr;
+    fn connect_info(&self) -> SocketAddr {
+        self.peer
+    }
+}
+
+#[cfg(feature = "tonic")]
+impl tokio::io::AsyncRead for GrpcStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+#[cfg(feature = "tonic")]
+impl tokio::io::AsyncWrite for GrpcStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
