@@ -26,7 +26,12 @@
 //! **Fallback to TCP.** [`XioConnector::with_tcp_fallback`] dials over TCP
 //! when no X-IO service is bound to the address on this node (the manager
 //! refuses it, or no manager runs), so a service keeps working when its
-//! peers move to another node; [`serve`]'s caller can listen on both.
+//! peers move to another node; [`serve_on`] listens on X-IO and TCP at
+//! once.
+//!
+//! **tonic** (feature `tonic`, on by default): the client uses
+//! `Endpoint::connect_with_connector(XioConnector)` as is; the server
+//! `Server::builder().add_service(svc).serve_with_incoming(xio_hyper::incoming(listener))`.
 
 use std::future::Future;
 use std::io;
