@@ -1711,6 +1711,25 @@ impl Write for XioStream {
     }
 }
 
+/// A driver's look at the rings that takes no lock (see
+/// [`Net::watch_begin`]).
+pub struct Watcher {
+    probe: Probe,
+}
+
+impl std::fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watcher").finish_non_exhaustive()
+    }
+}
+
+impl Watcher {
+    /// Whether something waits to be drained (shared loads only).
+    pub fn has_input(&mut self) -> bool {
+        self.probe.ready_now()
+    }
+}
+
 /// What [`Net::drive`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Drive {
@@ -1792,16 +1811,25 @@ impl Net {
     }
 
     /// Starts watching the rings instead of the doorbell: peers stop
-    /// ringing it (a system call each) while we look.
-    pub fn watch_begin(&self) {
-        self.lock().stack.disarm_doorbell();
+    /// ringing it (a system call each) while we look, and the returned
+    /// [`Watcher`] looks without taking the net's lock.
+    pub fn watch_begin(&self) -> Watcher {
+        let mut g = self.lock();
+        g.stack.disarm_doorbell();
+        let reuse = g.probe.take();
+        Watcher {
+            probe: g.stack.probe(reuse),
+        }
     }
 
     /// Ends a watch: `hit` if something arrived within it, after `spun`.
     /// Teaches the adaptive policy; the caller then drives (a hit) or arms
     /// the doorbell again through [`Net::drive`].
-    pub fn watch_end(&self, hit: bool, spun: Duration) {
+    pub fn watch_end(&self, w: Watcher, hit: bool, spun: Duration) {
         let mut g = self.lock();
+        let mut probe = w.probe;
+        g.stack.end_probe(&mut probe);
+        g.probe = Some(probe);
         let spin = g.stack.spin_mut();
         spin.on_spin_start();
         if hit {

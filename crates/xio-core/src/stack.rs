@@ -1519,6 +1519,11 @@ impl WaitView for Probe {
 }
 
 impl Probe {
+    /// Whether anything may be ready now (shared loads only, no waiting).
+    pub(crate) fn ready_now(&mut self) -> bool {
+        self.ready()
+    }
+
     /// Waits per the mode until something may be ready or `deadline`
     /// ([`Error::TimedOut`]). True if the wait ended on the liveness tick.
     pub(crate) fn wait(&mut self, deadline: Option<Instant>) -> Result<bool, Error> {

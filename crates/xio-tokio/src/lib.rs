@@ -151,11 +151,11 @@ async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
         // is zero unless a peer is awake on another core: idle, we sleep.
         let budget = n.spin_budget();
         if !budget.is_zero() {
-            n.watch_begin();
+            let mut w = n.watch_begin();
             let start = std::time::Instant::now();
             let mut looks = 0u32;
             let hit = loop {
-                if n.has_input() {
+                if w.has_input() {
                     break true;
                 }
                 looks = looks.wrapping_add(1);
@@ -164,7 +164,7 @@ async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
                 }
                 tokio::task::yield_now().await;
             };
-            n.watch_end(hit, start.elapsed());
+            n.watch_end(w, hit, start.elapsed());
             // Drive again: drains what came, or re-arms the doorbell.
             continue;
         }
