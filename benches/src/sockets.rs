@@ -145,6 +145,10 @@ pub enum Section {
     B,
     /// Concurrent persistent connections, 64 B request-response.
     C,
+    /// As c, with a thread per connection on each side (blocking reads and
+    /// writes: the paper's goroutine-per-connection model, where batched
+    /// wake-up matters).
+    D,
 }
 
 /// Where client and server run.
@@ -337,7 +341,8 @@ pub fn run(a: &SocketsArgs) -> Result<()> {
             match section {
                 Section::A => section_a(&plan, place, &sizes),
                 Section::B => section_b(&plan, place),
-                Section::C => section_c(&plan, place, &conns),
+                Section::C => section_c(&plan, place, &conns, Section::C),
+                Section::D => section_c(&plan, place, &conns, Section::D),
             }
         }
     }
@@ -555,7 +560,7 @@ fn section_b(plan: &Plan, place: Placement) {
     print_failures(plan, "short connections", &cells);
 }
 
-fn section_c(plan: &Plan, place: Placement, conns: &[usize]) {
+fn section_c(plan: &Plan, place: Placement, conns: &[usize], section: Section) {
     let plan = &copy_transports(plan);
     let (cc, sc) = place.cpus();
     let per_round = plan.duration / plan.rounds as u32;
@@ -563,9 +568,9 @@ fn section_c(plan: &Plan, place: Placement, conns: &[usize]) {
     let rows: Vec<(usize, Vec<Result<Cell, String>>)> = conns
         .iter()
         .map(|&n| {
-            let what = format!("c {n} conns {}", value_name(&place));
+            let what = format!("{} {n} conns {}", value_name(&section), value_name(&place));
             let cells = measure(plan, &what, |_| Job {
-                section: Section::C,
+                section,
                 size: MSG,
                 conns: n,
                 warmup: 0,
@@ -578,13 +583,20 @@ fn section_c(plan: &Plan, place: Placement, conns: &[usize]) {
             (n, cells)
         })
         .collect();
+    let (name, model) = if section == Section::D {
+        (
+            "(d) Concurrent connections, a thread per connection",
+            "client and server run a thread per connection with blocking reads and writes",
+        )
+    } else {
+        (
+            "(c) Concurrent connections",
+            "client and server are one thread each with an epoll loop over all connections",
+        )
+    };
+    println!("### {name}, {MSG} B request-response, {}\n", place.title());
     println!(
-        "### (c) Concurrent connections, {MSG} B request-response, {}\n",
-        place.title()
-    );
-    println!(
-        "One request in flight per connection; client and server are one thread each \
-         with an epoll loop over all connections. {:.1} s measured per cell \
+        "One request in flight per connection; {model}. {:.1} s measured per cell \
          ({} rounds of {:.2} s, each after {:.2} s unmeasured). Requests/s and \
          latencies over the replies received in the measured window.\n",
         plan.duration.as_secs_f64(),
@@ -1019,14 +1031,14 @@ pub fn serve(
             let _cleanup = RemoveOnDrop(path.to_path_buf());
             match section {
                 Section::C => epoll_server(&l, conns),
-                _ => serve_blocking(&l, section, size),
+                _ => serve_blocking(&l, section, size, conns),
             }
         }
         Transport::Tcp => {
             let l = listen_tcp(endpoint)?;
             match section {
                 Section::C => epoll_server(&l, conns),
-                _ => serve_blocking(&l, section, size),
+                _ => serve_blocking(&l, section, size, conns),
             }
         }
         Transport::Xio | Transport::XioNoBatch | Transport::XioZc => {
@@ -1039,7 +1051,7 @@ pub fn serve(
             match section {
                 Section::C => xio_loop_server(&net, &l, conns),
                 Section::A if t == Transport::XioZc => zc_echo_server(&l),
-                _ => serve_blocking(&l, section, size),
+                _ => serve_blocking(&l, section, size, conns),
             }
         }
     }
@@ -1097,7 +1109,10 @@ fn listen_tcp(endpoint: &str) -> Result<TcpListener> {
 }
 
 /// Server of sections a and b, for any transport with blocking streams.
-fn serve_blocking<L: Listen>(l: &L, section: Section, size: usize) -> Result<()> {
+fn serve_blocking<L: Listen>(l: &L, section: Section, size: usize, conns: usize) -> Result<()>
+where
+    L::Stream: Send + 'static,
+{
     match section {
         Section::A => {
             let mut s = l.accept_stream().context("accept")?;
@@ -1106,7 +1121,83 @@ fn serve_blocking<L: Listen>(l: &L, section: Section, size: usize) -> Result<()>
         }
         Section::B => short_server(l, size),
         Section::C => bail!("section c needs an event loop"),
+        Section::D => threads_server(l, conns),
     }
+}
+
+/// Section d's server: a thread per accepted connection, echoing until the
+/// client closes.
+fn threads_server<L: Listen>(l: &L, n: usize) -> Result<()>
+where
+    L::Stream: Send + 'static,
+{
+    let mut hs = Vec::with_capacity(n);
+    for _ in 0..n {
+        let s = l.accept_stream().context("accept")?;
+        hs.push(std::thread::spawn(move || echo_loop(s, MSG)));
+    }
+    for h in hs {
+        h.join().map_err(|_| anyhow!("server thread panicked"))??;
+    }
+    Ok(())
+}
+
+/// Section d's client: `job.conns` connections, each driven by its own
+/// thread doing blocking [`MSG`]-byte request-response until the measured
+/// window ends.
+fn threads_client<S: Read + Write + Send>(
+    mut connect: impl FnMut() -> io::Result<S>,
+    child: Option<&mut ServerChild>,
+    job: &Job,
+) -> Result<Outcome> {
+    let first = retry_connect(&mut connect, child, READY_TIMEOUT)?;
+    let mut conns = vec![first];
+    for _ in 1..job.conns {
+        conns.push(connect().context("connecting")?);
+    }
+    let start = Instant::now();
+    let from = start + job.warm;
+    let to = from + job.measure;
+    let per_thread: Vec<Result<Vec<u64>>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = conns
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut s)| {
+                sc.spawn(move || {
+                    let mut tx = [0u8; MSG];
+                    tx[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                    let mut rx = [0u8; MSG];
+                    let mut lat = Vec::new();
+                    loop {
+                        let t0 = Instant::now();
+                        if t0 >= to {
+                            break;
+                        }
+                        round_trip(&mut s, &tx, &mut rx)?;
+                        ensure!(rx == tx, "wrong reply on connection {i}");
+                        if t0 >= from {
+                            lat.push(elapsed_ns(t0));
+                        }
+                    }
+                    Ok(lat)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow!("client thread panicked")))
+            })
+            .collect()
+    });
+    let mut out = Outcome::default();
+    for r in per_thread {
+        let lat = r?;
+        out.ops += lat.len() as u64;
+        out.samples.extend(lat);
+    }
+    out.wall = job.measure;
+    Ok(out)
 }
 
 /// Section b: accepts connections one at a time, echoes one `size`-byte
@@ -1137,7 +1228,7 @@ fn short_server<L: Listen>(l: &L, size: usize) -> Result<()> {
 // ---------------------------------------------------------------------------
 
 /// Client of sections a and b for any transport with blocking streams.
-fn blocking_client<S: Read + Write>(
+fn blocking_client<S: Read + Write + Send>(
     mut connect: impl FnMut() -> io::Result<S>,
     child: Option<&mut ServerChild>,
     job: &Job,
@@ -1149,6 +1240,7 @@ fn blocking_client<S: Read + Write>(
         }
         Section::B => short_client(connect, child, job.warmup, job.iters),
         Section::C => bail!("section c needs an event loop"),
+        Section::D => threads_client(connect, child, job),
     }
 }
 
@@ -1622,7 +1714,7 @@ mod tests {
         let (section, size, conns) = (j.section, j.size, j.conns);
         let server = std::thread::spawn(move || match section {
             Section::C => epoll_server(&l, conns),
-            _ => serve_blocking(&l, section, size),
+            _ => serve_blocking(&l, section, size, conns),
         });
         let connect = || UnixStream::connect(&path);
         let o = match j.section {

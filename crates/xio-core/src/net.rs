@@ -481,17 +481,15 @@ impl Core {
         let mut kick = false;
         loop {
             let Some(a) = self.table.poll_action() else {
-                let refused = std::mem::take(&mut self.refused_peers);
-                if refused.is_empty() {
-                    break;
-                }
-                // Peers whose channel vanished under a send: reset their
-                // connections, through this same loop like any other reset.
-                for p in refused {
-                    self.table.on_peer_gone(p);
+                // Peers whose channel vanished under a send: what they sent
+                // before (a FIN, say) is still to be read, and the stack
+                // queued their reset behind it, which the next drain
+                // delivers in order. Resetting their connections here
+                // instead would turn a clean close into a reset.
+                for p in std::mem::take(&mut self.refused_peers) {
                     self.pending.remove(&p.0);
                 }
-                continue;
+                break;
             };
             let key = match a {
                 Action::SendSyn {
@@ -648,6 +646,22 @@ impl Core {
     fn add_retry(&mut self, w: &Waker) {
         if !self.retry_waiters.iter().any(|y| y.will_wake(w)) {
             self.retry_waiters.push(w.clone());
+        }
+    }
+}
+
+impl Drop for Core {
+    /// Sends what still waits for ring space (a FIN behind a full ring, say)
+    /// before the stack detaches, waiting a little for peers to make room:
+    /// otherwise a peer would see a reset where it should read end of
+    /// stream. Bounded: a peer that never drains is reset by its manager.
+    fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while !self.flush_pending() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        if self.has_pending() {
+            tracing::warn!("closing with sends a peer never made room for");
         }
     }
 }
