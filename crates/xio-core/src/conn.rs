@@ -33,6 +33,14 @@ impl ConnId {
     }
 }
 
+/// Initialised bytes as the `MaybeUninit` slice a read writes into.
+/// Only for writers that never de-initialise (ours copy bytes in).
+pub(crate) fn as_uninit(out: &mut [u8]) -> &mut [std::mem::MaybeUninit<u8>] {
+    // SAFETY: initialised bytes are valid `MaybeUninit<u8>`s, same layout;
+    // the callers only write initialised bytes through the result.
+    unsafe { &mut *(out as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) }
+}
+
 /// A received chunk of a stream: its bytes, and the buffer capacity it
 /// occupies (what flow control counts, since that is what the pool loses).
 pub trait Chunk: AsRef<[u8]> {
@@ -169,6 +177,17 @@ struct Entry<B> {
     early_key: Option<(u16, u32)>,
     /// Capacity consumed here and not yet credited back to the sender.
     unacked: usize,
+}
+
+impl<B> Entry<B> {
+    /// The error of a reset connection: refused if it never got through.
+    fn reset_error(&self) -> ConnError {
+        if self.refused {
+            ConnError::Refused
+        } else {
+            ConnError::Reset
+        }
+    }
 }
 
 /// A stack's connections and listeners.
@@ -564,10 +583,7 @@ impl<B: Chunk> Table<B> {
     /// every byte sent before the FIN). Bytes come in order, and a read
     /// may return part of one buffer or parts of several.
     pub fn read(&mut self, c: ConnId, out: &mut [u8]) -> Result<usize, ConnError> {
-        // SAFETY: initialised bytes are valid `MaybeUninit<u8>`s, and
-        // `read_uninit` only writes (never de-initialises) them.
-        let out = unsafe { &mut *(out as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
-        self.read_uninit(c, out)
+        self.read_uninit(c, as_uninit(out))
     }
 
     /// [`Table::read`] into memory that may be uninitialised (a runtime's
@@ -580,11 +596,7 @@ impl<B: Chunk> Table<B> {
     ) -> Result<usize, ConnError> {
         let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
         if e.state == State::Reset {
-            return Err(if e.refused {
-                ConnError::Refused
-            } else {
-                ConnError::Reset
-            });
+            return Err(e.reset_error());
         }
         if e.read_shut {
             return Ok(0);
@@ -625,11 +637,7 @@ impl<B: Chunk> Table<B> {
     pub fn take_chunk(&mut self, c: ConnId) -> Result<Option<(B, usize)>, ConnError> {
         let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
         if e.state == State::Reset {
-            return Err(if e.refused {
-                ConnError::Refused
-            } else {
-                ConnError::Reset
-            });
+            return Err(e.reset_error());
         }
         if e.read_shut {
             return Ok(None);
@@ -681,8 +689,7 @@ impl<B: Chunk> Table<B> {
     pub fn send_target(&self, c: ConnId) -> Result<(PeerId, u32, u8), ConnError> {
         let e = self.get(c).ok_or(ConnError::NotConnected)?;
         match e.state {
-            State::Reset if e.refused => Err(ConnError::Refused),
-            State::Reset => Err(ConnError::Reset),
+            State::Reset => Err(e.reset_error()),
             _ if e.fin_sent => Err(ConnError::BrokenPipe),
             State::SynSent => Ok((e.peer, c.0, kind::EARLY)),
             State::Established if e.peer_gone => Err(ConnError::Reset),

@@ -398,6 +398,49 @@ impl Core {
         self.pending.get(&peer.0).is_some_and(|q| !q.is_empty())
     }
 
+    /// One attempt at a read of `c` into `out`, for `block` and `poll_op`.
+    fn read_step(
+        &mut self,
+        wake: &mut Vec<Waiter>,
+        c: ConnId,
+        out: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Try<usize> {
+        let r = self.table.read_uninit(c, out);
+        self.settle_read(wake, r)
+    }
+
+    /// One attempt at taking `c`'s next received buffer (`None`: end).
+    fn chunk_step(&mut self, wake: &mut Vec<Waiter>, c: ConnId) -> Try<Option<Buf>> {
+        let r = self.table.take_chunk(c).map(|o| {
+            o.map(|(mut b, off)| {
+                b.advance(off);
+                b
+            })
+        });
+        self.settle_read(wake, r)
+    }
+
+    /// What a read attempt amounts to: done (sending the credit it freed),
+    /// or wait for more.
+    fn settle_read<T>(&mut self, wake: &mut Vec<Waiter>, r: Result<T, ConnError>) -> Try<T> {
+        match r {
+            Ok(v) => {
+                self.run_actions(wake);
+                Try::Done(Ok(v))
+            }
+            Err(ConnError::WouldBlock) => Try::Wait,
+            Err(e) => Try::Done(Err(e.into())),
+        }
+    }
+
+    /// Whether `c`'s SYN was answered (or refused).
+    fn connect_step(&self, c: ConnId) -> Try<()> {
+        match self.table.connect_result(c) {
+            Err(ConnError::WouldBlock) => Try::Wait,
+            r => Try::Done(r.map_err(io::Error::from)),
+        }
+    }
+
     /// Moves what the rings hold into the table and runs what follows.
     fn drain(&mut self, wake: &mut Vec<Waiter>) -> io::Result<usize> {
         self.flush_pending();
@@ -733,6 +776,18 @@ impl Net {
         Ok(GLOBAL.get_or_init(|| n).clone())
     }
 
+    /// Runs `f` on the core, then what it asked the table for (sends, and
+    /// waking the waiters it made ready, after the lock is released).
+    fn update<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
+        let mut wake = Vec::new();
+        let mut g = self.lock();
+        let r = f(&mut g);
+        g.run_actions(&mut wake);
+        drop(g);
+        wake_all(&mut wake);
+        r
+    }
+
     /// An identity for this net (equal for clones), for adapters' tables.
     pub fn id(&self) -> usize {
         Arc::as_ptr(&self.shared) as usize
@@ -1011,10 +1066,7 @@ impl Net {
             let until = Instant::now() + check;
             let until = deadline.map_or(until, |d| d.min(until));
             let r = self.block(Key::Connect(c), false, Some(until), |core, _| {
-                match core.table.connect_result(c) {
-                    Err(ConnError::WouldBlock) => Try::Wait,
-                    r => Try::Done(r.map_err(io::Error::from)),
-                }
+                core.connect_step(c)
             });
             match r {
                 Err(e)
@@ -1241,12 +1293,7 @@ impl Net {
         });
         if let Some(p) = peer_used {
             // Ended early (an error, or non-blocking): the peer may sleep.
-            let mut g = self.lock();
-            g.stack.wake_peer(p);
-            let mut wake = Vec::new();
-            g.run_actions(&mut wake);
-            drop(g);
-            wake_all(&mut wake);
+            self.update(|g| g.stack.wake_peer(p));
         }
         match r {
             Err(e) if written > 0 && e.kind() != io::ErrorKind::WouldBlock => {
@@ -1345,15 +1392,12 @@ impl XioListener {
 
 impl Drop for XioListener {
     fn drop(&mut self) {
-        let mut g = self.net.lock();
-        g.table.unlisten(self.addr);
-        if let Err(e) = g.stack.unbind(self.addr) {
-            tracing::debug!(addr = %self.addr, error = %e, "unbind failed");
-        }
-        let mut wake = Vec::new();
-        g.run_actions(&mut wake);
-        drop(g);
-        wake_all(&mut wake);
+        self.net.update(|g| {
+            g.table.unlisten(self.addr);
+            if let Err(e) = g.stack.unbind(self.addr) {
+                tracing::debug!(addr = %self.addr, error = %e, "unbind failed");
+            }
+        });
     }
 }
 
@@ -1368,12 +1412,8 @@ struct StreamInner {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
-        let mut g = self.net.lock();
-        g.table.close(self.id);
-        let mut wake = Vec::new();
-        g.run_actions(&mut wake);
-        drop(g);
-        wake_all(&mut wake);
+        let c = self.id;
+        self.net.update(|g| g.table.close(c));
     }
 }
 
@@ -1529,18 +1569,16 @@ impl XioStream {
     /// stream after the data already written. Reading: reads return end of
     /// stream; what arrives is discarded.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        let mut g = self.inner.net.lock();
         let c = self.inner.id;
-        if matches!(how, Shutdown::Write | Shutdown::Both) {
-            g.table.shutdown_write(c).map_err(io::Error::from)?;
-        }
-        if matches!(how, Shutdown::Read | Shutdown::Both) {
-            g.table.shutdown_read(c).map_err(io::Error::from)?;
-        }
-        let mut wake = Vec::new();
-        g.run_actions(&mut wake);
-        drop(g);
-        wake_all(&mut wake);
+        self.inner.net.update(|g| {
+            if matches!(how, Shutdown::Write | Shutdown::Both) {
+                g.table.shutdown_write(c)?;
+            }
+            if matches!(how, Shutdown::Read | Shutdown::Both) {
+                g.table.shutdown_read(c)?;
+            }
+            Ok::<_, ConnError>(())
+        })?;
         Ok(())
     }
 
@@ -1554,22 +1592,14 @@ impl XioStream {
         if !self.nb() {
             self.inner.net.ensure_connected(c, deadline)?;
         }
-        let r = self
-            .inner
+        // A timeout is TimedOut (std says WouldBlock on Unix; TimedOut says
+        // what happened, as tokio does).
+        let out = crate::conn::as_uninit(out);
+        self.inner
             .net
             .block(Key::Read(c), self.nb(), deadline, |core, wake| {
-                match core.table.read(c, out) {
-                    Ok(n) => {
-                        core.run_actions(wake);
-                        Try::Done(Ok(n))
-                    }
-                    Err(ConnError::WouldBlock) => Try::Wait,
-                    Err(e) => Try::Done(Err(e.into())),
-                }
-            });
-        // std reports a timeout as WouldBlock on Unix; keep TimedOut, which
-        // says what happened, as tokio does.
-        r
+                core.read_step(wake, c, out)
+            })
     }
 
     /// Receives the next chunk as the pool buffer itself, without copying
@@ -1584,16 +1614,7 @@ impl XioStream {
         self.inner
             .net
             .block(Key::Read(c), self.nb(), deadline, |core, wake| {
-                match core.table.take_chunk(c) {
-                    Ok(Some((mut b, off))) => {
-                        core.run_actions(wake);
-                        b.advance(off);
-                        Try::Done(Ok(Some(b)))
-                    }
-                    Ok(None) => Try::Done(Ok(None)),
-                    Err(ConnError::WouldBlock) => Try::Wait,
-                    Err(e) => Try::Done(Err(e.into())),
-                }
+                core.chunk_step(wake, c)
             })
     }
 
@@ -1670,13 +1691,7 @@ impl XioStream {
                     }
                 }
             });
-        {
-            let mut g = self.inner.net.lock();
-            let mut wake = Vec::new();
-            g.run_actions(&mut wake);
-            drop(g);
-            wake_all(&mut wake);
-        }
+        self.inner.net.update(|_| ());
         let _ = peer_used;
         r.map_err(|e| (e, slot))
     }
@@ -1911,17 +1926,7 @@ impl XioStream {
     /// Reads if bytes (or end of stream, or an error) are there, else
     /// registers the task (adapter interface, see [`Net::drive`]).
     pub fn poll_read(&self, cx: &mut Context<'_>, out: &mut [u8]) -> Poll<io::Result<usize>> {
-        let c = self.inner.id;
-        self.inner.net.poll_op(Key::Read(c), cx, |core, wake| {
-            match core.table.read(c, out) {
-                Ok(n) => {
-                    core.run_actions(wake);
-                    Try::Done(Ok(n))
-                }
-                Err(ConnError::WouldBlock) => Try::Wait,
-                Err(e) => Try::Done(Err(e.into())),
-            }
-        })
+        self.poll_read_uninit(cx, crate::conn::as_uninit(out))
     }
 
     /// [`XioStream::poll_read`] into memory that may be uninitialised (a
@@ -1933,34 +1938,18 @@ impl XioStream {
         out: &mut [std::mem::MaybeUninit<u8>],
     ) -> Poll<io::Result<usize>> {
         let c = self.inner.id;
-        self.inner.net.poll_op(Key::Read(c), cx, |core, wake| {
-            match core.table.read_uninit(c, out) {
-                Ok(n) => {
-                    core.run_actions(wake);
-                    Try::Done(Ok(n))
-                }
-                Err(ConnError::WouldBlock) => Try::Wait,
-                Err(e) => Try::Done(Err(e.into())),
-            }
-        })
+        self.inner
+            .net
+            .poll_op(Key::Read(c), cx, |core, wake| core.read_step(wake, c, out))
     }
 
     /// Takes the next received pool buffer if there is one (`None`: end of
     /// stream), else registers the task.
     pub fn poll_recv_buf(&self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Buf>>> {
         let c = self.inner.id;
-        self.inner.net.poll_op(Key::Read(c), cx, |core, wake| {
-            match core.table.take_chunk(c) {
-                Ok(Some((mut b, off))) => {
-                    core.run_actions(wake);
-                    b.advance(off);
-                    Try::Done(Ok(Some(b)))
-                }
-                Ok(None) => Try::Done(Ok(None)),
-                Err(ConnError::WouldBlock) => Try::Wait,
-                Err(e) => Try::Done(Err(e.into())),
-            }
-        })
+        self.inner
+            .net
+            .poll_op(Key::Read(c), cx, |core, wake| core.chunk_step(wake, c))
     }
 
     /// Writes what fits now (credit, ring space, buffers), else registers
@@ -2042,12 +2031,9 @@ impl XioStream {
     /// `ConnectionRefused` if the listener refused.
     pub fn poll_connected(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let c = self.inner.id;
-        self.inner.net.poll_op(Key::Connect(c), cx, |core, _| {
-            match core.table.connect_result(c) {
-                Err(ConnError::WouldBlock) => Try::Wait,
-                r => Try::Done(r.map_err(io::Error::from)),
-            }
-        })
+        self.inner
+            .net
+            .poll_op(Key::Connect(c), cx, |core, _| core.connect_step(c))
     }
 }
 
