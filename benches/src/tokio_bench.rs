@@ -137,49 +137,14 @@ pub fn run(a: &TokioArgs) -> Result<()> {
     let mut lines = Vec::new();
     let mut failures = Vec::new();
     for &n in &conns {
-        let mut acc: Vec<Result<Outcome, String>> =
-            transports.iter().map(|_| Ok(Outcome::default())).collect();
-        for round in 0..rounds {
-            for (k, &t) in transports.iter().enumerate() {
-                if acc[k].is_err() {
-                    continue;
-                }
-                progress(&format!(
-                    "{} {n} conns (round {}/{rounds})",
-                    t.label(),
-                    round + 1
-                ));
-                match run_one(t, &prefix, n, warm, per_round) {
-                    Ok(o) => {
-                        if let Ok(a) = &mut acc[k] {
-                            a.samples.extend(o.samples);
-                            a.ops += o.ops;
-                            a.wall += o.wall;
-                        }
-                    }
-                    Err(e) => {
-                        eprintln!("[xio-bench] {} {n} conns: FAILED: {e:#}", t.label());
-                        failures.push(format!("* {} {n} conns: {e:#}", t.label()));
-                        acc[k] = Err(format!("{e:#}"));
-                    }
-                }
-            }
-        }
-        let mut line = format!("| {n} |");
-        for a in acc {
-            match a {
-                Ok(mut o) => {
-                    let s = summarize(&mut o.samples);
-                    let rate = o.ops as f64 / o.wall.as_secs_f64().max(1e-9);
-                    line.push_str(&format!(
-                        " {rate:.0} | {} | {} |",
-                        fmt_us(s.p50_ns),
-                        fmt_us(s.p99_ns)
-                    ));
-                }
-                Err(_) => line.push_str(" failed | | |"),
-            }
-        }
+        let acc = measure_row(
+            &transports,
+            rounds,
+            &format!("{n} conns"),
+            &mut failures,
+            |t| run_one(t, &prefix, n, warm, per_round),
+        );
+        let line = table_row(n, acc, true);
         lines.push(line);
     }
     println!("{head}\n{rule}");
@@ -191,6 +156,64 @@ pub fn run(a: &TokioArgs) -> Result<()> {
         println!("{f}");
     }
     Ok(())
+}
+
+/// Runs one cell per transport, `rounds` times round-robin, merging the
+/// rounds; a transport that fails once is reported (in `failures`) and
+/// skipped from then on.
+fn measure_row(
+    transports: &[AsyncTransport],
+    rounds: usize,
+    what: &str,
+    failures: &mut Vec<String>,
+    run: impl Fn(AsyncTransport) -> Result<Outcome>,
+) -> Vec<Option<Outcome>> {
+    let mut acc: Vec<Option<Outcome>> = transports
+        .iter()
+        .map(|_| Some(Outcome::default()))
+        .collect();
+    for round in 0..rounds {
+        for (k, &t) in transports.iter().enumerate() {
+            let Some(a) = &mut acc[k] else { continue };
+            progress(&format!(
+                "{} {what} (round {}/{rounds})",
+                t.label(),
+                round + 1
+            ));
+            match run(t) {
+                Ok(o) => {
+                    a.samples.extend(o.samples);
+                    a.ops += o.ops;
+                    a.wall += o.wall;
+                }
+                Err(e) => {
+                    eprintln!("[xio-bench] {} {what}: FAILED: {e:#}", t.label());
+                    failures.push(format!("* {} {what}: {e:#}", t.label()));
+                    acc[k] = None;
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// A markdown row: requests/s and p50 (and p99) per transport.
+fn table_row(n: usize, cells: Vec<Option<Outcome>>, p99: bool) -> String {
+    let mut line = format!("| {n} |");
+    for c in cells {
+        match c {
+            Some(mut o) => {
+                let s = summarize(&mut o.samples);
+                let rate = o.ops as f64 / o.wall.as_secs_f64().max(1e-9);
+                line.push_str(&format!(" {rate:.0} | {} |", fmt_us(s.p50_ns)));
+                if p99 {
+                    line.push_str(&format!(" {} |", fmt_us(s.p99_ns)));
+                }
+            }
+            None => line.push_str(if p99 { " failed | | |" } else { " failed | |" }),
+        }
+    }
+    line
 }
 
 fn fresh_xio_addr() -> String {
@@ -206,9 +229,27 @@ fn run_one(
     warm: Duration,
     measure: Duration,
 ) -> Result<Outcome> {
+    let (child, endpoint, _cleanup) = spawn_server("serve-tokio", t, prefix, n)?;
+    let res = (|| {
+        let _pin = pin_scoped(Some(0))?;
+        let rt = runtime()?;
+        rt.block_on(client(t, endpoint, n, warm, measure))
+    })();
+    child.finish(res)
+}
+
+/// Spawns `xio-bench <sub>` for transport `t` and `n` connections on a
+/// fresh endpoint, pinned to CPU 1. Returns the server, the endpoint for
+/// the client, and what to remove afterwards.
+fn spawn_server(
+    sub: &str,
+    t: AsyncTransport,
+    prefix: &str,
+    n: usize,
+) -> Result<(ServerChild, String, Option<RemoveOnDrop>)> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
-    cmd.arg("serve-tokio")
+    cmd.arg(sub)
         .args([
             "--transport",
             &t.to_possible_value()
@@ -218,7 +259,7 @@ fn run_one(
         .args(["--conns", &n.to_string()])
         .args(["--cpu", "1"])
         .stdin(Stdio::null());
-    let mut _cleanup = None;
+    let mut cleanup = None;
     let endpoint = match t {
         AsyncTransport::Uds => {
             let p = temp_socket_path();
@@ -226,7 +267,7 @@ fn run_one(
                 .to_str()
                 .ok_or_else(|| anyhow!("socket path not UTF-8"))?
                 .to_owned();
-            _cleanup = Some(RemoveOnDrop(p));
+            cleanup = Some(RemoveOnDrop(p));
             e
         }
         AsyncTransport::Tcp => "127.0.0.1:0".to_owned(),
@@ -245,12 +286,7 @@ fn run_one(
     } else {
         endpoint
     };
-    let res = (|| {
-        let _pin = pin_scoped(Some(0))?;
-        let rt = runtime()?;
-        rt.block_on(client(t, endpoint, n, warm, measure))
-    })();
-    child.finish(res)
+    Ok((child, endpoint, cleanup))
 }
 
 async fn connect(
@@ -517,46 +553,11 @@ pub fn run_http(a: &HttpArgs) -> Result<()> {
             }
             println!("{head}\n{rule}");
             for &n in &conns {
-                let mut acc: Vec<Result<Outcome, String>> =
-                    transports.iter().map(|_| Ok(Outcome::default())).collect();
-                for round in 0..rounds {
-                    for (k, &t) in transports.iter().enumerate() {
-                        if acc[k].is_err() {
-                            continue;
-                        }
-                        progress(&format!(
-                            "http {v:?} {size} {} {n} conns (round {}/{rounds})",
-                            t.label(),
-                            round + 1
-                        ));
-                        match run_http_one(t, v, &prefix, n, size, warm, per_round) {
-                            Ok(o) => {
-                                if let Ok(a) = &mut acc[k] {
-                                    a.samples.extend(o.samples);
-                                    a.ops += o.ops;
-                                    a.wall += o.wall;
-                                }
-                            }
-                            Err(e) => {
-                                eprintln!("[xio-bench] http {} {n}: FAILED: {e:#}", t.label());
-                                failures
-                                    .push(format!("* {v:?} {size} {} {n} conns: {e:#}", t.label()));
-                                acc[k] = Err(format!("{e:#}"));
-                            }
-                        }
-                    }
-                }
-                let mut line = format!("| {n} |");
-                for a in acc {
-                    match a {
-                        Ok(mut o) => {
-                            let s = summarize(&mut o.samples);
-                            let rate = o.ops as f64 / o.wall.as_secs_f64().max(1e-9);
-                            line.push_str(&format!(" {rate:.0} | {} |", fmt_us(s.p50_ns)));
-                        }
-                        Err(_) => line.push_str(" failed | |"),
-                    }
-                }
+                let what = format!("http {v:?} {size} B {n} conns");
+                let acc = measure_row(&transports, rounds, &what, &mut failures, |t| {
+                    run_http_one(t, v, &prefix, n, size, warm, per_round)
+                });
+                let line = table_row(n, acc, false);
                 println!("{line}");
             }
             println!();
@@ -578,45 +579,7 @@ fn run_http_one(
     warm: Duration,
     measure: Duration,
 ) -> Result<Outcome> {
-    let exe = std::env::current_exe()?;
-    let mut cmd = Command::new(exe);
-    cmd.arg("serve-http")
-        .args([
-            "--transport",
-            &t.to_possible_value()
-                .map(|v| v.get_name().to_owned())
-                .unwrap_or_default(),
-        ])
-        .args(["--conns", &n.to_string()])
-        .args(["--cpu", "1"])
-        .stdin(Stdio::null());
-    let mut _cleanup = None;
-    let endpoint = match t {
-        AsyncTransport::Uds => {
-            let p = temp_socket_path();
-            let e = p
-                .to_str()
-                .ok_or_else(|| anyhow!("socket path not UTF-8"))?
-                .to_owned();
-            _cleanup = Some(RemoveOnDrop(p));
-            e
-        }
-        AsyncTransport::Tcp => "127.0.0.1:0".to_owned(),
-        AsyncTransport::Xio => format!("{prefix}/{}", fresh_xio_addr()),
-    };
-    cmd.args(["--endpoint", &endpoint]);
-    cmd.stdout(if t == AsyncTransport::Tcp {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    });
-    let mut child = ServerChild::spawn(&mut cmd)?;
-    let endpoint = if t == AsyncTransport::Tcp {
-        let out = child.stdout().ok_or_else(|| anyhow!("no server stdout"))?;
-        format!("127.0.0.1:{}", read_port_line(out, &mut child)?)
-    } else {
-        endpoint
-    };
+    let (child, endpoint, _cleanup) = spawn_server("serve-http", t, prefix, n)?;
     let res = (|| {
         let _pin = pin_scoped(Some(0))?;
         let rt = runtime()?;
