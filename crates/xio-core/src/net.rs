@@ -149,6 +149,8 @@ impl NetBuilder {
                     refused_peers: Vec::new(),
                     retry_waiters: Vec::new(),
                     missed: None,
+                    retry_writes: Vec::new(),
+                    last_liveness: 0,
                 }),
                 classes,
             }),
@@ -258,6 +260,12 @@ struct Core {
     retry_waiters: Vec<Waker>,
     /// A spin before parking that found nothing: (ns spun, when it ended).
     missed: Option<(u64, u64)>,
+    /// Non-blocking writes that returned `WouldBlock` for a full ring or an
+    /// empty pool (which no peer signals): [`Net::poll`] reports them
+    /// writable after [`RETRY_FULL`], with when each was noted.
+    retry_writes: Vec<(ConnId, Instant)>,
+    /// When [`Net::poll_nowait`] last read the control socket.
+    last_liveness: u64,
 }
 
 /// Bytes of a SYN's payload: version, then target and source addresses.
@@ -357,7 +365,8 @@ impl Core {
             }
             Pending::Buf { kind, to, buf } => Ok(self
                 .stack
-                .push_buf(peer, kind, to, buf, true)?
+                .push_buf(peer, kind, to, buf, true)
+                .map_err(|(e, _)| e)?
                 .map(|buf| Pending::Buf { kind, to, buf })),
         }
     }
@@ -642,6 +651,25 @@ impl Core {
         }
     }
 
+    /// Reports as writable the non-blocking writes that waited
+    /// [`RETRY_FULL`] on a full ring or an empty pool: time to try again.
+    fn ripe_retries(&mut self) {
+        if self.retry_writes.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.retry_writes.len() {
+            let (c, since) = self.retry_writes[i];
+            if now.duration_since(since) >= RETRY_FULL {
+                self.retry_writes.swap_remove(i);
+                self.note_ready(c, false, true);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
     fn add_waiter(&mut self, key: Key, w: Waiter) {
         self.waiters.entry(key).or_default().push(w);
         self.parked += 1;
@@ -853,6 +881,11 @@ impl Net {
                 Try::Retry => true,
             };
             if nonblocking {
+                if let (true, Key::Write(c)) = (retry, key) {
+                    if g.track_ready && !g.retry_writes.iter().any(|(r, _)| *r == c) {
+                        g.retry_writes.push((c, Instant::now()));
+                    }
+                }
                 break Err(io::ErrorKind::WouldBlock.into());
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -876,7 +909,7 @@ impl Net {
                 g.driving = true;
                 let reuse = g.probe.take();
                 let mut probe = g.stack.probe(reuse);
-                let until = if g.has_pending() {
+                let until = if g.has_pending() || !g.retry_writes.is_empty() {
                     let r = Instant::now() + RETRY_FULL;
                     Some(deadline.map_or(r, |d| d.min(r)))
                 } else {
@@ -1141,6 +1174,7 @@ impl Net {
                 }
                 core.ready.extend(accepts.into_iter().map(Event::Accept));
             }
+            core.ripe_retries();
             if core.ready.is_empty() {
                 return Try::Wait;
             }
@@ -1153,6 +1187,56 @@ impl Net {
             Err(e) if e.kind() == io::ErrorKind::TimedOut => Ok(0),
             Err(e) => Err(e),
         }
+    }
+
+    /// [`Net::poll`] for event loops that wait on [`Net::doorbell`]
+    /// themselves (an `epoll` loop in C): collects what is ready without
+    /// waiting, then arms the doorbell, so the fd becomes readable when
+    /// more arrives. Call it whenever the fd is readable, and at least
+    /// every millisecond while a non-blocking write waits after
+    /// `WouldBlock` (a full ring or an empty pool rings no doorbell).
+    pub fn poll_nowait(&self, events: &mut Vec<Event>) -> io::Result<usize> {
+        let start = events.len();
+        self.poll(events, Some(Duration::ZERO))?;
+        // About once a second also read the control socket, so a dead
+        // manager is noticed.
+        let liveness = {
+            let mut g = self.lock();
+            let now = crate::wait::now_ns();
+            let due = now.saturating_sub(g.last_liveness) > 1_000_000_000;
+            if due {
+                g.last_liveness = now;
+            }
+            due
+        };
+        // Consume the doorbell, drain what came meanwhile (recorded as
+        // readiness) and arm the doorbell; when something keeps arriving
+        // as we arm, leave the fd readable so the caller comes back.
+        let mut armed = false;
+        for _ in 0..4 {
+            let d = self.drive(true, liveness)?;
+            if d.retry {
+                self.wake_retriers();
+            }
+            if d.armed {
+                armed = true;
+                break;
+            }
+        }
+        if !self.lock().ready.is_empty() {
+            self.poll(events, Some(Duration::ZERO))?;
+        }
+        if !armed {
+            self.ring_doorbell()?;
+        }
+        Ok(events.len() - start)
+    }
+
+    /// Makes [`Net::doorbell`] readable, so an external loop waiting on it
+    /// comes back (for example while it holds events it has not handed
+    /// out yet).
+    pub fn ring_doorbell(&self) -> io::Result<()> {
+        self.lock().stack.ring_self()
     }
 
     fn class_for(&self, n: usize) -> usize {
@@ -1279,7 +1363,7 @@ impl Net {
                             Try::Retry
                         };
                     }
-                    Err(e) => {
+                    Err((e, _)) => {
                         core.refused_peers.push(peer);
                         return Try::Done(Err(stack_err(e)));
                     }
@@ -1582,6 +1666,11 @@ impl XioStream {
         Ok(())
     }
 
+    /// Whether the stream is in non-blocking mode.
+    pub fn is_nonblocking(&self) -> bool {
+        self.nb()
+    }
+
     fn nb(&self) -> bool {
         self.inner.nonblocking.load(AtomicOrdering::Relaxed)
     }
@@ -1638,8 +1727,8 @@ impl XioStream {
     }
 
     /// Sends a pool buffer as the next bytes of the stream, without copying
-    /// (FABLE's commit). In non-blocking mode a `WouldBlock` error hands
-    /// the buffer back.
+    /// (FABLE's commit). An error hands the buffer back when it was not
+    /// sent (`WouldBlock` in non-blocking mode, a reset connection).
     pub fn send_buf(&self, buf: BufMut) -> Result<(), (io::Error, Option<BufMut>)> {
         self.send_buf_with(buf, self.nb())
     }
@@ -1685,7 +1774,9 @@ impl XioStream {
                         core.table.return_credit(c, cap);
                         Try::Retry
                     }
-                    Err(e) => {
+                    Err((e, back)) => {
+                        slot = Some(back);
+                        core.table.return_credit(c, cap);
                         core.refused_peers.push(peer);
                         Try::Done(Err(stack_err(e)))
                     }

@@ -829,7 +829,8 @@ impl Stack {
     }
 
     /// Pushes a buffer of kind `kind` for the peer's `conn`, or hands it
-    /// back (`Ok(Some)`) when the ring is full. With `notify` false the
+    /// back (`Ok(Some)`) when the ring is full, or with the error when the
+    /// channel is gone. With `notify` false the
     /// peer is not woken (call [`Stack::wake_peer`] after a burst).
     pub(crate) fn push_buf(
         &mut self,
@@ -838,9 +839,13 @@ impl Stack {
         conn: u32,
         buf: BufMut,
         notify: bool,
-    ) -> Result<Option<BufMut>, Error> {
-        let ci = *self.by_peer.get(&peer.0).ok_or(Error::Reset(peer))?;
-        self.check_open(ci, peer)?;
+    ) -> Result<Option<BufMut>, (Error, BufMut)> {
+        let Some(&ci) = self.by_peer.get(&peer.0) else {
+            return Err((Error::Reset(peer), buf));
+        };
+        if let Err(e) = self.check_open(ci, peer) {
+            return Err((e, buf));
+        }
         let ch = &mut self.channels[ci];
         match ch.tx_space(1) {
             Ok(0) => {
@@ -862,7 +867,7 @@ impl Stack {
             }
             Err(()) => {
                 self.close_channel(peer.0, None);
-                Err(Error::Reset(peer))
+                Err((Error::Reset(peer), buf))
             }
         }
     }
@@ -935,6 +940,11 @@ impl Stack {
     /// Consumes a ring of the eventfd doorbell.
     pub(crate) fn clear_doorbell(&self) {
         self.bell.drain();
+    }
+
+    /// Makes the doorbell fd readable (an external loop must come back).
+    pub(crate) fn ring_self(&self) -> io::Result<()> {
+        self.bell.ring()
     }
 
     /// Ends the wait of a driver thread (see [`Probe`]) at once: something
@@ -1245,6 +1255,22 @@ impl Stack {
     pub fn send_tagged(&mut self, peer: PeerId, tag: u32, buf: BufMut) -> Result<(), Error> {
         let mut one = Some(buf);
         self.send_from(peer, tag, &mut one, self.mode)
+    }
+
+    /// [`Stack::send_tagged`] that hands the buffer back when it fails
+    /// (a reset peer, or a full ring in non-blocking mode), so a caller
+    /// that must lose nothing (the C ABI) keeps it.
+    pub fn send_or_return(
+        &mut self,
+        peer: PeerId,
+        tag: u32,
+        buf: BufMut,
+    ) -> Result<(), (Error, Option<BufMut>)> {
+        let mut one = Some(buf);
+        match self.send_from(peer, tag, &mut one, self.mode) {
+            Ok(()) => Ok(()),
+            Err(e) => Err((e, one)),
+        }
     }
 
     /// Sends without waiting: a full ring hands the buffer back in
