@@ -1,0 +1,198 @@
+//! Result codes, the thread's last error message, and the panic guard.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, CStr, CString};
+use std::io;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use xio_core::stack::Error as StackError;
+
+/// What every `xio_` function returns: `XIO_OK` (0) or an error code.
+/// The values are stable across versions.
+pub type XioResult = i32;
+
+/// Success.
+pub const XIO_OK: XioResult = 0;
+/// A required pointer was NULL, a string was not valid UTF-8 or not an
+/// address, or a value was out of range.
+pub const XIO_ERR_INVALID_ARGUMENT: XioResult = 1;
+/// The handle is not a live handle of the expected type.
+pub const XIO_ERR_INVALID_HANDLE: XioResult = 2;
+/// The operation would wait (non-blocking mode, or a timeout of 0).
+pub const XIO_ERR_WOULD_BLOCK: XioResult = 3;
+/// The timeout passed.
+pub const XIO_ERR_TIMED_OUT: XioResult = 4;
+/// No manager runs for this pool prefix (start `xio-manager --prefix P`).
+pub const XIO_ERR_NO_MANAGER: XioResult = 5;
+/// Nobody listens on that address.
+pub const XIO_ERR_CONNECTION_REFUSED: XioResult = 6;
+/// The peer reset the connection, crashed or left.
+pub const XIO_ERR_CONNECTION_RESET: XioResult = 7;
+/// Not connected (to that peer, or the stream was shut down).
+pub const XIO_ERR_NOT_CONNECTED: XioResult = 8;
+/// Another service is bound to that address.
+pub const XIO_ERR_ADDR_IN_USE: XioResult = 9;
+/// Larger than the pool's largest buffer class.
+pub const XIO_ERR_TOO_LARGE: XioResult = 10;
+/// The manager went away.
+pub const XIO_ERR_MANAGER_GONE: XioResult = 11;
+/// A peer or the manager broke the protocol.
+pub const XIO_ERR_PROTOCOL: XioResult = 12;
+/// A system call failed (see `xio_last_error`).
+pub const XIO_ERR_IO: XioResult = 13;
+/// Another thread is using this stack right now (a stack is used by one
+/// thread at a time).
+pub const XIO_ERR_BUSY: XioResult = 14;
+/// Writing after this side shut down writes, or to a closed peer.
+pub const XIO_ERR_BROKEN_PIPE: XioResult = 15;
+/// The buffer is read-only (received): `xio_buf_make_writable` first.
+pub const XIO_ERR_READ_ONLY: XioResult = 16;
+/// A bug inside the library (a caught panic); see `xio_last_error`.
+pub const XIO_ERR_INTERNAL: XioResult = 17;
+
+/// An error on its way to C: a code and the message for `xio_last_error`.
+pub(crate) struct Fail {
+    code: XioResult,
+    msg: String,
+}
+
+pub(crate) type Res<T> = Result<T, Fail>;
+
+impl Fail {
+    pub(crate) fn new(code: XioResult, msg: impl Into<String>) -> Fail {
+        Fail {
+            code,
+            msg: msg.into(),
+        }
+    }
+
+    pub(crate) fn null(what: &str) -> Fail {
+        Fail::new(XIO_ERR_INVALID_ARGUMENT, format!("{what} is NULL"))
+    }
+}
+
+impl From<io::Error> for Fail {
+    fn from(e: io::Error) -> Fail {
+        // An io::Error made from a stack error keeps it as its source.
+        if let Some(se) = e.get_ref().and_then(|s| s.downcast_ref::<StackError>()) {
+            return Fail::new(stack_code(se), e.to_string());
+        }
+        let code = match e.kind() {
+            io::ErrorKind::InvalidInput => XIO_ERR_INVALID_ARGUMENT,
+            io::ErrorKind::WouldBlock => XIO_ERR_WOULD_BLOCK,
+            io::ErrorKind::TimedOut => XIO_ERR_TIMED_OUT,
+            io::ErrorKind::NotFound => XIO_ERR_NO_MANAGER,
+            io::ErrorKind::ConnectionRefused => XIO_ERR_CONNECTION_REFUSED,
+            io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted => {
+                XIO_ERR_CONNECTION_RESET
+            }
+            io::ErrorKind::NotConnected => XIO_ERR_NOT_CONNECTED,
+            io::ErrorKind::AddrInUse => XIO_ERR_ADDR_IN_USE,
+            io::ErrorKind::BrokenPipe => XIO_ERR_BROKEN_PIPE,
+            io::ErrorKind::InvalidData => XIO_ERR_PROTOCOL,
+            _ => XIO_ERR_IO,
+        };
+        Fail::new(code, e.to_string())
+    }
+}
+
+fn stack_code(e: &StackError) -> XioResult {
+    use xio_core::proto::ErrorCode;
+    match e {
+        StackError::NoManager { .. } => XIO_ERR_NO_MANAGER,
+        StackError::BadPrefix(_) => XIO_ERR_INVALID_ARGUMENT,
+        StackError::Refused {
+            code: ErrorCode::AddrInUse,
+            ..
+        } => XIO_ERR_ADDR_IN_USE,
+        StackError::Refused {
+            code: ErrorCode::ConnectionRefused,
+            ..
+        } => XIO_ERR_CONNECTION_REFUSED,
+        StackError::Refused { .. } => XIO_ERR_PROTOCOL,
+        StackError::Reset(_) => XIO_ERR_CONNECTION_RESET,
+        StackError::NotConnected(_) => XIO_ERR_NOT_CONNECTED,
+        StackError::WouldBlock => XIO_ERR_WOULD_BLOCK,
+        StackError::TimedOut => XIO_ERR_TIMED_OUT,
+        StackError::TooLarge(_) => XIO_ERR_TOO_LARGE,
+        StackError::ManagerGone => XIO_ERR_MANAGER_GONE,
+        StackError::Protocol(_) => XIO_ERR_PROTOCOL,
+        StackError::Io(_) => XIO_ERR_IO,
+    }
+}
+
+impl From<StackError> for Fail {
+    fn from(e: StackError) -> Fail {
+        Fail::new(stack_code(&e), e.to_string())
+    }
+}
+
+thread_local! {
+    static LAST: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST.with(|l| *l.borrow_mut() = c);
+}
+
+/// Runs the body of an exported function: maps its error to a code (and
+/// this thread's last-error message) and stops any panic at the boundary.
+pub(crate) fn guard(f: impl FnOnce() -> Res<()>) -> XioResult {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => XIO_OK,
+        Ok(Err(fail)) => {
+            set_last(&fail.msg);
+            fail.code
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            set_last(&format!("internal error (a bug in libxio): {what}"));
+            XIO_ERR_INTERNAL
+        }
+    }
+}
+
+/// A static description of `code` (never NULL; unknown codes get
+/// "unknown error").
+///
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn xio_strerror(code: XioResult) -> *const c_char {
+    let s: &'static CStr = match code {
+        XIO_OK => c"success",
+        XIO_ERR_INVALID_ARGUMENT => c"invalid argument",
+        XIO_ERR_INVALID_HANDLE => c"invalid handle",
+        XIO_ERR_WOULD_BLOCK => c"operation would block",
+        XIO_ERR_TIMED_OUT => c"timed out",
+        XIO_ERR_NO_MANAGER => c"no X-IO manager for this pool prefix",
+        XIO_ERR_CONNECTION_REFUSED => c"connection refused",
+        XIO_ERR_CONNECTION_RESET => c"connection reset by peer",
+        XIO_ERR_NOT_CONNECTED => c"not connected",
+        XIO_ERR_ADDR_IN_USE => c"address in use",
+        XIO_ERR_TOO_LARGE => c"larger than the largest buffer class",
+        XIO_ERR_MANAGER_GONE => c"the X-IO manager went away",
+        XIO_ERR_PROTOCOL => c"protocol error",
+        XIO_ERR_IO => c"system call failed",
+        XIO_ERR_BUSY => c"stack in use by another thread",
+        XIO_ERR_BROKEN_PIPE => c"broken pipe",
+        XIO_ERR_READ_ONLY => c"buffer is read-only",
+        XIO_ERR_INTERNAL => c"internal error",
+        _ => c"unknown error",
+    };
+    s.as_ptr()
+}
+
+/// The message of the last failed `xio_` call on this thread (more detail
+/// than `xio_strerror`: addresses, prefixes, system errors). Empty before
+/// any failure. Valid until the next failing `xio_` call on this thread.
+///
+/// Thread-safe (the message is per thread).
+#[no_mangle]
+pub extern "C" fn xio_last_error() -> *const c_char {
+    LAST.with(|l| l.borrow().as_ptr())
+}

@@ -1,0 +1,699 @@
+//! The socket interface: listeners and byte streams with TCP semantics,
+//! blocking or non-blocking, and readiness for event loops (`xio_net_poll`,
+//! or `xio_net_fd` inside an existing `epoll` loop).
+
+use std::collections::VecDeque;
+use std::ffi::{c_char, c_void};
+use std::hash::{Hash, Hasher};
+use std::io::{IoSlice, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Mutex;
+
+use xio_core::net::{Event, Net, XioListener as Listener, XioStream as Stream};
+
+use crate::error::*;
+use crate::handle::*;
+use crate::zc::{buf_out, close_buf, BufState};
+use crate::XioBuf;
+
+/// `xio_event.events`: a read may make progress (data, end of stream, or
+/// an error to report).
+pub const XIO_EVENT_READABLE: u32 = 1;
+/// `xio_event.events`: a write may make progress.
+pub const XIO_EVENT_WRITABLE: u32 = 2;
+/// `xio_event.events`: a connection waits on this listener.
+pub const XIO_EVENT_ACCEPT: u32 = 4;
+
+/// `xio_shutdown`: no more reads.
+pub const XIO_SHUT_RD: i32 = 0;
+/// `xio_shutdown`: no more writes (the peer reads end of stream).
+pub const XIO_SHUT_WR: i32 = 1;
+/// `xio_shutdown`: both.
+pub const XIO_SHUT_RDWR: i32 = 2;
+
+/// Readiness from `xio_net_poll`: which stream or listener (its token, see
+/// `xio_stream_token` and `xio_listener_token`) and what it is ready for.
+/// Events are edge-like hints: after one, read, write or accept until
+/// `XIO_ERR_WOULD_BLOCK`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct XioEvent {
+    /// The stream's or listener's token.
+    pub token: u64,
+    /// `XIO_EVENT_` flags.
+    pub events: u32,
+}
+
+/// One slice of a gather write (`xio_writev`).
+#[repr(C)]
+pub struct XioIovec {
+    /// Start of the bytes.
+    pub base: *const c_void,
+    /// How many.
+    pub len: usize,
+}
+
+pub(crate) struct NetInner {
+    net: Net,
+    /// The pollable fd (a duplicate of the doorbell), made on first ask.
+    fd: Mutex<Option<OwnedFd>>,
+    /// Events polled but not yet handed out (more than the caller's array).
+    backlog: Mutex<VecDeque<XioEvent>>,
+}
+
+impl Opaque for XioNet {
+    type Inner = NetInner;
+    const MAGIC: u64 = 0x7869_6f5f_6e65_7431; // "xio_net1"
+    const NAME: &'static str = "net";
+}
+
+pub(crate) struct ListenerInner {
+    l: Listener,
+    token: u64,
+}
+
+impl Opaque for crate::XioListener {
+    type Inner = ListenerInner;
+    const MAGIC: u64 = 0x7869_6f5f_6c73_6e31; // "xio_lsn1"
+    const NAME: &'static str = "listener";
+}
+
+impl Opaque for crate::XioStream {
+    type Inner = Stream;
+    const MAGIC: u64 = 0x7869_6f5f_7374_6d31; // "xio_stm1"
+    const NAME: &'static str = "stream";
+}
+
+/// A listener's token: the top bit set (stream tokens are below 2^32),
+/// derived from its address so an accept event maps back to it.
+fn listener_token(a: &SocketAddr) -> u64 {
+    let low = match a {
+        SocketAddr::V4(v) => (u64::from(u32::from(*v.ip())) << 16) | u64::from(v.port()),
+        SocketAddr::V6(_) => {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            a.hash(&mut h);
+            h.finish()
+        }
+    };
+    (1 << 63) | (low & !(1 << 63))
+}
+
+fn event_of(e: &Event) -> XioEvent {
+    match *e {
+        Event::Stream {
+            token,
+            readable,
+            writable,
+        } => XioEvent {
+            token,
+            events: (u32::from(readable) * XIO_EVENT_READABLE)
+                | (u32::from(writable) * XIO_EVENT_WRITABLE),
+        },
+        Event::Accept(a) => XioEvent {
+            token: listener_token(&a),
+            events: XIO_EVENT_ACCEPT,
+        },
+    }
+}
+
+/// Attaches to the pool `prefix` for the socket interface (the manager
+/// must run). NULL uses the process-wide attachment to `$XIO_PREFIX`
+/// (default "xio"), shared with every other NULL attach. Close with
+/// `xio_net_close` (streams and listeners keep the attachment alive).
+///
+/// Thread-safe; a net and its listeners and streams may be used from any
+/// number of threads at once.
+///
+/// # Safety
+/// `prefix` is NULL or a NUL-terminated string; `out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_net_attach(prefix: *const c_char, out: *mut *mut XioNet) -> XioResult {
+    guard(|| {
+        need_out(out, "out")?;
+        let net = if prefix.is_null() {
+            Net::global()?
+        } else {
+            // SAFETY: per this function's contract.
+            Net::attach(unsafe { str_arg(prefix, "prefix") }?)?
+        };
+        let h = into_handle::<XioNet>(NetInner {
+            net,
+            fd: Mutex::new(None),
+            backlog: Mutex::new(VecDeque::new()),
+        });
+        // SAFETY: checked non-NULL.
+        unsafe { put(out, h) };
+        Ok(())
+    })
+}
+
+/// Releases the handle (NULL is a no-op). The attachment ends when its
+/// last listener and stream are closed too.
+///
+/// # Safety
+/// `net` is NULL or a net handle no other thread uses, not used after.
+#[no_mangle]
+pub unsafe extern "C" fn xio_net_close(net: *mut XioNet) -> XioResult {
+    // SAFETY: per this function's contract.
+    guard(|| unsafe { take(net) }.map(drop))
+}
+
+/// An fd for an existing `epoll`/`poll`/`select` loop: it becomes readable
+/// when `xio_net_poll` may have events. Use it like this: call
+/// `xio_net_poll(net, ..., 0, ...)` once before the first wait and every
+/// time the fd is readable, and handle what it returns. While a
+/// non-blocking write waits after `XIO_ERR_WOULD_BLOCK`, also call it at
+/// least every millisecond (a full ring or an empty pool rings no fd).
+/// The fd belongs to the net: do not close it.
+///
+/// # Safety
+/// `net` is a live net handle or NULL; `fd_out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_net_fd(net: *mut XioNet, fd_out: *mut i32) -> XioResult {
+    guard(|| {
+        need_out(fd_out, "fd_out")?;
+        // SAFETY: per this function's contract.
+        let n = unsafe { borrow(net) }?;
+        let mut fd = n.fd.lock().unwrap_or_else(|e| e.into_inner());
+        if fd.is_none() {
+            *fd = Some(n.net.doorbell()?);
+        }
+        let raw = fd.as_ref().expect("just set").as_raw_fd();
+        // SAFETY: checked non-NULL.
+        unsafe { put(fd_out, raw) };
+        Ok(())
+    })
+}
+
+/// Waits for readiness of this net's non-blocking streams and listeners
+/// (an `epoll_wait` for X-IO): writes up to `cap` events to `events` and
+/// their number to `n_out`. `timeout_ms` < 0 waits until something is
+/// ready, 0 does not wait (and re-arms `xio_net_fd`), > 0 waits at most
+/// that long (`*n_out` = 0 when nothing came). The wait follows the
+/// adaptive policy: it spins briefly when a peer is active, then sleeps.
+///
+/// Thread-safe, though one thread polling a net is the usual design.
+///
+/// # Safety
+/// `net` is a live net handle or NULL; `events` valid for `cap` writes;
+/// `n_out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_net_poll(
+    net: *mut XioNet,
+    events: *mut XioEvent,
+    cap: usize,
+    timeout_ms: i32,
+    n_out: *mut usize,
+) -> XioResult {
+    guard(|| {
+        need_out(n_out, "n_out")?;
+        need_out(events, "events")?;
+        if cap == 0 {
+            return Err(Fail::new(XIO_ERR_INVALID_ARGUMENT, "cap is 0"));
+        }
+        // SAFETY: per this function's contract.
+        let n = unsafe { borrow(net) }?;
+        let mut backlog = n.backlog.lock().unwrap_or_else(|e| e.into_inner());
+        if backlog.is_empty() {
+            drop(backlog);
+            let mut got = Vec::new();
+            match timeout_arg(timeout_ms) {
+                Timeout::NoWait => n.net.poll_nowait(&mut got)?,
+                Timeout::Forever => n.net.poll(&mut got, None)?,
+                Timeout::Ms(d) => n.net.poll(&mut got, Some(d))?,
+            };
+            backlog = n.backlog.lock().unwrap_or_else(|e| e.into_inner());
+            backlog.extend(got.iter().map(event_of));
+        }
+        let k = backlog.len().min(cap);
+        for (i, e) in backlog.drain(..k).enumerate() {
+            // SAFETY: i < k <= cap, and `events` holds `cap` per the contract.
+            unsafe { events.add(i).write(e) };
+        }
+        if !backlog.is_empty() {
+            // Bring an fd-driven loop back for the rest.
+            n.net.ring_doorbell()?;
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { put(n_out, k) };
+        Ok(())
+    })
+}
+
+/// Listens on `"ip:port"` (`XIO_ERR_ADDR_IN_USE` if another service has it).
+///
+/// # Safety
+/// `net` is a live net handle or NULL; `addr` a NUL-terminated string;
+/// `out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_listen(
+    net: *mut XioNet,
+    addr: *const c_char,
+    out: *mut *mut crate::XioListener,
+) -> XioResult {
+    guard(|| {
+        need_out(out, "out")?;
+        // SAFETY: per this function's contract.
+        let a = unsafe { addr_arg(addr) }?;
+        // SAFETY: per this function's contract.
+        let n = unsafe { borrow(net) }?;
+        let l = n.net.listen(a)?;
+        let token = listener_token(&l.local_addr()?);
+        // SAFETY: checked non-NULL.
+        unsafe {
+            put(
+                out,
+                into_handle::<crate::XioListener>(ListenerInner { l, token }),
+            )
+        };
+        Ok(())
+    })
+}
+
+/// Stops listening and frees the handle (NULL is a no-op). Connections
+/// not yet accepted are reset; accepted ones are unaffected.
+///
+/// # Safety
+/// `listener` is NULL or a listener handle no other thread uses, not
+/// used after.
+#[no_mangle]
+pub unsafe extern "C" fn xio_listener_close(listener: *mut crate::XioListener) -> XioResult {
+    // SAFETY: per this function's contract.
+    guard(|| unsafe { take(listener) }.map(drop))
+}
+
+/// Accepts the next connection: waits for one, or `XIO_ERR_WOULD_BLOCK`
+/// in non-blocking mode.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `listener` is a live listener handle or NULL; `out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_accept(
+    listener: *mut crate::XioListener,
+    out: *mut *mut crate::XioStream,
+) -> XioResult {
+    guard(|| {
+        need_out(out, "out")?;
+        // SAFETY: per this function's contract.
+        let l = unsafe { borrow(listener) }?;
+        let (s, _) = l.l.accept()?;
+        // SAFETY: checked non-NULL.
+        unsafe { put(out, into_handle::<crate::XioStream>(s)) };
+        Ok(())
+    })
+}
+
+/// Puts the listener in non-blocking mode (`on` != 0) or back.
+///
+/// # Safety
+/// `listener` is a live listener handle or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn xio_listener_set_nonblocking(
+    listener: *mut crate::XioListener,
+    on: i32,
+) -> XioResult {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        unsafe { borrow(listener) }?.l.set_nonblocking(on != 0)?;
+        Ok(())
+    })
+}
+
+/// The token `xio_net_poll` reports accept events with.
+///
+/// # Safety
+/// `listener` is a live listener handle or NULL; `out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_listener_token(
+    listener: *mut crate::XioListener,
+    out: *mut u64,
+) -> XioResult {
+    guard(|| {
+        need_out(out, "out")?;
+        // SAFETY: per this function's contract.
+        let t = unsafe { borrow(listener) }?.token;
+        // SAFETY: checked non-NULL.
+        unsafe { put(out, t) };
+        Ok(())
+    })
+}
+
+/// Connects to the listener on `"ip:port"`. Returns once the connection
+/// request is on its way; `XIO_ERR_CONNECTION_REFUSED` at once when
+/// nobody listens there (or on the first read, if the listener left
+/// meanwhile).
+///
+/// # Safety
+/// `net` is a live net handle or NULL; `addr` a NUL-terminated string;
+/// `out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_dial(
+    net: *mut XioNet,
+    addr: *const c_char,
+    out: *mut *mut crate::XioStream,
+) -> XioResult {
+    guard(|| {
+        need_out(out, "out")?;
+        // SAFETY: per this function's contract.
+        let a = unsafe { addr_arg(addr) }?;
+        // SAFETY: per this function's contract.
+        let s = unsafe { borrow(net) }?.net.connect(a)?;
+        // SAFETY: checked non-NULL.
+        unsafe { put(out, into_handle::<crate::XioStream>(s)) };
+        Ok(())
+    })
+}
+
+/// Closes the stream and frees the handle (NULL is a no-op): the peer
+/// reads end of stream after the data already written (or a reset, if
+/// data sent to us was left unread).
+///
+/// # Safety
+/// `stream` is NULL or a stream handle no other thread uses, not used after.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stream_close(stream: *mut crate::XioStream) -> XioResult {
+    // SAFETY: per this function's contract.
+    guard(|| unsafe { take(stream) }.map(drop))
+}
+
+/// Reads up to `len` bytes into `buf`; `*n_out` = 0 means end of stream.
+/// Waits for data (or the read timeout), or `XIO_ERR_WOULD_BLOCK` in
+/// non-blocking mode.
+///
+/// Thread-safe (concurrent readers share the byte stream).
+///
+/// # Safety
+/// `stream` is a live stream handle or NULL; `buf` valid for `len` bytes
+/// of writes; `n_out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_read(
+    stream: *mut crate::XioStream,
+    buf: *mut c_void,
+    len: usize,
+    n_out: *mut usize,
+) -> XioResult {
+    guard(|| {
+        need_out(n_out, "n_out")?;
+        need_out(buf, "buf")?;
+        // SAFETY: per this function's contract.
+        let s = unsafe { borrow(stream) }?;
+        // SAFETY: buf is valid for len bytes (contract); we only write it.
+        let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
+        let mut r = s;
+        let n = r.read(out)?;
+        // SAFETY: checked non-NULL.
+        unsafe { put(n_out, n) };
+        Ok(())
+    })
+}
+
+/// Writes `len` bytes from `buf`: a blocking stream writes them all
+/// (waiting for the reader's window), a non-blocking one what fits now
+/// (`XIO_ERR_WOULD_BLOCK` if nothing does); the count goes to `n_out`.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `stream` is a live stream handle or NULL; `buf` valid for `len` bytes;
+/// `n_out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_write(
+    stream: *mut crate::XioStream,
+    buf: *const c_void,
+    len: usize,
+    n_out: *mut usize,
+) -> XioResult {
+    let iov = XioIovec { base: buf, len };
+    // SAFETY: forwarded contract; one slice.
+    unsafe { xio_writev(stream, &iov, 1, n_out) }
+}
+
+/// Writes the slices in order as one byte sequence (header + body leave
+/// in one pool buffer when they fit), as `xio_write` does.
+///
+/// # Safety
+/// `stream` is a live stream handle or NULL; `iov` holds `iovcnt` slices,
+/// each valid for its `len` bytes; `n_out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_writev(
+    stream: *mut crate::XioStream,
+    iov: *const XioIovec,
+    iovcnt: usize,
+    n_out: *mut usize,
+) -> XioResult {
+    guard(|| {
+        need_out(n_out, "n_out")?;
+        if iov.is_null() && iovcnt > 0 {
+            return Err(Fail::null("iov"));
+        }
+        // SAFETY: per this function's contract.
+        let s = unsafe { borrow(stream) }?;
+        let mut slices = Vec::with_capacity(iovcnt);
+        for i in 0..iovcnt {
+            // SAFETY: i < iovcnt slices (contract).
+            let v = unsafe { &*iov.add(i) };
+            if v.base.is_null() && v.len > 0 {
+                return Err(Fail::null("a slice's base"));
+            }
+            if v.len > 0 {
+                // SAFETY: valid for len bytes (contract), read only.
+                slices.push(IoSlice::new(unsafe {
+                    std::slice::from_raw_parts(v.base.cast::<u8>(), v.len)
+                }));
+            }
+        }
+        let want: usize = slices.iter().map(|s| s.len()).sum();
+        let mut done = 0;
+        let mut w = s;
+        let mut rest: &mut [IoSlice<'_>] = &mut slices;
+        // A blocking stream writes everything (write_vectored may stop
+        // between pool buffers); a non-blocking one reports what it took.
+        while done < want {
+            let n = match w.write_vectored(rest) {
+                Ok(n) => n,
+                Err(e) if done > 0 && e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e.into()),
+            };
+            done += n;
+            IoSlice::advance_slices(&mut rest, n);
+            if s.is_nonblocking() {
+                break;
+            }
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { put(n_out, done) };
+        Ok(())
+    })
+}
+
+/// Shuts down reading (`XIO_SHUT_RD`), writing (`XIO_SHUT_WR`: the peer
+/// reads end of stream) or both (`XIO_SHUT_RDWR`).
+///
+/// # Safety
+/// `stream` is a live stream handle or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn xio_shutdown(stream: *mut crate::XioStream, how: i32) -> XioResult {
+    guard(|| {
+        let how = match how {
+            XIO_SHUT_RD => Shutdown::Read,
+            XIO_SHUT_WR => Shutdown::Write,
+            XIO_SHUT_RDWR => Shutdown::Both,
+            _ => {
+                return Err(Fail::new(
+                    XIO_ERR_INVALID_ARGUMENT,
+                    format!("{how} is not an XIO_SHUT_ value"),
+                ))
+            }
+        };
+        // SAFETY: per this function's contract.
+        unsafe { borrow(stream) }?.shutdown(how)?;
+        Ok(())
+    })
+}
+
+/// Puts the stream in non-blocking mode (`on` != 0) or back.
+///
+/// # Safety
+/// `stream` is a live stream handle or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stream_set_nonblocking(
+    stream: *mut crate::XioStream,
+    on: i32,
+) -> XioResult {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        unsafe { borrow(stream) }?.set_nonblocking(on != 0)?;
+        Ok(())
+    })
+}
+
+/// Sets the read and write timeouts in milliseconds (<= 0: none). A
+/// blocking read or write that waits longer fails with
+/// `XIO_ERR_TIMED_OUT`.
+///
+/// # Safety
+/// `stream` is a live stream handle or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stream_set_timeouts(
+    stream: *mut crate::XioStream,
+    read_ms: i32,
+    write_ms: i32,
+) -> XioResult {
+    guard(|| {
+        let d = |ms: i32| (ms > 0).then(|| std::time::Duration::from_millis(ms as u64));
+        // SAFETY: per this function's contract.
+        let s = unsafe { borrow(stream) }?;
+        s.set_read_timeout(d(read_ms))?;
+        s.set_write_timeout(d(write_ms))?;
+        Ok(())
+    })
+}
+
+/// The token `xio_net_poll` reports this stream's events with.
+///
+/// # Safety
+/// `stream` is a live stream handle or NULL; `out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stream_token(
+    stream: *mut crate::XioStream,
+    out: *mut u64,
+) -> XioResult {
+    guard(|| {
+        need_out(out, "out")?;
+        // SAFETY: per this function's contract.
+        let t = unsafe { borrow(stream) }?.token();
+        // SAFETY: checked non-NULL.
+        unsafe { put(out, t) };
+        Ok(())
+    })
+}
+
+/// The peer's address as `"ip:port"`, NUL-terminated, into `buf` of `cap`
+/// bytes (64 is always enough; `XIO_ERR_INVALID_ARGUMENT` if too small).
+///
+/// # Safety
+/// `stream` is a live stream handle or NULL; `buf` valid for `cap` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stream_peer_addr(
+    stream: *mut crate::XioStream,
+    buf: *mut c_char,
+    cap: usize,
+) -> XioResult {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let a = unsafe { borrow(stream) }?.peer_addr()?;
+        // SAFETY: per this function's contract.
+        unsafe { put_str(buf, cap, &a.to_string()) }
+    })
+}
+
+/// This end's address as `"ip:port"` (a client's is made up by X-IO:
+/// `127.88.x.y:port`), as `xio_stream_peer_addr`.
+///
+/// # Safety
+/// `stream` is a live stream handle or NULL; `buf` valid for `cap` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stream_local_addr(
+    stream: *mut crate::XioStream,
+    buf: *mut c_char,
+    cap: usize,
+) -> XioResult {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let a = unsafe { borrow(stream) }?.local_addr()?;
+        // SAFETY: per this function's contract.
+        unsafe { put_str(buf, cap, &a.to_string()) }
+    })
+}
+
+/// A writable pool buffer of `len` bytes to fill and `xio_stream_send_buf`
+/// (zero-copy writes). Waits while the pool is exhausted.
+///
+/// # Safety
+/// `stream` is a live stream handle or NULL; `out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stream_alloc(
+    stream: *mut crate::XioStream,
+    len: usize,
+    out: *mut *mut XioBuf,
+) -> XioResult {
+    guard(|| {
+        need_out(out, "out")?;
+        // SAFETY: per this function's contract.
+        let b = unsafe { borrow(stream) }?.alloc(len)?;
+        // SAFETY: checked non-NULL.
+        unsafe { put(out, buf_out(BufState::Mut(b))) };
+        Ok(())
+    })
+}
+
+/// Sends a writable buffer as the next bytes of the stream, without
+/// copying. On success the handle is gone; on failure (for example
+/// `XIO_ERR_WOULD_BLOCK`) the buffer is still yours.
+///
+/// # Safety
+/// `stream` and `buf` are live handles or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stream_send_buf(
+    stream: *mut crate::XioStream,
+    buf: *mut XioBuf,
+) -> XioResult {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let s = unsafe { borrow(stream) }?;
+        // SAFETY: per this function's contract.
+        let state = unsafe { borrow_mut(buf) }?;
+        let b = match std::mem::replace(state, BufState::Moving) {
+            BufState::Mut(b) => b,
+            other => {
+                *state = other;
+                return Err(Fail::new(
+                    XIO_ERR_READ_ONLY,
+                    "a received buffer: xio_buf_make_writable it to send it",
+                ));
+            }
+        };
+        match s.send_buf(b) {
+            Ok(()) => {
+                // SAFETY: the handle is live (checked) and now empty.
+                unsafe { close_buf(buf) }?;
+                Ok(())
+            }
+            Err((e, Some(back))) => {
+                *state = BufState::Mut(back);
+                Err(e.into())
+            }
+            Err((e, None)) => {
+                // Not handed back: it is gone; so is the handle.
+                // SAFETY: the handle is live (checked) and now empty.
+                unsafe { close_buf(buf) }?;
+                Err(e.into())
+            }
+        }
+    })
+}
+
+/// Receives the next chunk of the stream as the pool buffer itself
+/// (read-only, zero-copy): `*out` = NULL at end of stream. Mixes freely
+/// with `xio_read`.
+///
+/// # Safety
+/// `stream` is a live stream handle or NULL; `out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stream_recv_buf(
+    stream: *mut crate::XioStream,
+    out: *mut *mut XioBuf,
+) -> XioResult {
+    guard(|| {
+        need_out(out, "out")?;
+        // SAFETY: per this function's contract.
+        let b = unsafe { borrow(stream) }?.recv_buf()?;
+        let h = b.map_or(std::ptr::null_mut(), |b| buf_out(BufState::Ro(b)));
+        // SAFETY: checked non-NULL.
+        unsafe { put(out, h) };
+        Ok(())
+    })
+}

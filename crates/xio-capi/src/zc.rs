@@ -1,0 +1,523 @@
+//! The zero-copy interface (the paper's xio_malloc / xio_tx / xio_rx):
+//! a stack per thread, pool buffers that move between processes without
+//! copies, and received buffers that turn writable to forward in place.
+
+use std::ffi::c_char;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use xio_core::buf::{Buf, BufMut};
+use xio_core::stack::{PeerId, Stack};
+use xio_core::wait::WaitMode;
+
+use crate::error::*;
+use crate::handle::*;
+
+/// Another stack, as a stack sees it (from `xio_stack_connect`, or the
+/// sender of a received buffer).
+pub type XioPeer = u16;
+
+/// Waiting mode: spin while spinning pays, then sleep (the default).
+pub const XIO_WAIT_ADAPTIVE: i32 = 0;
+/// Waiting mode: spin and never sleep (for a dedicated core).
+pub const XIO_WAIT_BUSY_POLL: i32 = 1;
+/// Waiting mode: sleep at once.
+pub const XIO_WAIT_BLOCKING: i32 = 2;
+
+pub(crate) struct StackInner {
+    /// Set while a call runs: a stack is used by one thread at a time.
+    busy: AtomicBool,
+    stack: std::cell::UnsafeCell<Stack>,
+    /// Allocations of the handles of buffers this stack sent, reused for
+    /// the next ones it hands out: a handle per message would otherwise
+    /// cost a `malloc` and a `free` (measured: about 20 ns a round trip).
+    spare: std::cell::UnsafeCell<Spare>,
+}
+
+/// Spare buffer handles a stack keeps at most.
+const SPARE: usize = 64;
+
+/// Closed handles' allocations, each reused as is (the boxes are the point).
+#[allow(clippy::vec_box)]
+type Spare = Vec<Box<Handle<BufState>>>;
+
+impl Opaque for XioStack {
+    type Inner = StackInner;
+    const MAGIC: u64 = 0x7869_6f5f_7374_6b31; // "xio_stk1"
+    const NAME: &'static str = "stack";
+}
+
+pub(crate) enum BufState {
+    Mut(BufMut),
+    Ro(Buf),
+    /// Only while a call moves the buffer out and back.
+    Moving,
+}
+
+impl Opaque for XioBuf {
+    type Inner = BufState;
+    const MAGIC: u64 = 0x7869_6f5f_6275_6631; // "xio_buf1"
+    const NAME: &'static str = "buf";
+}
+
+/// A new handle for a buffer handed to C.
+fn new_buf(state: BufState) -> *mut XioBuf {
+    into_handle::<XioBuf>(state)
+}
+
+/// Closes a buffer handle (its buffer, if any, goes back to the pool).
+///
+/// # Safety
+/// `buf` is NULL or a buffer handle no other thread uses, not used after.
+pub(crate) unsafe fn close_buf(buf: *mut XioBuf) -> Res<()> {
+    // SAFETY: per the caller.
+    unsafe { take(buf) }.map(drop)
+}
+
+/// The stack, for the length of one call.
+struct Using<'a>(&'a StackInner);
+
+impl Using<'_> {
+    fn stack(&mut self) -> &mut Stack {
+        // SAFETY: `busy` is ours (acquired in `using`), so no other call
+        // touches the stack until we release it in Drop.
+        unsafe { &mut *self.0.stack.get() }
+    }
+
+    fn spare(&mut self) -> &mut Spare {
+        // SAFETY: as for `stack`.
+        unsafe { &mut *self.0.spare.get() }
+    }
+
+    /// A handle for a buffer this stack hands out.
+    fn new_buf(&mut self, state: BufState) -> *mut XioBuf {
+        match self.spare().pop() {
+            Some(b) => reuse_handle::<XioBuf>(b, state),
+            None => new_buf(state),
+        }
+    }
+
+    /// Closes the emptied handle of a buffer this stack sent, keeping its
+    /// allocation.
+    ///
+    /// # Safety
+    /// `buf` is a live buffer handle no other thread uses.
+    unsafe fn retire(&mut self, buf: *mut XioBuf) {
+        // SAFETY: per the caller.
+        if let Ok(b) = unsafe { take_box(buf) } {
+            if self.spare().len() < SPARE {
+                self.spare().push(b);
+            }
+        }
+    }
+}
+
+impl Drop for Using<'_> {
+    fn drop(&mut self) {
+        self.0.busy.store(false, Ordering::Release);
+    }
+}
+
+/// # Safety
+/// `p` is NULL or a stack handle not closed meanwhile.
+unsafe fn using<'a>(p: *mut XioStack) -> Res<Using<'a>> {
+    // SAFETY: forwarded contract.
+    let inner = unsafe { borrow(p) }?;
+    if inner
+        .busy
+        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        return Err(Fail::new(
+            XIO_ERR_BUSY,
+            "the stack is in use by another thread (use one stack per thread)",
+        ));
+    }
+    Ok(Using(inner))
+}
+
+/// Attaches a new stack to the pool `prefix` (the manager must run:
+/// `xio-manager --prefix <prefix>`). Close it with `xio_stack_close`.
+///
+/// Thread-safe. The stack itself is used by one thread at a time: a call
+/// that overlaps another on the same stack fails with `XIO_ERR_BUSY`.
+///
+/// # Safety
+/// `prefix` is a NUL-terminated string; `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stack_attach(
+    prefix: *const c_char,
+    out: *mut *mut XioStack,
+) -> XioResult {
+    guard(|| {
+        need_out(out, "out")?;
+        // SAFETY: per this function's contract.
+        let prefix = unsafe { str_arg(prefix, "prefix") }?;
+        let stack = Stack::attach(prefix)?;
+        let h = into_handle::<XioStack>(StackInner {
+            busy: AtomicBool::new(false),
+            stack: std::cell::UnsafeCell::new(stack),
+            spare: std::cell::UnsafeCell::new(Vec::new()),
+        });
+        // SAFETY: checked non-NULL above.
+        unsafe { put(out, h) };
+        Ok(())
+    })
+}
+
+/// Detaches and frees the stack (NULL is a no-op). Buffers it allocated or
+/// received stay valid until freed. Peers see their connections reset.
+///
+/// Not thread-safe: no other call may use the stack meanwhile or after.
+///
+/// # Safety
+/// `stack` is NULL or a stack handle, not used after this call.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stack_close(stack: *mut XioStack) -> XioResult {
+    // SAFETY: per this function's contract.
+    guard(|| unsafe { take(stack) }.map(drop))
+}
+
+/// This stack's id (what peers see as its `xio_peer`).
+///
+/// # Safety
+/// `stack` is a live stack handle (or NULL); `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stack_id(stack: *mut XioStack, out: *mut XioPeer) -> XioResult {
+    guard(|| {
+        need_out(out, "out")?;
+        // SAFETY: per this function's contract.
+        let mut s = unsafe { using(stack) }?;
+        let id = s.stack().id().0;
+        // SAFETY: checked non-NULL.
+        unsafe { put(out, id) };
+        Ok(())
+    })
+}
+
+/// Sets how `xio_recv` (and sends into a full ring, and allocations from
+/// an empty pool) wait: `XIO_WAIT_ADAPTIVE` (default), `XIO_WAIT_BUSY_POLL`
+/// or `XIO_WAIT_BLOCKING`.
+///
+/// # Safety
+/// `stack` is a live stack handle or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stack_set_wait_mode(stack: *mut XioStack, mode: i32) -> XioResult {
+    guard(|| {
+        let m = match mode {
+            XIO_WAIT_ADAPTIVE => WaitMode::Adaptive,
+            XIO_WAIT_BUSY_POLL => WaitMode::BusyPoll,
+            XIO_WAIT_BLOCKING => WaitMode::Blocking,
+            _ => {
+                return Err(Fail::new(
+                    XIO_ERR_INVALID_ARGUMENT,
+                    format!("{mode} is not an XIO_WAIT_ mode"),
+                ))
+            }
+        };
+        // SAFETY: per this function's contract.
+        unsafe { using(stack) }?.stack().set_wait_mode(m);
+        Ok(())
+    })
+}
+
+/// Binds the address `"ip:port"` to this stack: peers that
+/// `xio_stack_connect` to it reach this stack.
+///
+/// # Safety
+/// `stack` is a live stack handle or NULL; `addr` a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stack_bind(stack: *mut XioStack, addr: *const c_char) -> XioResult {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let a = unsafe { addr_arg(addr) }?;
+        // SAFETY: per this function's contract.
+        unsafe { using(stack) }?.stack().bind(a)?;
+        Ok(())
+    })
+}
+
+/// Opens a channel to the stack bound to `"ip:port"` (through the
+/// manager, once per peer) and gives its peer id.
+///
+/// # Safety
+/// `stack` is a live stack handle or NULL; `addr` a NUL-terminated string;
+/// `out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stack_connect(
+    stack: *mut XioStack,
+    addr: *const c_char,
+    out: *mut XioPeer,
+) -> XioResult {
+    guard(|| {
+        need_out(out, "out")?;
+        // SAFETY: per this function's contract.
+        let a = unsafe { addr_arg(addr) }?;
+        // SAFETY: per this function's contract.
+        let peer = unsafe { using(stack) }?.stack().connect(a)?;
+        // SAFETY: checked non-NULL.
+        unsafe { put(out, peer.0) };
+        Ok(())
+    })
+}
+
+/// A writable pool buffer of `len` bytes (the smallest class that fits).
+/// Waits while the pool is exhausted (per the wait mode);
+/// `XIO_ERR_TOO_LARGE` above the largest class.
+///
+/// # Safety
+/// `stack` is a live stack handle or NULL; `out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_alloc(
+    stack: *mut XioStack,
+    len: usize,
+    out: *mut *mut XioBuf,
+) -> XioResult {
+    guard(|| {
+        need_out(out, "out")?;
+        // SAFETY: per this function's contract.
+        let mut s = unsafe { using(stack) }?;
+        let b = s.stack().alloc(len)?;
+        let h = s.new_buf(BufState::Mut(b));
+        // SAFETY: checked non-NULL.
+        unsafe { put(out, h) };
+        Ok(())
+    })
+}
+
+/// Sends `buf` to `peer` without copying it: on success the buffer belongs
+/// to the peer and the handle is gone (do not free it). On failure
+/// nothing changed and the buffer is still yours. Waits while the ring is
+/// full (per the wait mode); `XIO_ERR_CONNECTION_RESET` if the peer died.
+/// Only writable buffers can be sent (`XIO_ERR_READ_ONLY`); a buffer goes
+/// out through the stack that allocated or received it.
+///
+/// # Safety
+/// `stack` and `buf` are live handles (or NULL).
+#[no_mangle]
+pub unsafe extern "C" fn xio_send(
+    stack: *mut XioStack,
+    peer: XioPeer,
+    buf: *mut XioBuf,
+) -> XioResult {
+    // SAFETY: forwarded contract.
+    unsafe { xio_send_tagged(stack, peer, 0, buf) }
+}
+
+/// `xio_send` with a tag the receiver gets from `xio_recv_tagged`.
+///
+/// # Safety
+/// As `xio_send`.
+#[no_mangle]
+pub unsafe extern "C" fn xio_send_tagged(
+    stack: *mut XioStack,
+    peer: XioPeer,
+    tag: u32,
+    buf: *mut XioBuf,
+) -> XioResult {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let mut s = unsafe { using(stack) }?;
+        // SAFETY: per this function's contract.
+        let state = unsafe { borrow_mut(buf) }?;
+        let b = match std::mem::replace(state, BufState::Moving) {
+            BufState::Mut(b) => b,
+            other => {
+                *state = other;
+                return Err(Fail::new(
+                    XIO_ERR_READ_ONLY,
+                    "a received buffer: xio_buf_make_writable it to send it on",
+                ));
+            }
+        };
+        match s.stack().send_or_return(PeerId(peer), tag, b) {
+            Ok(()) => {
+                // SAFETY: the handle is live (checked) and now empty.
+                unsafe { s.retire(buf) };
+                Ok(())
+            }
+            Err((e, back)) => {
+                *state =
+                    BufState::Mut(back.expect("send_or_return hands back what it did not send"));
+                Err(e.into())
+            }
+        }
+    })
+}
+
+/// Receives the next buffer sent to this stack (from any peer), read-only,
+/// with its sender. `timeout_ms` < 0 waits as long as it takes (per the
+/// wait mode), 0 does not wait (`XIO_ERR_WOULD_BLOCK`), > 0 waits at most
+/// that long (`XIO_ERR_TIMED_OUT`). A peer that died is reported once as
+/// `XIO_ERR_CONNECTION_RESET`, after the buffers it sent before.
+///
+/// # Safety
+/// `stack` is a live stack handle or NULL; `buf_out` and `from_out` are
+/// valid for writes (`from_out` may be NULL).
+#[no_mangle]
+pub unsafe extern "C" fn xio_recv(
+    stack: *mut XioStack,
+    timeout_ms: i32,
+    buf_out: *mut *mut XioBuf,
+    from_out: *mut XioPeer,
+) -> XioResult {
+    // SAFETY: forwarded contract; no tag wanted.
+    unsafe { xio_recv_tagged(stack, timeout_ms, buf_out, from_out, std::ptr::null_mut()) }
+}
+
+/// `xio_recv` that also gives the sender's tag (`tag_out` may be NULL).
+///
+/// # Safety
+/// As `xio_recv`; `tag_out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_recv_tagged(
+    stack: *mut XioStack,
+    timeout_ms: i32,
+    buf_out: *mut *mut XioBuf,
+    from_out: *mut XioPeer,
+    tag_out: *mut u32,
+) -> XioResult {
+    guard(|| {
+        need_out(buf_out, "buf_out")?;
+        // SAFETY: per this function's contract.
+        let mut s = unsafe { using(stack) }?;
+        let st = s.stack();
+        let m = match timeout_arg(timeout_ms) {
+            Timeout::Forever => st.recv(),
+            Timeout::NoWait => st.try_recv(),
+            Timeout::Ms(d) => st.recv_timeout(d),
+        }?;
+        // SAFETY: checked non-NULL; the optional ones are checked here.
+        unsafe {
+            if !from_out.is_null() {
+                put(from_out, m.from.0);
+            }
+            if !tag_out.is_null() {
+                put(tag_out, m.tag);
+            }
+            put(buf_out, s.new_buf(BufState::Ro(m.buf)));
+        }
+        Ok(())
+    })
+}
+
+/// The buffer's payload: its address and length (read-only or writable).
+/// The pointer stays valid until the buffer is sent or freed.
+///
+/// Not thread-safe per buffer (a buffer is used by one thread at a time).
+///
+/// # Safety
+/// `buf` is a live buffer handle or NULL; the out-pointers valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn xio_buf_data(
+    buf: *mut XioBuf,
+    data_out: *mut *const u8,
+    len_out: *mut usize,
+) -> XioResult {
+    guard(|| {
+        need_out(data_out, "data_out")?;
+        need_out(len_out, "len_out")?;
+        // SAFETY: per this function's contract.
+        let (p, n) = match unsafe { borrow_mut(buf) }? {
+            BufState::Mut(b) => (b.as_ptr(), b.len()),
+            BufState::Ro(b) => (b.as_ptr(), b.len()),
+            BufState::Moving => unreachable!("only inside a call"),
+        };
+        // SAFETY: checked non-NULL.
+        unsafe {
+            put(data_out, p);
+            put(len_out, n);
+        }
+        Ok(())
+    })
+}
+
+/// A writable buffer's memory: its address and capacity (its class, at
+/// least the length asked for). Write the payload, then
+/// `xio_buf_set_len`. `XIO_ERR_READ_ONLY` for a received buffer.
+///
+/// # Safety
+/// `buf` is a live buffer handle or NULL; the out-pointers valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn xio_buf_mut(
+    buf: *mut XioBuf,
+    data_out: *mut *mut u8,
+    capacity_out: *mut usize,
+) -> XioResult {
+    guard(|| {
+        need_out(data_out, "data_out")?;
+        need_out(capacity_out, "capacity_out")?;
+        // SAFETY: per this function's contract.
+        let BufState::Mut(b) = unsafe { borrow_mut(buf) }? else {
+            return Err(Fail::new(
+                XIO_ERR_READ_ONLY,
+                "a received buffer is read-only",
+            ));
+        };
+        let full = b.as_full_mut();
+        // SAFETY: checked non-NULL.
+        unsafe {
+            put(data_out, full.as_mut_ptr());
+            put(capacity_out, full.len());
+        }
+        Ok(())
+    })
+}
+
+/// Sets a writable buffer's payload length (at most its capacity).
+///
+/// # Safety
+/// `buf` is a live buffer handle or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn xio_buf_set_len(buf: *mut XioBuf, len: usize) -> XioResult {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let BufState::Mut(b) = unsafe { borrow_mut(buf) }? else {
+            return Err(Fail::new(
+                XIO_ERR_READ_ONLY,
+                "a received buffer is read-only",
+            ));
+        };
+        if len > b.capacity() {
+            return Err(Fail::new(
+                XIO_ERR_INVALID_ARGUMENT,
+                format!("length {len} beyond the buffer's capacity {}", b.capacity()),
+            ));
+        }
+        b.set_len(len);
+        Ok(())
+    })
+}
+
+/// Turns a received buffer into a writable one in place, without a new
+/// allocation or a copy (the L2-forwarder pattern: receive, rewrite a
+/// header, send on). A no-op for a buffer that is already writable.
+///
+/// # Safety
+/// `buf` is a live buffer handle or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn xio_buf_make_writable(buf: *mut XioBuf) -> XioResult {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let state = unsafe { borrow_mut(buf) }?;
+        if matches!(state, BufState::Ro(_)) {
+            if let BufState::Ro(b) = std::mem::replace(state, BufState::Moving) {
+                *state = BufState::Mut(b.into_mut());
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Returns the buffer to the pool (NULL is a no-op).
+///
+/// # Safety
+/// `buf` is NULL or a buffer handle, not used after this call.
+#[no_mangle]
+pub unsafe extern "C" fn xio_buf_free(buf: *mut XioBuf) -> XioResult {
+    // SAFETY: per this function's contract.
+    guard(|| unsafe { close_buf(buf) })
+}
+
+pub(crate) fn buf_out(state: BufState) -> *mut XioBuf {
+    new_buf(state)
+}

@@ -1,0 +1,213 @@
+/*
+ * The C ABI's contract, from C: NULL and foreign handles give errors,
+ * failures write nothing, read-only buffers refuse writes, timeouts and
+ * non-blocking calls say so, and the zero-copy and socket paths work.
+ * Compiled with -Wall -Wextra -Werror (and AddressSanitizer) by
+ * tests/c.rs, which runs it against a manager: api_test <prefix>.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "xio.h"
+
+static int failures;
+
+#define CHECK(cond)                                                                          \
+    do {                                                                                     \
+        if (!(cond)) {                                                                       \
+            fprintf(stderr, "api_test.c:%d: CHECK(%s) failed (last error: %s)\n", __LINE__, \
+                    #cond, xio_last_error());                                                \
+            failures++;                                                                      \
+        }                                                                                    \
+    } while (0)
+
+#define OK(call) CHECK((call) == XIO_OK)
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s <prefix>\n", argv[0]);
+        return 2;
+    }
+    const char *prefix = argv[1];
+
+    /* Codes and messages. */
+    for (xio_result c = XIO_OK; c <= XIO_ERR_INTERNAL; c++)
+        CHECK(xio_strerror(c) != NULL && strlen(xio_strerror(c)) > 0);
+    CHECK(strcmp(xio_strerror(12345), "unknown error") == 0);
+    CHECK(xio_strerror(XIO_ERR_WOULD_BLOCK) != xio_strerror(XIO_ERR_TIMED_OUT));
+
+    /* Attach: NULL arguments, a prefix without a manager (nothing written). */
+    xio_stack *sentinel = (xio_stack *)(uintptr_t)0x1234;
+    xio_stack *s1 = sentinel;
+    CHECK(xio_stack_attach(NULL, &s1) == XIO_ERR_INVALID_ARGUMENT && s1 == sentinel);
+    CHECK(xio_stack_attach(prefix, NULL) == XIO_ERR_INVALID_ARGUMENT);
+    CHECK(xio_stack_attach("no-manager-here", &s1) == XIO_ERR_NO_MANAGER && s1 == sentinel);
+    CHECK(strstr(xio_last_error(), "no-manager-here") != NULL);
+    CHECK(xio_stack_attach("bad/prefix", &s1) == XIO_ERR_INVALID_ARGUMENT && s1 == sentinel);
+    OK(xio_stack_attach(prefix, &s1));
+    xio_stack *s2;
+    OK(xio_stack_attach(prefix, &s2));
+    CHECK(xio_stack_close(NULL) == XIO_OK);
+    CHECK(xio_buf_free(NULL) == XIO_OK);
+
+    /* Bind and connect: bad addresses, unknown peers. */
+    CHECK(xio_stack_bind(s1, "not an address") == XIO_ERR_INVALID_ARGUMENT);
+    CHECK(xio_stack_bind(s1, NULL) == XIO_ERR_INVALID_ARGUMENT);
+    CHECK(xio_stack_bind(NULL, "10.9.0.1:1") == XIO_ERR_INVALID_ARGUMENT);
+    OK(xio_stack_bind(s1, "10.9.0.1:1"));
+    CHECK(xio_stack_bind(s2, "10.9.0.1:1") == XIO_ERR_ADDR_IN_USE);
+    xio_peer peer = 777;
+    CHECK(xio_stack_connect(s2, "10.9.0.1:2", &peer) == XIO_ERR_CONNECTION_REFUSED && peer == 777);
+    CHECK(xio_stack_set_wait_mode(s2, 99) == XIO_ERR_INVALID_ARGUMENT);
+    OK(xio_stack_set_wait_mode(s2, XIO_WAIT_BLOCKING));
+    OK(xio_stack_connect(s2, "10.9.0.1:1", &peer));
+
+    /* Allocation limits; a failed send leaves the buffer with us. */
+    xio_buf *b = (xio_buf *)(uintptr_t)0x99;
+    CHECK(xio_alloc(s2, (size_t)1 << 40, &b) == XIO_ERR_TOO_LARGE && b == (xio_buf *)(uintptr_t)0x99);
+    OK(xio_alloc(s2, 100, &b));
+    uint8_t *p;
+    size_t cap = 0;
+    OK(xio_buf_mut(b, &p, &cap));
+    CHECK(cap >= 100);
+    CHECK(xio_buf_set_len(b, cap + 1) == XIO_ERR_INVALID_ARGUMENT);
+    memcpy(p, "hello, xio", 10);
+    OK(xio_buf_set_len(b, 10));
+    CHECK(xio_send(s2, (xio_peer)(peer + 100), b) == XIO_ERR_NOT_CONNECTED);
+    const uint8_t *d;
+    size_t len;
+    OK(xio_buf_data(b, &d, &len));
+    CHECK(len == 10 && memcmp(d, "hello, xio", 10) == 0);
+
+    /* Foreign handles: a stack is not a buffer, a buffer not a stack. */
+    CHECK(xio_buf_data((xio_buf *)s1, &d, &len) == XIO_ERR_INVALID_HANDLE);
+    xio_peer id;
+    CHECK(xio_stack_id((xio_stack *)b, &id) == XIO_ERR_INVALID_HANDLE);
+    CHECK(xio_send(s2, peer, (xio_buf *)s2) == XIO_ERR_INVALID_HANDLE);
+    CHECK(xio_buf_free((xio_buf *)s1) == XIO_ERR_INVALID_HANDLE);
+    CHECK(xio_read((xio_stream *)b, p, 1, &len) == XIO_ERR_INVALID_HANDLE);
+
+    /* Receive: nothing yet, then the message, read-only, from s2. */
+    xio_buf *in = NULL;
+    xio_peer from = 0;
+    CHECK(xio_recv(s1, 0, &in, &from) == XIO_ERR_WOULD_BLOCK && in == NULL);
+    CHECK(xio_recv(s1, 5, &in, &from) == XIO_ERR_TIMED_OUT && in == NULL);
+    OK(xio_send_tagged(s2, peer, 42, b)); /* b is gone now */
+    uint32_t tag = 0;
+    OK(xio_recv_tagged(s1, -1, &in, &from, &tag));
+    OK(xio_stack_id(s2, &id));
+    CHECK(from == id && tag == 42);
+    OK(xio_buf_data(in, &d, &len));
+    CHECK(len == 10 && memcmp(d, "hello, xio", 10) == 0);
+    CHECK(xio_buf_mut(in, &p, &cap) == XIO_ERR_READ_ONLY);
+    CHECK(xio_buf_set_len(in, 1) == XIO_ERR_READ_ONLY);
+    CHECK(xio_send(s1, from, in) == XIO_ERR_READ_ONLY);
+    /* Forward in place: the same memory, now writable. */
+    OK(xio_buf_make_writable(in));
+    OK(xio_buf_make_writable(in));
+    OK(xio_buf_mut(in, &p, &cap));
+    CHECK(p == d);
+    p[0] = 'H';
+    OK(xio_send(s1, from, in));
+    xio_buf *back;
+    OK(xio_recv(s2, -1, &back, &from));
+    OK(xio_buf_data(back, &d, &len));
+    CHECK(len == 10 && memcmp(d, "Hello, xio", 10) == 0);
+    OK(xio_buf_free(back));
+
+    /* A peer that leaves: the survivor sees a reset once. */
+    OK(xio_stack_close(s2));
+    CHECK(xio_recv(s1, 10000, &in, &from) == XIO_ERR_CONNECTION_RESET);
+    OK(xio_stack_close(s1));
+
+    /* Sockets. */
+    xio_net *net;
+    CHECK(xio_net_attach(prefix, NULL) == XIO_ERR_INVALID_ARGUMENT);
+    OK(xio_net_attach(prefix, &net));
+    xio_stream *c = (xio_stream *)(uintptr_t)0x77;
+    CHECK(xio_dial(net, "10.9.1.1:80", &c) == XIO_ERR_CONNECTION_REFUSED && c == (xio_stream *)(uintptr_t)0x77);
+    xio_listener *l, *l2;
+    OK(xio_listen(net, "10.9.1.1:80", &l));
+    CHECK(xio_listen(net, "10.9.1.1:80", &l2) == XIO_ERR_ADDR_IN_USE);
+    OK(xio_listener_set_nonblocking(l, 1));
+    xio_stream *a;
+    CHECK(xio_accept(l, &a) == XIO_ERR_WOULD_BLOCK);
+    OK(xio_dial(net, "10.9.1.1:80", &c));
+    size_t n;
+    OK(xio_write(c, "ping", 4, &n));
+    CHECK(n == 4);
+    xio_event ev[8];
+    CHECK(xio_net_poll(net, ev, 0, 0, &n) == XIO_ERR_INVALID_ARGUMENT);
+    CHECK(xio_net_poll(net, NULL, 8, 0, &n) == XIO_ERR_INVALID_ARGUMENT);
+    uint64_t ltok;
+    OK(xio_listener_token(l, &ltok));
+    int saw_accept = 0;
+    for (int round = 0; round < 1000 && !saw_accept; round++) {
+        OK(xio_net_poll(net, ev, 8, 100, &n));
+        for (size_t i = 0; i < n; i++)
+            saw_accept |= ev[i].token == ltok && (ev[i].events & XIO_EVENT_ACCEPT);
+    }
+    CHECK(saw_accept);
+    OK(xio_accept(l, &a));
+    char buf[64];
+    OK(xio_read(a, buf, sizeof buf, &n));
+    CHECK(n == 4 && memcmp(buf, "ping", 4) == 0);
+    char addr[64];
+    memset(addr, 'x', sizeof addr);
+    CHECK(xio_stream_peer_addr(a, addr, 2) == XIO_ERR_INVALID_ARGUMENT && addr[0] == 'x');
+    OK(xio_stream_peer_addr(a, addr, sizeof addr));
+    char caddr[64];
+    OK(xio_stream_local_addr(c, caddr, sizeof caddr));
+    CHECK(strcmp(addr, caddr) == 0);
+    OK(xio_stream_local_addr(a, addr, sizeof addr));
+    CHECK(strcmp(addr, "10.9.1.1:80") == 0);
+    CHECK(xio_shutdown(a, 7) == XIO_ERR_INVALID_ARGUMENT);
+
+    /* Non-blocking read with nothing there; a timeout that passes. */
+    OK(xio_stream_set_nonblocking(a, 1));
+    CHECK(xio_read(a, buf, sizeof buf, &n) == XIO_ERR_WOULD_BLOCK);
+    OK(xio_stream_set_nonblocking(a, 0));
+    OK(xio_stream_set_timeouts(a, 5, 0));
+    CHECK(xio_read(a, buf, sizeof buf, &n) == XIO_ERR_TIMED_OUT);
+    OK(xio_stream_set_timeouts(a, 0, 0));
+
+    /* Gather write: header + body arrive in order, as one chunk. */
+    xio_iovec iov[2] = {{"HEAD", 4}, {"body!", 5}};
+    OK(xio_writev(c, iov, 2, &n));
+    CHECK(n == 9);
+    xio_buf *chunk;
+    OK(xio_stream_recv_buf(a, &chunk));
+    OK(xio_buf_data(chunk, &d, &len));
+    CHECK(len == 9 && memcmp(d, "HEADbody!", 9) == 0);
+    OK(xio_buf_free(chunk));
+
+    /* Zero-copy on the stream: alloc, fill, send; read it with xio_read. */
+    xio_buf *zb;
+    OK(xio_stream_alloc(a, 5, &zb));
+    OK(xio_buf_mut(zb, &p, &cap));
+    memcpy(p, "reply", 5);
+    OK(xio_buf_set_len(zb, 5));
+    OK(xio_stream_send_buf(a, zb));
+    OK(xio_read(c, buf, sizeof buf, &n));
+    CHECK(n == 5 && memcmp(buf, "reply", 5) == 0);
+
+    /* Close: the other side reads end of stream, in both interfaces. */
+    OK(xio_shutdown(c, XIO_SHUT_WR));
+    OK(xio_read(a, buf, sizeof buf, &n));
+    CHECK(n == 0);
+    OK(xio_stream_close(a));
+    OK(xio_stream_recv_buf(c, &chunk));
+    CHECK(chunk == NULL);
+    OK(xio_stream_close(c));
+    OK(xio_listener_close(l));
+    OK(xio_net_close(net));
+
+    if (failures) {
+        fprintf(stderr, "api_test: %d checks failed\n", failures);
+        return 1;
+    }
+    printf("XIO:ok\n");
+    return 0;
+}

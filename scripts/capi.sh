@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds libxio (X-IO's C ABI) and writes a pkg-config file for it.
+#
+#   ./scripts/capi.sh                  # build in place: target/release/pkgconfig/xio.pc
+#   ./scripts/capi.sh --install /usr/local   # copy lib, header and xio.pc there
+#
+# Then: cc app.c $(pkg-config --cflags --libs xio)
+# (in place: PKG_CONFIG_PATH=$PWD/target/release/pkgconfig)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+cargo build --release -p xio-capi -p xio-manager
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+
+fill() { # prefix libdir includedir out
+    sed -e "s|@PREFIX@|$1|" -e "s|@LIBDIR@|$2|" -e "s|@INCLUDEDIR@|$3|" \
+        -e "s|@VERSION@|$version|" crates/xio-capi/xio.pc.in >"$4"
+}
+
+if [[ "${1:-}" == "--install" ]]; then
+    prefix=${2:?usage: $0 --install PREFIX}
+    install -d "$prefix/lib/pkgconfig" "$prefix/include" "$prefix/bin"
+    install -m 0755 target/release/libxio.so "$prefix/lib/"
+    install -m 0644 target/release/libxio.a "$prefix/lib/"
+    install -m 0644 crates/xio-capi/include/xio.h "$prefix/include/"
+    install -m 0755 target/release/xio-manager "$prefix/bin/"
+    fill "$prefix" "$prefix/lib" "$prefix/include" "$prefix/lib/pkgconfig/xio.pc"
+    echo "installed into $prefix (pkg-config: $prefix/lib/pkgconfig)"
+else
+    mkdir -p target/release/pkgconfig
+    fill "$root" "$root/target/release" "$root/crates/xio-capi/include" \
+        target/release/pkgconfig/xio.pc
+    echo "export PKG_CONFIG_PATH=$root/target/release/pkgconfig"
+fi
