@@ -12,6 +12,7 @@
 //! `serve-sock` for `sockets`).
 
 mod baselines;
+mod capi;
 mod compare;
 mod pin;
 mod sockets;
@@ -65,6 +66,21 @@ enum Cmd {
     },
     /// Compare X-IO with the baselines; prints markdown tables on stdout.
     Compare(compare::CompareArgs),
+    /// The C ABI: C packet generator and echo function next to the same
+    /// loops in Rust (zero-copy round trip).
+    Capi(capi::CapiArgs),
+    /// (internal) The Rust echo function of `capi`.
+    #[command(hide = true)]
+    ServeL2fwd {
+        #[arg(long)]
+        prefix: String,
+        #[arg(long)]
+        addr: SocketAddr,
+        #[arg(long, value_enum)]
+        mode: xio::Mode,
+        #[arg(long)]
+        cpu: Option<usize>,
+    },
     /// Stream sockets (Unix socket, TCP loopback) side by side: round trip,
     /// short connections, concurrent connections; markdown on stdout.
     Sockets(sockets::SocketsArgs),
@@ -124,6 +140,17 @@ fn pin(cpu: Option<usize>) -> Result<()> {
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Compare(a) => compare::run(&a),
+        Cmd::Capi(a) => capi::run(&a),
+        Cmd::ServeL2fwd {
+            prefix,
+            addr,
+            mode,
+            cpu,
+        } => {
+            xio::die_with_parent()?;
+            pin(cpu)?;
+            capi::serve_l2fwd(&prefix, addr, mode)
+        }
         Cmd::Sockets(a) => sockets::run(&a),
         Cmd::Tokio(a) => tokio_bench::run(&a),
         Cmd::Http(a) => tokio_bench::run_http(&a),
