@@ -35,16 +35,32 @@ fn manager(test: &str) -> (ManagerHandle, String) {
     (Manager::builder(&p).spawn().unwrap(), p)
 }
 
-/// Where cargo put libxio (next to this test's `deps/` directory).
+/// Where libxio is: next to this test's `deps/` directory. Cargo builds
+/// only the rlib for integration tests, so the shared library is built
+/// here (a no-op when it is up to date), never tested stale.
 fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    assert!(
-        dir.join("libxio.so").exists(),
-        "libxio.so not built in {}",
-        dir.display()
-    );
-    dir
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.args(["build", "--quiet", "-p", "xio-capi", "--lib"]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let st = cmd
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("running cargo to build libxio");
+        assert!(st.success(), "building libxio failed");
+        assert!(
+            dir.join("libxio.so").exists(),
+            "libxio.so not built in {}",
+            dir.display()
+        );
+        dir
+    })
+    .clone()
 }
 
 /// The compile and link flags from our pkg-config file (xio.pc.in filled
