@@ -208,8 +208,8 @@ typedef uint16_t xio_peer;
 #define XIO_ERR_IO 13
 
 /**
- * Another thread is using this stack right now (a stack is used by one
- * thread at a time).
+ * Another thread owns this stack (a stack is used by one thread at a
+ * time: see `xio_stack_attach` and `xio_stack_release`).
  */
 #define XIO_ERR_BUSY 14
 
@@ -496,11 +496,25 @@ xio_result xio_stream_send_buf(struct xio_stream *stream, struct xio_buf *buf);
 xio_result xio_stream_recv_buf(struct xio_stream *stream, struct xio_buf **out);
 
 /**
+ * Gives up this thread's ownership of the stack, so another thread can
+ * use it (a thread owns a stack from its first alloc, send or receive
+ * until it calls this or exits).
+ * `XIO_ERR_BUSY` if another thread owns it; a no-op if nobody does.
+ *
+ * # Safety
+ * `stack` is a live stack handle or NULL.
+ */
+xio_result xio_stack_release(struct xio_stack *stack);
+
+/**
  * Attaches a new stack to the pool `prefix` (the manager must run:
  * `xio-manager --prefix <prefix>`). Close it with `xio_stack_close`.
  *
- * Thread-safe. The stack itself is used by one thread at a time: a call
- * that overlaps another on the same stack fails with `XIO_ERR_BUSY`.
+ * Thread-safe. The stack itself is used by one thread at a time: the
+ * first thread to alloc, send or receive on it owns it (until it calls
+ * `xio_stack_release` or exits), and calls from other threads fail with
+ * `XIO_ERR_BUSY` instead of racing. Setup calls (bind, connect, wait
+ * mode, id) work from any thread while nobody owns it.
  *
  * # Safety
  * `prefix` is a NUL-terminated string; `out` is valid for a write.

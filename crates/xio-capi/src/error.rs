@@ -40,8 +40,8 @@ pub const XIO_ERR_MANAGER_GONE: XioResult = 11;
 pub const XIO_ERR_PROTOCOL: XioResult = 12;
 /// A system call failed (see `xio_last_error`).
 pub const XIO_ERR_IO: XioResult = 13;
-/// Another thread is using this stack right now (a stack is used by one
-/// thread at a time).
+/// Another thread owns this stack (a stack is used by one thread at a
+/// time: see `xio_stack_attach` and `xio_stack_release`).
 pub const XIO_ERR_BUSY: XioResult = 14;
 /// Writing after this side shut down writes, or to a closed peer.
 pub const XIO_ERR_BROKEN_PIPE: XioResult = 15;

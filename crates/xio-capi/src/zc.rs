@@ -3,7 +3,7 @@
 //! copies, and received buffers that turn writable to forward in place.
 
 use std::ffi::c_char;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use xio_core::buf::{Buf, BufMut};
 use xio_core::stack::{PeerId, Stack};
@@ -24,8 +24,9 @@ pub const XIO_WAIT_BUSY_POLL: i32 = 1;
 pub const XIO_WAIT_BLOCKING: i32 = 2;
 
 pub(crate) struct StackInner {
-    /// Set while a call runs: a stack is used by one thread at a time.
-    busy: AtomicBool,
+    /// The thread using the stack ([`thread_mark`]), 0 when none: a stack
+    /// is used by one thread at a time (see `claim`).
+    owner: std::sync::Arc<AtomicUsize>,
     stack: std::cell::UnsafeCell<Stack>,
     /// Allocations of the handles of buffers this stack sent, reused for
     /// the next ones it hands out: a handle per message would otherwise
@@ -74,18 +75,68 @@ pub(crate) unsafe fn close_buf(buf: *mut XioBuf) -> Res<()> {
 }
 
 /// The stack, for the length of one call.
-struct Using<'a>(&'a StackInner);
+struct Using<'a> {
+    inner: &'a StackInner,
+    /// Give the stack back when the call ends (a setup call that found it
+    /// unowned); data-path calls keep it (see `claim`).
+    release: bool,
+}
+
+thread_local! {
+    /// Its address identifies the thread (no allocation, no destructor).
+    static MARK: u8 = const { 0 };
+}
+
+/// A number unique to the calling thread among running threads.
+fn thread_mark() -> usize {
+    MARK.with(|m| m as *const u8 as usize)
+}
+
+/// The stacks a thread has claimed: released when the thread exits, so a
+/// thread that ends without `xio_stack_release` does not leave its
+/// stacks owned by nobody alive.
+struct Claims {
+    me: usize,
+    owners: Vec<std::sync::Arc<AtomicUsize>>,
+}
+
+impl Drop for Claims {
+    fn drop(&mut self) {
+        for o in &self.owners {
+            // Release: this thread's writes to the stack happen before the
+            // next owner's claim. Fails (leaving it) if it changed hands.
+            let _ = o.compare_exchange(self.me, 0, Ordering::Release, Ordering::Relaxed);
+        }
+    }
+}
+
+thread_local! {
+    static CLAIMS: std::cell::RefCell<Claims> = std::cell::RefCell::new(Claims {
+        me: thread_mark(),
+        owners: Vec::new(),
+    });
+}
+
+/// Records that this thread owns `owner` until it releases it or exits.
+fn remember_claim(owner: &std::sync::Arc<AtomicUsize>) {
+    let _ = CLAIMS.try_with(|c| {
+        let mut c = c.borrow_mut();
+        // Forget stacks that were closed since.
+        c.owners.retain(|o| std::sync::Arc::strong_count(o) > 1);
+        c.owners.push(owner.clone());
+    });
+}
 
 impl Using<'_> {
     fn stack(&mut self) -> &mut Stack {
-        // SAFETY: `busy` is ours (acquired in `using`), so no other call
-        // touches the stack until we release it in Drop.
-        unsafe { &mut *self.0.stack.get() }
+        // SAFETY: `owner` is this thread (checked or claimed in `using`),
+        // so no other thread touches the stack until it is released.
+        unsafe { &mut *self.inner.stack.get() }
     }
 
     fn spare(&mut self) -> &mut Spare {
         // SAFETY: as for `stack`.
-        unsafe { &mut *self.0.spare.get() }
+        unsafe { &mut *self.inner.spare.get() }
     }
 
     /// A handle for a buffer this stack hands out.
@@ -113,33 +164,92 @@ impl Using<'_> {
 
 impl Drop for Using<'_> {
     fn drop(&mut self) {
-        self.0.busy.store(false, Ordering::Release);
+        if self.release {
+            self.inner.owner.store(0, Ordering::Release);
+        }
     }
 }
 
+/// The stack for one call by this thread: its owner's calls go straight
+/// through (a thread-local address compare, no atomic read-modify-write on
+/// the data path); a stack nobody owns is claimed, for this call only
+/// (`sticky` false: setup calls) or until `xio_stack_release` (`sticky`:
+/// alloc, send and receive, so the thread that moves the data owns the
+/// stack). Another thread's call fails with `XIO_ERR_BUSY`.
+///
 /// # Safety
 /// `p` is NULL or a stack handle not closed meanwhile.
-unsafe fn using<'a>(p: *mut XioStack) -> Res<Using<'a>> {
+unsafe fn using<'a>(p: *mut XioStack, sticky: bool) -> Res<Using<'a>> {
     // SAFETY: forwarded contract.
     let inner = unsafe { borrow(p) }?;
-    if inner
-        .busy
-        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-        .is_err()
-    {
-        return Err(Fail::new(
-            XIO_ERR_BUSY,
-            "the stack is in use by another thread (use one stack per thread)",
-        ));
+    let me = thread_mark();
+    let owner = inner.owner.load(Ordering::Relaxed);
+    if owner == me {
+        return Ok(Using {
+            inner,
+            release: false,
+        });
     }
-    Ok(Using(inner))
+    // Acquire: pairs with the Release that gave the stack up, so the
+    // previous owner's writes to it are visible to us.
+    if owner == 0
+        && inner
+            .owner
+            .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    {
+        if sticky {
+            remember_claim(&inner.owner);
+        }
+        return Ok(Using {
+            inner,
+            release: !sticky,
+        });
+    }
+    Err(Fail::new(
+        XIO_ERR_BUSY,
+        "the stack is in use by another thread: a stack is used by one thread at a time \
+         (the thread that sends and receives on it owns it until it calls xio_stack_release)",
+    ))
+}
+
+/// Gives up this thread's ownership of the stack, so another thread can
+/// use it (a thread owns a stack from its first alloc, send or receive
+/// until it calls this or exits).
+/// `XIO_ERR_BUSY` if another thread owns it; a no-op if nobody does.
+///
+/// # Safety
+/// `stack` is a live stack handle or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stack_release(stack: *mut XioStack) -> XioResult {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let inner = unsafe { borrow(stack) }?;
+        let me = thread_mark();
+        match inner.owner.load(Ordering::Relaxed) {
+            0 => Ok(()),
+            o if o == me => {
+                // Release: our writes to the stack happen before the next
+                // owner's claim.
+                inner.owner.store(0, Ordering::Release);
+                Ok(())
+            }
+            _ => Err(Fail::new(
+                XIO_ERR_BUSY,
+                "another thread owns the stack; only it can release it",
+            )),
+        }
+    })
 }
 
 /// Attaches a new stack to the pool `prefix` (the manager must run:
 /// `xio-manager --prefix <prefix>`). Close it with `xio_stack_close`.
 ///
-/// Thread-safe. The stack itself is used by one thread at a time: a call
-/// that overlaps another on the same stack fails with `XIO_ERR_BUSY`.
+/// Thread-safe. The stack itself is used by one thread at a time: the
+/// first thread to alloc, send or receive on it owns it (until it calls
+/// `xio_stack_release` or exits), and calls from other threads fail with
+/// `XIO_ERR_BUSY` instead of racing. Setup calls (bind, connect, wait
+/// mode, id) work from any thread while nobody owns it.
 ///
 /// # Safety
 /// `prefix` is a NUL-terminated string; `out` is valid for a write.
@@ -154,7 +264,7 @@ pub unsafe extern "C" fn xio_stack_attach(
         let prefix = unsafe { str_arg(prefix, "prefix") }?;
         let stack = Stack::attach(prefix)?;
         let h = into_handle::<XioStack>(StackInner {
-            busy: AtomicBool::new(false),
+            owner: std::sync::Arc::new(AtomicUsize::new(0)),
             stack: std::cell::UnsafeCell::new(stack),
             spare: std::cell::UnsafeCell::new(Vec::new()),
         });
@@ -186,7 +296,7 @@ pub unsafe extern "C" fn xio_stack_id(stack: *mut XioStack, out: *mut XioPeer) -
     guard(|| {
         need_out(out, "out")?;
         // SAFETY: per this function's contract.
-        let mut s = unsafe { using(stack) }?;
+        let mut s = unsafe { using(stack, false) }?;
         let id = s.stack().id().0;
         // SAFETY: checked non-NULL.
         unsafe { put(out, id) };
@@ -215,7 +325,7 @@ pub unsafe extern "C" fn xio_stack_set_wait_mode(stack: *mut XioStack, mode: i32
             }
         };
         // SAFETY: per this function's contract.
-        unsafe { using(stack) }?.stack().set_wait_mode(m);
+        unsafe { using(stack, false) }?.stack().set_wait_mode(m);
         Ok(())
     })
 }
@@ -231,7 +341,7 @@ pub unsafe extern "C" fn xio_stack_bind(stack: *mut XioStack, addr: *const c_cha
         // SAFETY: per this function's contract.
         let a = unsafe { addr_arg(addr) }?;
         // SAFETY: per this function's contract.
-        unsafe { using(stack) }?.stack().bind(a)?;
+        unsafe { using(stack, false) }?.stack().bind(a)?;
         Ok(())
     })
 }
@@ -253,7 +363,7 @@ pub unsafe extern "C" fn xio_stack_connect(
         // SAFETY: per this function's contract.
         let a = unsafe { addr_arg(addr) }?;
         // SAFETY: per this function's contract.
-        let peer = unsafe { using(stack) }?.stack().connect(a)?;
+        let peer = unsafe { using(stack, false) }?.stack().connect(a)?;
         // SAFETY: checked non-NULL.
         unsafe { put(out, peer.0) };
         Ok(())
@@ -275,7 +385,7 @@ pub unsafe extern "C" fn xio_alloc(
     guard(|| {
         need_out(out, "out")?;
         // SAFETY: per this function's contract.
-        let mut s = unsafe { using(stack) }?;
+        let mut s = unsafe { using(stack, true) }?;
         let b = s.stack().alloc(len)?;
         let h = s.new_buf(BufState::Mut(b));
         // SAFETY: checked non-NULL.
@@ -316,7 +426,7 @@ pub unsafe extern "C" fn xio_send_tagged(
 ) -> XioResult {
     guard(|| {
         // SAFETY: per this function's contract.
-        let mut s = unsafe { using(stack) }?;
+        let mut s = unsafe { using(stack, true) }?;
         // SAFETY: per this function's contract.
         let state = unsafe { borrow_mut(buf) }?;
         let b = match std::mem::replace(state, BufState::Moving) {
@@ -379,7 +489,7 @@ pub unsafe extern "C" fn xio_recv_tagged(
     guard(|| {
         need_out(buf_out, "buf_out")?;
         // SAFETY: per this function's contract.
-        let mut s = unsafe { using(stack) }?;
+        let mut s = unsafe { using(stack, true) }?;
         let st = s.stack();
         let m = match timeout_arg(timeout_ms) {
             Timeout::Forever => st.recv(),

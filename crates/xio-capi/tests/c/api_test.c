@@ -6,6 +6,7 @@
  * tests/c.rs, which runs it against a manager: api_test <prefix>.
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,23 @@ static int failures;
     } while (0)
 
 #define OK(call) CHECK((call) == XIO_OK)
+
+/* Another thread's alloc on a stack: what it returned. */
+static void *alloc_elsewhere(void *stack) {
+    xio_buf *b = NULL;
+    xio_result r = xio_alloc((xio_stack *)stack, 8, &b);
+    if (r == XIO_OK)
+        xio_buf_free(b);
+    return (void *)(intptr_t)r;
+}
+
+static xio_result from_other_thread(xio_stack *s) {
+    pthread_t t;
+    void *r = NULL;
+    pthread_create(&t, NULL, alloc_elsewhere, s);
+    pthread_join(t, &r);
+    return (xio_result)(intptr_t)r;
+}
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -116,6 +134,18 @@ int main(int argc, char **argv) {
     OK(xio_buf_data(back, &d, &len));
     CHECK(len == 10 && memcmp(d, "Hello, xio", 10) == 0);
     OK(xio_buf_free(back));
+
+    /* One thread at a time: s1 belongs to this thread since its first
+     * send; another thread is refused until we release it. */
+    CHECK(from_other_thread(s1) == XIO_ERR_BUSY);
+    CHECK(strstr(xio_last_error(), "another thread") == NULL); /* per-thread message */
+    OK(xio_stack_release(s1));
+    /* The other thread claims it and exits without releasing: its exit
+     * gives the stack up, so it is ours again. */
+    CHECK(from_other_thread(s1) == XIO_OK);
+    OK(xio_alloc(s1, 8, &b));
+    OK(xio_buf_free(b));
+    CHECK(xio_stack_release(NULL) == XIO_ERR_INVALID_ARGUMENT);
 
     /* A peer that leaves: the survivor sees a reset once. */
     OK(xio_stack_close(s2));
