@@ -11,6 +11,8 @@
 //! subcommand (`serve` for the baselines, `serve-xio` for X-IO,
 //! `serve-sock` for `sockets`).
 
+#[cfg(feature = "dpdk")]
+mod backends;
 mod baselines;
 mod capi;
 mod compare;
@@ -66,6 +68,10 @@ enum Cmd {
     },
     /// Compare X-IO with the baselines; prints markdown tables on stdout.
     Compare(compare::CompareArgs),
+    /// The shm and DPDK backends side by side with a Unix socket (needs the
+    /// `dpdk` feature and hugepages).
+    #[cfg(feature = "dpdk")]
+    Backends(backends::BackendsArgs),
     /// The C ABI: C packet generator and echo function next to the same
     /// loops in Rust (zero-copy round trip).
     Capi(capi::CapiArgs),
@@ -140,6 +146,8 @@ fn pin(cpu: Option<usize>) -> Result<()> {
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Compare(a) => compare::run(&a),
+        #[cfg(feature = "dpdk")]
+        Cmd::Backends(a) => backends::run(&a),
         Cmd::Capi(a) => capi::run(&a),
         Cmd::ServeL2fwd {
             prefix,

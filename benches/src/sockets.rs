@@ -1680,6 +1680,33 @@ where
     Ok(())
 }
 
+/// One section-(a) run (round trips over one persistent connection) of
+/// `t` with the server on `sc` and the client on `cc`: the samples in ns.
+/// X-IO transports use the pool named by `XIO_BENCH_PREFIX`. For
+/// `xio-bench backends`.
+#[cfg(feature = "dpdk")]
+pub(crate) fn rtt_samples(
+    t: Transport,
+    size: usize,
+    warmup: usize,
+    iters: usize,
+    cc: usize,
+    sc: usize,
+) -> Result<Vec<u64>> {
+    let job = Job {
+        section: Section::A,
+        size,
+        conns: 1,
+        warmup,
+        iters,
+        warm: Duration::ZERO,
+        measure: Duration::ZERO,
+        client_cpu: cc,
+        server_cpu: sc,
+    };
+    Ok(run_pair(t, &job)?.samples)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,7 @@ use crate::sync::{AtomicU32, AtomicU64, CachePadded};
 /// `b"XIO-SHM\x01"`: first eight bytes of every segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"XIO-SHM\x01");
 /// Bumped on any change of the layout below.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// Most size classes a pool can have.
 pub const MAX_CLASSES: usize = 8;
 /// Class value of a descriptor that carries no buffer (control kinds).
@@ -53,6 +53,16 @@ pub struct Descriptor {
     pub kind: u8,
     /// Low 16 bits of the buffer's generation when it was sent.
     pub gen: u16,
+}
+
+/// Backends, as recorded in [`SegmentHeader::backend`].
+pub mod backend {
+    /// Buffers and rings in this segment (the default).
+    pub const SHM: u32 = 0;
+    /// Buffers in DPDK mempools and rings in DPDK rings of the same prefix;
+    /// this segment keeps the stack slots and channel states (its class
+    /// table gives the buffer sizes, its buffer area is unused).
+    pub const DPDK: u32 = 1;
 }
 
 /// Descriptor kinds.
@@ -140,6 +150,10 @@ pub struct SegmentHeader {
     pub ring_capacity: u32,
     /// Bytes per channel slot (header plus both rings).
     pub channel_stride: u32,
+    /// Where buffers and rings live: [`backend::SHM`] or [`backend::DPDK`].
+    pub backend: u32,
+    /// Zero.
+    pub _pad: u32,
     /// Offset of the free-list heads.
     pub free_heads_off: u64,
     /// Offset of the stack slots.

@@ -42,6 +42,8 @@ pub mod backend;
 pub mod buf;
 pub mod conn;
 pub mod ctrl;
+#[cfg(feature = "dpdk")]
+pub mod dpdk;
 pub mod layout;
 pub mod manager;
 pub mod net;

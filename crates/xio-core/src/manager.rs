@@ -46,6 +46,10 @@ pub enum ManagerError {
     /// Could not create the segment.
     #[error(transparent)]
     Segment(#[from] SegmentError),
+    /// The DPDK backend could not start (no hugepages, no DPDK support in
+    /// this build, another primary on the prefix...).
+    #[error("dpdk backend: {0}")]
+    Dpdk(String),
     /// A system call failed.
     #[error("{what}: {err}")]
     Io {
@@ -61,14 +65,44 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ManagerError {
     move |err| ManagerError::Io { what, err }
 }
 
+/// Where a pool keeps its buffers and rings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// A sealed memfd segment (the default: no root, no hugepages).
+    #[default]
+    Shm,
+    /// DPDK mempools and rings in hugepage memory: the manager is the DPDK
+    /// primary of the prefix, stacks are secondaries (needs the `dpdk`
+    /// feature, hugepages and, in practice, root).
+    Dpdk,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "shm" => Ok(Backend::Shm),
+            "dpdk" => Ok(Backend::Dpdk),
+            _ => Err(format!("unknown backend {s:?} (shm or dpdk)")),
+        }
+    }
+}
+
 /// Options for a manager.
 #[derive(Clone, Debug)]
 pub struct ManagerBuilder {
     prefix: String,
     pool: PoolConfig,
+    backend: Backend,
 }
 
 impl ManagerBuilder {
+    /// Where buffers and rings live (default [`Backend::Shm`]).
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
     /// The pool geometry (default: [`PoolConfig::default`]).
     pub fn pool(mut self, pool: PoolConfig) -> Self {
         self.pool = pool;
@@ -147,9 +181,41 @@ pub struct StackInfo {
 pub struct ManagerHandle {
     thread: Option<JoinHandle<Result<(), ManagerError>>>,
     stop: Stopper,
-    pool: Arc<ManagerPool>,
+    pool: MgrPool,
     snapshot: Arc<Mutex<Snapshot>>,
     prefix: String,
+}
+
+/// The manager's side of the pool, per backend.
+#[derive(Clone, Debug)]
+enum MgrPool {
+    Shm(Arc<ManagerPool>),
+    #[cfg(feature = "dpdk")]
+    Dpdk(Arc<crate::dpdk::DpdkPool>),
+}
+
+impl MgrPool {
+    fn usage(&self) -> Vec<ClassUsage> {
+        match self {
+            MgrPool::Shm(p) => p.usage(),
+            #[cfg(feature = "dpdk")]
+            MgrPool::Dpdk(p) => p.usage(),
+        }
+    }
+
+    fn reclaim(&self, dead: u16, live: &[u16]) -> Reclaimed {
+        match self {
+            MgrPool::Shm(p) => p.reclaim(dead, live),
+            #[cfg(feature = "dpdk")]
+            MgrPool::Dpdk(p) => {
+                let _ = live;
+                Reclaimed {
+                    owned: p.reclaim(dead) as u32,
+                    lost: 0,
+                }
+            }
+        }
+    }
 }
 
 impl ManagerHandle {
@@ -223,7 +289,10 @@ pub struct Manager {
     _lock: OwnedFd,
     listener: OwnedFd,
     seg: Segment,
-    pool: Arc<ManagerPool>,
+    pool: MgrPool,
+    /// DPDK: both rings of every channel slot, made at start.
+    #[cfg(feature = "dpdk")]
+    rings: Vec<[crate::dpdk::Ring; 2]>,
     stop: Arc<EventFdDoorbell>,
     pending: Vec<OwnedFd>,
     stacks: HashMap<u16, StackEntry>,
@@ -252,6 +321,7 @@ impl Manager {
         ManagerBuilder {
             prefix: prefix.to_owned(),
             pool: PoolConfig::default(),
+            backend: Backend::default(),
         }
     }
 
@@ -285,9 +355,31 @@ impl Manager {
         let listener = ctrl::listen(&sock_path)
             .map_err(io_err(format!("listen on {}", sock_path.display())))?;
         ctrl::set_nonblocking(&listener, true).map_err(io_err("set listener non-blocking"))?;
-        let region = Region::create_memfd(&format!("xio-{}", b.prefix), geo.total_len as usize)?;
-        let seg = Segment::init(region, &b.pool, &geo)?;
-        let pool = Arc::new(ManagerPool::init(seg.clone()));
+        #[cfg(feature = "dpdk")]
+        let mut rings = Vec::new();
+        let (seg, pool) = match b.backend {
+            Backend::Shm => {
+                let region =
+                    Region::create_memfd(&format!("xio-{}", b.prefix), geo.total_len as usize)?;
+                let seg = Segment::init(region, &b.pool, &geo)?;
+                let pool = MgrPool::Shm(Arc::new(ManagerPool::init(seg.clone())));
+                (seg, pool)
+            }
+            #[cfg(feature = "dpdk")]
+            Backend::Dpdk => {
+                let (seg, pool, r) = Self::dpdk_pool(&b)?;
+                rings = r;
+                (seg, pool)
+            }
+            #[cfg(not(feature = "dpdk"))]
+            Backend::Dpdk => {
+                return Err(ManagerError::Dpdk(
+                    "this build has no DPDK support: build with the `dpdk` feature \
+                     (cargo build --features dpdk)"
+                        .into(),
+                ))
+            }
+        };
         let stop = Arc::new(EventFdDoorbell::new().map_err(io_err("eventfd"))?);
         tracing::info!(
             prefix = %b.prefix,
@@ -304,6 +396,8 @@ impl Manager {
             channels: (0..seg.max_channels()).map(|_| None).collect(),
             seg,
             pool,
+            #[cfg(feature = "dpdk")]
+            rings,
             stop,
             pending: Vec::new(),
             stacks: HashMap::new(),
@@ -312,6 +406,50 @@ impl Manager {
             snapshot: Arc::new(Mutex::new(Snapshot::default())),
             uid: rustix::process::geteuid().as_raw(),
         })
+    }
+
+    /// The DPDK backend's objects: joins DPDK as the primary of the
+    /// prefix, creates a mempool per class and both rings of every channel
+    /// slot, and a segment for the stack slots and channel states whose
+    /// class table gives the sizes (one shm buffer per class, unused).
+    #[cfg(feature = "dpdk")]
+    #[allow(clippy::type_complexity)]
+    fn dpdk_pool(
+        b: &ManagerBuilder,
+    ) -> Result<(Segment, MgrPool, Vec<[crate::dpdk::Ring; 2]>), ManagerError> {
+        use crate::dpdk::{mempool_name, ring_name, DpdkPool, Eal, Mempool, Ring, Role};
+        let dpdk = |e: crate::dpdk::DpdkError| ManagerError::Dpdk(e.to_string());
+        Eal::init(&b.prefix, Role::Primary).map_err(dpdk)?;
+        let mut shadow = b.pool.clone();
+        for c in &mut shadow.classes {
+            c.1 = 1;
+        }
+        let geo = shadow.geometry().map_err(SegmentError::from)?;
+        let region = Region::create_memfd(&format!("xio-{}", b.prefix), geo.total_len as usize)?;
+        let seg = Segment::init_for(region, &shadow, &geo, crate::layout::backend::DPDK)?;
+        let classes = b
+            .pool
+            .classes
+            .iter()
+            .enumerate()
+            .map(|(c, &(size, n))| Mempool::create(&mempool_name(c), c as u8, n, size as usize))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(dpdk)?;
+        let rings = (0..b.pool.max_channels)
+            .map(|ch| {
+                Ok([
+                    Ring::create(&ring_name(ch, 0), b.pool.ring_capacity)?,
+                    Ring::create(&ring_name(ch, 1), b.pool.ring_capacity)?,
+                ])
+            })
+            .collect::<Result<Vec<_>, crate::dpdk::DpdkError>>()
+            .map_err(dpdk)?;
+        tracing::info!(prefix = %b.prefix, "dpdk backend: primary, mempools and rings created");
+        Ok((
+            seg,
+            MgrPool::Dpdk(Arc::new(DpdkPool::new(classes, 0))),
+            rings,
+        ))
     }
 
     /// A handle that makes [`Manager::run`] return.
@@ -328,6 +466,10 @@ impl Manager {
     pub fn run(mut self) -> Result<(), ManagerError> {
         let r = self.serve();
         let _ = std::fs::remove_file(&self.sock_path);
+        #[cfg(feature = "dpdk")]
+        if let MgrPool::Dpdk(_) = self.pool {
+            crate::dpdk::Eal::remove_hugepage_files(&self.prefix);
+        }
         tracing::info!(prefix = %self.prefix, "manager stopped");
         r
     }
@@ -630,6 +772,13 @@ impl Manager {
         };
         let ch = ch as u32;
         self.seg.reset_channel_rings(ch);
+        #[cfg(feature = "dpdk")]
+        if let Some(r) = self.rings.get(ch as usize) {
+            // Stale descriptors of the slot's last channel go; their
+            // buffers were reclaimed by owner.
+            r[0].reset();
+            r[1].reset();
+        }
         let hdr = self.seg.channel(ch);
         // Release: the ring resets above happen before either end can see
         // the channel active.

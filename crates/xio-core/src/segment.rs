@@ -177,6 +177,7 @@ pub struct Segment {
     free_heads_off: u64,
     stacks_off: u64,
     channels_off: u64,
+    backend: u32,
 }
 
 impl std::fmt::Debug for Segment {
@@ -194,6 +195,16 @@ impl Segment {
     /// Lays out a fresh (zeroed) region for `cfg` and writes its header.
     /// Manager side.
     pub fn init(region: Region, cfg: &PoolConfig, geo: &Geometry) -> Result<Self, SegmentError> {
+        Self::init_for(region, cfg, geo, crate::layout::backend::SHM)
+    }
+
+    /// [`Segment::init`] recording `backend` (see [`crate::layout::backend`]).
+    pub fn init_for(
+        region: Region,
+        cfg: &PoolConfig,
+        geo: &Geometry,
+        backend: u32,
+    ) -> Result<Self, SegmentError> {
         if (region.len as u64) < geo.total_len {
             return Err(SegmentError::Invalid(
                 "region smaller than the pool geometry",
@@ -210,6 +221,8 @@ impl Segment {
             max_channels: cfg.max_channels,
             ring_capacity: cfg.ring_capacity,
             channel_stride: geo.channel_stride,
+            backend,
+            _pad: 0,
             free_heads_off: geo.free_heads_off,
             stacks_off: geo.stacks_off,
             channels_off: geo.channels_off,
@@ -239,6 +252,9 @@ impl Segment {
             ));
         }
         let n = h.n_classes as usize;
+        if h.backend > crate::layout::backend::DPDK {
+            return Err(SegmentError::Invalid("unknown backend"));
+        }
         if n == 0 || n > MAX_CLASSES {
             return Err(SegmentError::Invalid("class count"));
         }
@@ -295,7 +311,13 @@ impl Segment {
             free_heads_off: h.free_heads_off,
             stacks_off: h.stacks_off,
             channels_off: h.channels_off,
+            backend: h.backend,
         })
+    }
+
+    /// Where buffers and rings live (see [`crate::layout::backend`]).
+    pub fn backend(&self) -> u32 {
+        self.backend
     }
 
     /// The underlying region.

@@ -181,11 +181,26 @@ impl StackBuilder {
         if id == 0 || u32::from(id) > seg.max_stacks() {
             return Err(Error::Protocol(format!("stack id {id} out of range")));
         }
-        let pool = Arc::new(StackPool::with_keepalive(
-            PoolView::new(seg.clone()),
-            id,
-            sock,
-        ));
+        let pool = match seg.backend() {
+            crate::layout::backend::SHM => PoolRef::Shm(Arc::new(StackPool::with_keepalive(
+                PoolView::new(seg.clone()),
+                id,
+                sock,
+            ))),
+            #[cfg(feature = "dpdk")]
+            crate::layout::backend::DPDK => PoolRef::Dpdk(Arc::new(crate::dpdk::attach_pool(
+                &self.prefix,
+                &seg,
+                id,
+                sock,
+            )?)),
+            _ => {
+                return Err(Error::Protocol(format!(
+                    "pool {:?} uses the DPDK backend: build X-IO with the `dpdk` feature",
+                    self.prefix
+                )))
+            }
+        };
         let slot_seq = seg.stack_slot(id).ctrl_seq.load(Ordering::Acquire);
         Ok(Stack {
             id,
@@ -209,6 +224,105 @@ impl StackBuilder {
 }
 
 const BURST: usize = 32;
+
+/// The stack's buffer pool: the shm backend's, or DPDK's mempools. An
+/// enum rather than a trait object, so the shm fast path stays inlined
+/// (and without the `dpdk` feature the match has one arm).
+#[derive(Clone, Debug)]
+enum PoolRef {
+    Shm(Arc<StackPool>),
+    #[cfg(feature = "dpdk")]
+    Dpdk(Arc<crate::dpdk::DpdkPool>),
+}
+
+impl PoolRef {
+    /// What buffers point back to.
+    fn shared(&self) -> Arc<dyn BufferPool> {
+        match self {
+            PoolRef::Shm(p) => p.clone(),
+            #[cfg(feature = "dpdk")]
+            PoolRef::Dpdk(p) => p.clone(),
+        }
+    }
+
+    #[inline]
+    fn accept(&self, me: u16, d: &Descriptor) -> Result<crate::pool::RawBuf, crate::pool::Reject> {
+        match self {
+            PoolRef::Shm(p) => p.view().accept(me, d),
+            #[cfg(feature = "dpdk")]
+            PoolRef::Dpdk(p) => p.accept(d),
+        }
+    }
+
+    #[inline]
+    fn prefetch_header(&self, d: &Descriptor) {
+        match self {
+            PoolRef::Shm(p) => p.view().prefetch_header(d),
+            #[cfg(feature = "dpdk")]
+            PoolRef::Dpdk(_) => {}
+        }
+    }
+
+    #[inline]
+    fn data(&self, b: crate::pool::RawBuf) -> (*mut u8, usize) {
+        match self {
+            PoolRef::Shm(p) => p.view().data(b),
+            #[cfg(feature = "dpdk")]
+            PoolRef::Dpdk(p) => p.data(b),
+        }
+    }
+
+    #[inline]
+    fn prepare_send(
+        &self,
+        b: crate::pool::RawBuf,
+        len: u32,
+        to: u16,
+        conn: u32,
+        k: u8,
+    ) -> Descriptor {
+        match self {
+            PoolRef::Shm(p) => p.view().prepare_send(b, len, to, conn, k),
+            #[cfg(feature = "dpdk")]
+            PoolRef::Dpdk(p) => p.prepare_send(b, len, to, conn, k),
+        }
+    }
+
+    #[inline]
+    fn alloc(&self, len: usize, wait: bool) -> Result<crate::pool::RawBuf, AllocError> {
+        match self {
+            PoolRef::Shm(p) => p.alloc(len, wait),
+            #[cfg(feature = "dpdk")]
+            PoolRef::Dpdk(p) => BufferPool::alloc(&**p, len, wait),
+        }
+    }
+
+    fn alloc_many(&self, len: usize, out: &mut [crate::pool::RawBuf]) -> Result<usize, AllocError> {
+        match self {
+            PoolRef::Shm(p) => p.alloc_many(len, out),
+            #[cfg(feature = "dpdk")]
+            PoolRef::Dpdk(p) => p.alloc_many(len, out),
+        }
+    }
+
+    /// The control socket, which the pool keeps open as long as a buffer
+    /// lives (the manager reclaims nothing before).
+    fn keepalive(&self) -> Option<BorrowedFd<'_>> {
+        match self {
+            PoolRef::Shm(p) => p.keepalive(),
+            #[cfg(feature = "dpdk")]
+            PoolRef::Dpdk(p) => p.keepalive(),
+        }
+    }
+
+    fn free_many(&self, bufs: &[crate::pool::RawBuf]) {
+        match self {
+            PoolRef::Shm(p) => p.free_many(bufs),
+            #[cfg(feature = "dpdk")]
+            PoolRef::Dpdk(p) => bufs.iter().for_each(|&b| p.free(b)),
+        }
+    }
+}
 
 /// Longest sleep without a deadline before a stack looks at its control
 /// socket on its own (see `Stack::wait`).
@@ -238,7 +352,7 @@ enum Event {
 pub struct Stack {
     id: u16,
     seg: Segment,
-    pool: Arc<StackPool>,
+    pool: PoolRef,
     bell: EventFdDoorbell,
     channels: Vec<Chan>,
     by_peer: FxHashMap<u16, usize>,
@@ -319,11 +433,6 @@ impl Stack {
     /// The doorbell fd: readable when the stack should look at its rings.
     pub fn doorbell_fd(&self) -> BorrowedFd<'_> {
         self.bell.fd()
-    }
-
-    /// The pool handle (what [`Buf`]s point back to).
-    pub fn pool(&self) -> &Arc<StackPool> {
-        &self.pool
     }
 
     fn ctrl_fd(&self) -> BorrowedFd<'_> {
@@ -432,31 +541,49 @@ impl Stack {
         if self.by_peer.contains_key(&peer) {
             return Ok(());
         }
-        let cap = self.seg.ring_capacity();
-        let keep: Arc<dyn Send + Sync> = self.seg.region().clone();
-        let (th, ts) = self.seg.ring_ptrs(channel, dir as usize);
-        let (rh, rs) = self.seg.ring_ptrs(channel, 1 - dir as usize);
-        // SAFETY: the pointers come from the validated segment and stay
-        // valid while `keep` (the mapping) lives; the manager gives each
-        // ring of a channel exactly one producer and one consumer: we
-        // produce into `dir` and consume the other.
-        let (tx, rx) = unsafe {
-            (
-                Producer::new(RawRing::new(th, ts, cap, keep.clone())),
-                Consumer::new(RawRing::new(rh, rs, cap, keep)),
-            )
-        };
+        let (tx, rx) = self.channel_ends(channel, dir)?;
         self.channels.push(Chan {
             id: channel,
             peer,
-            tx: Box::new(tx),
-            rx: Box::new(rx),
+            tx,
+            rx,
             peer_bell: EventFdDoorbell::from_fd(bell),
         });
         self.by_peer.insert(peer, self.channels.len() - 1);
         self.epoch.fetch_add(1, Ordering::Release);
         tracing::debug!(stack = self.id, channel, peer, "channel up");
         Ok(())
+    }
+
+    /// Our ends of `channel`'s rings: we produce into ring `dir` and
+    /// consume the other (the manager gives each ring one producer and one
+    /// consumer).
+    #[allow(clippy::type_complexity)]
+    fn channel_ends(
+        &self,
+        channel: u32,
+        dir: u8,
+    ) -> Result<(Box<dyn DescProducer>, Box<dyn DescConsumer>), Error> {
+        #[cfg(feature = "dpdk")]
+        if let PoolRef::Dpdk(_) = self.pool {
+            let (tx, rx) = crate::dpdk::channel_ends(channel, dir as usize)
+                .map_err(|e| Error::Protocol(e.to_string()))?;
+            return Ok((Box::new(tx), Box::new(rx)));
+        }
+        let cap = self.seg.ring_capacity();
+        let keep: Arc<dyn Send + Sync> = self.seg.region().clone();
+        let (th, ts) = self.seg.ring_ptrs(channel, dir as usize);
+        let (rh, rs) = self.seg.ring_ptrs(channel, 1 - dir as usize);
+        // SAFETY: the pointers come from the validated segment and stay
+        // valid while `keep` (the mapping) lives; the manager gives each
+        // ring of a channel exactly one producer and one consumer.
+        let (tx, rx) = unsafe {
+            (
+                Producer::new(RawRing::new(th, ts, cap, keep.clone())),
+                Consumer::new(RawRing::new(rh, rs, cap, keep)),
+            )
+        };
+        Ok((Box::new(tx), Box::new(rx)))
     }
 
     fn handle_async(&mut self, m: Msg, mut fds: Vec<OwnedFd>) -> Result<(), Error> {
@@ -517,7 +644,7 @@ impl Stack {
     /// one is counted (here and in the slot, for status) and logged.
     fn take_descriptor(&mut self, peer: u16, d: &Descriptor) -> Option<crate::pool::RawBuf> {
         let r = if kind::carries_buffer(d.kind) {
-            self.pool.view().accept(self.id, d)
+            self.pool.accept(self.id, d)
         } else {
             Err(crate::pool::Reject::Kind(d.kind))
         };
@@ -537,7 +664,7 @@ impl Stack {
     fn prefetch_scratch(&self, n: usize) {
         if n > 1 {
             for d in &self.scratch[..n] {
-                self.pool.view().prefetch_header(d);
+                self.pool.prefetch_header(d);
             }
         }
     }
@@ -551,7 +678,7 @@ impl Stack {
         // below (each an ownership transfer of a line the sender wrote).
         let mut refs: [Option<Arc<dyn BufferPool>>; BURST] = Default::default();
         for r in &mut refs[..n] {
-            let p: Arc<dyn BufferPool> = self.pool.clone();
+            let p: Arc<dyn BufferPool> = self.pool.shared();
             *r = Some(p);
         }
         let mut k = 0;
@@ -758,7 +885,7 @@ impl Stack {
                 let d = self.scratch[j];
                 if kind::carries_buffer(d.kind) {
                     if let Some(raw) = self.take_descriptor(peer, &d) {
-                        let p: Arc<dyn BufferPool> = self.pool.clone();
+                        let p: Arc<dyn BufferPool> = self.pool.shared();
                         let buf = Buf::new(p, raw, d.len as usize);
                         f(Incoming::Buf {
                             from: PeerId(peer),
@@ -854,10 +981,7 @@ impl Stack {
             }
             Ok(_) => {
                 let (raw, len) = buf.into_raw();
-                let d = self
-                    .pool
-                    .view()
-                    .prepare_send(raw, len as u32, peer.0, conn, kind);
+                let d = self.pool.prepare_send(raw, len as u32, peer.0, conn, kind);
                 let n = ch.tx.push_burst(&[d]).unwrap_or(0);
                 debug_assert_eq!(n, 1, "we are the only producer and saw room");
                 if notify {
@@ -1055,7 +1179,7 @@ impl Stack {
         loop {
             match self.pool.alloc(len, self.mode != WaitMode::NonBlocking) {
                 Ok(raw) => {
-                    let p: Arc<dyn BufferPool> = self.pool.clone();
+                    let p: Arc<dyn BufferPool> = self.pool.shared();
                     return Ok(BufMut::new(p, raw, len));
                 }
                 Err(AllocError::TooLarge(n)) => return Err(Error::TooLarge(n)),
@@ -1083,7 +1207,7 @@ impl Stack {
                 Err(AllocError::Exhausted) => 0,
             };
             for &raw in &raws[..got] {
-                let p: Arc<dyn BufferPool> = self.pool.clone();
+                let p: Arc<dyn BufferPool> = self.pool.shared();
                 out.push(BufMut::new(p, raw, len));
             }
             done += got;
@@ -1147,7 +1271,7 @@ impl Stack {
                 for j in 0..n {
                     let d = self.scratch[j];
                     if let Some(raw) = self.take_descriptor(peer, &d) {
-                        let (ptr, _) = self.pool.view().data(raw);
+                        let (ptr, _) = self.pool.data(raw);
                         // SAFETY: `take_descriptor` checked the buffer is
                         // ours (HELD) and `d.len` fits it; it stays ours
                         // until `free_many` below.
@@ -1215,14 +1339,13 @@ impl Stack {
                 }
             };
             for (k, raw) in raws[..got].iter().enumerate() {
-                let (ptr, _) = self.pool.view().data(*raw);
+                let (ptr, _) = self.pool.data(*raw);
                 // SAFETY: freshly allocated to us (ALLOCATED), `len` fits
                 // the class; nobody else touches it until it is sent.
                 let payload = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
                 fill(sent + k, payload);
                 descs[k] = self
                     .pool
-                    .view()
                     .prepare_send(*raw, len as u32, peer.0, 0, kind::DATA);
             }
             let pushed = self.channels[ci].tx.push_burst(&descs[..got]).unwrap_or(0);
@@ -1237,7 +1360,7 @@ impl Stack {
     pub fn try_alloc(&self, len: usize) -> Result<BufMut, Error> {
         match self.pool.alloc(len, false) {
             Ok(raw) => {
-                let p: Arc<dyn BufferPool> = self.pool.clone();
+                let p: Arc<dyn BufferPool> = self.pool.shared();
                 Ok(BufMut::new(p, raw, len))
             }
             Err(AllocError::TooLarge(n)) => Err(Error::TooLarge(n)),
@@ -1317,7 +1440,6 @@ impl Stack {
             for (k, &(raw, len)) in raws[..n].iter().enumerate() {
                 descs[k] = self
                     .pool
-                    .view()
                     .prepare_send(raw, len as u32, peer.0, 0, kind::DATA);
             }
             let pushed = ch.tx.push_burst(&descs[..n]).unwrap_or(0);
@@ -1367,7 +1489,6 @@ impl Stack {
                     let (raw, len) = buf.into_raw();
                     let d = self
                         .pool
-                        .view()
                         .prepare_send(raw, len as u32, peer.0, tag, kind::DATA);
                     let n = ch.tx.push_burst(&[d]).unwrap_or(0);
                     debug_assert_eq!(n, 1, "we are the only producer and saw room");

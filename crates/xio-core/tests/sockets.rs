@@ -9,7 +9,7 @@ use std::net::{Shutdown, SocketAddr};
 use std::time::Duration;
 
 use common::*;
-use xio_core::manager::{Manager, ManagerHandle};
+use xio_core::manager::ManagerHandle;
 use xio_core::net::{Event, Net, XioStream};
 
 /// Entry point of child processes (a no-op when run as a normal test).
@@ -40,7 +40,7 @@ fn child_main() {
 fn start(test: &str) -> (ManagerHandle, String) {
     setup();
     let p = prefix(test);
-    let mgr = Manager::builder(&p).spawn().unwrap();
+    let mgr = manager_builder(&p).spawn().unwrap();
     (mgr, p)
 }
 
@@ -623,7 +623,7 @@ fn event_loop_server_sees_every_reset_of_a_killed_client() {
 fn pool_exhaustion_is_a_wait_not_an_error() {
     setup();
     let p = prefix("tinypool");
-    let mgr = Manager::builder(&p)
+    let mgr = manager_builder(&p)
         .pool(xio_core::layout::PoolConfig {
             classes: vec![(2 << 10, 128), (16 << 10, 16)],
             ..Default::default()

@@ -29,6 +29,11 @@ struct Cli {
     #[arg(long = "class", value_name = "SIZE:COUNT")]
     classes: Vec<String>,
     /// Most services registered at once.
+    /// Where buffers and rings live: `shm` (default) or `dpdk` (DPDK
+    /// mempools and rings in hugepages; this manager becomes the DPDK
+    /// primary of the prefix; needs a build with `--features dpdk`).
+    #[arg(long, default_value = "shm", value_parser = parse_backend)]
+    backend: xio_core::manager::Backend,
     #[arg(long, default_value_t = 64)]
     max_stacks: u32,
     /// Most channels (pairs of services) at once.
@@ -99,7 +104,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .collect::<anyhow::Result<_>>()?;
         pool.classes.sort_unstable();
     }
-    let manager = Manager::builder(&prefix).pool(pool).bind()?;
+    let manager = Manager::builder(&prefix)
+        .pool(pool)
+        .backend(cli.backend)
+        .bind()?;
     let stopper = manager.stopper();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
@@ -135,6 +143,10 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn parse_backend(s: &str) -> Result<xio_core::manager::Backend, String> {
+    s.parse()
 }
 
 #[cfg(test)]

@@ -28,6 +28,21 @@ pub fn setup() {
     });
 }
 
+/// The backend the suites run against: `XIO_TEST_BACKEND=dpdk` runs them
+/// on DPDK (one test per process, see scripts/test-dpdk.sh), default shm.
+pub fn test_backend() -> xio_core::manager::Backend {
+    match std::env::var("XIO_TEST_BACKEND").as_deref() {
+        Ok("dpdk") => xio_core::manager::Backend::Dpdk,
+        Ok("shm") | Err(_) => xio_core::manager::Backend::Shm,
+        Ok(other) => panic!("XIO_TEST_BACKEND={other}: shm or dpdk"),
+    }
+}
+
+/// A manager builder for `prefix` on the backend under test.
+pub fn manager_builder(prefix: &str) -> xio_core::manager::ManagerBuilder {
+    xio_core::manager::Manager::builder(prefix).backend(test_backend())
+}
+
 /// A pool prefix unique to this test and process.
 pub fn prefix(test: &str) -> String {
     format!("t-{test}-{}", std::process::id())
@@ -52,7 +67,7 @@ impl ChildProc {
             .env("XIO_CHILD_ROLE", role)
             .env("XIO_CHILD_ARGS", args.join("\x1f"))
             .stdout(Stdio::piped())
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .spawn()
             .expect("spawn child");
         let out = child.stdout.take().unwrap();
@@ -106,6 +121,14 @@ impl ChildProc {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// Sends the child a line on its stdin.
+    pub fn tell(&mut self, line: &str) {
+        use std::io::Write;
+        let w = self.child.stdin.as_mut().expect("stdin piped");
+        writeln!(w, "{line}").expect("child reads its stdin");
+        w.flush().unwrap();
     }
 
     pub fn kill9(&mut self) {
@@ -198,7 +221,7 @@ pub fn manager_and_pair(
 ) {
     setup();
     let p = prefix(test);
-    let mgr = xio_core::manager::Manager::builder(&p).spawn().unwrap();
+    let mgr = manager_builder(&p).spawn().unwrap();
     let mut server = xio_core::stack::Stack::attach(&p).unwrap();
     server.bind(addr).unwrap();
     let mut client = xio_core::stack::Stack::attach(&p).unwrap();

@@ -1,0 +1,30 @@
+/* What the Rust side needs from DPDK: the EAL, memzones, mempools and
+ * element rings. DPDK's fast paths are static inline functions, which
+ * bindgen cannot bind; shim.c wraps them as real functions (xio_shim_*). */
+#include <rte_config.h>
+#include <rte_eal.h>
+#include <rte_errno.h>
+#include <rte_lcore.h>
+#include <rte_memzone.h>
+#include <rte_mempool.h>
+#include <rte_ring.h>
+#include <rte_ring_elem.h>
+
+int xio_shim_errno(void);
+int xio_shim_mempool_get_bulk(struct rte_mempool *mp, void **objs, unsigned int n);
+void xio_shim_mempool_put_bulk(struct rte_mempool *mp, void *const *objs, unsigned int n);
+unsigned int xio_shim_ring_enqueue_burst_elem(struct rte_ring *r, const void *objs,
+                                              unsigned int esize, unsigned int n,
+                                              unsigned int *free_space);
+unsigned int xio_shim_ring_dequeue_burst_elem(struct rte_ring *r, void *objs,
+                                              unsigned int esize, unsigned int n,
+                                              unsigned int *available);
+unsigned int xio_shim_ring_count(const struct rte_ring *r);
+unsigned int xio_shim_ring_free_count(const struct rte_ring *r);
+
+/* Name limits DPDK defines with sizeof expressions, which bindgen cannot
+ * evaluate in a #define; clang evaluates them here. */
+enum xio_shim_limits {
+    XIO_SHIM_RING_NAMESIZE = RTE_RING_NAMESIZE,
+    XIO_SHIM_MEMPOOL_NAMESIZE = RTE_MEMPOOL_NAMESIZE,
+};

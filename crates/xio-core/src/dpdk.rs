@@ -1,0 +1,995 @@
+//! The DPDK backend's building blocks: the EAL (a manager is the primary
+//! process of its prefix, stacks are secondaries), one `rte_mempool` per
+//! size class holding the buffers, and single-producer single-consumer
+//! `rte_ring`s of 16-byte descriptors, all in hugepage memory and found by
+//! name. [`DpdkPool`] implements [`BufferPool`] and [`DpdkProducer`] /
+//! [`DpdkConsumer`] implement the ring traits, so the layers above are the
+//! same as with the shm backend.
+//!
+//! Every mempool object starts with a 64-byte [`ObjHeader`] recording its
+//! owner, state and generation, as the shm pool's buffer headers do: a
+//! descriptor from a peer is checked against it (untrusted input), and the
+//! buffers of a process that died are found by walking the objects.
+//!
+//! Mempools use DPDK's default multi-producer multi-consumer ring ops with
+//! no per-lcore cache (a cache of a killed process would be lost).
+
+use std::ffi::{c_void, CStr, CString};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use dpdk_sys as sys;
+
+use crate::backend::{BufferPool, DescConsumer, DescProducer, RingWatch};
+use crate::layout::{kind, Descriptor};
+use crate::pool::{AllocError, RawBuf, Reject};
+use crate::ring::RingError;
+
+/// What can go wrong with DPDK, with what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum DpdkError {
+    /// No hugepages reserved, or none free, or hugetlbfs not mounted.
+    #[error("{0}")]
+    Hugepages(String),
+    /// `rte_eal_init` failed.
+    #[error("DPDK EAL init failed for prefix {prefix:?} as {role}: {reason}{hint}")]
+    Eal {
+        /// The file prefix.
+        prefix: String,
+        /// primary or secondary.
+        role: &'static str,
+        /// `rte_strerror`.
+        reason: String,
+        /// What to check.
+        hint: &'static str,
+    },
+    /// The EAL of this process was already initialised differently (one
+    /// prefix and role per process: a DPDK limit).
+    #[error("this process already runs DPDK as {role} of prefix {prefix:?}; it cannot also be {wanted_role} of {wanted:?}")]
+    AlreadyInit {
+        /// The prefix in use.
+        prefix: String,
+        /// Its role.
+        role: &'static str,
+        /// The prefix asked for.
+        wanted: String,
+        /// The role asked for.
+        wanted_role: &'static str,
+    },
+    /// A named object was not found (wrong prefix, or no manager created it).
+    #[error("no DPDK {what} named {name:?} in this prefix (is the manager running with the dpdk backend and this prefix?)")]
+    NotFound {
+        /// mempool or ring.
+        what: &'static str,
+        /// Its name.
+        name: String,
+    },
+    /// Creating an object failed.
+    #[error("creating DPDK {what} {name:?} failed: {reason}")]
+    Create {
+        /// mempool or ring.
+        what: &'static str,
+        /// Its name.
+        name: String,
+        /// `rte_strerror`.
+        reason: String,
+    },
+    /// A name was too long or held a NUL.
+    #[error("bad DPDK object name {0:?}")]
+    Name(String),
+}
+
+fn errno_text() -> String {
+    // SAFETY: plain calls; rte_strerror returns a static or thread-local
+    // NUL-terminated string.
+    unsafe {
+        let e = sys::xio_shim_errno();
+        CStr::from_ptr(sys::rte_strerror(e))
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+/// Whether this process is the DPDK primary of its prefix or a secondary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Creates the shared objects (the manager).
+    Primary,
+    /// Looks them up (a stack).
+    Secondary,
+}
+
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::Primary => "primary",
+            Role::Secondary => "secondary",
+        }
+    }
+}
+
+/// The process's EAL: initialised once, for one prefix and role.
+#[derive(Debug)]
+pub struct Eal {
+    prefix: String,
+    role: Role,
+}
+
+static EAL: OnceLock<Result<Eal, String>> = OnceLock::new();
+
+/// Checks what DPDK needs before `rte_eal_init`, which reports it badly:
+/// free hugepages and a mounted hugetlbfs.
+pub fn preflight() -> Result<(), DpdkError> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    check_hugepages(&meminfo, &mounts)
+}
+
+/// [`preflight`] on the given `/proc/meminfo` and `/proc/mounts` text.
+pub fn check_hugepages(meminfo: &str, mounts: &str) -> Result<(), DpdkError> {
+    let field = |k: &str| -> u64 {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|r| r.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let fix = "reserve some as root: `echo 256 > /proc/sys/vm/nr_hugepages` and \
+               `mount -t hugetlbfs nodev /dev/hugepages` (or run .ci/run)";
+    if field("HugePages_Total:") == 0 {
+        return Err(DpdkError::Hugepages(format!(
+            "no hugepages are reserved on this machine; the dpdk backend needs them: {fix}"
+        )));
+    }
+    if field("HugePages_Free:") == 0 {
+        return Err(DpdkError::Hugepages(format!(
+            "all {} hugepages are in use; free some or reserve more: {fix}",
+            field("HugePages_Total:")
+        )));
+    }
+    if !mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(2) == Some("hugetlbfs"))
+    {
+        return Err(DpdkError::Hugepages(format!(
+            "no hugetlbfs is mounted: {fix}"
+        )));
+    }
+    Ok(())
+}
+
+impl Eal {
+    /// Initialises DPDK in this process as `role` of `prefix` (DPDK's
+    /// `--file-prefix`: one per pool, like X-IO's prefix), or returns the
+    /// EAL already running with the same prefix and role.
+    pub fn init(prefix: &str, role: Role) -> Result<&'static Eal, DpdkError> {
+        let r = EAL.get_or_init(|| Self::start(prefix, role).map_err(|e| e.to_string()));
+        match r {
+            // A primary uses its own objects: asking for a secondary of
+            // the same prefix (a stack in the manager's process) is fine.
+            Ok(e) if e.prefix == prefix && (e.role == role || role == Role::Secondary) => Ok(e),
+            Ok(e) => Err(DpdkError::AlreadyInit {
+                prefix: e.prefix.clone(),
+                role: e.role.name(),
+                wanted: prefix.into(),
+                wanted_role: role.name(),
+            }),
+            Err(msg) => Err(DpdkError::Eal {
+                prefix: prefix.into(),
+                role: role.name(),
+                reason: msg.clone(),
+                hint: "",
+            }),
+        }
+    }
+
+    fn start(prefix: &str, role: Role) -> Result<Eal, DpdkError> {
+        preflight()?;
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // One lcore, floating over every CPU: EAL would otherwise pin the
+        // calling thread to one core.
+        let args = [
+            "xio".to_string(),
+            format!("--proc-type={}", role.name()),
+            format!("--file-prefix={prefix}"),
+            "--no-pci".into(),
+            "--no-telemetry".into(),
+            format!("--lcores=0@(0-{})", cpus - 1),
+            "--log-level=lib.eal:error".into(),
+        ]
+        .into_iter()
+        .chain(
+            std::env::var("XIO_DPDK_EAL_ARGS")
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_owned),
+        )
+        .collect::<Vec<_>>();
+        let cargs: Vec<CString> = args
+            .iter()
+            .map(|a| CString::new(a.as_str()).expect("no NUL in EAL args"))
+            .collect();
+        let mut argv: Vec<*mut std::ffi::c_char> =
+            cargs.iter().map(|a| a.as_ptr().cast_mut()).collect();
+        // EAL pins the calling thread to its lcore's CPUs: keep the
+        // caller's own placement (a benchmark's pinning, a service's
+        // taskset) instead.
+        let affinity = rustix::thread::sched_getaffinity(None).ok();
+        // SAFETY: argv holds valid NUL-terminated strings that outlive the
+        // call (EAL may permute argv, not free it); called once (OnceLock).
+        let n = unsafe { sys::rte_eal_init(argv.len() as i32, argv.as_mut_ptr()) };
+        if let Some(set) = affinity {
+            let _ = rustix::thread::sched_setaffinity(None, &set);
+        }
+        if n < 0 {
+            return Err(DpdkError::Eal {
+                prefix: prefix.into(),
+                role: role.name(),
+                reason: errno_text(),
+                hint: match role {
+                    Role::Secondary => {
+                        " (a secondary needs the primary, the X-IO manager started with the \
+                         dpdk backend and this prefix, to be running)"
+                    }
+                    Role::Primary => {
+                        " (is another primary running with this prefix? DPDK needs root or \
+                         access to /dev/hugepages)"
+                    }
+                },
+            });
+        }
+        Ok(Eal {
+            prefix: prefix.into(),
+            role,
+        })
+    }
+
+    /// Removes the prefix's hugepage files (what a clean manager stop
+    /// leaves behind: DPDK keeps them for secondaries, and would only clear
+    /// them when a primary of the same prefix starts again). Processes that
+    /// still map them keep their memory until they exit.
+    pub fn remove_hugepage_files(prefix: &str) {
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let stem = format!("{prefix}map_");
+        for dir in mounts
+            .lines()
+            .filter(|l| l.split_whitespace().nth(2) == Some("hugetlbfs"))
+            .filter_map(|l| l.split_whitespace().nth(1))
+        {
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if e.file_name().to_str().is_some_and(|n| n.starts_with(&stem)) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+    }
+
+    /// The prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The role.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+}
+
+fn cname(name: &str, max: usize) -> Result<CString, DpdkError> {
+    if name.len() >= max {
+        return Err(DpdkError::Name(name.into()));
+    }
+    CString::new(name).map_err(|_| DpdkError::Name(name.into()))
+}
+
+/// State of a mempool object, in its header.
+pub mod obj_state {
+    /// In the mempool.
+    pub const FREE: u8 = 0;
+    /// Allocated, writable by its owner.
+    pub const ALLOCATED: u8 = 1;
+    /// In its owner's private cache (see `DpdkPool`): taken from the
+    /// mempool, not in use.
+    pub const CACHED: u8 = 4;
+    /// Sent: owned by the receiver, not yet received.
+    pub const IN_FLIGHT: u8 = 2;
+    /// Received, read-only.
+    pub const HELD: u8 = 3;
+}
+
+/// The header at the start of every mempool object (64 bytes, so the
+/// payload stays cache-line aligned).
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct ObjHeader {
+    /// Owning stack (0: nobody).
+    pub owner: AtomicU16,
+    /// See [`obj_state`].
+    pub state: AtomicU8,
+    /// Size class (set once at creation).
+    pub class: u8,
+    /// Index in the class (set once at creation).
+    pub index: u32,
+    /// Bumped on every allocation: a stale descriptor does not match.
+    pub gen: AtomicU32,
+}
+
+/// Bytes before the payload in each object.
+pub const HEADER: usize = std::mem::size_of::<ObjHeader>();
+
+/// An `rte_mempool` of one size class (created by the primary, looked up
+/// by secondaries).
+#[derive(Debug)]
+pub struct Mempool {
+    mp: NonNull<sys::rte_mempool>,
+    /// Object `i`'s address, by the index in its header.
+    objs: Vec<NonNull<ObjHeader>>,
+    size: usize,
+}
+
+// SAFETY: a mempool is a shared, thread-safe DPDK object (MP/MC ops); the
+// object addresses are the same in every thread.
+unsafe impl Send for Mempool {}
+// SAFETY: as above.
+unsafe impl Sync for Mempool {}
+
+struct InitArg {
+    class: u8,
+}
+
+unsafe extern "C" fn init_obj(
+    _mp: *mut sys::rte_mempool,
+    arg: *mut c_void,
+    obj: *mut c_void,
+    idx: u32,
+) {
+    // SAFETY: DPDK calls this once per object during creation with our
+    // InitArg and an object of at least HEADER bytes, suitably aligned
+    // (elements are cache-line aligned).
+    unsafe {
+        let a = &*arg.cast::<InitArg>();
+        obj.cast::<ObjHeader>().write(ObjHeader {
+            owner: AtomicU16::new(0),
+            state: AtomicU8::new(obj_state::FREE),
+            class: a.class,
+            index: idx,
+            gen: AtomicU32::new(0),
+        });
+    }
+}
+
+unsafe extern "C" fn collect_obj(
+    _mp: *mut sys::rte_mempool,
+    arg: *mut c_void,
+    obj: *mut c_void,
+    _idx: u32,
+) {
+    // SAFETY: `arg` is the Vec we passed; `obj` a live object.
+    unsafe {
+        (*arg.cast::<Vec<*mut c_void>>()).push(obj);
+    }
+}
+
+impl Mempool {
+    /// Creates the pool of class `class`: `n` objects of `size` payload
+    /// bytes (primary only).
+    pub fn create(name: &str, class: u8, n: u32, size: usize) -> Result<Mempool, DpdkError> {
+        let c = cname(
+            name,
+            sys::xio_shim_limits::XIO_SHIM_MEMPOOL_NAMESIZE as usize,
+        )?;
+        let mut arg = InitArg { class };
+        // SAFETY: valid name; our callback matches rte_mempool_obj_cb_t and
+        // `arg` outlives the call (objects are initialised during it).
+        let mp = unsafe {
+            sys::rte_mempool_create(
+                c.as_ptr(),
+                n,
+                (HEADER + size) as u32,
+                0,
+                0,
+                None,
+                std::ptr::null_mut(),
+                Some(init_obj),
+                (&mut arg as *mut InitArg).cast(),
+                sys::SOCKET_ID_ANY,
+                0,
+            )
+        };
+        let mp = NonNull::new(mp).ok_or_else(|| DpdkError::Create {
+            what: "mempool",
+            name: name.into(),
+            reason: errno_text(),
+        })?;
+        Self::wrap(mp, size)
+    }
+
+    /// Looks up the pool `name` made by the primary, of `size` payload bytes.
+    pub fn lookup(name: &str, size: usize) -> Result<Mempool, DpdkError> {
+        let c = cname(
+            name,
+            sys::xio_shim_limits::XIO_SHIM_MEMPOOL_NAMESIZE as usize,
+        )?;
+        // SAFETY: valid NUL-terminated name.
+        let mp = unsafe { sys::rte_mempool_lookup(c.as_ptr()) };
+        let mp = NonNull::new(mp).ok_or_else(|| DpdkError::NotFound {
+            what: "mempool",
+            name: name.into(),
+        })?;
+        Self::wrap(mp, size)
+    }
+
+    fn wrap(mp: NonNull<sys::rte_mempool>, size: usize) -> Result<Mempool, DpdkError> {
+        let mut raw: Vec<*mut c_void> = Vec::new();
+        // SAFETY: a live mempool; the callback only pushes into `raw`.
+        unsafe {
+            sys::rte_mempool_obj_iter(
+                mp.as_ptr(),
+                Some(collect_obj),
+                (&mut raw as *mut Vec<*mut c_void>).cast(),
+            )
+        };
+        let mut objs = vec![NonNull::dangling(); raw.len()];
+        for o in raw {
+            let h = o.cast::<ObjHeader>();
+            // SAFETY: every object starts with the header written at creation.
+            let i = unsafe { (*h).index } as usize;
+            if i < objs.len() {
+                objs[i] = NonNull::new(h).expect("DPDK objects are not NULL");
+            }
+        }
+        Ok(Mempool { mp, objs, size })
+    }
+
+    /// Objects in the pool.
+    pub fn len(&self) -> usize {
+        self.objs.len()
+    }
+
+    /// True if the pool has no objects.
+    pub fn is_empty(&self) -> bool {
+        self.objs.is_empty()
+    }
+
+    /// Objects currently free in the pool.
+    pub fn avail(&self) -> u32 {
+        // SAFETY: a live mempool.
+        unsafe { sys::rte_mempool_avail_count(self.mp.as_ptr()) }
+    }
+
+    /// Payload bytes per object.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The header of object `index`.
+    pub fn header(&self, index: u32) -> Option<&ObjHeader> {
+        // SAFETY: objects live as long as the mempool, which outlives self.
+        self.objs.get(index as usize).map(|h| unsafe { h.as_ref() })
+    }
+
+    fn get(&self) -> Option<&ObjHeader> {
+        let mut o: *mut c_void = std::ptr::null_mut();
+        // SAFETY: room for one object pointer.
+        let r = unsafe { sys::xio_shim_mempool_get_bulk(self.mp.as_ptr(), &mut o, 1) };
+        // SAFETY: a pool object, starting with its header.
+        (r == 0).then(|| unsafe { &*o.cast::<ObjHeader>() })
+    }
+
+    /// Takes exactly `out.len()` objects, or none.
+    fn get_bulk(&self, out: &mut [*mut c_void]) -> bool {
+        // SAFETY: room for out.len() object pointers.
+        unsafe {
+            sys::xio_shim_mempool_get_bulk(self.mp.as_ptr(), out.as_mut_ptr(), out.len() as u32)
+                == 0
+        }
+    }
+
+    fn put_bulk(&self, objs: &[*mut c_void]) {
+        // SAFETY: objects of this pool that nobody uses any more.
+        unsafe {
+            sys::xio_shim_mempool_put_bulk(self.mp.as_ptr(), objs.as_ptr(), objs.len() as u32)
+        };
+    }
+
+    fn put(&self, h: &ObjHeader) {
+        let o = (h as *const ObjHeader).cast_mut().cast::<c_void>();
+        // SAFETY: an object of this pool that nobody uses any more.
+        unsafe { sys::xio_shim_mempool_put_bulk(self.mp.as_ptr(), &o, 1) };
+    }
+
+    fn data(&self, h: &ObjHeader) -> *mut u8 {
+        // SAFETY: the payload follows the header inside the object.
+        unsafe { (h as *const ObjHeader).cast_mut().cast::<u8>().add(HEADER) }
+    }
+}
+
+/// The name of class `c`'s mempool (DPDK names are per file prefix, so
+/// per X-IO pool).
+pub fn mempool_name(c: usize) -> String {
+    format!("xio-p{c}")
+}
+
+/// The name of the ring that stack end `dir` of channel `channel`
+/// produces into.
+pub fn ring_name(channel: u32, dir: usize) -> String {
+    format!("xio-r{channel}-{dir}")
+}
+
+/// The buffer pool of the DPDK backend: a mempool per class.
+///
+/// Like the shm pool, a stack keeps a small private cache per class, so
+/// most allocations and frees touch no cache line another process writes
+/// (DPDK's own per-lcore caches would be lost if the process died; ours
+/// are marked in the object headers, `CACHED` with the stack as owner, so
+/// the manager reclaims them like anything else the stack owned).
+#[derive(Debug)]
+pub struct DpdkPool {
+    classes: Vec<Mempool>,
+    /// Per class: cached objects, and how many the cache may hold.
+    cache: Vec<(std::sync::Mutex<Vec<usize>>, usize)>,
+    me: u16,
+    /// A stack's control socket: while it is open the manager reclaims
+    /// none of our buffers, so it lives as long as the last buffer.
+    keepalive: Option<std::os::fd::OwnedFd>,
+}
+
+/// A stack's pool: joins the prefix's DPDK process group as a secondary
+/// (or uses the manager's EAL in its own process) and finds the class
+/// mempools the manager made, with the sizes the segment records.
+pub fn attach_pool(
+    prefix: &str,
+    seg: &crate::segment::Segment,
+    me: u16,
+    keepalive: std::os::fd::OwnedFd,
+) -> Result<DpdkPool, crate::stack::Error> {
+    let err = |e: DpdkError| crate::stack::Error::Io(std::io::Error::other(e.to_string()));
+    Eal::init(prefix, Role::Secondary).map_err(err)?;
+    let classes = seg
+        .classes()
+        .iter()
+        .enumerate()
+        .map(|(c, info)| Mempool::lookup(&mempool_name(c), info.buf_size as usize))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?;
+    let mut p = DpdkPool::new(classes, me);
+    p.keepalive = Some(keepalive);
+    // Every stack's cache together holds at most half a class (a class of
+    // few large buffers is not cached at all).
+    let stacks = seg.max_stacks().max(1) as usize;
+    for (c, mp) in p.classes.iter().enumerate() {
+        p.cache[c].1 = (mp.len() / (2 * stacks)).min(CACHE_MAX);
+    }
+    Ok(p)
+}
+
+/// Most objects a stack caches per class.
+const CACHE_MAX: usize = 32;
+
+/// The ring ends of stack end `dir` of `channel`: it produces into ring
+/// `dir` and consumes ring `1 - dir`.
+pub fn channel_ends(channel: u32, dir: usize) -> Result<(DpdkProducer, DpdkConsumer), DpdkError> {
+    Ok((
+        DpdkProducer::new(Ring::lookup(&ring_name(channel, dir))?),
+        DpdkConsumer::new(Ring::lookup(&ring_name(channel, 1 - dir))?),
+    ))
+}
+
+impl DpdkPool {
+    /// The pools of the classes (created by the primary or looked up by a
+    /// secondary), for stack `me` (0: the manager).
+    pub fn new(classes: Vec<Mempool>, me: u16) -> DpdkPool {
+        let cache = classes
+            .iter()
+            .map(|_| (std::sync::Mutex::new(Vec::new()), 0))
+            .collect();
+        DpdkPool {
+            classes,
+            cache,
+            me,
+            keepalive: None,
+        }
+    }
+
+    /// The control socket kept open (see the field).
+    pub fn keepalive(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.keepalive.as_ref().map(|f| f.as_fd())
+    }
+
+    /// Allocates up to `out.len()` buffers of `len` bytes; how many.
+    pub fn alloc_many(&self, len: usize, out: &mut [RawBuf]) -> Result<usize, AllocError> {
+        let mut n = 0;
+        for o in out.iter_mut() {
+            match BufferPool::alloc(self, len, false) {
+                Ok(b) => *o = b,
+                Err(AllocError::Exhausted) => break,
+                Err(e) => return Err(e),
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Buffers per class: total, free, and held per owner (status).
+    pub fn usage(&self) -> Vec<crate::pool::ClassUsage> {
+        self.classes
+            .iter()
+            .map(|mp| {
+                let mut by: std::collections::BTreeMap<u16, u32> = Default::default();
+                for h in &mp.objs {
+                    // SAFETY: objects live as long as the mempool.
+                    let h = unsafe { h.as_ref() };
+                    if h.state.load(Ordering::Acquire) != obj_state::FREE {
+                        *by.entry(h.owner.load(Ordering::Relaxed)).or_default() += 1;
+                    }
+                }
+                crate::pool::ClassUsage {
+                    buf_size: mp.size as u32,
+                    total: mp.len() as u32,
+                    free: mp.avail(),
+                    by_owner: by.into_iter().collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// The class pools.
+    pub fn classes(&self) -> &[Mempool] {
+        &self.classes
+    }
+
+    /// Returns to the pools every buffer owned by stack `dead` (held,
+    /// allocated or in flight to it): what the manager does when a stack
+    /// dies. Returns how many.
+    pub fn reclaim(&self, dead: u16) -> usize {
+        let mut n = 0;
+        for mp in &self.classes {
+            for h in &mp.objs {
+                // SAFETY: objects live as long as the mempool.
+                let h = unsafe { h.as_ref() };
+                if h.owner.load(Ordering::Acquire) == dead
+                    && h.state.load(Ordering::Acquire) != obj_state::FREE
+                {
+                    h.state.store(obj_state::FREE, Ordering::Relaxed);
+                    h.owner.store(0, Ordering::Release);
+                    mp.put(h);
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    /// An object of class `c` from the private cache, refilled from the
+    /// mempool in one bulk get when empty.
+    fn take<'a>(&'a self, c: usize, mp: &'a Mempool) -> Option<&'a ObjHeader> {
+        let (cache, limit) = &self.cache[c];
+        if *limit == 0 {
+            return mp.get();
+        }
+        let mut cached = cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cached.is_empty() {
+            let want = (limit / 2).max(1);
+            let mut objs = vec![std::ptr::null_mut(); want];
+            if !mp.get_bulk(&mut objs) {
+                drop(cached);
+                return mp.get();
+            }
+            for o in objs {
+                // SAFETY: a pool object, starting with its header.
+                let h = unsafe { &*o.cast::<ObjHeader>() };
+                h.owner.store(self.me, Ordering::Relaxed);
+                h.state.store(obj_state::CACHED, Ordering::Release);
+                cached.push(h.index as usize);
+            }
+        }
+        let i = cached.pop()?;
+        mp.header(i as u32)
+    }
+
+    fn obj(&self, b: RawBuf) -> (&Mempool, &ObjHeader) {
+        let mp = &self.classes[b.class as usize];
+        (mp, mp.header(b.index).expect("a RawBuf we made"))
+    }
+}
+
+impl BufferPool for DpdkPool {
+    fn stack_id(&self) -> u16 {
+        self.me
+    }
+
+    fn alloc(&self, len: usize, _wait: bool) -> Result<RawBuf, AllocError> {
+        let mut too_large = true;
+        for (c, mp) in self.classes.iter().enumerate() {
+            if mp.size < len {
+                continue;
+            }
+            too_large = false;
+            if let Some(h) = self.take(c, mp) {
+                h.gen.fetch_add(1, Ordering::Relaxed);
+                h.owner.store(self.me, Ordering::Relaxed);
+                h.state.store(obj_state::ALLOCATED, Ordering::Release);
+                return Ok(RawBuf {
+                    class: c as u8,
+                    index: h.index,
+                });
+            }
+        }
+        Err(if too_large {
+            AllocError::TooLarge(len)
+        } else {
+            AllocError::Exhausted
+        })
+    }
+
+    fn free(&self, b: RawBuf) {
+        let (mp, h) = self.obj(b);
+        let (cache, limit) = &self.cache[b.class as usize];
+        if *limit > 0 {
+            let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
+            if c.len() < *limit {
+                h.state.store(obj_state::CACHED, Ordering::Release);
+                c.push(b.index as usize);
+                return;
+            }
+            // Full: give half back in one bulk put.
+            let back: Vec<*mut c_void> = c
+                .drain(limit / 2..)
+                .map(|i| {
+                    let o = mp.header(i as u32).expect("cached index");
+                    o.state.store(obj_state::FREE, Ordering::Relaxed);
+                    o.owner.store(0, Ordering::Release);
+                    (o as *const ObjHeader).cast_mut().cast::<c_void>()
+                })
+                .collect();
+            mp.put_bulk(&back);
+            h.state.store(obj_state::CACHED, Ordering::Release);
+            c.push(b.index as usize);
+            return;
+        }
+        h.state.store(obj_state::FREE, Ordering::Relaxed);
+        h.owner.store(0, Ordering::Release);
+        mp.put(h);
+    }
+
+    fn data(&self, b: RawBuf) -> (*mut u8, usize) {
+        let (mp, h) = self.obj(b);
+        (mp.data(h), mp.size)
+    }
+
+    fn prepare_send(&self, b: RawBuf, len: u32, to: u16, conn: u32, k: u8) -> Descriptor {
+        let (_, h) = self.obj(b);
+        h.owner.store(to, Ordering::Relaxed);
+        h.state.store(obj_state::IN_FLIGHT, Ordering::Release);
+        Descriptor {
+            index: b.index,
+            len,
+            conn,
+            class: b.class,
+            kind: k,
+            gen: h.gen.load(Ordering::Relaxed) as u16,
+        }
+    }
+
+    fn accept(&self, d: &Descriptor) -> Result<RawBuf, Reject> {
+        let mp = self
+            .classes
+            .get(d.class as usize)
+            .ok_or(Reject::Class(d.class))?;
+        let h = mp.header(d.index).ok_or(Reject::Index(d.index))?;
+        if d.len as usize > mp.size {
+            return Err(Reject::Length(d.len));
+        }
+        if d.kind != kind::DATA && d.kind & 0x7f != kind::STREAM && d.kind & 0x7f != kind::SYN {
+            return Err(Reject::Kind(d.kind));
+        }
+        let owner = h.owner.load(Ordering::Acquire);
+        let state = h.state.load(Ordering::Acquire);
+        let gen = h.gen.load(Ordering::Relaxed) as u16;
+        if owner != self.me || state != obj_state::IN_FLIGHT || gen != d.gen {
+            return Err(Reject::Ownership(
+                (u64::from(owner) << 32) | (u64::from(state) << 16) | u64::from(gen),
+            ));
+        }
+        h.state.store(obj_state::HELD, Ordering::Release);
+        Ok(RawBuf {
+            class: d.class,
+            index: d.index,
+        })
+    }
+
+    fn reuse(&self, b: RawBuf) {
+        let (_, h) = self.obj(b);
+        h.state.store(obj_state::ALLOCATED, Ordering::Release);
+    }
+
+    fn max_buf(&self) -> usize {
+        self.classes.iter().map(|m| m.size).max().unwrap_or(0)
+    }
+}
+
+/// An `rte_ring` of [`Descriptor`]s (16-byte elements), single producer
+/// and single consumer: one direction of a channel.
+#[derive(Debug)]
+pub struct Ring {
+    r: NonNull<sys::rte_ring>,
+}
+
+// SAFETY: an rte_ring is shared memory; SP/SC discipline is kept by giving
+// each end to one owner (DpdkProducer / DpdkConsumer are not Clone).
+unsafe impl Send for Ring {}
+// SAFETY: only `count` is called through a shared reference (a read of
+// the ring's indices).
+unsafe impl Sync for Ring {}
+
+const DESC: u32 = std::mem::size_of::<Descriptor>() as u32;
+
+impl Ring {
+    /// Creates a ring of `count` descriptors (a power of two; primary).
+    pub fn create(name: &str, count: u32) -> Result<Ring, DpdkError> {
+        let c = cname(name, sys::xio_shim_limits::XIO_SHIM_RING_NAMESIZE as usize)?;
+        // SAFETY: valid name; flags select SP/SC.
+        let r = unsafe {
+            sys::rte_ring_create_elem(
+                c.as_ptr(),
+                DESC,
+                count,
+                sys::SOCKET_ID_ANY,
+                sys::RING_F_SP_ENQ | sys::RING_F_SC_DEQ,
+            )
+        };
+        NonNull::new(r)
+            .map(|r| Ring { r })
+            .ok_or_else(|| DpdkError::Create {
+                what: "ring",
+                name: name.into(),
+                reason: errno_text(),
+            })
+    }
+
+    /// Looks up a ring made by the primary.
+    pub fn lookup(name: &str) -> Result<Ring, DpdkError> {
+        let c = cname(name, sys::xio_shim_limits::XIO_SHIM_RING_NAMESIZE as usize)?;
+        // SAFETY: valid name.
+        let r = unsafe { sys::rte_ring_lookup(c.as_ptr()) };
+        NonNull::new(r)
+            .map(|r| Ring { r })
+            .ok_or_else(|| DpdkError::NotFound {
+                what: "ring",
+                name: name.into(),
+            })
+    }
+
+    /// Descriptors waiting.
+    pub fn count(&self) -> u32 {
+        // SAFETY: a live ring; reads its indices.
+        unsafe { sys::xio_shim_ring_count(self.r.as_ptr()) }
+    }
+
+    fn push(&mut self, ds: &[Descriptor]) -> usize {
+        // SAFETY: `ds` holds ds.len() elements of DESC bytes; we are the
+        // ring's only producer.
+        unsafe {
+            sys::xio_shim_ring_enqueue_burst_elem(
+                self.r.as_ptr(),
+                ds.as_ptr().cast(),
+                DESC,
+                ds.len() as u32,
+                std::ptr::null_mut(),
+            ) as usize
+        }
+    }
+
+    fn pop(&mut self, out: &mut [Descriptor]) -> usize {
+        // SAFETY: `out` has room for out.len() elements; we are the only
+        // consumer. Descriptor is plain data, any bytes are a value.
+        unsafe {
+            sys::xio_shim_ring_dequeue_burst_elem(
+                self.r.as_ptr(),
+                out.as_mut_ptr().cast(),
+                DESC,
+                out.len() as u32,
+                std::ptr::null_mut(),
+            ) as usize
+        }
+    }
+
+    /// Empties the ring (a channel slot being reused; nobody may use the
+    /// ring meanwhile).
+    pub fn reset(&self) {
+        // SAFETY: a live ring no process uses (the caller's contract).
+        unsafe { sys::rte_ring_reset(self.r.as_ptr()) }
+    }
+
+    fn free_count(&self) -> u32 {
+        // SAFETY: a live ring.
+        unsafe { sys::xio_shim_ring_free_count(self.r.as_ptr()) }
+    }
+}
+
+/// The sending end of a channel direction.
+#[derive(Debug)]
+pub struct DpdkProducer(Ring);
+
+/// The receiving end of a channel direction.
+#[derive(Debug)]
+pub struct DpdkConsumer(Arc<Ring>);
+
+impl DpdkProducer {
+    /// The producer end of `ring` (give each ring one producer).
+    pub fn new(ring: Ring) -> Self {
+        DpdkProducer(ring)
+    }
+}
+
+impl DpdkConsumer {
+    /// The consumer end of `ring` (give each ring one consumer).
+    pub fn new(ring: Ring) -> Self {
+        DpdkConsumer(Arc::new(ring))
+    }
+}
+
+impl DescProducer for DpdkProducer {
+    fn push_burst(&mut self, ds: &[Descriptor]) -> Result<usize, RingError> {
+        Ok(self.0.push(ds))
+    }
+    fn free_slots(&mut self, _want: u32) -> Result<u32, RingError> {
+        Ok(self.0.free_count())
+    }
+}
+
+impl DescConsumer for DpdkConsumer {
+    fn pop_burst(&mut self, out: &mut [Descriptor]) -> Result<usize, RingError> {
+        // The consumer is the only user of the ring's consumer side; the
+        // watch only reads counts.
+        let r = Arc::as_ptr(&self.0).cast_mut();
+        // SAFETY: pop needs &mut for the SC discipline, which this
+        // consumer alone provides; the watches read indices only.
+        Ok(unsafe { (*r).pop(out) })
+    }
+    fn has_data(&mut self) -> bool {
+        self.0.count() > 0
+    }
+    fn watch(&self) -> Box<dyn RingWatch> {
+        Box::new(DpdkWatch(self.0.clone()))
+    }
+}
+
+struct DpdkWatch(Arc<Ring>);
+
+impl RingWatch for DpdkWatch {
+    fn has_data(&self) -> bool {
+        self.0.count() > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTS: &str = "nodev /dev/hugepages hugetlbfs rw,relatime,pagesize=2M 0 0\n";
+
+    #[test]
+    fn preflight_explains_what_is_missing() {
+        let none = "HugePages_Total:       0\nHugePages_Free:        0\n";
+        let e = check_hugepages(none, MOUNTS).unwrap_err().to_string();
+        assert!(e.contains("no hugepages are reserved"), "{e}");
+        assert!(e.contains("nr_hugepages"), "{e}");
+        let used = "HugePages_Total:     256\nHugePages_Free:        0\n";
+        let e = check_hugepages(used, MOUNTS).unwrap_err().to_string();
+        assert!(e.contains("all 256 hugepages are in use"), "{e}");
+        let ok = "HugePages_Total:     256\nHugePages_Free:      100\n";
+        let e = check_hugepages(ok, "proc /proc proc rw 0 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no hugetlbfs is mounted"), "{e}");
+        assert!(check_hugepages(ok, MOUNTS).is_ok());
+    }
+
+    #[test]
+    fn header_is_one_cache_line() {
+        assert_eq!(HEADER, 64);
+    }
+}

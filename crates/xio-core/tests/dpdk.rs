@@ -1,0 +1,345 @@
+//! The DPDK backend across real processes: a primary creates the
+//! mempools and rings of a prefix, secondaries find them by name and
+//! exchange buffers through `DpdkPool` and the ring ends (the same traits
+//! the stack uses); a secondary killed with -9 has its buffers reclaimed;
+//! two prefixes on one machine stay apart. Needs hugepages (.ci/run
+//! reserves them) and the `dpdk` feature:
+//! `cargo test -p xio-core --features dpdk --test dpdk`.
+#![cfg(feature = "dpdk")]
+
+mod common;
+
+use std::io::BufRead;
+
+use common::*;
+use xio_core::backend::{BufferPool, DescConsumer, DescProducer};
+use xio_core::dpdk::{DpdkConsumer, DpdkPool, DpdkProducer, Eal, Mempool, Ring, Role};
+use xio_core::layout::{kind, Descriptor};
+use xio_core::pool::RawBuf;
+
+const CLASSES: [(&str, usize, u32); 2] = [("xio-c0", 2048, 512), ("xio-c1", 65536, 64)];
+const PRIMARY: u16 = 1;
+const SECONDARY: u16 = 2;
+
+fn pools(create: bool, me: u16) -> DpdkPool {
+    let classes = CLASSES
+        .iter()
+        .enumerate()
+        .map(|(c, &(name, size, n))| {
+            if create {
+                Mempool::create(name, c as u8, n, size).unwrap()
+            } else {
+                Mempool::lookup(name, size).unwrap()
+            }
+        })
+        .collect();
+    DpdkPool::new(classes, me)
+}
+
+/// Ring ends: (to the other side, from the other side).
+fn rings(create: bool, primary: bool) -> (DpdkProducer, DpdkConsumer) {
+    let get = |n: &str| {
+        if create {
+            Ring::create(n, 1024).unwrap()
+        } else {
+            Ring::lookup(n).unwrap()
+        }
+    };
+    let (a2b, b2a) = (get("xio-a2b"), get("xio-b2a"));
+    if primary {
+        (DpdkProducer::new(a2b), DpdkConsumer::new(b2a))
+    } else {
+        (DpdkProducer::new(b2a), DpdkConsumer::new(a2b))
+    }
+}
+
+/// The payload of a buffer this process owns (the pool hands out raw
+/// pointers, as it does to `BufMut`).
+#[allow(clippy::mut_from_ref)]
+fn payload(pool: &DpdkPool, b: RawBuf, len: usize) -> &mut [u8] {
+    let (p, cap) = pool.data(b);
+    assert!(len <= cap);
+    // SAFETY: we own the buffer (allocated or accepted by us, not yet sent
+    // or freed), `len` fits it, and each call site uses one slice at a time.
+    unsafe { std::slice::from_raw_parts_mut(p, len) }
+}
+
+fn send(pool: &DpdkPool, tx: &mut DpdkProducer, b: RawBuf, len: usize, to: u16, tag: u32) {
+    let d = pool.prepare_send(b, len as u32, to, tag, kind::DATA);
+    while tx.push_burst(&[d]).unwrap() == 0 {
+        std::thread::yield_now();
+    }
+}
+
+fn recv(rx: &mut DpdkConsumer) -> Descriptor {
+    let mut d = [Descriptor::default()];
+    loop {
+        if rx.pop_burst(&mut d).unwrap() == 1 {
+            return d[0];
+        }
+        std::thread::yield_now();
+    }
+}
+
+fn msg_len(i: u64) -> usize {
+    size_of_msg(i).min(65536)
+}
+
+#[test]
+fn child_main() {
+    let Ok(role) = std::env::var("XIO_CHILD_ROLE") else {
+        return;
+    };
+    die_with_parent();
+    let a = child_args();
+    match role.as_str() {
+        "primary" => primary(&a[0]),
+        "echo" => echo(&a[0], a[1].parse().unwrap()),
+        "hoard" => hoard(&a[0]),
+        "iso_primary" => iso_primary(&a[0], a[1].parse().unwrap()),
+        "iso_secondary" => iso_secondary(&a[0]),
+        r => panic!("unknown role {r}"),
+    }
+}
+
+/// Creates the objects, then does what its stdin says.
+fn primary(prefix: &str) {
+    Eal::init(prefix, Role::Primary).unwrap();
+    let pool = pools(true, PRIMARY);
+    let (mut tx, mut rx) = rings(true, true);
+    println!("XIO:ready");
+    for line in std::io::stdin().lock().lines() {
+        let line = line.unwrap();
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.as_slice() {
+            ["pingpong", n] => {
+                let n: u64 = n.parse().unwrap();
+                for i in 0..n {
+                    let len = msg_len(i);
+                    let b = pool.alloc(len, false).unwrap();
+                    fill(payload(&pool, b, len), i);
+                    send(&pool, &mut tx, b, len, SECONDARY, i as u32);
+                    let d = recv(&mut rx);
+                    let b = pool.accept(&d).unwrap();
+                    assert_eq!(d.conn, i as u32);
+                    assert!(verify(payload(&pool, b, d.len as usize), i + 1_000_000));
+                    pool.free(b);
+                }
+                println!("XIO:pingpong ok");
+            }
+            ["send", n] => {
+                for i in 0..n.parse::<u32>().unwrap() {
+                    let b = pool.alloc(64, false).unwrap();
+                    send(&pool, &mut tx, b, 64, SECONDARY, i);
+                }
+                println!("XIO:sent");
+            }
+            ["reclaim", id] => {
+                // The dead stack's inbound ring holds stale descriptors:
+                // drop them (their buffers are found by owner below).
+                let mut junk = [Descriptor::default(); 64];
+                let mut consumer_of_a2b = DpdkConsumer::new(Ring::lookup("xio-a2b").unwrap());
+                while consumer_of_a2b.pop_burst(&mut junk).unwrap() > 0 {}
+                let n = pool.reclaim(id.parse().unwrap());
+                println!("XIO:reclaimed {n}");
+            }
+            ["avail"] => {
+                let c = pool.classes();
+                println!(
+                    "XIO:avail {} {} {} {}",
+                    c[0].avail(),
+                    c[0].len(),
+                    c[1].avail(),
+                    c[1].len()
+                );
+            }
+            _ => panic!("unknown command {line}"),
+        }
+    }
+}
+
+/// A secondary that checks each buffer, rewrites it in place and sends it
+/// back (the buffer made writable again, as `Buf::into_mut` does).
+fn echo(prefix: &str, n: u64) {
+    Eal::init(prefix, Role::Secondary).unwrap();
+    let pool = pools(false, SECONDARY);
+    let (mut tx, mut rx) = rings(false, false);
+    println!("XIO:ready");
+    for i in 0..n {
+        let d = recv(&mut rx);
+        let b = pool.accept(&d).unwrap();
+        let len = d.len as usize;
+        assert_eq!(len, msg_len(i));
+        assert!(verify(payload(&pool, b, len), i));
+        // A replayed descriptor is refused: the buffer is ours now.
+        assert!(pool.accept(&d).is_err());
+        pool.reuse(b);
+        fill(payload(&pool, b, len), i + 1_000_000);
+        send(&pool, &mut tx, b, len, PRIMARY, d.conn);
+    }
+    println!("XIO:echoed {n}");
+}
+
+/// A secondary that takes buffers and never gives them back.
+fn hoard(prefix: &str) {
+    Eal::init(prefix, Role::Secondary).unwrap();
+    let pool = pools(false, SECONDARY);
+    let (_tx, mut rx) = rings(false, false);
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        held.push(pool.alloc(100, false).unwrap());
+    }
+    println!("XIO:allocated");
+    for _ in 0..5 {
+        let d = recv(&mut rx);
+        held.push(pool.accept(&d).unwrap());
+    }
+    println!("XIO:holding {}", held.len());
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
+fn iso_primary(prefix: &str, marker: u32) {
+    Eal::init(prefix, Role::Primary).unwrap();
+    let _pool = pools(true, PRIMARY);
+    let mut tx = DpdkProducer::new(Ring::create("xio-iso", 64).unwrap());
+    let d = Descriptor {
+        conn: marker,
+        ..Default::default()
+    };
+    assert_eq!(tx.push_burst(&[d]).unwrap(), 1);
+    println!("XIO:ready");
+    for _ in std::io::stdin().lock().lines() {}
+}
+
+fn iso_secondary(prefix: &str) {
+    match Eal::init(prefix, Role::Secondary) {
+        Ok(_) => {
+            let mut rx = DpdkConsumer::new(Ring::lookup("xio-iso").unwrap());
+            println!("XIO:marker {}", recv(&mut rx).conn);
+        }
+        Err(e) => println!("XIO:error {e}"),
+    }
+}
+
+/// Ends a primary (stdin closed: it returns and exits) and removes what
+/// DPDK leaves of the prefix: its hugepage files and runtime directory (a
+/// new primary of the same prefix would clear them, but test prefixes are
+/// unique).
+fn finish_primary(mut p: ChildProc, prefix: &str) {
+    drop(p.child.stdin.take());
+    p.wait_success();
+    remove_prefix_files(prefix);
+}
+
+fn remove_prefix_files(prefix: &str) {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    for dir in mounts
+        .lines()
+        .filter(|l| l.split_whitespace().nth(2) == Some("hugetlbfs"))
+        .filter_map(|l| l.split_whitespace().nth(1))
+    {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&format!("{prefix}map_")))
+            {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{prefix}"));
+}
+
+fn dpdk_prefix(test: &str) -> String {
+    // DPDK file prefixes end up in /var/run/dpdk/<prefix>: keep them short.
+    format!("xt{}{}", test, std::process::id())
+}
+
+#[test]
+fn buffers_cross_processes_through_dpdk_rings() {
+    setup();
+    let p = dpdk_prefix("x");
+    let mut prim = ChildProc::spawn("child_main", "primary", std::slice::from_ref(&p));
+    prim.expect("ready");
+    let n = 3000u64;
+    let mut sec = ChildProc::spawn("child_main", "echo", &[p.clone(), n.to_string()]);
+    sec.expect("ready");
+    prim.tell(&format!("pingpong {n}"));
+    prim.expect("pingpong ok");
+    assert_eq!(sec.expect("echoed"), n.to_string());
+    sec.wait_success();
+    prim.tell("avail");
+    let a: Vec<u32> = prim
+        .expect("avail")
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert_eq!(
+        (a[0], a[2]),
+        (a[1], a[3]),
+        "every buffer back in its mempool"
+    );
+    finish_primary(prim, &p);
+}
+
+#[test]
+fn killed_secondary_is_reclaimed() {
+    setup();
+    let p = dpdk_prefix("k");
+    let mut prim = ChildProc::spawn("child_main", "primary", std::slice::from_ref(&p));
+    prim.expect("ready");
+    let mut h = ChildProc::spawn("child_main", "hoard", std::slice::from_ref(&p));
+    h.expect("allocated");
+    prim.tell("send 10");
+    prim.expect("sent");
+    assert_eq!(h.expect("holding"), "25");
+    prim.tell("avail");
+    let before: Vec<u32> = prim
+        .expect("avail")
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert_eq!(before[1] - before[0], 20 + 10, "held + in flight");
+    h.kill9();
+    prim.tell(&format!("reclaim {SECONDARY}"));
+    assert_eq!(prim.expect("reclaimed"), "30");
+    prim.tell("avail");
+    let a: Vec<u32> = prim
+        .expect("avail")
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert_eq!(
+        (a[0], a[2]),
+        (a[1], a[3]),
+        "every buffer back in its mempool"
+    );
+    finish_primary(prim, &p);
+}
+
+#[test]
+fn two_prefixes_stay_apart() {
+    setup();
+    let (pa, pb) = (dpdk_prefix("a"), dpdk_prefix("b"));
+    // The same object names in both prefixes: no clash.
+    let mut a = ChildProc::spawn("child_main", "iso_primary", &[pa.clone(), "111".into()]);
+    let mut b = ChildProc::spawn("child_main", "iso_primary", &[pb.clone(), "222".into()]);
+    a.expect("ready");
+    b.expect("ready");
+    let mut sa = ChildProc::spawn("child_main", "iso_secondary", std::slice::from_ref(&pa));
+    let mut sb = ChildProc::spawn("child_main", "iso_secondary", std::slice::from_ref(&pb));
+    assert_eq!(sa.expect("marker"), "111");
+    assert_eq!(sb.expect("marker"), "222");
+    sa.wait_success();
+    sb.wait_success();
+    // A prefix without a primary: a clear error, not a hang or a crash.
+    let mut none = ChildProc::spawn("child_main", "iso_secondary", &[dpdk_prefix("none")]);
+    let e = none.expect("error");
+    assert!(e.contains("primary"), "{e}");
+    none.wait_success();
+    remove_prefix_files(&dpdk_prefix("none"));
+    finish_primary(a, &pa);
+    finish_primary(b, &pb);
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The DPDK backend's tests: the dpdk-specific suite, then the cross-process
+# and socket suites run against a DPDK manager (XIO_TEST_BACKEND=dpdk).
+# Needs the system DPDK (libdpdk-dev, libclang-dev), hugepages and root:
+# .ci/run sets them up. A process can be the DPDK primary of one prefix
+# only, so each test runs in its own process; DPDK's hugepage files and
+# runtime directories of the test prefixes are removed after each.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cleanup() {
+    rm -f /dev/hugepages/t-* /dev/hugepages/xt* 2>/dev/null || true
+    rm -rf /var/run/dpdk/t-* /var/run/dpdk/xt* 2>/dev/null || true
+}
+
+cargo test -p xio-core --features dpdk --lib dpdk::
+cargo test -p xio-core --features dpdk --test dpdk
+cleanup
+
+export XIO_TEST_BACKEND=dpdk
+for suite in cross_process sockets; do
+    tests=$(cargo test -q -p xio-core --features dpdk --test "$suite" -- --list 2>/dev/null |
+        sed -n 's/: test$//p' | grep -v '^child_main$')
+    for t in $tests; do
+        echo "== dpdk: $suite::$t"
+        cargo test -q -p xio-core --features dpdk --test "$suite" -- --exact "$t"
+        cleanup
+    done
+done
