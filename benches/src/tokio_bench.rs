@@ -155,7 +155,80 @@ pub fn run(a: &TokioArgs) -> Result<()> {
     for f in failures {
         println!("{f}");
     }
+    if transports.contains(&AsyncTransport::Xio) {
+        progress("X-IO idle CPU");
+        match idle_cpu(&prefix) {
+            Ok((srv, cli)) => println!(
+                "Idle: after {IDLE_WARM} X-IO requests on one connection, the connection \
+                 stays open with no traffic for {:.0} s: the server process used \
+                 {srv:.2} ms of CPU, the client process {cli:.2} ms (summed over their \
+                 threads, from `/proc/<pid>/task/*/schedstat`).\n",
+                IDLE_WINDOW.as_secs_f64()
+            ),
+            Err(e) => println!("* X-IO idle CPU: FAILED: {e:#}\n"),
+        }
+    }
     Ok(())
+}
+
+const IDLE_WARM: usize = 20_000;
+const IDLE_WINDOW: Duration = Duration::from_secs(1);
+
+/// On-CPU nanoseconds of every thread of process `pid` so far.
+fn process_cpu_ns(pid: u32) -> Result<u64> {
+    let mut total = 0u64;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let path = t?.path().join("schedstat");
+        if let Ok(s) = std::fs::read_to_string(path) {
+            total += s
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Ok(total)
+}
+
+/// Steady traffic, then an open connection with none: CPU (ms) the
+/// server and this (client) process use over [`IDLE_WINDOW`]. The
+/// adaptive policy must put both drivers to sleep.
+fn idle_cpu(prefix: &str) -> Result<(f64, f64)> {
+    let (child, endpoint, _cleanup) = spawn_server("serve-tokio", AsyncTransport::Xio, prefix, 1)?;
+    let pid = child.pid();
+    let res = (|| {
+        let _pin = pin_scoped(Some(0))?;
+        let rt = runtime()?;
+        rt.block_on(async {
+            let p = endpoint.split_once('/').map_or("", |x| x.0);
+            let net = xio_core::net::Net::attach(p)?;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut s = loop {
+                match connect(AsyncTransport::Xio, &endpoint, Some(&net)).await {
+                    Ok(s) => break s,
+                    Err(_) if Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(2)).await
+                    }
+                    Err(e) => return Err(e).context("connecting"),
+                }
+            };
+            let tx = [7u8; MSG];
+            let mut rx = [0u8; MSG];
+            for _ in 0..IDLE_WARM {
+                s.write_all(&tx).await?;
+                s.read_exact(&mut rx).await?;
+            }
+            // Let the spin budgets run out, then measure.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let me = std::process::id();
+            let (s0, c0) = (process_cpu_ns(pid)?, process_cpu_ns(me)?);
+            tokio::time::sleep(IDLE_WINDOW).await;
+            let (s1, c1) = (process_cpu_ns(pid)?, process_cpu_ns(me)?);
+            s.shutdown().await?;
+            Ok(((s1 - s0) as f64 / 1e6, (c1 - c0) as f64 / 1e6))
+        })
+    })();
+    child.finish(res)
 }
 
 /// Runs one cell per transport, `rounds` times round-robin, merging the

@@ -117,6 +117,7 @@ fn stack_code(e: &StackError) -> XioResult {
         StackError::TooLarge(_) => XIO_ERR_TOO_LARGE,
         StackError::ManagerGone => XIO_ERR_MANAGER_GONE,
         StackError::Protocol(_) => XIO_ERR_PROTOCOL,
+        StackError::WrongBackend { .. } => XIO_ERR_INVALID_ARGUMENT,
         StackError::Io(_) => XIO_ERR_IO,
     }
 }

@@ -384,7 +384,8 @@ impl Manager {
         tracing::info!(
             prefix = %b.prefix,
             socket = %sock_path.display(),
-            segment_mib = geo.total_len >> 20,
+            segment_mib = seg.region().len() >> 20,
+            backend = ?b.backend,
             classes = ?b.pool.classes,
             "manager ready"
         );

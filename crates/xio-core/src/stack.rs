@@ -97,6 +97,19 @@ pub enum Error {
     /// The manager broke the protocol, or the segment is invalid.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The pool's backend is not the one [`StackBuilder::require_backend`]
+    /// asked for.
+    #[error(
+        "pool {prefix:?} uses the {has:?} backend, not {wanted:?} (see xio-manager --backend)"
+    )]
+    WrongBackend {
+        /// The prefix.
+        prefix: String,
+        /// Its backend.
+        has: crate::manager::Backend,
+        /// The one asked for.
+        wanted: crate::manager::Backend,
+    },
     /// A system call failed.
     #[error(transparent)]
     Io(#[from] io::Error),
@@ -123,6 +136,7 @@ impl From<Error> for io::Error {
             Error::TooLarge(_) => io::ErrorKind::InvalidInput,
             Error::ManagerGone => io::ErrorKind::BrokenPipe,
             Error::Protocol(_) => io::ErrorKind::InvalidData,
+            Error::WrongBackend { .. } => io::ErrorKind::Unsupported,
             Error::Io(e) => return io::Error::new(e.kind(), e.to_string()),
         };
         io::Error::new(k, e)
@@ -135,6 +149,7 @@ pub struct StackBuilder {
     prefix: String,
     name: String,
     mode: WaitMode,
+    backend: Option<crate::manager::Backend>,
 }
 
 impl StackBuilder {
@@ -147,6 +162,14 @@ impl StackBuilder {
     /// How blocking calls wait (default: [`WaitMode::Adaptive`]).
     pub fn wait_mode(mut self, mode: WaitMode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// Refuses to attach unless the pool uses `backend` (by default a
+    /// stack follows whatever backend its manager chose): for services
+    /// that must share hugepage memory with DPDK programs, say.
+    pub fn require_backend(mut self, backend: crate::manager::Backend) -> Self {
+        self.backend = Some(backend);
         self
     }
 
@@ -180,6 +203,17 @@ impl StackBuilder {
         let seg = Segment::open(region).map_err(|e| Error::Protocol(e.to_string()))?;
         if id == 0 || u32::from(id) > seg.max_stacks() {
             return Err(Error::Protocol(format!("stack id {id} out of range")));
+        }
+        let backend = match seg.backend() {
+            crate::layout::backend::DPDK => crate::manager::Backend::Dpdk,
+            _ => crate::manager::Backend::Shm,
+        };
+        if let Some(want) = self.backend.filter(|&w| w != backend) {
+            return Err(Error::WrongBackend {
+                prefix: self.prefix.clone(),
+                has: backend,
+                wanted: want,
+            });
         }
         let pool = match seg.backend() {
             crate::layout::backend::SHM => PoolRef::Shm(Arc::new(StackPool::with_keepalive(
@@ -402,6 +436,7 @@ impl Stack {
             prefix: prefix.to_owned(),
             name,
             mode: WaitMode::default(),
+            backend: None,
         }
     }
 
@@ -829,6 +864,24 @@ impl Stack {
         p.mode = self.mode;
         p.spin = std::mem::take(&mut self.spin);
         p
+    }
+
+    /// Brings a probe that stays out up to date after a drain: what the
+    /// control socket said is seen, and new channels are watched. Counts
+    /// a hit for the adaptive policy.
+    pub(crate) fn refresh_probe(&mut self, p: &mut Probe) {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        if p.epoch_seen != epoch {
+            p.watches = self
+                .channels
+                .iter()
+                .map(|c| (c.peer, c.rx.watch()))
+                .collect();
+            p.epoch_seen = epoch;
+        }
+        p.ctrl_seen = self.ctrl_seen;
+        p.spin.on_spin_start();
+        p.spin.on_spin_hit();
     }
 
     /// Takes back what a probe learned (the adaptive policy's state).

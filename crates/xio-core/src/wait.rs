@@ -119,6 +119,15 @@ impl AdaptiveSpin {
         self.spin_hits += 1;
     }
 
+    /// A spin found nothing, again, with no traffic in between: halve the
+    /// budget, down to none (the next wake-up's gap grows it back).
+    pub fn on_idle_watch(&mut self) {
+        self.budget_ns /= 2;
+        if self.budget_ns < MIN_BUDGET_NS {
+            self.budget_ns = 0;
+        }
+    }
+
     /// We spun `spun_ns`, then slept `slept_ns` until data came; `wake_ns`
     /// is the measured doorbell-to-running latency, when a doorbell woke us.
     ///
@@ -167,6 +176,17 @@ mod tests {
         // A peer that answers 4 us after we gave up: spin through that.
         a.on_sleep(MIN_BUDGET_NS, 4_000, Some(2_000));
         assert!(a.spin_for(true) >= 8_000, "{:?}", a.budget());
+    }
+
+    #[test]
+    fn idle_watches_end_spinning_and_traffic_restores_it() {
+        let mut a = AdaptiveSpin::default();
+        for _ in 0..20 {
+            a.on_idle_watch();
+        }
+        assert_eq!(a.spin_for(true), 0, "idle: no spinning at all");
+        a.on_sleep(0, 3_000, Some(2_000)); // traffic again, 3 us gaps
+        assert!(a.spin_for(true) >= 6_000, "{:?}", a.budget());
     }
 
     #[test]

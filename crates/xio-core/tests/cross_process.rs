@@ -5,6 +5,7 @@ mod common;
 
 use common::*;
 use std::net::SocketAddr;
+use xio_core::manager::Backend;
 use xio_core::prelude::*;
 
 const MESSAGES: u64 = 100_000;
@@ -352,6 +353,20 @@ fn connect_to_unbound_address_is_refused_and_bind_conflicts() {
     let _mgr = manager_builder(&p).spawn().unwrap();
     let mut a = Stack::attach(&p).unwrap();
     let mut b = Stack::attach(&p).unwrap();
+    // A stack that requires the other backend is refused, clearly.
+    let other = match test_backend() {
+        Backend::Shm => Backend::Dpdk,
+        Backend::Dpdk => Backend::Shm,
+    };
+    let e = Stack::builder(&p)
+        .require_backend(other)
+        .attach()
+        .unwrap_err();
+    assert!(e.to_string().contains("backend, not"), "{e}");
+    Stack::builder(&p)
+        .require_backend(test_backend())
+        .attach()
+        .unwrap();
     let e = a.connect(addr(5)).unwrap_err();
     assert_eq!(
         std::io::Error::from(e).kind(),

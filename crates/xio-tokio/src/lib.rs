@@ -115,11 +115,13 @@ async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
     let mut last_tick = std::time::Instant::now();
     let mut rung = true;
     let mut rounds = 0u32;
+    let mut tick_due = false;
     loop {
         let Some(n) = net.upgrade() else { return };
         // Clock reads are slow on VMs: look at the time now and then only.
         rounds = rounds.wrapping_add(1);
-        let liveness = rounds.is_multiple_of(64) && last_tick.elapsed() >= LIVENESS;
+        let liveness = (tick_due || rounds.is_multiple_of(64)) && last_tick.elapsed() >= LIVENESS;
+        tick_due = false;
         if liveness {
             last_tick = std::time::Instant::now();
         }
@@ -151,21 +153,43 @@ async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
         // is zero unless a peer is awake on another core: idle, we sleep.
         let budget = n.spin_budget();
         if !budget.is_zero() {
+            // Under steady traffic the watch goes on from arrival to
+            // arrival: each one is drained (waking its tasks) without
+            // arming and disarming the doorbell or re-reading the budget;
+            // the budget restarts at every arrival. It ends when nothing
+            // came for a budget, now and then for the liveness tick, or
+            // when something waits on a retry.
             let mut w = n.watch_begin();
-            let start = std::time::Instant::now();
+            let mut start = std::time::Instant::now();
             let mut looks = 0u32;
             let hit = loop {
                 if w.has_input() {
-                    break true;
+                    match n.watch_drain(&mut w) {
+                        Ok(d) if !d.retry => {
+                            start = std::time::Instant::now();
+                            looks = 0;
+                            // Let the woken tasks run before looking again.
+                            tokio::task::yield_now().await;
+                            continue;
+                        }
+                        _ => break true,
+                    }
                 }
                 looks = looks.wrapping_add(1);
-                if looks.is_multiple_of(8) && start.elapsed() >= budget {
-                    break false;
+                if looks.is_multiple_of(8) {
+                    if start.elapsed() >= budget {
+                        break false;
+                    }
+                    if last_tick.elapsed() >= LIVENESS {
+                        tick_due = true;
+                        break true;
+                    }
                 }
                 tokio::task::yield_now().await;
             };
             n.watch_end(w, hit, start.elapsed());
-            // Drive again: drains what came, or re-arms the doorbell.
+            // Drive again: drains what came, handles a retry or the tick,
+            // or re-arms the doorbell.
             continue;
         }
         drop(n);
