@@ -695,6 +695,29 @@ impl DpdkPool {
     }
 }
 
+impl Drop for DpdkPool {
+    /// A stack leaving cleanly gives its cache back (a dead one's is
+    /// reclaimed by the manager from the headers).
+    fn drop(&mut self) {
+        for (c, mp) in self.classes.iter().enumerate() {
+            let cached =
+                std::mem::take(&mut *self.cache[c].0.lock().unwrap_or_else(|e| e.into_inner()));
+            let objs: Vec<*mut c_void> = cached
+                .into_iter()
+                .filter_map(|i| mp.header(i as u32))
+                .map(|h| {
+                    h.state.store(obj_state::FREE, Ordering::Relaxed);
+                    h.owner.store(0, Ordering::Release);
+                    (h as *const ObjHeader).cast_mut().cast::<c_void>()
+                })
+                .collect();
+            if !objs.is_empty() {
+                mp.put_bulk(&objs);
+            }
+        }
+    }
+}
+
 impl BufferPool for DpdkPool {
     fn stack_id(&self) -> u16 {
         self.me
@@ -782,7 +805,7 @@ impl BufferPool for DpdkPool {
         if d.len as usize > mp.size {
             return Err(Reject::Length(d.len));
         }
-        if d.kind != kind::DATA && d.kind & 0x7f != kind::STREAM && d.kind & 0x7f != kind::SYN {
+        if !kind::carries_buffer(d.kind) {
             return Err(Reject::Kind(d.kind));
         }
         let owner = h.owner.load(Ordering::Acquire);
