@@ -632,6 +632,45 @@ xio_result xio_recv_tagged(struct xio_stack *stack,
                            uint32_t *tag_out);
 
 /**
+ * Receives up to `cap` buffers at once (the burst path of network
+ * functions): waits for the first as `xio_recv` does with `timeout_ms`,
+ * then takes what is ready without waiting. Writes the buffers to
+ * `bufs[0..n]`, their senders to `froms[0..n]` (`froms` may be NULL) and
+ * `n` to `n_out`. A dead peer's reset is reported as `xio_recv` does,
+ * when it comes first; after some buffers it ends the burst and is
+ * reported by the next call.
+ *
+ * # Safety
+ * `stack` is a live stack handle or NULL; `bufs` (and `froms`, unless
+ * NULL) hold `cap` entries; `n_out` is valid for a write.
+ */
+xio_result xio_recv_burst(struct xio_stack *stack,
+                          int32_t timeout_ms,
+                          struct xio_buf **bufs,
+                          xio_peer *froms,
+                          size_t cap,
+                          size_t *n_out);
+
+/**
+ * Sends `n` writable buffers to `peer`, in order, with one check of the
+ * peer's doorbell at the end (the burst path). Waits while the ring is
+ * full, per the wait mode. Each buffer sent is consumed and its entry in
+ * `bufs` set to NULL. On failure the buffers from the first unsent one
+ * on are untouched and still yours, and — the one exception to "nothing
+ * written on failure" — `sent_out` (if not NULL) says how many went.
+ * A read-only buffer anywhere fails the call before anything is sent.
+ *
+ * # Safety
+ * `stack` is a live stack handle or NULL; `bufs` holds `n` live buffer
+ * handles; `sent_out` is NULL or valid for a write.
+ */
+xio_result xio_send_burst(struct xio_stack *stack,
+                          xio_peer peer,
+                          struct xio_buf **bufs,
+                          size_t n,
+                          size_t *sent_out);
+
+/**
  * The buffer's payload: its address and length (read-only or writable).
  * The pointer stays valid until the buffer is sent or freed.
  *

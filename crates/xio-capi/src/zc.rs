@@ -510,6 +510,145 @@ pub unsafe extern "C" fn xio_recv_tagged(
     })
 }
 
+/// Receives up to `cap` buffers at once (the burst path of network
+/// functions): waits for the first as `xio_recv` does with `timeout_ms`,
+/// then takes what is ready without waiting. Writes the buffers to
+/// `bufs[0..n]`, their senders to `froms[0..n]` (`froms` may be NULL) and
+/// `n` to `n_out`. A dead peer's reset is reported as `xio_recv` does,
+/// when it comes first; after some buffers it ends the burst and is
+/// reported by the next call.
+///
+/// # Safety
+/// `stack` is a live stack handle or NULL; `bufs` (and `froms`, unless
+/// NULL) hold `cap` entries; `n_out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_recv_burst(
+    stack: *mut XioStack,
+    timeout_ms: i32,
+    bufs: *mut *mut XioBuf,
+    froms: *mut XioPeer,
+    cap: usize,
+    n_out: *mut usize,
+) -> XioResult {
+    guard(|| {
+        need_out(bufs, "bufs")?;
+        need_out(n_out, "n_out")?;
+        if cap == 0 {
+            return Err(Fail::new(XIO_ERR_INVALID_ARGUMENT, "cap is 0"));
+        }
+        // SAFETY: per this function's contract.
+        let mut s = unsafe { using(stack, true) }?;
+        let st = s.stack();
+        let first = match timeout_arg(timeout_ms) {
+            Timeout::Forever => st.recv(),
+            Timeout::NoWait => st.try_recv(),
+            Timeout::Ms(d) => st.recv_timeout(d),
+        }?;
+        let mut got = vec![first];
+        while got.len() < cap {
+            match s.stack().try_recv() {
+                Ok(m) => got.push(m),
+                // Nothing more ready, or a reset: the next call reports it.
+                Err(_) => break,
+            }
+        }
+        let n = got.len();
+        for (i, m) in got.into_iter().enumerate() {
+            // SAFETY: i < n <= cap entries (contract).
+            unsafe {
+                if !froms.is_null() {
+                    froms.add(i).write(m.from.0);
+                }
+                bufs.add(i).write(s.new_buf(BufState::Ro(m.buf)));
+            }
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { put(n_out, n) };
+        Ok(())
+    })
+}
+
+/// Sends `n` writable buffers to `peer`, in order, with one check of the
+/// peer's doorbell at the end (the burst path). Waits while the ring is
+/// full, per the wait mode. Each buffer sent is consumed and its entry in
+/// `bufs` set to NULL. On failure the buffers from the first unsent one
+/// on are untouched and still yours, and — the one exception to "nothing
+/// written on failure" — `sent_out` (if not NULL) says how many went.
+/// A read-only buffer anywhere fails the call before anything is sent.
+///
+/// # Safety
+/// `stack` is a live stack handle or NULL; `bufs` holds `n` live buffer
+/// handles; `sent_out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_send_burst(
+    stack: *mut XioStack,
+    peer: XioPeer,
+    bufs: *mut *mut XioBuf,
+    n: usize,
+    sent_out: *mut usize,
+) -> XioResult {
+    let mut sent = 0usize;
+    let r = guard(|| {
+        if n == 0 {
+            return Ok(());
+        }
+        need_out(bufs, "bufs")?;
+        // SAFETY: per this function's contract.
+        let mut s = unsafe { using(stack, true) }?;
+        // Check every handle first: a failure here changes nothing. The
+        // same handle twice would be two owners of one buffer.
+        // SAFETY: `bufs` holds `n` entries (contract).
+        let mut ptrs: Vec<*mut XioBuf> = unsafe { std::slice::from_raw_parts(bufs, n) }.to_vec();
+        ptrs.sort_unstable();
+        if ptrs.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Fail::new(
+                XIO_ERR_INVALID_ARGUMENT,
+                "the same buffer appears twice in bufs",
+            ));
+        }
+        let mut states = Vec::with_capacity(n);
+        for i in 0..n {
+            // SAFETY: i < n entries (contract).
+            let h = unsafe { *bufs.add(i) };
+            // SAFETY: a live buffer handle per the contract (checked).
+            let st = unsafe { borrow_mut(h) }?;
+            if !matches!(st, BufState::Mut(_)) {
+                return Err(Fail::new(
+                    XIO_ERR_READ_ONLY,
+                    format!("bufs[{i}] is a received buffer: xio_buf_make_writable it first"),
+                ));
+            }
+            states.push(st);
+        }
+        let mut out: Vec<BufMut> = states
+            .iter_mut()
+            .map(|st| match std::mem::replace(&mut **st, BufState::Moving) {
+                BufState::Mut(b) => b,
+                _ => unreachable!("checked above"),
+            })
+            .collect();
+        let r = s.stack().send_burst(PeerId(peer), &mut out);
+        // `send_burst` drains what it sent from the front.
+        sent = n - out.len();
+        for (st, b) in states.iter_mut().skip(sent).zip(out) {
+            **st = BufState::Mut(b);
+        }
+        for i in 0..sent {
+            // SAFETY: i < n entries; the handle is live and now empty.
+            unsafe {
+                s.retire(*bufs.add(i));
+                bufs.add(i).write(std::ptr::null_mut());
+            }
+        }
+        r.map_err(Fail::from)
+    });
+    if !sent_out.is_null() {
+        // SAFETY: non-NULL, valid for a write per the contract.
+        unsafe { sent_out.write(sent) };
+    }
+    r
+}
+
 /// The buffer's payload: its address and length (read-only or writable).
 /// The pointer stays valid until the buffer is sent or freed.
 ///

@@ -135,6 +135,44 @@ int main(int argc, char **argv) {
     CHECK(len == 10 && memcmp(d, "Hello, xio", 10) == 0);
     OK(xio_buf_free(back));
 
+    /* Bursts: 8 buffers out in one call, in order, and back in bursts. */
+    xio_buf *burst[8];
+    for (int i = 0; i < 8; i++) {
+        OK(xio_alloc(s2, 16, &burst[i]));
+        OK(xio_buf_mut(burst[i], &p, &cap));
+        memset(p, 'a' + i, 16);
+        OK(xio_buf_set_len(burst[i], 16));
+    }
+    size_t sent = 99;
+    xio_buf *dup[2] = {burst[0], burst[0]};
+    CHECK(xio_send_burst(s2, peer, dup, 2, &sent) == XIO_ERR_INVALID_ARGUMENT && sent == 0);
+    OK(xio_send_burst(s2, peer, burst, 8, &sent));
+    CHECK(sent == 8);
+    for (int i = 0; i < 8; i++)
+        CHECK(burst[i] == NULL);
+    xio_buf *got[16];
+    xio_peer froms[16];
+    size_t nb = 0;
+    CHECK(xio_recv_burst(s1, 0, got, froms, 0, &nb) == XIO_ERR_INVALID_ARGUMENT && nb == 0);
+    size_t total = 0;
+    while (total < 8) {
+        size_t k = 0;
+        OK(xio_recv_burst(s1, 10000, got + total, froms + total, 16 - total, &k));
+        CHECK(k >= 1);
+        total += k;
+    }
+    CHECK(total == 8);
+    for (size_t i = 0; i < total; i++) {
+        OK(xio_buf_data(got[i], &d, &len));
+        CHECK(len == 16 && d[0] == 'a' + (int)i && d[15] == 'a' + (int)i);
+        CHECK(froms[i] == id);
+    }
+    /* A received buffer in a burst: refused, nothing sent. */
+    CHECK(xio_send_burst(s1, froms[0], got, 8, &sent) == XIO_ERR_READ_ONLY && sent == 0);
+    for (size_t i = 0; i < total; i++)
+        OK(xio_buf_free(got[i]));
+    CHECK(xio_recv(s1, 0, &in, &from) == XIO_ERR_WOULD_BLOCK);
+
     /* One thread at a time: s1 belongs to this thread since its first
      * send; another thread is refused until we release it. */
     CHECK(from_other_thread(s1) == XIO_ERR_BUSY);
