@@ -70,6 +70,10 @@ const DRAIN_BATCH: usize = 32;
 /// Longest a driver waits before retrying sends that did not fit a full
 /// ring (nothing wakes it when the peer makes room).
 const RETRY_FULL: Duration = Duration::from_micros(50);
+/// No data for this long means the traffic stopped: an adapter's empty
+/// watches then shrink the spin budget to nothing. Longer than any gap the
+/// adaptive policy spins through (its ceiling is 200 µs).
+const IDLE_AFTER_NS: u64 = 1_000_000;
 
 /// Options for [`Net`].
 #[derive(Clone, Debug)]
@@ -151,6 +155,7 @@ impl NetBuilder {
                     missed: None,
                     retry_writes: Vec::new(),
                     last_liveness: 0,
+                    last_data: 0,
                 }),
                 classes,
             }),
@@ -266,6 +271,8 @@ struct Core {
     retry_writes: Vec<(ConnId, Instant)>,
     /// When [`Net::poll_nowait`] last read the control socket.
     last_liveness: u64,
+    /// When a drain last found something (ns, `now_ns`).
+    last_data: u64,
 }
 
 /// Bytes of a SYN's payload: version, then target and source addresses.
@@ -517,6 +524,7 @@ impl Core {
         };
         self.run_actions(wake);
         if n > 0 {
+            self.last_data = crate::wait::now_ns();
             if let Some((spun, at)) = self.missed.take() {
                 // A worker's spin before parking missed this traffic: tell
                 // the policy how long the gap really was.
@@ -1974,19 +1982,21 @@ impl Net {
         let mut probe = w.probe;
         g.stack.end_probe(&mut probe);
         g.probe = Some(probe);
-        let again = g.missed.is_some();
+        let now = crate::wait::now_ns();
+        let quiet = now.saturating_sub(g.last_data) > IDLE_AFTER_NS;
         let spin = g.stack.spin_mut();
         spin.on_spin_start();
         if hit {
             spin.on_spin_hit();
         } else {
-            if again {
-                // A second watch in a row with nothing to drain: no traffic.
-                // Two idle drivers would otherwise keep each other looking
-                // awake (worth spinning for) and watch forever.
+            if quiet {
+                // Nothing for longer than any gap worth spinning through:
+                // the traffic stopped. Two idle drivers would otherwise keep
+                // each other looking awake (worth spinning for) and watch
+                // forever.
                 spin.on_idle_watch();
             }
-            g.missed = Some((spun.as_nanos() as u64, crate::wait::now_ns()));
+            g.missed = Some((spun.as_nanos() as u64, now));
         }
     }
 

@@ -119,8 +119,9 @@ impl AdaptiveSpin {
         self.spin_hits += 1;
     }
 
-    /// A spin found nothing, again, with no traffic in between: halve the
-    /// budget, down to none (the next wake-up's gap grows it back).
+    /// A spin found nothing and the traffic has stopped (nothing for
+    /// longer than any gap worth spinning through): halve the budget, down
+    /// to none (the next wake-up's gap grows it back).
     pub fn on_idle_watch(&mut self) {
         self.budget_ns /= 2;
         if self.budget_ns < MIN_BUDGET_NS {

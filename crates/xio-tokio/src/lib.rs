@@ -160,13 +160,16 @@ async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
             // came for a budget, now and then for the liveness tick, or
             // when something waits on a retry.
             let mut w = n.watch_begin();
-            let mut start = std::time::Instant::now();
+            let began = std::time::Instant::now();
+            // When the current budget started: read lazily (clock reads are
+            // slow here), at the first time check after an arrival.
+            let mut start = Some(began);
             let mut looks = 0u32;
             let hit = loop {
                 if w.has_input() {
                     match n.watch_drain(&mut w) {
                         Ok(d) if !d.retry => {
-                            start = std::time::Instant::now();
+                            start = None;
                             looks = 0;
                             // Let the woken tasks run before looking again.
                             tokio::task::yield_now().await;
@@ -177,7 +180,8 @@ async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
                 }
                 looks = looks.wrapping_add(1);
                 if looks.is_multiple_of(8) {
-                    if start.elapsed() >= budget {
+                    let since = *start.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() >= budget {
                         break false;
                     }
                     if last_tick.elapsed() >= LIVENESS {
@@ -187,7 +191,7 @@ async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
                 }
                 tokio::task::yield_now().await;
             };
-            n.watch_end(w, hit, start.elapsed());
+            n.watch_end(w, hit, start.unwrap_or(began).elapsed());
             // Drive again: drains what came, handles a retry or the tick,
             // or re-arms the doorbell.
             continue;
