@@ -51,6 +51,7 @@ pub const XIO_ERR_READ_ONLY: XioResult = 16;
 pub const XIO_ERR_INTERNAL: XioResult = 17;
 
 /// An error on its way to C: a code and the message for `xio_last_error`.
+#[derive(Debug)]
 pub(crate) struct Fail {
     code: XioResult,
     msg: String,

@@ -646,16 +646,7 @@ pub unsafe extern "C" fn xio_stream_send_buf(
         let s = unsafe { borrow(stream) }?;
         // SAFETY: per this function's contract.
         let state = unsafe { borrow_mut(buf) }?;
-        let b = match std::mem::replace(state, BufState::Moving) {
-            BufState::Mut(b) => b,
-            other => {
-                *state = other;
-                return Err(Fail::new(
-                    XIO_ERR_READ_ONLY,
-                    "a received buffer: xio_buf_make_writable it to send it",
-                ));
-            }
-        };
+        let b = state.take_mut("the buffer")?;
         match s.send_buf(b) {
             Ok(()) => {
                 // SAFETY: the handle is live (checked) and now empty.

@@ -54,6 +54,24 @@ pub(crate) enum BufState {
     Moving,
 }
 
+impl BufState {
+    /// Moves the writable buffer out (the state is `Moving` until the
+    /// caller puts it back or closes the handle); a received one is
+    /// refused and left as it was. `what` names it in the error.
+    pub(crate) fn take_mut(&mut self, what: &str) -> Res<BufMut> {
+        match std::mem::replace(self, BufState::Moving) {
+            BufState::Mut(b) => Ok(b),
+            other => {
+                *self = other;
+                Err(Fail::new(
+                    XIO_ERR_READ_ONLY,
+                    format!("{what} is a received buffer: xio_buf_make_writable it first"),
+                ))
+            }
+        }
+    }
+}
+
 impl Opaque for XioBuf {
     type Inner = BufState;
     const MAGIC: u64 = 0x7869_6f5f_6275_6631; // "xio_buf1"
@@ -429,16 +447,7 @@ pub unsafe extern "C" fn xio_send_tagged(
         let mut s = unsafe { using(stack, true) }?;
         // SAFETY: per this function's contract.
         let state = unsafe { borrow_mut(buf) }?;
-        let b = match std::mem::replace(state, BufState::Moving) {
-            BufState::Mut(b) => b,
-            other => {
-                *state = other;
-                return Err(Fail::new(
-                    XIO_ERR_READ_ONLY,
-                    "a received buffer: xio_buf_make_writable it to send it on",
-                ));
-            }
-        };
+        let b = state.take_mut("the buffer")?;
         match s.stack().send_or_return(PeerId(peer), tag, b) {
             Ok(()) => {
                 // SAFETY: the handle is live (checked) and now empty.
@@ -622,10 +631,7 @@ pub unsafe extern "C" fn xio_send_burst(
         }
         let mut out: Vec<BufMut> = states
             .iter_mut()
-            .map(|st| match std::mem::replace(&mut **st, BufState::Moving) {
-                BufState::Mut(b) => b,
-                _ => unreachable!("checked above"),
-            })
+            .map(|st| st.take_mut("a buffer").expect("checked above"))
             .collect();
         let r = s.stack().send_burst(PeerId(peer), &mut out);
         // `send_burst` drains what it sent from the front.

@@ -126,6 +126,15 @@ pub fn preflight() -> Result<(), DpdkError> {
     check_hugepages(&meminfo, &mounts)
 }
 
+/// The hugetlbfs mount points listed in `/proc/mounts` text.
+fn hugetlbfs_dirs(mounts: &str) -> impl Iterator<Item = &str> {
+    mounts.lines().filter_map(|l| {
+        let mut f = l.split_whitespace();
+        let dir = f.nth(1)?;
+        (f.next() == Some("hugetlbfs")).then_some(dir)
+    })
+}
+
 /// [`preflight`] on the given `/proc/meminfo` and `/proc/mounts` text.
 pub fn check_hugepages(meminfo: &str, mounts: &str) -> Result<(), DpdkError> {
     let field = |k: &str| -> u64 {
@@ -148,10 +157,7 @@ pub fn check_hugepages(meminfo: &str, mounts: &str) -> Result<(), DpdkError> {
             field("HugePages_Total:")
         )));
     }
-    if !mounts
-        .lines()
-        .any(|l| l.split_whitespace().nth(2) == Some("hugetlbfs"))
-    {
+    if hugetlbfs_dirs(mounts).next().is_none() {
         return Err(DpdkError::Hugepages(format!(
             "no hugetlbfs is mounted: {fix}"
         )));
@@ -252,11 +258,7 @@ impl Eal {
     pub fn remove_hugepage_files(prefix: &str) {
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
         let stem = format!("{prefix}map_");
-        for dir in mounts
-            .lines()
-            .filter(|l| l.split_whitespace().nth(2) == Some("hugetlbfs"))
-            .filter_map(|l| l.split_whitespace().nth(1))
-        {
+        for dir in hugetlbfs_dirs(&mounts) {
             for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
                 if e.file_name().to_str().is_some_and(|n| n.starts_with(&stem)) {
                     let _ = std::fs::remove_file(e.path());
@@ -671,13 +673,13 @@ impl DpdkPool {
         }
         let mut cached = cache.lock().unwrap_or_else(|e| e.into_inner());
         if cached.is_empty() {
-            let want = (limit / 2).max(1);
-            let mut objs = vec![std::ptr::null_mut(); want];
-            if !mp.get_bulk(&mut objs) {
+            let want = (limit / 2).clamp(1, CACHE_MAX);
+            let mut objs = [std::ptr::null_mut(); CACHE_MAX];
+            if !mp.get_bulk(&mut objs[..want]) {
                 drop(cached);
                 return mp.get();
             }
-            for o in objs {
+            for &o in &objs[..want] {
                 // SAFETY: a pool object, starting with its header.
                 let h = unsafe { &*o.cast::<ObjHeader>() };
                 h.owner.store(self.me, Ordering::Relaxed);

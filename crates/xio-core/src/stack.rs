@@ -849,11 +849,7 @@ impl Stack {
                 seg: self.seg.clone(),
                 id: self.id,
                 ctrl_seen: 0,
-                watches: self
-                    .channels
-                    .iter()
-                    .map(|c| (c.peer, c.rx.watch()))
-                    .collect(),
+                watches: self.ring_watches(),
                 epoch: self.epoch.clone(),
                 epoch_seen: epoch,
                 mode: self.mode,
@@ -872,16 +868,20 @@ impl Stack {
     pub(crate) fn refresh_probe(&mut self, p: &mut Probe) {
         let epoch = self.epoch.load(Ordering::Acquire);
         if p.epoch_seen != epoch {
-            p.watches = self
-                .channels
-                .iter()
-                .map(|c| (c.peer, c.rx.watch()))
-                .collect();
+            p.watches = self.ring_watches();
             p.epoch_seen = epoch;
         }
         p.ctrl_seen = self.ctrl_seen;
         p.spin.on_spin_start();
         p.spin.on_spin_hit();
+    }
+
+    /// A watch of every channel's receive ring, for a probe.
+    fn ring_watches(&self) -> Vec<(u16, Box<dyn RingWatch>)> {
+        self.channels
+            .iter()
+            .map(|c| (c.peer, c.rx.watch()))
+            .collect()
     }
 
     /// Takes back what a probe learned (the adaptive policy's state).

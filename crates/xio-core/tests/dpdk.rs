@@ -234,22 +234,17 @@ fn finish_primary(mut p: ChildProc, prefix: &str) {
 }
 
 fn remove_prefix_files(prefix: &str) {
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    for dir in mounts
-        .lines()
-        .filter(|l| l.split_whitespace().nth(2) == Some("hugetlbfs"))
-        .filter_map(|l| l.split_whitespace().nth(1))
-    {
-        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            if e.file_name()
-                .to_str()
-                .is_some_and(|n| n.starts_with(&format!("{prefix}map_")))
-            {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
+    Eal::remove_hugepage_files(prefix);
     let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{prefix}"));
+}
+
+/// The primary's mempool counts: `[free0, total0, free1, total1]`.
+fn avail(prim: &mut ChildProc) -> Vec<u32> {
+    prim.tell("avail");
+    prim.expect("avail")
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect()
 }
 
 fn dpdk_prefix(test: &str) -> String {
@@ -270,12 +265,7 @@ fn buffers_cross_processes_through_dpdk_rings() {
     prim.expect("pingpong ok");
     assert_eq!(sec.expect("echoed"), n.to_string());
     sec.wait_success();
-    prim.tell("avail");
-    let a: Vec<u32> = prim
-        .expect("avail")
-        .split_whitespace()
-        .map(|x| x.parse().unwrap())
-        .collect();
+    let a = avail(&mut prim);
     assert_eq!(
         (a[0], a[2]),
         (a[1], a[3]),
@@ -295,22 +285,12 @@ fn killed_secondary_is_reclaimed() {
     prim.tell("send 10");
     prim.expect("sent");
     assert_eq!(h.expect("holding"), "25");
-    prim.tell("avail");
-    let before: Vec<u32> = prim
-        .expect("avail")
-        .split_whitespace()
-        .map(|x| x.parse().unwrap())
-        .collect();
+    let before = avail(&mut prim);
     assert_eq!(before[1] - before[0], 20 + 10, "held + in flight");
     h.kill9();
     prim.tell(&format!("reclaim {SECONDARY}"));
     assert_eq!(prim.expect("reclaimed"), "30");
-    prim.tell("avail");
-    let a: Vec<u32> = prim
-        .expect("avail")
-        .split_whitespace()
-        .map(|x| x.parse().unwrap())
-        .collect();
+    let a = avail(&mut prim);
     assert_eq!(
         (a[0], a[2]),
         (a[1], a[3]),
