@@ -155,7 +155,8 @@ impl NetBuilder {
                     missed: None,
                     retry_writes: Vec::new(),
                     last_liveness: 0,
-                    last_data: 0,
+                    data_drains: 0,
+                    data_seen: (0, 0),
                 }),
                 classes,
             }),
@@ -271,8 +272,10 @@ struct Core {
     retry_writes: Vec<(ConnId, Instant)>,
     /// When [`Net::poll_nowait`] last read the control socket.
     last_liveness: u64,
-    /// When a drain last found something (ns, `now_ns`).
-    last_data: u64,
+    /// Drains that found something (no clock read on the data path)...
+    data_drains: u64,
+    /// ...as of the last watch end, and when that count last moved (ns).
+    data_seen: (u64, u64),
 }
 
 /// Bytes of a SYN's payload: version, then target and source addresses.
@@ -524,7 +527,7 @@ impl Core {
         };
         self.run_actions(wake);
         if n > 0 {
-            self.last_data = crate::wait::now_ns();
+            self.data_drains = self.data_drains.wrapping_add(1);
             if let Some((spun, at)) = self.missed.take() {
                 // A worker's spin before parking missed this traffic: tell
                 // the policy how long the gap really was.
@@ -1983,7 +1986,10 @@ impl Net {
         g.stack.end_probe(&mut probe);
         g.probe = Some(probe);
         let now = crate::wait::now_ns();
-        let quiet = now.saturating_sub(g.last_data) > IDLE_AFTER_NS;
+        if g.data_seen.0 != g.data_drains {
+            g.data_seen = (g.data_drains, now);
+        }
+        let quiet = now.saturating_sub(g.data_seen.1) > IDLE_AFTER_NS;
         let spin = g.stack.spin_mut();
         spin.on_spin_start();
         if hit {
