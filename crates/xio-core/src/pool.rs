@@ -148,6 +148,15 @@ impl PoolView {
             .expect("popped magazine in range");
         let all = (mag.len.load(Ordering::Relaxed) as usize).min(MAG_SIZE);
         let rest = all.saturating_sub(keep.max(1));
+        // The headers were last written by whichever stack freed them
+        // (usually on the other core). Ask for every line in exclusive
+        // state up front: the misses overlap, and the load-then-store below
+        // takes one coherence transaction per line instead of two.
+        for slot in &mag.idx[rest..all] {
+            if let Some(hdr) = self.seg.buf_header(class, slot.load(Ordering::Relaxed)) {
+                prefetch_write(hdr);
+            }
+        }
         for slot in &mag.idx[rest..all] {
             let i = slot.load(Ordering::Relaxed);
             // A corrupt entry is skipped; reconciliation finds the buffer.
@@ -268,20 +277,13 @@ impl PoolView {
     /// Starts loading the header line of `d`'s buffer, so the header
     /// checks of a burst overlap their cache misses instead of taking them
     /// one after another (`accept` then finds the line in cache).
+    /// The line is asked for in exclusive state, since `accept` writes the
+    /// header right after reading it.
     #[inline]
     pub fn prefetch_header(&self, d: &Descriptor) {
-        #[cfg(target_arch = "x86_64")]
         if let Some(h) = self.seg.buf_header(d.class as usize, d.index) {
-            // SAFETY: a prefetch is only a hint: it never faults and has no
-            // architectural effect; the address is in our mapping anyway.
-            unsafe {
-                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                    h as *const _ as *const i8,
-                )
-            };
+            prefetch_write(h);
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = d;
     }
 
     /// Turns a held (received) buffer back into a writable one, with a new
@@ -304,6 +306,28 @@ impl PoolView {
             c.buf_size as usize,
         )
     }
+}
+
+/// Starts loading the cache line at `p` in exclusive state (x86-64
+/// `PREFETCHW`), for a line about to be read and then written: one
+/// coherence transaction instead of a shared read followed by an upgrade.
+#[inline]
+pub(crate) fn prefetch_write<T>(p: &T) {
+    // Inline assembly because `_mm_prefetch::<_MM_HINT_ET0>` becomes a
+    // plain `prefetcht0` unless the crate is built with `prfchw` enabled.
+    // Processors without PREFETCHW execute the opcode as a NOP.
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults, writes no
+    // register, flag or memory; the address is a live reference anyway.
+    unsafe {
+        core::arch::asm!(
+            "prefetchw [{0}]",
+            in(reg) p as *const T,
+            options(nostack, preserves_flags, readonly)
+        )
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// Treiber pop of a magazine index from a tagged head
