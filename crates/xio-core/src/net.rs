@@ -1871,6 +1871,10 @@ pub struct Drive {
     /// Some task waits on something no peer signals (a full ring, an empty
     /// pool): call [`Net::wake_retriers`] after a short pause (about 50 µs).
     pub retry: bool,
+    /// The drain woke tasks. Let them run before deciding how to wait:
+    /// what they send decides whether a peer is about to answer (see
+    /// [`Net::spin_budget`]).
+    pub woke: bool,
 }
 
 /// The adapter interface: readiness through wakers, for runtimes (the
@@ -1912,8 +1916,13 @@ impl Net {
         // doorbell to it (it wakes our tasks' wakers as it drains).
         let armed = g.driving || g.stack.arm_doorbell();
         drop(g);
+        let woke = !wake.is_empty();
         wake_all(&mut wake);
-        r.map(|()| Drive { armed, retry })
+        r.map(|()| Drive {
+            armed,
+            retry,
+            woke,
+        })
     }
 
     /// Wakes the tasks waiting on a full ring or an empty pool (see
@@ -1970,10 +1979,12 @@ impl Net {
         g.stack.refresh_probe(&mut w.probe);
         let retry = !g.retry_waiters.is_empty() || g.has_pending();
         drop(g);
+        let woke = !wake.is_empty();
         wake_all(&mut wake);
         r.map(|()| Drive {
             armed: false,
             retry,
+            woke,
         })
     }
 
