@@ -1918,11 +1918,7 @@ impl Net {
         drop(g);
         let woke = !wake.is_empty();
         wake_all(&mut wake);
-        r.map(|()| Drive {
-            armed,
-            retry,
-            woke,
-        })
+        r.map(|()| Drive { armed, retry, woke })
     }
 
     /// Wakes the tasks waiting on a full ring or an empty pool (see

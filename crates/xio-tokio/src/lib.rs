@@ -52,10 +52,12 @@
 //! a dropped future wrote nothing or a reported prefix). `send_buf` is not:
 //! dropping its future drops the buffer unsent.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{self, IoSlice};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -74,9 +76,26 @@ const LIVENESS: Duration = Duration::from_secs(1);
 /// Pause before retrying what nothing signals (a full ring, an empty pool).
 const RETRY: Duration = Duration::from_micros(50);
 
-/// Drivers by net.
+/// Drivers by net: whether each one's task is still alive.
 struct Registry {
-    drivers: HashMap<usize, tokio::task::JoinHandle<()>>,
+    drivers: HashMap<usize, Arc<AtomicBool>>,
+}
+
+/// Set while a driver task exists; cleared when its future ends or is
+/// dropped (its runtime shut down).
+struct Alive(Arc<AtomicBool>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+thread_local! {
+    /// The net this thread last found a live driver for: every poll that
+    /// returns `Pending` checks its driver, and one atomic load is all
+    /// that check costs in the common case (one net per service).
+    static LAST_DRIVER: RefCell<Option<(usize, Arc<AtomicBool>)>> = const { RefCell::new(None) };
 }
 
 fn registry() -> &'static Mutex<Registry> {
@@ -91,9 +110,22 @@ fn registry() -> &'static Mutex<Registry> {
 /// Makes sure `net` has a driver task on a live runtime (the current one
 /// if it has none, or if its runtime shut down).
 fn ensure_driver(net: &Net) -> io::Result<()> {
+    let id = net.id();
+    // A net's id cannot be reused while its driver lives (the driver's
+    // weak reference keeps the address), so a cached live flag is proof.
+    let cached = LAST_DRIVER.with(|l| {
+        l.borrow()
+            .as_ref()
+            .is_some_and(|(i, a)| *i == id && a.load(Ordering::Acquire))
+    });
+    if cached {
+        return Ok(());
+    }
     let mut r = registry().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(h) = r.drivers.get(&net.id()) {
-        if !h.is_finished() {
+    if let Some(a) = r.drivers.get(&id) {
+        if a.load(Ordering::Acquire) {
+            let a = a.clone();
+            LAST_DRIVER.with(|l| *l.borrow_mut() = Some((id, a)));
             return Ok(());
         }
     }
@@ -105,9 +137,37 @@ fn ensure_driver(net: &Net) -> io::Result<()> {
     // as it lives, and the `AsyncFd` owns it.
     let fd = unsafe { AsyncFd::register_with_interest(bell, tokio::io::Interest::READABLE)? };
     let weak = net.downgrade();
-    let h = handle.spawn(drive(weak, fd));
-    r.drivers.insert(net.id(), h);
+    let alive = Arc::new(AtomicBool::new(true));
+    let guard = Alive(alive.clone());
+    handle.spawn(async move {
+        let _alive = guard;
+        drive(weak, fd).await
+    });
+    r.drivers.insert(id, alive.clone());
+    LAST_DRIVER.with(|l| *l.borrow_mut() = Some((id, alive)));
     Ok(())
+}
+
+/// Lets the runtime's other ready tasks run, then polls again: the driver's
+/// yield between looks at the rings.
+///
+/// Not `tokio::task::yield_now`: that one defers the task until the worker
+/// has polled the I/O driver, which with nothing else to run is an
+/// `epoll_wait` system call (and two clock reads of the scheduler's
+/// statistics) per look. Waking itself puts the task at the back of the
+/// run queue instead (the multi-thread and current-thread schedulers both
+/// treat a self-wake as a yield); the reactor is still polled at every
+/// scheduler maintenance tick.
+fn requeue() -> impl std::future::Future<Output = ()> {
+    let mut yielded = false;
+    std::future::poll_fn(move |cx| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
 }
 
 /// The driver task of one net (see the crate docs).
@@ -144,7 +204,7 @@ async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
         }
         if !d.armed {
             drop(n);
-            tokio::task::yield_now().await;
+            requeue().await;
             continue;
         }
         if d.woke {
@@ -155,7 +215,7 @@ async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
             // on every exchange (each sees the other asleep): the ~25 us
             // per request mode HTTP at one connection kept falling into.
             drop(n);
-            tokio::task::yield_now().await;
+            requeue().await;
             let Some(again) = net.upgrade() else { return };
             n = again;
         }
@@ -184,7 +244,7 @@ async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
                             start = None;
                             looks = 0;
                             // Let the woken tasks run before looking again.
-                            tokio::task::yield_now().await;
+                            requeue().await;
                             continue;
                         }
                         _ => break true,
@@ -201,7 +261,7 @@ async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
                         break true;
                     }
                 }
-                tokio::task::yield_now().await;
+                requeue().await;
             };
             n.watch_end(w, hit, start.unwrap_or(began).elapsed());
             // Drive again: drains what came, handles a retry or the tick,
