@@ -66,6 +66,8 @@ use crate::wait::WaitMode;
 /// many connections per pass, few enough that the first of them is served
 /// (and its reply on its way) before the rest are even looked at.
 const DRAIN_BATCH: usize = 32;
+/// Most emptied waiter lists a net keeps for reuse.
+const SPARE_LISTS: usize = 1024;
 
 /// Longest a driver waits before retrying sends that did not fit a full
 /// ring (nothing wakes it when the peer makes room).
@@ -142,6 +144,7 @@ impl NetBuilder {
                     driving: false,
                     probe: None,
                     waiters: HashMap::default(),
+                    spare_lists: Vec::new(),
                     parked: 0,
                     pending: HashMap::default(),
                     force_ctrl: false,
@@ -249,6 +252,8 @@ struct Core {
     driving: bool,
     probe: Option<Probe>,
     waiters: HashMap<Key, Vec<Waiter>>,
+    /// Emptied waiter lists kept for reuse (see `Core::recycle`).
+    spare_lists: Vec<Vec<Waiter>>,
     parked: usize,
     pending: HashMap<u16, VecDeque<Pending>>,
     force_ctrl: bool,
@@ -628,13 +633,32 @@ impl Core {
     /// it (the driver may be the one waiting for it).
     fn wake_key(&mut self, key: Key, wake: &mut Vec<Waiter>) -> bool {
         match self.waiters.remove(&key) {
-            Some(ws) => {
+            Some(mut ws) => {
                 self.parked -= ws.iter().filter(|w| matches!(w, Waiter::Thread(_))).count();
-                wake.extend(ws);
+                wake.append(&mut ws);
+                self.recycle(ws);
                 false
             }
             None => true,
         }
+    }
+
+    /// Keeps an emptied waiter list's allocation for the next key that
+    /// gets a waiter: a read or write that waits registers one, and its
+    /// wake-up removes it, so without this every wait cost a `malloc` and
+    /// a `free`.
+    fn recycle(&mut self, ws: Vec<Waiter>) {
+        if ws.capacity() > 0 && self.spare_lists.len() < SPARE_LISTS {
+            self.spare_lists.push(ws);
+        }
+    }
+
+    /// The waiter list of `key`, created from a spare allocation if new.
+    fn waiters_of(&mut self, key: Key) -> &mut Vec<Waiter> {
+        let spare = &mut self.spare_lists;
+        self.waiters
+            .entry(key)
+            .or_insert_with(|| spare.pop().unwrap_or_default())
     }
 
     fn note_ready(&mut self, c: ConnId, r: bool, w: bool) {
@@ -682,7 +706,7 @@ impl Core {
     }
 
     fn add_waiter(&mut self, key: Key, w: Waiter) {
-        self.waiters.entry(key).or_default().push(w);
+        self.waiters_of(key).push(w);
         self.parked += 1;
     }
 
@@ -692,7 +716,9 @@ impl Core {
             ws.retain(|w| !matches!(w, Waiter::Thread(x) if x.id() == t.id()));
             self.parked -= before - ws.len();
             if ws.is_empty() {
-                self.waiters.remove(&key);
+                if let Some(ws) = self.waiters.remove(&key) {
+                    self.recycle(ws);
+                }
             }
         }
     }
@@ -708,7 +734,9 @@ impl Core {
         let i = ws.iter().position(|w| matches!(w, Waiter::Thread(_)))?;
         let w = ws.swap_remove(i);
         if ws.is_empty() {
-            self.waiters.remove(&key);
+            if let Some(ws) = self.waiters.remove(&key) {
+                self.recycle(ws);
+            }
         }
         self.parked -= 1;
         Some(w)
@@ -716,7 +744,7 @@ impl Core {
 
     /// Registers a task's waker for `key` (once per task).
     fn add_waker(&mut self, key: Key, w: &Waker) {
-        let ws = self.waiters.entry(key).or_default();
+        let ws = self.waiters_of(key);
         if !ws
             .iter()
             .any(|x| matches!(x, Waiter::Waker(y) if y.will_wake(w)))
