@@ -16,8 +16,9 @@ use crate::sync::{AtomicU32, AtomicU64, CachePadded};
 
 /// `b"XIO-SHM\x01"`: first eight bytes of every segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"XIO-SHM\x01");
-/// Bumped on any change of the layout below.
-pub const LAYOUT_VERSION: u32 = 3;
+/// Bumped on any change of the layout below, or of the descriptor kinds
+/// (v4: [`kind::SYN4`]).
+pub const LAYOUT_VERSION: u32 = 4;
 /// Most size classes a pool can have.
 pub const MAX_CLASSES: usize = 8;
 /// Class value of a descriptor that carries no buffer (control kinds).
@@ -85,6 +86,13 @@ pub mod kind {
     /// Socket layer: the receiver of `conn` consumed `index` more bytes of
     /// buffer capacity; the sender may send that much more. No buffer.
     pub const CREDIT: u8 = 6;
+    /// Socket layer: open a connection to an IPv4 address, without a
+    /// buffer. `conn` is the initiator's connection id, `index` the target
+    /// address (`u32::from(Ipv4Addr)`), `len` the target port. The source
+    /// address is not sent: it is the initiator's client address, which
+    /// the receiver derives from the sender's stack id and `conn`. (IPv6
+    /// targets use [`SYN`].)
+    pub const SYN4: u8 = 7;
 
     /// Flag on STREAM, FIN and RST sent before the SYN-ACK came back: `conn`
     /// is then the *sender's* id (the one its SYN carried), which the
@@ -105,7 +113,7 @@ pub mod kind {
     /// Whether `k` is a kind this version knows.
     pub fn is_known(k: u8) -> bool {
         let b = base(k);
-        b <= CREDIT && (k & EARLY == 0 || matches!(b, STREAM | FIN | RST))
+        b <= SYN4 && (k & EARLY == 0 || matches!(b, STREAM | FIN | RST))
     }
 }
 

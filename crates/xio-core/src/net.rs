@@ -226,7 +226,7 @@ enum Key {
 
 /// A send that did not fit the ring, kept in order per peer.
 enum Pending {
-    Ctrl { kind: u8, to: u32, arg: u32 },
+    Ctrl { kind: u8, to: u32, args: [u32; 2] },
     Buf { kind: u8, to: u32, buf: BufMut },
 }
 
@@ -262,7 +262,8 @@ struct Core {
     track_ready: bool,
     /// Index in `ready` of each stream already listed (dedup).
     ready_seen: HashMap<u32, usize>,
-    /// The buffer the next SYN travels in (allocated before taking the lock).
+    /// The buffer the next IPv6 SYN travels in (allocated before taking
+    /// the lock; an IPv4 SYN needs none).
     syn_buf: Option<BufMut>,
     /// Peers a SYN-ACK or data could not reach (their channel is gone).
     refused_peers: Vec<PeerId>,
@@ -371,11 +372,11 @@ impl Core {
     /// One push: `Ok(Some)` hands it back when the ring is full.
     fn push(&mut self, peer: PeerId, p: Pending) -> Result<Option<Pending>, Error> {
         match p {
-            Pending::Ctrl { kind, to, arg } => {
-                if self.stack.push_control(peer, kind, to, arg)? {
+            Pending::Ctrl { kind, to, args } => {
+                if self.stack.push_control(peer, kind, to, args)? {
                     Ok(None)
                 } else {
-                    Ok(Some(Pending::Ctrl { kind, to, arg }))
+                    Ok(Some(Pending::Ctrl { kind, to, args }))
                 }
             }
             Pending::Buf { kind, to, buf } => Ok(self
@@ -506,9 +507,23 @@ impl Core {
             }
             Incoming::Control {
                 from,
+                kind: kind::SYN4,
+                conn,
+                arg,
+                arg2,
+            } => match u16::try_from(arg2) {
+                Ok(port) => {
+                    let target = SocketAddr::from((std::net::Ipv4Addr::from(arg), port));
+                    table.on_syn(from, conn, target, client_addr(from, ConnId(conn)));
+                }
+                Err(_) => tracing::warn!(peer = from.0, arg2, "malformed SYN refused"),
+            },
+            Incoming::Control {
+                from,
                 kind,
                 conn,
                 arg,
+                ..
             } => dispatch_control(table, from, kind, conn, arg),
             Incoming::Message(m) => {
                 tracing::debug!(peer = m.from.0, "dropped a zero-copy message");
@@ -569,6 +584,21 @@ impl Core {
                     if peer == me {
                         let source = self.table.addrs(conn).map_or(source, |a| a.0);
                         self.table.on_syn(me, conn.0, target, source);
+                    } else if let SocketAddr::V4(t) = target {
+                        // No buffer: the address fits the descriptor, and
+                        // the listener derives our address from our ids.
+                        debug_assert_eq!(
+                            self.table.addrs(conn).map(|a| a.0).ok(),
+                            Some(client_addr(me, conn))
+                        );
+                        self.send_or_queue(
+                            peer,
+                            Pending::Ctrl {
+                                kind: kind::SYN4,
+                                to: conn.0,
+                                args: [u32::from(*t.ip()), u32::from(t.port())],
+                            },
+                        );
                     } else if let Some(mut buf) = self.syn_buf.take() {
                         let source = self.table.addrs(conn).map_or(source, |a| a.0);
                         encode_syn(&mut buf, &target, &source);
@@ -595,7 +625,14 @@ impl Core {
                     if peer == me {
                         dispatch_control(&mut self.table, me, kind, to, arg);
                     } else {
-                        self.send_or_queue(peer, Pending::Ctrl { kind, to, arg });
+                        self.send_or_queue(
+                            peer,
+                            Pending::Ctrl {
+                                kind,
+                                to,
+                                args: [arg, 0],
+                            },
+                        );
                     }
                     continue;
                 }
@@ -1060,8 +1097,12 @@ impl Net {
     }
 
     fn connect_one(&self, addr: SocketAddr, deadline: Option<Instant>) -> io::Result<XioStream> {
-        // The SYN's buffer, taken before the lock (it may have to wait).
-        let syn = self.alloc_wait(SYN_LEN, deadline)?;
+        // An IPv6 SYN's buffer, taken before the lock (it may have to
+        // wait). An IPv4 SYN needs none (see `kind::SYN4`).
+        let syn = match addr {
+            SocketAddr::V6(_) => Some(self.alloc_wait(SYN_LEN, deadline)?),
+            SocketAddr::V4(_) => None,
+        };
         let (c, local) = {
             let mut g = self.lock();
             let me = g.me();
@@ -1078,7 +1119,7 @@ impl Net {
                 .connect(peer, addr, client_addr(me, ConnId(0)))
                 .map_err(io::Error::from)?;
             g.table.set_local_addr(c, client_addr(me, c));
-            g.syn_buf = Some(syn);
+            g.syn_buf = syn;
             let mut wake = Vec::new();
             g.run_actions(&mut wake);
             g.syn_buf = None;

@@ -725,6 +725,7 @@ impl Stack {
                     kind: d.kind,
                     conn: d.conn,
                     arg: d.index,
+                    arg2: d.len,
                 }));
                 continue;
             }
@@ -953,6 +954,7 @@ impl Stack {
                         kind: d.kind,
                         conn: d.conn,
                         arg: d.index,
+                        arg2: d.len,
                     });
                 } else {
                     self.corrupt += 1;
@@ -978,19 +980,21 @@ impl Stack {
     }
 
     /// Pushes one control descriptor (no buffer) to `peer` and wakes it if
-    /// it sleeps. `Ok(false)` when the ring is full.
+    /// it sleeps: `arg` goes in the descriptor's `index`, `arg2` in its
+    /// `len`. `Ok(false)` when the ring is full.
     pub(crate) fn push_control(
         &mut self,
         peer: PeerId,
         kind: u8,
         conn: u32,
-        arg: u32,
+        [arg, arg2]: [u32; 2],
     ) -> Result<bool, Error> {
         let ci = *self.by_peer.get(&peer.0).ok_or(Error::Reset(peer))?;
         self.check_open(ci, peer)?;
         let ch = &mut self.channels[ci];
         let d = Descriptor {
             index: arg,
+            len: arg2,
             kind,
             conn,
             ..Descriptor::default()
@@ -1624,12 +1628,14 @@ pub(crate) enum Incoming {
         conn: u32,
         buf: Buf,
     },
-    /// A control descriptor (no buffer): only its fields.
+    /// A control descriptor (no buffer): only its fields (`arg` is the
+    /// descriptor's `index`, `arg2` its `len`).
     Control {
         from: PeerId,
         kind: u8,
         conn: u32,
         arg: u32,
+        arg2: u32,
     },
     /// A message of the zero-copy interface (the socket layer drops it).
     Message(Message),

@@ -221,6 +221,37 @@ fn same_process_half_close_and_eof() {
     wait_until("connections closed", || net.connections() == 0);
 }
 
+/// The SYN names the listening address: in the descriptor itself for an
+/// IPv4 target (the listener derives the client's address from its ids),
+/// in a pool buffer for an IPv6 one. Both ends must agree on both
+/// addresses either way.
+#[test]
+fn ipv4_and_ipv6_syns_agree_on_addresses() {
+    let (_mgr, p) = start("synaddr");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    for target in ["10.3.0.9:8080", "[fd00::9]:8081"] {
+        let target: SocketAddr = target.parse().unwrap();
+        let l = server.listen(target).unwrap();
+        let mut c = client.connect(target).unwrap();
+        c.write_all(b"ping").unwrap();
+        let (mut s, peer) = l.accept().unwrap();
+        assert_eq!(s.local_addr().unwrap(), target);
+        assert_eq!(c.peer_addr().unwrap(), target);
+        assert_eq!(peer, c.local_addr().unwrap(), "{target}");
+        let mut req = [0u8; 4];
+        s.read_exact(&mut req).unwrap();
+        assert_eq!(&req, b"ping");
+        s.write_all(b"pong").unwrap();
+        c.read_exact(&mut req).unwrap();
+        assert_eq!(&req, b"pong");
+        drop((c, s, l));
+    }
+    wait_until("connections closed", || {
+        server.connections() == 0 && client.connections() == 0
+    });
+}
+
 fn net_peer(s: &XioStream) -> SocketAddr {
     s.peer_addr().unwrap()
 }
