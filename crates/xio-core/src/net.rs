@@ -153,6 +153,7 @@ impl NetBuilder {
                     track_ready: false,
                     ready_seen: HashMap::default(),
                     syn_buf: None,
+                    unrung: Vec::new(),
                     refused_peers: Vec::new(),
                     retry_waiters: Vec::new(),
                     missed: None,
@@ -265,6 +266,8 @@ struct Core {
     /// The buffer the next IPv6 SYN travels in (allocated before taking
     /// the lock; an IPv4 SYN needs none).
     syn_buf: Option<BufMut>,
+    /// Peers sent to without a wake-up yet (see `Core::push`).
+    unrung: Vec<PeerId>,
     /// Peers a SYN-ACK or data could not reach (their channel is gone).
     refused_peers: Vec<PeerId>,
     /// Tasks waiting on something nothing signals (a full ring, an empty
@@ -369,11 +372,17 @@ impl Core {
         }
     }
 
-    /// One push: `Ok(Some)` hands it back when the ring is full.
+    /// One push: `Ok(Some)` hands it back when the ring is full. The peer
+    /// is not woken yet: it is noted, and [`Core::ring_unrung`] wakes each
+    /// noted peer once, so the SYN-ACKs, FINs and credits one drain
+    /// produces cost one doorbell check per peer, not one each.
     fn push(&mut self, peer: PeerId, p: Pending) -> Result<Option<Pending>, Error> {
+        if !self.unrung.contains(&peer) {
+            self.unrung.push(peer);
+        }
         match p {
             Pending::Ctrl { kind, to, args } => {
-                if self.stack.push_control(peer, kind, to, args)? {
+                if self.stack.push_control(peer, kind, to, args, false)? {
                     Ok(None)
                 } else {
                     Ok(Some(Pending::Ctrl { kind, to, args }))
@@ -381,9 +390,17 @@ impl Core {
             }
             Pending::Buf { kind, to, buf } => Ok(self
                 .stack
-                .push_buf(peer, kind, to, buf, true)
+                .push_buf(peer, kind, to, buf, false)
                 .map_err(|(e, _)| e)?
                 .map(|buf| Pending::Buf { kind, to, buf })),
+        }
+    }
+
+    /// Wakes (if asleep) every peer [`Core::push`] sent to since the last
+    /// call.
+    fn ring_unrung(&mut self) {
+        for p in self.unrung.drain(..) {
+            self.stack.wake_peer(p);
         }
     }
 
@@ -412,6 +429,7 @@ impl Core {
                 self.pending.insert(p, q);
             }
         }
+        self.ring_unrung();
         self.pending.values().all(VecDeque::is_empty)
     }
 
@@ -572,6 +590,7 @@ impl Core {
                 for p in std::mem::take(&mut self.refused_peers) {
                     self.pending.remove(&p.0);
                 }
+                self.ring_unrung();
                 break;
             };
             let key = match a {

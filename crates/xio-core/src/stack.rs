@@ -979,15 +979,17 @@ impl Stack {
         Ok(total)
     }
 
-    /// Pushes one control descriptor (no buffer) to `peer` and wakes it if
-    /// it sleeps: `arg` goes in the descriptor's `index`, `arg2` in its
-    /// `len`. `Ok(false)` when the ring is full.
+    /// Pushes one control descriptor (no buffer) to `peer`: `arg` goes in
+    /// the descriptor's `index`, `arg2` in its `len`. `Ok(false)` when the
+    /// ring is full. With `notify` false the peer is not woken (call
+    /// [`Stack::wake_peer`] after a burst).
     pub(crate) fn push_control(
         &mut self,
         peer: PeerId,
         kind: u8,
         conn: u32,
         [arg, arg2]: [u32; 2],
+        notify: bool,
     ) -> Result<bool, Error> {
         let ci = *self.by_peer.get(&peer.0).ok_or(Error::Reset(peer))?;
         self.check_open(ci, peer)?;
@@ -1001,7 +1003,9 @@ impl Stack {
         };
         match ch.tx.push_burst(&[d]) {
             Ok(1) => {
-                Self::notify(&self.seg, ch);
+                if notify {
+                    Self::notify(&self.seg, ch);
+                }
                 Ok(true)
             }
             Ok(_) => Ok(false),
