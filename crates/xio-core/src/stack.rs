@@ -1776,8 +1776,12 @@ fn wait_on(
     if slot.cpu.load(Ordering::Relaxed) != my_cpu {
         slot.cpu.store(my_cpu, Ordering::Relaxed);
     }
-    let start = now_ns();
-    if mode == WaitMode::Adaptive {
+    // The clock feeds only the adaptive policy; blocking mode skips it
+    // (three clock reads a sleep, on the critical path of each hop).
+    let adaptive = mode == WaitMode::Adaptive;
+    let clock = || if adaptive { now_ns() } else { 0 };
+    let start = clock();
+    if adaptive {
         let budget = spin.spin_for(view.worth_spinning(my_cpu));
         if budget > 0 {
             spin.on_spin_start();
@@ -1821,8 +1825,10 @@ fn wait_on(
         }
         None => None,
     };
-    let slept_from = now_ns();
-    slot.sleeps.fetch_add(1, Ordering::Relaxed);
+    let slept_from = clock();
+    // Only this stack writes its counter: no locked instruction needed.
+    slot.sleeps
+        .store(slot.sleeps.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     // One system call to sleep and one (the waker's) to wake, as with a
     // socket. The futex returns at once if a producer already swapped
     // the word back to 0. The manager wakes us the same way after
@@ -1833,10 +1839,10 @@ fn wait_on(
     let tick = timeout.map_or(LIVENESS_TICK, |t| t.min(LIVENESS_TICK));
     futex_wait(&slot.sleeping, SLEEP_FUTEX, Some(tick));
     let rung = slot.sleeping.swap(0, Ordering::AcqRel) == 0;
-    let woke = now_ns();
-    let rung_at = slot.rung_at.load(Ordering::Relaxed);
-    let wake = (rung && rung_at >= slept_from).then(|| woke.saturating_sub(rung_at));
-    if mode == WaitMode::Adaptive {
+    if adaptive {
+        let woke = now_ns();
+        let rung_at = slot.rung_at.load(Ordering::Relaxed);
+        let wake = (rung && rung_at >= slept_from).then(|| woke.saturating_sub(rung_at));
         spin.on_sleep(slept_from - start, woke - slept_from, wake);
     }
     Ok(if rung { Woken::Ready } else { Woken::Tick })
