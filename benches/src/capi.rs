@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
 use xio_core::layout::PoolConfig;
 use xio_core::manager::Manager;
@@ -81,12 +81,32 @@ struct CBins {
 fn build_c(dir: &Path) -> Result<CBins> {
     let exe = std::env::current_exe()?;
     let lib = exe.parent().context("exe dir")?.to_path_buf();
-    if !lib.join("libxio.so").exists() {
-        bail!(
-            "no libxio.so next to {}: run `cargo build --release -p xio-capi` first",
-            exe.display()
-        );
+    // Build libxio next to this binary (a no-op when it is up to date):
+    // a stale library may speak an older segment layout, and the C side
+    // would then refuse to attach.
+    let target = lib.parent().context("target dir")?;
+    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cargo
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "xio-capi",
+            "--lib",
+            "--target-dir",
+        ])
+        .arg(target)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if lib.file_name().is_some_and(|n| n == "release") {
+        cargo.arg("--release");
     }
+    let st = cargo.status().context("running cargo to build libxio")?;
+    ensure!(st.success(), "building libxio failed ({st})");
+    ensure!(
+        lib.join("libxio.so").exists(),
+        "no libxio.so in {} after building it",
+        lib.display()
+    );
     let capi = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/xio-capi");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let mut out = Vec::new();
