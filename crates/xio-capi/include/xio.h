@@ -103,7 +103,9 @@ typedef int32_t xio_result;
  * Readiness from `xio_net_poll`: which stream or listener (its token, see
  * `xio_stream_token` and `xio_listener_token`) and what it is ready for.
  * Events are edge-like hints: after one, read, write or accept until
- * `XIO_ERR_WOULD_BLOCK`.
+ * `XIO_ERR_WOULD_BLOCK`. Once a net has been polled, new data is seen
+ * through `xio_net_poll` only (as with `epoll`): a non-blocking read that
+ * says `XIO_ERR_WOULD_BLOCK` does not look for more by itself.
  */
 typedef struct xio_event {
   /**

@@ -35,7 +35,9 @@ pub const XIO_SHUT_RDWR: i32 = 2;
 /// Readiness from `xio_net_poll`: which stream or listener (its token, see
 /// `xio_stream_token` and `xio_listener_token`) and what it is ready for.
 /// Events are edge-like hints: after one, read, write or accept until
-/// `XIO_ERR_WOULD_BLOCK`.
+/// `XIO_ERR_WOULD_BLOCK`. Once a net has been polled, new data is seen
+/// through `xio_net_poll` only (as with `epoll`): a non-blocking read that
+/// says `XIO_ERR_WOULD_BLOCK` does not look for more by itself.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct XioEvent {

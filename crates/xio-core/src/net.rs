@@ -956,6 +956,14 @@ impl Net {
         // queued, or a write with credit, needs no look at the rings.
         // After a wait, drain first.
         let mut waited = false;
+        // An event loop (a net that has been polled) learns readiness from
+        // `poll`, which drains the rings in batches: a non-blocking read or
+        // write that finds nothing to do says WouldBlock without draining,
+        // as a socket would. Draining there pulled in other connections'
+        // messages in the middle of the loop's pass over its events, and
+        // the loop ran 15-20% slower batched than one descriptor per drain.
+        let drain_first =
+            !(nonblocking && g.track_ready && matches!(key, Key::Read(_) | Key::Write(_)));
         let r = loop {
             if waited && !g.driving {
                 if let Err(e) = g.drain(&mut wake) {
@@ -963,7 +971,7 @@ impl Net {
                 }
             }
             let mut attempt = f(&mut g, &mut wake);
-            if !waited && !matches!(attempt, Try::Done(_)) && !g.driving {
+            if !waited && !matches!(attempt, Try::Done(_)) && !g.driving && drain_first {
                 if let Err(e) = g.drain(&mut wake) {
                     break Err(e);
                 }
@@ -1259,10 +1267,15 @@ impl Net {
     /// wake-up on, one drain of the rings reports every ready connection;
     /// off, one descriptor at a time. Events are edge-like hints: after
     /// one, read or write until `WouldBlock`.
+    ///
+    /// Once a net has been polled, `poll` is where its rings are drained:
+    /// a non-blocking read or write that finds nothing to do returns
+    /// `WouldBlock` at once, and what arrives later is reported by the
+    /// next `poll` (as with a socket and `epoll`). Blocking calls still
+    /// drain and wait as usual.
     pub fn poll(&self, events: &mut Vec<Event>, timeout: Option<Duration>) -> io::Result<usize> {
-        let deadline = timeout.map(|t| Instant::now() + t);
         let start = events.len();
-        let r = self.block(Key::Poll, false, deadline, |core, _| {
+        let mut collect = |core: &mut Core, _: &mut Vec<Waiter>| {
             if !core.track_ready {
                 // From now on readiness is recorded; what is ready already
                 // is reported first.
@@ -1280,7 +1293,17 @@ impl Net {
             core.ready_seen.clear();
             events.append(&mut core.ready);
             Try::Done(Ok(()))
-        });
+        };
+        // Under load something is ready at once: look (and drain) before
+        // reading the clock for a deadline.
+        let r = match self.block(Key::Poll, true, None, &mut collect) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && timeout != Some(Duration::ZERO) => {
+                let deadline = timeout.map(|t| Instant::now() + t);
+                self.block(Key::Poll, false, deadline, &mut collect)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            r => r,
+        };
         match r {
             Ok(()) => Ok(events.len() - start),
             Err(e) if e.kind() == io::ErrorKind::TimedOut => Ok(0),
