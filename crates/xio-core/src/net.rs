@@ -2124,8 +2124,9 @@ impl Net {
         }
     }
 
-    /// One attempt of an operation for an adapter: as `block`'s first
-    /// round, then the task's waker is registered instead of waiting.
+    /// One attempt of an operation for an adapter, with what the table
+    /// holds; if it cannot complete, the task's waker is registered
+    /// instead of waiting.
     fn poll_op<R>(
         &self,
         key: Key,
@@ -2134,15 +2135,13 @@ impl Net {
     ) -> Poll<io::Result<R>> {
         let mut wake = Vec::new();
         let mut g = self.lock();
-        let mut attempt = f(&mut g, &mut wake);
-        if !matches!(attempt, Try::Done(_)) && !g.driving {
-            if let Err(e) = g.drain(&mut wake) {
-                drop(g);
-                wake_all(&mut wake);
-                return Poll::Ready(Err(e));
-            }
-            attempt = f(&mut g, &mut wake);
-        }
+        // No drain here: the adapter's driver drains (it watches the rings
+        // or is rung), and it runs under the same lock, so a task either
+        // finds what the driver delivered or has its waker registered
+        // before the driver looks. Draining from every task that found
+        // nothing pulled other connections' messages in piecemeal: hyper
+        // at 16 and 256 connections ran ~20% faster without it.
+        let attempt = f(&mut g, &mut wake);
         let r = match attempt {
             Try::Done(r) => Poll::Ready(r),
             Try::Wait => {
