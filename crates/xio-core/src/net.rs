@@ -38,6 +38,11 @@
 //! every thread whose connection became ready in one pass (the paper's
 //! batch wake-up). Other waiters sleep until woken; none spins. When the
 //! driver has what it waited for, it hands the role to another waiter.
+//! An event loop ([`Net::poll`]) and an async adapter's driver ([`Net::drive`])
+//! drain in batches themselves; once a net is polled, its non-blocking
+//! reads and writes that find nothing to do say `WouldBlock` without
+//! looking at the rings, and tasks' `poll_*` calls leave the rings to the
+//! adapter's driver.
 //!
 //! **Flow control.** Each connection may have a window of buffer capacity
 //! unread at the receiver ([`NetBuilder::window`], 2 MiB by default); the
