@@ -1577,16 +1577,21 @@ impl XioListener {
     pub fn accept(&self) -> io::Result<(XioStream, SocketAddr)> {
         let nb = self.nonblocking.load(AtomicOrdering::Relaxed);
         let addr = self.addr;
-        let c = self.net.block(Key::Accept(addr), nb, None, |core, _| {
+        // The peer's address under the same lock (one lock less per
+        // connection on the accepting side).
+        let (c, peer) = self.net.block(Key::Accept(addr), nb, None, |core, _| {
             match core.table.accept(addr) {
-                Ok(c) => Try::Done(Ok(c)),
+                Ok(c) => Try::Done(
+                    core.table
+                        .addrs(c)
+                        .map(|a| (c, a.1))
+                        .map_err(io::Error::from),
+                ),
                 Err(ConnError::WouldBlock) => Try::Wait,
                 Err(e) => Try::Done(Err(e.into())),
             }
         })?;
-        let s = XioStream::new(self.net.clone(), c);
-        let peer = s.peer_addr()?;
-        Ok((s, peer))
+        Ok((XioStream::new(self.net.clone(), c), peer))
     }
 
     /// An endless iterator of accepted streams.
