@@ -252,6 +252,49 @@ fn ipv4_and_ipv6_syns_agree_on_addresses() {
     });
 }
 
+/// Once a net has been polled, `poll` is where its rings are drained (as
+/// with `epoll`): a non-blocking read that finds nothing queued says
+/// WouldBlock even though bytes sit in the ring, the next `poll` reports
+/// the stream readable, and nothing is lost. Blocking reads still drain.
+#[test]
+fn polled_net_leaves_draining_to_poll() {
+    let (_mgr, p) = start("polldrain");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let l = server.listen("10.3.0.10:80").unwrap();
+    let mut c = client.connect("10.3.0.10:80").unwrap();
+    let (s, _) = l.accept().unwrap();
+    s.set_nonblocking(true).unwrap();
+    let mut events = Vec::new();
+    server.poll(&mut events, Some(Duration::ZERO)).unwrap();
+    let mut buf = [0u8; 8];
+    for round in 0..3u8 {
+        c.write_all(&[round]).unwrap();
+        // In the server's ring, not yet in its table.
+        let e = (&s).read(&mut buf).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "round {round}");
+        events.clear();
+        server
+            .poll(&mut events, Some(Duration::from_secs(5)))
+            .unwrap();
+        assert!(
+            events.iter().any(|e| matches!(
+                e,
+                Event::Stream { token, readable: true, .. } if *token == s.token()
+            )),
+            "round {round}: {events:?}"
+        );
+        assert_eq!((&s).read(&mut buf).unwrap(), 1);
+        assert_eq!(buf[0], round);
+    }
+    // A blocking read on the same polled net drains and waits as usual.
+    s.set_nonblocking(false).unwrap();
+    c.write_all(b"blocking").unwrap();
+    let mut got = [0u8; 8];
+    (&s).read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"blocking");
+}
+
 fn net_peer(s: &XioStream) -> SocketAddr {
     s.peer_addr().unwrap()
 }
