@@ -256,7 +256,7 @@ struct Core {
     stack: Stack,
     table: Table<Buf>,
     driving: bool,
-    probe: Option<Probe>,
+    probe: Option<Box<Probe>>,
     waiters: HashMap<Key, Vec<Waiter>>,
     /// Emptied waiter lists kept for reuse (see `Core::recycle`).
     spare_lists: Vec<Vec<Waiter>>,
@@ -1966,7 +1966,7 @@ impl Write for XioStream {
 /// A driver's look at the rings that takes no lock (see
 /// [`Net::watch_begin`]).
 pub struct Watcher {
-    probe: Probe,
+    probe: Box<Probe>,
 }
 
 impl std::fmt::Debug for Watcher {

@@ -825,8 +825,7 @@ impl Stack {
             channels: &mut self.channels,
         };
         let woken = wait_on(
-            &self.seg,
-            self.id,
+            self.seg.stack_slot(self.id),
             self.mode,
             &mut self.spin,
             &mut view,
@@ -842,11 +841,13 @@ impl Stack {
     /// holding the stack (another thread may send meanwhile). `reuse` is
     /// the previous probe, kept if the channels did not change. Give it
     /// back with [`Stack::end_probe`].
-    pub(crate) fn probe(&mut self, reuse: Option<Probe>) -> Probe {
+    /// Boxed: a probe holds the segment (~340 bytes), and it moves in and
+    /// out of its owner at every wait.
+    pub(crate) fn probe(&mut self, reuse: Option<Box<Probe>>) -> Box<Probe> {
         let epoch = self.epoch.load(Ordering::Acquire);
         let mut p = match reuse {
             Some(p) if p.epoch_seen == epoch => p,
-            _ => Probe {
+            _ => Box::new(Probe {
                 seg: self.seg.clone(),
                 id: self.id,
                 ctrl_seen: 0,
@@ -855,7 +856,7 @@ impl Stack {
                 epoch_seen: epoch,
                 mode: self.mode,
                 spin: AdaptiveSpin::default(),
-            },
+            }),
         };
         p.ctrl_seen = self.ctrl_seen;
         p.mode = self.mode;
@@ -1737,9 +1738,16 @@ impl Probe {
     /// Waits per the mode until something may be ready or `deadline`
     /// ([`Error::TimedOut`]). True if the wait ended on the liveness tick.
     pub(crate) fn wait(&mut self, deadline: Option<Instant>) -> Result<bool, Error> {
-        let seg = self.seg.clone();
+        let slot: *const StackSlot = self.seg.stack_slot(self.id);
+        // SAFETY: the slot lies in the segment's mapping, which `self.seg`
+        // keeps mapped for the whole call (a `Segment` holds the mapping's
+        // `Arc`, and nothing here drops it); it is shared memory reached only
+        // through atomics, so a shared reference is sound. The raw pointer
+        // only detaches the borrow from `self`, which `wait_on` needs as the
+        // view (cloning the segment instead copied ~340 bytes per wait).
+        let slot = unsafe { &*slot };
         let mut spin = std::mem::take(&mut self.spin);
-        let r = wait_on(&seg, self.id, self.mode, &mut spin, self, deadline);
+        let r = wait_on(slot, self.mode, &mut spin, self, deadline);
         self.spin = spin;
         Ok(r? == Woken::Tick)
     }
@@ -1747,8 +1755,7 @@ impl Probe {
 
 /// The waiting policy (see [`crate::wait`]) over any [`WaitView`].
 fn wait_on(
-    seg: &Segment,
-    id: u16,
+    slot: &StackSlot,
     mode: WaitMode,
     spin: &mut AdaptiveSpin,
     view: &mut impl WaitView,
@@ -1771,7 +1778,6 @@ fn wait_on(
         }
         WaitMode::Adaptive | WaitMode::Blocking => {}
     }
-    let slot = seg.stack_slot(id);
     let my_cpu = rustix::thread::sched_getcpu() as u32 + 1;
     if slot.cpu.load(Ordering::Relaxed) != my_cpu {
         slot.cpu.store(my_cpu, Ordering::Relaxed);
