@@ -247,6 +247,16 @@ fn avail(prim: &mut ChildProc) -> Vec<u32> {
         .collect()
 }
 
+/// Both classes' mempools hold every object again (free == total).
+fn assert_pools_whole(prim: &mut ChildProc) {
+    let a = avail(prim);
+    assert_eq!(
+        (a[0], a[2]),
+        (a[1], a[3]),
+        "every buffer back in its mempool"
+    );
+}
+
 fn dpdk_prefix(test: &str) -> String {
     // DPDK file prefixes end up in /var/run/dpdk/<prefix>: keep them short.
     format!("xt{}{}", test, std::process::id())
@@ -265,12 +275,7 @@ fn buffers_cross_processes_through_dpdk_rings() {
     prim.expect("pingpong ok");
     assert_eq!(sec.expect("echoed"), n.to_string());
     sec.wait_success();
-    let a = avail(&mut prim);
-    assert_eq!(
-        (a[0], a[2]),
-        (a[1], a[3]),
-        "every buffer back in its mempool"
-    );
+    assert_pools_whole(&mut prim);
     finish_primary(prim, &p);
 }
 
@@ -290,12 +295,7 @@ fn killed_secondary_is_reclaimed() {
     h.kill9();
     prim.tell(&format!("reclaim {SECONDARY}"));
     assert_eq!(prim.expect("reclaimed"), "30");
-    let a = avail(&mut prim);
-    assert_eq!(
-        (a[0], a[2]),
-        (a[1], a[3]),
-        "every buffer back in its mempool"
-    );
+    assert_pools_whole(&mut prim);
     finish_primary(prim, &p);
 }
 
