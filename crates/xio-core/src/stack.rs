@@ -298,6 +298,15 @@ impl PoolRef {
     }
 
     #[inline]
+    fn prefetch_payload(&self, d: &Descriptor) {
+        match self {
+            PoolRef::Shm(p) => p.view().prefetch_payload(d),
+            #[cfg(feature = "dpdk")]
+            PoolRef::Dpdk(_) => {}
+        }
+    }
+
+    #[inline]
     fn data(&self, b: crate::pool::RawBuf) -> (*mut u8, usize) {
         match self {
             PoolRef::Shm(p) => p.view().data(b),
@@ -704,6 +713,20 @@ impl Stack {
         }
     }
 
+    /// As [`Self::prefetch_scratch`], and also the payload lines past the
+    /// header's of each buffer: for the socket layer, whose reads copy
+    /// every payload out (a zero-copy receiver may never touch it, and
+    /// pulling lines it does not read would make the sender's next write
+    /// of them a miss).
+    fn prefetch_scratch_payloads(&self, n: usize) {
+        self.prefetch_scratch(n);
+        for d in &self.scratch[..n] {
+            if kind::carries_buffer(d.kind) {
+                self.pool.prefetch_payload(d);
+            }
+        }
+    }
+
     /// Validates `self.scratch[..n]` from `peer` and queues what passes as
     /// `Buf`s. The headers are prefetched first, so their misses overlap.
     fn deliver_burst(&mut self, peer: u16, n: usize) {
@@ -935,7 +958,7 @@ impl Stack {
                 }
             };
             let peer = self.channels[i].peer;
-            self.prefetch_scratch(n);
+            self.prefetch_scratch_payloads(n);
             for j in 0..n {
                 let d = self.scratch[j];
                 if kind::carries_buffer(d.kind) {
