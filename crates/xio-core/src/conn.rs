@@ -594,6 +594,18 @@ impl<B: Chunk> Table<B> {
         c: ConnId,
         out: &mut [std::mem::MaybeUninit<u8>],
     ) -> Result<usize, ConnError> {
+        self.read_uninit_with(c, out, drop)
+    }
+
+    /// As [`Self::read_uninit`], handing each chunk read to the end to
+    /// `spent` instead of dropping it (the socket layer reuses their
+    /// buffers for its next writes).
+    pub fn read_uninit_with(
+        &mut self,
+        c: ConnId,
+        out: &mut [std::mem::MaybeUninit<u8>],
+        mut spent: impl FnMut(B),
+    ) -> Result<usize, ConnError> {
         let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
         if e.state == State::Reset {
             return Err(e.reset_error());
@@ -614,7 +626,9 @@ impl<B: Chunk> Table<B> {
             e.offset += k;
             if e.offset == front.as_ref().len() {
                 consumed += front.footprint();
-                e.rx.pop_front();
+                if let Some(b) = e.rx.pop_front() {
+                    spent(b);
+                }
                 e.offset = 0;
             }
         }

@@ -158,6 +158,8 @@ impl NetBuilder {
                     track_ready: false,
                     ready_seen: HashMap::default(),
                     syn_buf: None,
+                    spare: Vec::with_capacity(SPARE_MAX),
+                    spare_size: classes[0],
                     unrung: Vec::new(),
                     refused_peers: Vec::new(),
                     retry_waiters: Vec::new(),
@@ -271,6 +273,11 @@ struct Core {
     /// The buffer the next IPv6 SYN travels in (allocated before taking
     /// the lock; an IPv4 SYN needs none).
     syn_buf: Option<BufMut>,
+    /// Buffers of the smallest class that reads emptied, kept writable
+    /// for the next writes (see `Core::keep_spare`).
+    spare: Vec<BufMut>,
+    /// The smallest class's buffer size.
+    spare_size: usize,
     /// Peers sent to without a wake-up yet (see `Core::push`).
     unrung: Vec<PeerId>,
     /// Peers a SYN-ACK or data could not reach (their channel is gone).
@@ -290,6 +297,23 @@ struct Core {
     data_drains: u64,
     /// ...as of the last watch end, and when that count last moved (ns).
     data_seen: (u64, u64),
+}
+
+/// Most emptied buffers a net keeps for its next writes.
+const SPARE_MAX: usize = 8;
+
+/// Keeps `b`, a buffer a read has emptied, as a writable spare if it is of
+/// the smallest class (`size`) and fewer than [`SPARE_MAX`] are kept;
+/// otherwise it returns to the pool. In request-response traffic each
+/// request's buffer then carries the response: no trip through the pool's
+/// cache (a lock each way) and no pool reference count changes. The spares
+/// stay ours in the segment (`ALLOCATED`, owner us), so a crash returns
+/// them like any held buffer; few and of the most numerous class, they
+/// cannot starve other stacks.
+fn keep_spare(spare: &mut Vec<BufMut>, size: usize, b: Buf) {
+    if spare.len() < SPARE_MAX && b.capacity() == size {
+        spare.push(b.into_mut());
+    }
 }
 
 /// Bytes of a SYN's payload: version, then target and source addresses.
@@ -453,8 +477,20 @@ impl Core {
         c: ConnId,
         out: &mut [std::mem::MaybeUninit<u8>],
     ) -> Try<usize> {
-        let r = self.table.read_uninit(c, out);
+        let (spare, size) = (&mut self.spare, self.spare_size);
+        let r = self
+            .table
+            .read_uninit_with(c, out, |b| keep_spare(spare, size, b));
         self.settle_read(wake, r)
+    }
+
+    /// A writable buffer of the smallest class from the ones reads
+    /// emptied, if there is one and `len` fits it.
+    fn take_spare(&mut self, len: usize) -> Option<BufMut> {
+        if len > self.spare_size {
+            return None;
+        }
+        self.spare.pop()
     }
 
     /// One attempt at taking `c`'s next received buffer (`None`: end).
@@ -1431,7 +1467,10 @@ impl Net {
                 // The best buffer; a smaller one if that class is exhausted.
                 let mut buf = None;
                 let mut len = want;
-                loop {
+                if let Some(b) = core.take_spare(len) {
+                    buf = Some(b);
+                }
+                while buf.is_none() {
                     match core.stack.try_alloc(len) {
                         Ok(b) => {
                             buf = Some(b);
