@@ -119,6 +119,7 @@ fn stack_code(e: &StackError) -> XioResult {
         StackError::ManagerGone => XIO_ERR_MANAGER_GONE,
         StackError::Protocol(_) => XIO_ERR_PROTOCOL,
         StackError::WrongBackend { .. } => XIO_ERR_INVALID_ARGUMENT,
+        StackError::ForeignBuffer => XIO_ERR_INVALID_ARGUMENT,
         StackError::Io(_) => XIO_ERR_IO,
     }
 }

@@ -412,7 +412,8 @@ pub unsafe extern "C" fn xio_alloc(
 /// nothing changed and the buffer is still yours. Waits while the ring is
 /// full (per the wait mode); `XIO_ERR_CONNECTION_RESET` if the peer died.
 /// Only writable buffers can be sent (`XIO_ERR_READ_ONLY`); a buffer goes
-/// out through the stack that allocated or received it.
+/// out through a stack of the pool that allocated or received it (one of
+/// another pool, another prefix, fails with `XIO_ERR_INVALID_ARGUMENT`).
 ///
 /// # Safety
 /// `stack` and `buf` are live handles (or NULL).
@@ -578,7 +579,8 @@ pub unsafe extern "C" fn xio_recv_burst(
 /// `bufs` set to NULL. On failure the buffers from the first unsent one
 /// on are untouched and still yours, and — the one exception to "nothing
 /// written on failure" — `sent_out` (if not NULL) says how many went.
-/// A read-only buffer anywhere fails the call before anything is sent.
+/// A read-only buffer or one of another pool anywhere fails the call
+/// before anything is sent.
 ///
 /// # Safety
 /// `stack` is a live stack handle or NULL; `bufs` holds `n` live buffer

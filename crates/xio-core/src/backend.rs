@@ -35,6 +35,12 @@ pub trait BufferPool: Send + Sync + std::fmt::Debug + 'static {
     fn reuse(&self, b: RawBuf);
     /// Largest buffer size.
     fn max_buf(&self) -> usize;
+    /// The pool's identity (its segment's, [`Region::ident`]): equal for
+    /// every stack of one pool, so a stack can tell its pool's buffers
+    /// from another pool's.
+    ///
+    /// [`Region::ident`]: crate::segment::Region::ident
+    fn pool_id(&self) -> u64;
 }
 
 impl BufferPool for StackPool {
@@ -65,6 +71,9 @@ impl BufferPool for StackPool {
             .classes()
             .last()
             .map_or(0, |c| c.buf_size as usize)
+    }
+    fn pool_id(&self) -> u64 {
+        self.view().segment().region().ident()
     }
 }
 

@@ -112,6 +112,11 @@ impl BufMut {
         Buf::new(pool, raw, len)
     }
 
+    /// The identity of the pool this buffer belongs to.
+    pub(crate) fn pool_id(&self) -> u64 {
+        self.pool.pool_id()
+    }
+
     pub(crate) fn into_raw(self) -> (RawBuf, usize) {
         let r = (self.raw, self.len);
         // Ownership moves into the descriptor; the pool is told by the send.

@@ -833,6 +833,11 @@ impl BufferPool for DpdkPool {
     fn max_buf(&self) -> usize {
         self.classes.iter().map(|m| m.size).max().unwrap_or(0)
     }
+    fn pool_id(&self) -> u64 {
+        // The first class's mempool: one object in the prefix's shared
+        // hugepage memory, at the same address for every stack of it.
+        self.classes.first().map_or(0, |m| m.mp.as_ptr() as u64)
+    }
 }
 
 /// An `rte_ring` of [`Descriptor`]s (16-byte elements), single producer

@@ -1899,7 +1899,8 @@ impl XioStream {
 
     /// Sends a pool buffer as the next bytes of the stream, without copying
     /// (FABLE's commit). An error hands the buffer back when it was not
-    /// sent (`WouldBlock` in non-blocking mode, a reset connection).
+    /// sent (`WouldBlock` in non-blocking mode, a reset connection,
+    /// `InvalidInput` for a buffer of another pool).
     pub fn send_buf(&self, buf: BufMut) -> Result<(), (io::Error, Option<BufMut>)> {
         self.send_buf_with(buf, self.nb())
     }
@@ -1917,6 +1918,9 @@ impl XioStream {
             .inner
             .net
             .block(Key::Write(c), nonblocking, deadline, |core, _| {
+                if let Err(e) = core.stack.check_ours(slot.as_ref().expect("until sent")) {
+                    return Try::Done(Err(e.into()));
+                }
                 let (peer, to, flag) = match core.table.send_target(c) {
                     Ok(t) => t,
                     Err(e) => return Try::Done(Err(e.into())),

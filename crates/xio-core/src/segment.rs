@@ -51,6 +51,9 @@ pub struct Region {
     base: NonNull<u8>,
     len: usize,
     backing: Backing,
+    /// What every mapping of the same segment shares (see
+    /// [`Region::ident`]).
+    ident: u64,
 }
 
 // SAFETY: the region is plain memory shared with other processes anyway; all
@@ -105,10 +108,12 @@ impl Region {
         }
         .map_err(os("mmap segment"))?;
         let base = NonNull::new(p.cast::<u8>()).ok_or(SegmentError::Invalid("null mapping"))?;
+        let st = rustix::fs::fstat(&fd).map_err(os("fstat segment"))?;
         Ok(Self {
             base,
             len,
             backing: Backing::Memfd(fd),
+            ident: (st.st_dev as u64).rotate_left(32) ^ st.st_ino as u64,
         })
     }
 
@@ -124,6 +129,7 @@ impl Region {
             base,
             len,
             backing: Backing::Heap(layout),
+            ident: base.as_ptr() as u64,
         })
     }
 
@@ -133,6 +139,14 @@ impl Region {
             Backing::Memfd(fd) => Some(fd.as_fd()),
             Backing::Heap(_) => None,
         }
+    }
+
+    /// The segment's identity in this process: equal for every mapping of
+    /// one segment (a memfd's device and inode; a heap region's address),
+    /// different between segments, so a buffer of one pool is not taken
+    /// for a buffer of another.
+    pub fn ident(&self) -> u64 {
+        self.ident
     }
 
     /// Bytes mapped.

@@ -110,6 +110,11 @@ pub enum Error {
         /// The one asked for.
         wanted: crate::manager::Backend,
     },
+    /// The buffer belongs to another pool (allocated or received by a
+    /// stack of another prefix): a stack sends only its own pool's
+    /// buffers. Copy the bytes into a buffer of this pool instead.
+    #[error("the buffer belongs to another pool; copy it into one of this stack's")]
+    ForeignBuffer,
     /// A system call failed.
     #[error(transparent)]
     Io(#[from] io::Error),
@@ -137,6 +142,7 @@ impl From<Error> for io::Error {
             Error::ManagerGone => io::ErrorKind::BrokenPipe,
             Error::Protocol(_) => io::ErrorKind::InvalidData,
             Error::WrongBackend { .. } => io::ErrorKind::Unsupported,
+            Error::ForeignBuffer => io::ErrorKind::InvalidInput,
             Error::Io(e) => return io::Error::new(e.kind(), e.to_string()),
         };
         io::Error::new(k, e)
@@ -285,6 +291,15 @@ impl PoolRef {
             PoolRef::Shm(p) => p.view().accept(me, d),
             #[cfg(feature = "dpdk")]
             PoolRef::Dpdk(p) => p.accept(d),
+        }
+    }
+
+    /// The pool's identity (see [`BufferPool::pool_id`]).
+    fn pool_id(&self) -> u64 {
+        match self {
+            PoolRef::Shm(p) => p.pool_id(),
+            #[cfg(feature = "dpdk")]
+            PoolRef::Dpdk(p) => p.pool_id(),
         }
     }
 
@@ -1492,9 +1507,14 @@ impl Stack {
     }
 
     /// Sends every buffer in `bufs` (in order) with one doorbell check at
-    /// the end: the burst path for one-way streams.
+    /// the end: the burst path for one-way streams. A buffer of another
+    /// pool fails the call with [`Error::ForeignBuffer`] before anything
+    /// is sent.
     pub fn send_burst(&mut self, peer: PeerId, bufs: &mut Vec<BufMut>) -> Result<(), Error> {
         let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
+        for b in bufs.iter() {
+            self.check_ours(b)?;
+        }
         let mut descs = [Descriptor::default(); BURST];
         let mut sent = 0;
         let total = bufs.len();
@@ -1535,6 +1555,17 @@ impl Stack {
         Ok(())
     }
 
+    /// Refuses a buffer of another pool. Its (class, index) would name a
+    /// buffer of ours: sending it would hand a peer a buffer someone else
+    /// may hold, and leave the real one allocated in its own pool.
+    pub(crate) fn check_ours(&self, b: &BufMut) -> Result<(), Error> {
+        if b.pool_id() == self.pool.pool_id() {
+            Ok(())
+        } else {
+            Err(Error::ForeignBuffer)
+        }
+    }
+
     fn check_open(&mut self, ci: usize, peer: PeerId) -> Result<(), Error> {
         let id = self.channels[ci].id;
         if self.seg.channel(id).state.load(Ordering::Acquire) != chan_state::ACTIVE {
@@ -1551,6 +1582,9 @@ impl Stack {
         slot: &mut Option<BufMut>,
         mode: WaitMode,
     ) -> Result<(), Error> {
+        if let Some(b) = slot {
+            self.check_ours(b)?;
+        }
         let mut backoff = 0u32;
         loop {
             let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;

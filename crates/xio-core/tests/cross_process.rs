@@ -574,3 +574,60 @@ fn burst_apis_stream_checksummed_messages_between_processes() {
     drop(s);
     wait_pool_whole(&mgr);
 }
+
+#[test]
+fn a_buffer_of_another_pool_is_refused_and_both_pools_stay_whole() {
+    // Two pools in one process (a bridge between two prefixes, say). A
+    // buffer's (class, index) means nothing in the other pool: sending it
+    // there would hand the peer a buffer that may be someone else's.
+    let a = addr(9301);
+    let (mgr1, mut s1, mut c1, p1) = manager_and_pair("foreign-1", a);
+    let (mgr2, mut s2, mut c2, p2) = manager_and_pair("foreign-2", a);
+
+    // Allocated in pool 1, sent through pool 2: refused, handed back.
+    let mut b = c1.alloc(64).unwrap();
+    b.copy_from(&[7u8; 64]);
+    let (e, back) = c2.try_send(p2, b).unwrap_err();
+    assert!(matches!(e, xio_core::stack::Error::ForeignBuffer), "{e}");
+    let back = back.expect("the buffer comes back");
+    assert_eq!(&back[..], &[7u8; 64]);
+    assert!(matches!(
+        c2.send(p2, back),
+        Err(xio_core::stack::Error::ForeignBuffer)
+    ));
+    let mut burst = vec![c2.alloc(64).unwrap(), c1.alloc(64).unwrap()];
+    assert!(matches!(
+        c2.send_burst(p2, &mut burst),
+        Err(xio_core::stack::Error::ForeignBuffer)
+    ));
+    assert_eq!(burst.len(), 2, "nothing of a refused burst is sent");
+    drop(burst);
+
+    // Received in pool 1 and forwarded in place through pool 2 (the
+    // L2-forwarder pattern across prefixes): refused too.
+    let b = c1.alloc(64).unwrap();
+    c1.send(p1, b).unwrap();
+    let m = s1.recv().unwrap();
+    let from1 = m.from;
+    assert!(matches!(
+        c2.send(p2, m.buf.into_mut()),
+        Err(xio_core::stack::Error::ForeignBuffer)
+    ));
+
+    // Another stack of the same pool may send it: same segment, the
+    // ownership protocol does not care which of our stacks allocated it.
+    let mut b = c1.alloc(64).unwrap();
+    b.copy_from(&[9u8; 64]);
+    s1.send(from1, b).unwrap();
+    let m = c1.recv().unwrap();
+    assert_eq!(&m.buf[..], &[9u8; 64]);
+    drop(m);
+
+    // Pool 2 still works, and each pool gets every buffer back.
+    let b = c2.alloc(64).unwrap();
+    c2.send(p2, b).unwrap();
+    drop(s2.recv().unwrap());
+    drop((s1, c1, s2, c2));
+    wait_pool_whole(&mgr1);
+    wait_pool_whole(&mgr2);
+}

@@ -748,3 +748,28 @@ fn pool_exhaustion_is_a_wait_not_an_error() {
     }
     wait_pool_whole(&mgr);
 }
+
+/// `send_buf` with a buffer of another pool: `InvalidInput`, the buffer
+/// handed back, the connection still usable, both pools whole after.
+#[test]
+fn send_buf_refuses_a_buffer_of_another_pool() {
+    let (mgr1, p1) = start("foreignbuf-1");
+    let (mgr2, p2) = start("foreignbuf-2");
+    let stack1 = xio_core::stack::Stack::attach(&p1).unwrap();
+    let net2 = Net::attach(&p2).unwrap();
+    let l = net2.listen("10.3.0.9:80").unwrap();
+    let s = net2.connect("10.3.0.9:80").unwrap();
+    let (mut srv, _) = l.accept().unwrap();
+    let mut other = stack1.alloc(16).unwrap();
+    other.copy_from(b"from pool one..!");
+    let (e, back) = s.send_buf(other).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+    assert_eq!(&back.expect("handed back")[..], b"from pool one..!");
+    (&s).write_all(b"still works").unwrap();
+    let mut got = [0u8; 11];
+    srv.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"still works");
+    drop((s, srv, l, stack1, net2));
+    wait_pool_whole(&mgr1);
+    wait_pool_whole(&mgr2);
+}
