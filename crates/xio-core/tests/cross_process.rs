@@ -582,7 +582,18 @@ fn a_buffer_of_another_pool_is_refused_and_both_pools_stay_whole() {
     // there would hand the peer a buffer that may be someone else's.
     let a = addr(9301);
     let (mgr1, mut s1, mut c1, p1) = manager_and_pair("foreign-1", a);
-    let (mgr2, mut s2, mut c2, p2) = manager_and_pair("foreign-2", a);
+    // Pool 2 is shm even when the suite runs on DPDK: a process can join
+    // one DPDK prefix only, so a DPDK pool's foreign buffers come from shm
+    // pools (and the check is exercised both ways).
+    let pre2 = prefix("foreign-2");
+    let mgr2 = xio_core::manager::Manager::builder(&pre2)
+        .backend(Backend::Shm)
+        .spawn()
+        .unwrap();
+    let mut s2 = Stack::attach(&pre2).unwrap();
+    s2.bind(a).unwrap();
+    let mut c2 = Stack::attach(&pre2).unwrap();
+    let p2 = c2.connect(a).unwrap();
 
     // Allocated in pool 1, sent through pool 2: refused, handed back.
     let mut b = c1.alloc(64).unwrap();

@@ -753,8 +753,14 @@ fn pool_exhaustion_is_a_wait_not_an_error() {
 /// handed back, the connection still usable, both pools whole after.
 #[test]
 fn send_buf_refuses_a_buffer_of_another_pool() {
-    let (mgr1, p1) = start("foreignbuf-1");
     let (mgr2, p2) = start("foreignbuf-2");
+    // The other pool is shm even when the suite runs on DPDK (a process
+    // joins one DPDK prefix only).
+    let p1 = prefix("foreignbuf-1");
+    let mgr1 = xio_core::manager::Manager::builder(&p1)
+        .backend(xio_core::manager::Backend::Shm)
+        .spawn()
+        .unwrap();
     let stack1 = xio_core::stack::Stack::attach(&p1).unwrap();
     let net2 = Net::attach(&p2).unwrap();
     let l = net2.listen("10.3.0.9:80").unwrap();
