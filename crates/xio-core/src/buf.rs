@@ -117,6 +117,11 @@ impl BufMut {
         self.pool.pool_id()
     }
 
+    /// The address of the stack pool object this buffer returns to.
+    pub(crate) fn pool_addr(&self) -> *const () {
+        Arc::as_ptr(&self.pool).cast()
+    }
+
     pub(crate) fn into_raw(self) -> (RawBuf, usize) {
         let r = (self.raw, self.len);
         // Ownership moves into the descriptor; the pool is told by the send.

@@ -294,6 +294,15 @@ impl PoolRef {
         }
     }
 
+    /// The address of the pool object (what a `BufMut` of ours holds).
+    fn addr(&self) -> *const () {
+        match self {
+            PoolRef::Shm(p) => Arc::as_ptr(p).cast(),
+            #[cfg(feature = "dpdk")]
+            PoolRef::Dpdk(p) => Arc::as_ptr(p).cast(),
+        }
+    }
+
     /// The pool's identity (see [`BufferPool::pool_id`]).
     fn pool_id(&self) -> u64 {
         match self {
@@ -1559,7 +1568,8 @@ impl Stack {
     /// buffer of ours: sending it would hand a peer a buffer someone else
     /// may hold, and leave the real one allocated in its own pool.
     pub(crate) fn check_ours(&self, b: &BufMut) -> Result<(), Error> {
-        if b.pool_id() == self.pool.pool_id() {
+        // Almost always our own stack's buffer: one pointer comparison.
+        if b.pool_addr() == self.pool.addr() || b.pool_id() == self.pool.pool_id() {
             Ok(())
         } else {
             Err(Error::ForeignBuffer)
