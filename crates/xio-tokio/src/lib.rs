@@ -175,7 +175,7 @@ fn requeue() -> impl std::future::Future<Output = ()> {
 /// nanoseconds when nothing else is ready: looking only once per trip
 /// left an arrival waiting most of a trip to be seen. A few looks cost
 /// tens of nanoseconds, also when other tasks are ready.
-fn looks_once(w: &mut xio_core::net::Watcher) -> bool {
+fn look_burst(w: &mut xio_core::net::Watcher) -> bool {
     for _ in 0..LOOKS_PER_YIELD {
         if w.has_input() {
             return true;
@@ -184,7 +184,7 @@ fn looks_once(w: &mut xio_core::net::Watcher) -> bool {
     false
 }
 
-/// Looks at the rings per yield of the driver (see [`looks_once`]).
+/// Looks at the rings per yield of the driver (see [`look_burst`]).
 const LOOKS_PER_YIELD: u32 = 8;
 
 /// The driver task of one net (see the crate docs).
@@ -255,7 +255,7 @@ async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
             let mut start = Some(began);
             let mut looks = 0u32;
             let hit = loop {
-                if looks_once(&mut w) {
+                if look_burst(&mut w) {
                     match n.watch_drain(&mut w) {
                         Ok(d) if !d.retry => {
                             start = None;
