@@ -312,21 +312,14 @@ impl PoolRef {
         }
     }
 
+    /// The shm pool's view, for what only it has (prefetching headers and
+    /// payloads: a DPDK buffer's header is DPDK's).
     #[inline]
-    fn prefetch_header(&self, d: &Descriptor) {
+    fn shm_view(&self) -> Option<&crate::pool::PoolView> {
         match self {
-            PoolRef::Shm(p) => p.view().prefetch_header(d),
+            PoolRef::Shm(p) => Some(p.view()),
             #[cfg(feature = "dpdk")]
-            PoolRef::Dpdk(_) => {}
-        }
-    }
-
-    #[inline]
-    fn prefetch_payload(&self, d: &Descriptor) {
-        match self {
-            PoolRef::Shm(p) => p.view().prefetch_payload(d),
-            #[cfg(feature = "dpdk")]
-            PoolRef::Dpdk(_) => {}
+            PoolRef::Dpdk(_) => None,
         }
     }
 
@@ -730,9 +723,9 @@ impl Stack {
     /// Starts loading the headers of `self.scratch[..n]` so their misses
     /// overlap (a single descriptor gains nothing from it).
     fn prefetch_scratch(&self, n: usize) {
-        if n > 1 {
+        if let (true, Some(v)) = (n > 1, self.pool.shm_view()) {
             for d in &self.scratch[..n] {
-                self.pool.prefetch_header(d);
+                v.prefetch_header(d);
             }
         }
     }
@@ -744,9 +737,12 @@ impl Stack {
     /// of them a miss).
     fn prefetch_scratch_payloads(&self, n: usize) {
         self.prefetch_scratch(n);
-        for d in &self.scratch[..n] {
-            if kind::carries_buffer(d.kind) {
-                self.pool.prefetch_payload(d);
+        if let Some(v) = self.pool.shm_view() {
+            for d in self.scratch[..n]
+                .iter()
+                .filter(|d| kind::carries_buffer(d.kind))
+            {
+                v.prefetch_payload(d);
             }
         }
     }
