@@ -451,6 +451,17 @@ xio_result xio_stream_set_timeouts(struct xio_stream *stream, int32_t read_ms, i
 xio_result xio_stream_token(struct xio_stream *stream, uint64_t *out);
 
 /**
+ * Chooses the token `xio_net_poll` reports this stream's events with (as
+ * `epoll_ctl`'s data does), for example an index into the caller's own
+ * table. Events not yet returned carry the new token too. Keeping tokens
+ * unique among the net's streams and listeners is the caller's business.
+ *
+ * # Safety
+ * `stream` is a live stream handle or NULL.
+ */
+xio_result xio_stream_set_token(struct xio_stream *stream, uint64_t token);
+
+/**
  * The peer's address as `"ip:port"`, NUL-terminated, into `buf` of `cap`
  * bytes (64 is always enough; `XIO_ERR_INVALID_ARGUMENT` if too small).
  *

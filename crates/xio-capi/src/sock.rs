@@ -573,6 +573,25 @@ pub unsafe extern "C" fn xio_stream_token(
     })
 }
 
+/// Chooses the token `xio_net_poll` reports this stream's events with (as
+/// `epoll_ctl`'s data does), for example an index into the caller's own
+/// table. Events not yet returned carry the new token too. Keeping tokens
+/// unique among the net's streams and listeners is the caller's business.
+///
+/// # Safety
+/// `stream` is a live stream handle or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stream_set_token(
+    stream: *mut crate::XioStream,
+    token: u64,
+) -> XioResult {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        unsafe { borrow(stream) }?.set_token(token);
+        Ok(())
+    })
+}
+
 /// The peer's address as `"ip:port"`, NUL-terminated, into `buf` of `cap`
 /// bytes (64 is always enough; `XIO_ERR_INVALID_ARGUMENT` if too small).
 ///

@@ -157,6 +157,7 @@ impl NetBuilder {
                     ready: Vec::new(),
                     track_ready: false,
                     ready_seen: HashMap::default(),
+                    user_tokens: HashMap::default(),
                     syn_buf: None,
                     spare: Vec::with_capacity(SPARE_MAX),
                     spare_size: classes[0],
@@ -270,6 +271,8 @@ struct Core {
     track_ready: bool,
     /// Index in `ready` of each stream already listed (dedup).
     ready_seen: HashMap<u32, usize>,
+    /// Tokens chosen with [`XioStream::set_token`], by connection.
+    user_tokens: HashMap<u32, u64>,
     /// The buffer the next IPv6 SYN travels in (allocated before taking
     /// the lock; an IPv4 SYN needs none).
     syn_buf: Option<BufMut>,
@@ -774,8 +777,12 @@ impl Core {
             }
             None => {
                 self.ready_seen.insert(c.0, self.ready.len());
+                let token = match self.user_tokens.get(&c.0) {
+                    Some(&t) => t,
+                    None => u64::from(c.0),
+                };
                 self.ready.push(Event::Stream {
-                    token: u64::from(c.0),
+                    token,
                     readable: r,
                     writable: w,
                 });
@@ -1659,6 +1666,8 @@ impl Drop for XioListener {
 struct StreamInner {
     net: Net,
     id: ConnId,
+    /// What [`Net::poll`] reports this stream's events under.
+    token: AtomicU64,
     nonblocking: AtomicBool,
     /// Nanoseconds; 0 is none.
     read_timeout: AtomicU64,
@@ -1668,7 +1677,10 @@ struct StreamInner {
 impl Drop for StreamInner {
     fn drop(&mut self) {
         let c = self.id;
-        self.net.update(|g| g.table.close(c));
+        self.net.update(|g| {
+            g.table.close(c);
+            g.user_tokens.remove(&c.0);
+        });
     }
 }
 
@@ -1723,6 +1735,7 @@ impl XioStream {
             inner: Arc::new(StreamInner {
                 net,
                 id,
+                token: AtomicU64::new(u64::from(id.0)),
                 nonblocking: AtomicBool::new(false),
                 read_timeout: AtomicU64::new(0),
                 write_timeout: AtomicU64::new(0),
@@ -1740,9 +1753,29 @@ impl XioStream {
         Net::global()?.connect_timeout(addr, timeout)
     }
 
-    /// The token [`Net::poll`] reports this stream's readiness under.
+    /// The token [`Net::poll`] reports this stream's readiness under: one
+    /// X-IO chose, unique among the net's open streams, until
+    /// [`XioStream::set_token`] chooses another.
     pub fn token(&self) -> u64 {
-        u64::from(self.inner.id.0)
+        self.inner.token.load(AtomicOrdering::Relaxed)
+    }
+
+    /// Chooses the token [`Net::poll`] reports this stream's readiness
+    /// under, as `epoll_ctl`'s data or mio's `Token` do: an event loop can
+    /// then index its own table with it (a slab index, say) instead of
+    /// looking X-IO's tokens up. Events not yet returned by `poll` carry
+    /// the new token too. Keeping tokens unique is the caller's business.
+    pub fn set_token(&self, token: u64) {
+        let c = self.inner.id;
+        self.inner.net.update(|g| {
+            g.user_tokens.insert(c.0, token);
+            if let Some(&i) = g.ready_seen.get(&c.0) {
+                if let Event::Stream { token: t, .. } = &mut g.ready[i] {
+                    *t = token;
+                }
+            }
+        });
+        self.inner.token.store(token, AtomicOrdering::Relaxed);
     }
 
     /// The net this stream belongs to.

@@ -241,6 +241,23 @@ int main(int argc, char **argv) {
     CHECK(xio_read(a, buf, sizeof buf, &n) == XIO_ERR_TIMED_OUT);
     OK(xio_stream_set_timeouts(a, 0, 0));
 
+    /* A token of the caller's choosing comes back from poll. */
+    CHECK(xio_stream_set_token(NULL, 1) == XIO_ERR_INVALID_ARGUMENT);
+    OK(xio_stream_set_token(a, 4242));
+    uint64_t atok;
+    OK(xio_stream_token(a, &atok));
+    CHECK(atok == 4242);
+    OK(xio_write(c, "tok", 3, &n));
+    int saw_tok = 0;
+    for (int round = 0; round < 1000 && !saw_tok; round++) {
+        OK(xio_net_poll(net, ev, 8, 100, &n));
+        for (size_t i = 0; i < n; i++)
+            saw_tok |= ev[i].token == 4242 && (ev[i].events & XIO_EVENT_READABLE);
+    }
+    CHECK(saw_tok);
+    OK(xio_read(a, buf, sizeof buf, &n));
+    CHECK(n == 3 && memcmp(buf, "tok", 3) == 0);
+
     /* Gather write: header + body arrive in order, as one chunk. */
     xio_iovec iov[2] = {{"HEAD", 4}, {"body!", 5}};
     OK(xio_writev(c, iov, 2, &n));
