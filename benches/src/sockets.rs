@@ -806,10 +806,10 @@ fn xio_loop_client(
     for _ in 1..n {
         conns.push(connect().context("connecting")?);
     }
-    let mut by_token = TokenMap::default();
+    // Tokens are indices, as the epoll loops' are.
     for (i, c) in conns.iter().enumerate() {
         c.set_nonblocking(true)?;
-        by_token.insert(c.token(), i);
+        c.set_token(i as u64);
     }
     struct St {
         sent_at: Instant,
@@ -861,9 +861,10 @@ fn xio_loop_client(
             else {
                 continue;
             };
-            let Some(&i) = by_token.get(&token) else {
+            let i = token as usize;
+            if i >= conns.len() {
                 continue;
-            };
+            }
             let c = &conns[i];
             loop {
                 let s = &mut st[i];
@@ -958,43 +959,20 @@ fn zc_echo_server(l: &XioListener) -> Result<()> {
     Ok(())
 }
 
-/// Hashes X-IO's stream tokens for the event loops' token maps. The epoll
-/// loops choose their tokens and index a `Vec` with them; `Net::poll`
-/// reports tokens X-IO chose, so the X-IO loops look them up, and std's
-/// SipHash cost 2.5% of the loop's cycles (`perf`) for a map of distinct
-/// integers. Multiplying by an odd constant keeps dense low bits distinct
-/// and mixes the high ones.
-#[derive(Default)]
-struct TokenHasher(u64);
-
-impl std::hash::Hasher for TokenHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-/// Token -> connection map of the X-IO event loops.
-type TokenMap<V> = std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<TokenHasher>>;
-
 /// Section c's server over X-IO: accepts `n` connections, then echoes with
 /// [`Net::poll`] as the event loop.
 fn xio_loop_server(net: &Net, l: &XioListener, n: usize) -> Result<()> {
-    let mut conns = TokenMap::default();
-    for _ in 0..n {
+    // Tokens are indices into `conns`, as the epoll loops' are.
+    let mut conns = Vec::with_capacity(n);
+    for i in 0..n {
         let (s, _) = l.accept().context("accept")?;
         s.set_nonblocking(true)?;
-        conns.insert(s.token(), (s, [0u8; MSG], 0usize));
+        s.set_token(i as u64);
+        conns.push(Some((s, [0u8; MSG], 0usize)));
     }
+    let mut open = n;
     let mut events = Vec::new();
-    while !conns.is_empty() {
+    while open > 0 {
         events.clear();
         net.poll(&mut events, None)?;
         for ev in &events {
@@ -1007,7 +985,7 @@ fn xio_loop_server(net: &Net, l: &XioListener, n: usize) -> Result<()> {
                 continue;
             };
             let mut closed = false;
-            if let Some((s, buf, got)) = conns.get_mut(&token) {
+            if let Some(Some((s, buf, got))) = conns.get_mut(token as usize) {
                 loop {
                     match (&*s).read(&mut buf[*got..]) {
                         Ok(0) => {
@@ -1029,7 +1007,8 @@ fn xio_loop_server(net: &Net, l: &XioListener, n: usize) -> Result<()> {
                 }
             }
             if closed {
-                conns.remove(&token);
+                conns[token as usize] = None;
+                open -= 1;
             }
         }
     }
