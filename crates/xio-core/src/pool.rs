@@ -278,27 +278,25 @@ impl PoolView {
 
     /// Starts loading the header line of `d`'s buffer, so the header
     /// checks of a burst overlap their cache misses instead of taking them
-    /// one after another (`accept` then finds the line in cache).
-    /// The line is asked for in exclusive state, since `accept` writes the
-    /// header right after reading it.
+    /// one after another (`accept` then finds the line in cache). The line
+    /// is asked for in exclusive state, since `accept` writes the header
+    /// right after reading it.
+    ///
+    /// With `payload`, also the payload lines past the header's (up to
+    /// [`PREFETCH_PAYLOAD`] bytes), so a reader copying a small message out
+    /// does not take a second miss after the header's: a 64-byte message
+    /// spills 16 bytes into the buffer's second line. Nothing is loaded
+    /// if the descriptor is out of range.
     #[inline]
-    pub fn prefetch_header(&self, d: &Descriptor) {
-        if let Some(h) = self.seg.buf_header(d.class as usize, d.index) {
-            prefetch_write(h);
-        }
-    }
-
-    /// Starts loading the payload lines of `d`'s buffer past the header's
-    /// line (up to [`PREFETCH_PAYLOAD`] bytes), so a reader copying a small
-    /// message out does not take a second miss after the header's: a
-    /// 64-byte message spills 16 bytes into the buffer's second line.
-    /// Nothing is read if the descriptor is out of range.
-    #[inline]
-    pub fn prefetch_payload(&self, d: &Descriptor) {
+    pub fn prefetch(&self, d: &Descriptor, payload: bool) {
         let class = d.class as usize;
         let Some(h) = self.seg.buf_header(class, d.index) else {
             return;
         };
+        prefetch_write(h);
+        if !payload {
+            return;
+        }
         let size = self.seg.classes()[class].buf_size as usize;
         let end = BUF_HEADROOM as usize + (d.len as usize).min(size).min(PREFETCH_PAYLOAD);
         let base = (h as *const BufHeader).cast::<u8>();
@@ -355,7 +353,7 @@ pub(crate) fn prefetch_write<T>(p: &T) {
     let _ = p;
 }
 
-/// Payload bytes [`PoolView::prefetch_payload`] asks for: enough for
+/// Payload bytes [`PoolView::prefetch`] asks for: enough for
 /// a small request or response, little enough not to crowd the cache.
 pub const PREFETCH_PAYLOAD: usize = 192;
 

@@ -722,27 +722,20 @@ impl Stack {
 
     /// Starts loading the headers of `self.scratch[..n]` so their misses
     /// overlap (a single descriptor gains nothing from it).
-    fn prefetch_scratch(&self, n: usize) {
-        if let (true, Some(v)) = (n > 1, self.pool.shm_view()) {
+    ///
+    /// With `payloads`, also each buffer's payload lines past the header's
+    /// (and the header of a lone descriptor, whose miss then overlaps the
+    /// payload's): for the socket layer, whose reads copy every payload
+    /// out. A zero-copy receiver may never touch the payload, and pulling
+    /// lines it does not read would make the sender's next write of them
+    /// a miss.
+    fn prefetch_scratch(&self, n: usize, payloads: bool) {
+        let Some(v) = self.pool.shm_view() else {
+            return;
+        };
+        if n > 1 || payloads {
             for d in &self.scratch[..n] {
-                v.prefetch_header(d);
-            }
-        }
-    }
-
-    /// As [`Self::prefetch_scratch`], and also the payload lines past the
-    /// header's of each buffer: for the socket layer, whose reads copy
-    /// every payload out (a zero-copy receiver may never touch it, and
-    /// pulling lines it does not read would make the sender's next write
-    /// of them a miss).
-    fn prefetch_scratch_payloads(&self, n: usize) {
-        self.prefetch_scratch(n);
-        if let Some(v) = self.pool.shm_view() {
-            for d in self.scratch[..n]
-                .iter()
-                .filter(|d| kind::carries_buffer(d.kind))
-            {
-                v.prefetch_payload(d);
+                v.prefetch(d, payloads && kind::carries_buffer(d.kind));
             }
         }
     }
@@ -750,7 +743,7 @@ impl Stack {
     /// Validates `self.scratch[..n]` from `peer` and queues what passes as
     /// `Buf`s. The headers are prefetched first, so their misses overlap.
     fn deliver_burst(&mut self, peer: u16, n: usize) {
-        self.prefetch_scratch(n);
+        self.prefetch_scratch(n, false);
         // The `Buf`s' pool references first: their increments are locked
         // instructions, which would otherwise stall on the header stores
         // below (each an ownership transfer of a line the sender wrote).
@@ -978,7 +971,7 @@ impl Stack {
                 }
             };
             let peer = self.channels[i].peer;
-            self.prefetch_scratch_payloads(n);
+            self.prefetch_scratch(n, true);
             for j in 0..n {
                 let d = self.scratch[j];
                 if kind::carries_buffer(d.kind) {
@@ -1371,7 +1364,7 @@ impl Stack {
                     });
                 };
                 let peer = self.channels[i].peer;
-                self.prefetch_scratch(n);
+                self.prefetch_scratch(n, false);
                 let mut k_ok = 0;
                 for j in 0..n {
                     let d = self.scratch[j];
