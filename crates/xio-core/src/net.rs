@@ -761,6 +761,15 @@ impl Core {
             .or_insert_with(|| spare.pop().unwrap_or_default())
     }
 
+    /// The token `poll` reports `c` under: the one chosen with
+    /// [`XioStream::set_token`], else the connection's id.
+    fn token_of(&self, c: ConnId) -> u64 {
+        self.user_tokens
+            .get(&c.0)
+            .copied()
+            .unwrap_or(u64::from(c.0))
+    }
+
     fn note_ready(&mut self, c: ConnId, r: bool, w: bool) {
         if !self.track_ready {
             return;
@@ -777,12 +786,8 @@ impl Core {
             }
             None => {
                 self.ready_seen.insert(c.0, self.ready.len());
-                let token = match self.user_tokens.get(&c.0) {
-                    Some(&t) => t,
-                    None => u64::from(c.0),
-                };
                 self.ready.push(Event::Stream {
-                    token,
+                    token: self.token_of(c),
                     readable: r,
                     writable: w,
                 });
@@ -1666,8 +1671,6 @@ impl Drop for XioListener {
 struct StreamInner {
     net: Net,
     id: ConnId,
-    /// What [`Net::poll`] reports this stream's events under.
-    token: AtomicU64,
     nonblocking: AtomicBool,
     /// Nanoseconds; 0 is none.
     read_timeout: AtomicU64,
@@ -1735,7 +1738,6 @@ impl XioStream {
             inner: Arc::new(StreamInner {
                 net,
                 id,
-                token: AtomicU64::new(u64::from(id.0)),
                 nonblocking: AtomicBool::new(false),
                 read_timeout: AtomicU64::new(0),
                 write_timeout: AtomicU64::new(0),
@@ -1757,7 +1759,7 @@ impl XioStream {
     /// X-IO chose, unique among the net's open streams, until
     /// [`XioStream::set_token`] chooses another.
     pub fn token(&self) -> u64 {
-        self.inner.token.load(AtomicOrdering::Relaxed)
+        self.inner.net.lock().token_of(self.inner.id)
     }
 
     /// Chooses the token [`Net::poll`] reports this stream's readiness
@@ -1775,7 +1777,6 @@ impl XioStream {
                 }
             }
         });
-        self.inner.token.store(token, AtomicOrdering::Relaxed);
     }
 
     /// The net this stream belongs to.
