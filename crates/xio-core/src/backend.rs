@@ -84,6 +84,9 @@ pub trait DescProducer: Send + std::fmt::Debug {
     /// Slots free, from the cached consumer index when it shows at least
     /// `want` (no cross-core read), else freshly read.
     fn free_slots(&mut self, want: u32) -> Result<u32, RingError>;
+    /// Starts taking the line of the next slot in exclusive state, ahead
+    /// of a push (a hint; nothing by default).
+    fn prefetch_next(&self) {}
 }
 
 /// The receiving end of a descriptor ring.
@@ -115,6 +118,9 @@ impl DescProducer for Producer {
     }
     fn free_slots(&mut self, want: u32) -> Result<u32, RingError> {
         Producer::free_for(self, want)
+    }
+    fn prefetch_next(&self) {
+        Producer::prefetch_next(self)
     }
 }
 

@@ -1456,6 +1456,7 @@ impl Net {
                 if core.pending_for(peer) && !core.flush_pending() && core.pending_for(peer) {
                     return Try::Retry;
                 }
+                core.stack.prefetch_tx(peer);
                 let mut want = (total - written).min(max_buf);
                 // One buffer for the whole write when a class holds it
                 // without wasting most of it; otherwise fill buffers of the

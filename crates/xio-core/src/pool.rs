@@ -285,8 +285,12 @@ impl PoolView {
     /// With `payload`, also the payload lines past the header's (up to
     /// [`PREFETCH_PAYLOAD`] bytes), so a reader copying a small message out
     /// does not take a second miss after the header's: a 64-byte message
-    /// spills 16 bytes into the buffer's second line. Nothing is loaded
-    /// if the descriptor is out of range.
+    /// spills 16 bytes into the buffer's second line. They too are asked
+    /// for in exclusive state: the socket layer keeps an emptied small
+    /// buffer to write its next message into, and a line held shared
+    /// would make that write wait for an upgrade at the next fence (the
+    /// sender is done with the lines either way). Nothing is loaded if the
+    /// descriptor is out of range.
     #[inline]
     pub fn prefetch(&self, d: &Descriptor, payload: bool) {
         let class = d.class as usize;
@@ -304,7 +308,7 @@ impl PoolView {
         while off < end {
             // `wrapping_add` keeps the address computation free of any
             // in-bounds claim; the line is inside the buffer's stride.
-            prefetch_read(base.wrapping_add(off));
+            prefetch_write(base.wrapping_add(off));
             off += 64;
         }
     }
@@ -335,17 +339,17 @@ impl PoolView {
 /// `PREFETCHW`), for a line about to be read and then written: one
 /// coherence transaction instead of a shared read followed by an upgrade.
 #[inline]
-pub(crate) fn prefetch_write<T>(p: &T) {
+pub(crate) fn prefetch_write<T>(p: *const T) {
     // Inline assembly because `_mm_prefetch::<_MM_HINT_ET0>` becomes a
     // plain `prefetcht0` unless the crate is built with `prfchw` enabled.
     // Processors without PREFETCHW execute the opcode as a NOP.
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is only a hint: it never faults, writes no
-    // register, flag or memory; the address is a live reference anyway.
+    // SAFETY: a prefetch is only a hint: it never faults (not even on an
+    // unmapped address), writes no register, flag or memory.
     unsafe {
         core::arch::asm!(
             "prefetchw [{0}]",
-            in(reg) p as *const T,
+            in(reg) p,
             options(nostack, preserves_flags, readonly)
         )
     };
@@ -356,24 +360,6 @@ pub(crate) fn prefetch_write<T>(p: &T) {
 /// Payload bytes [`PoolView::prefetch`] asks for: enough for
 /// a small request or response, little enough not to crowd the cache.
 pub const PREFETCH_PAYLOAD: usize = 192;
-
-/// Starts loading the cache line at `p` for reading (x86-64
-/// `PREFETCHT0`).
-#[inline]
-pub(crate) fn prefetch_read(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is only a hint: it never faults (not even on an
-    // unmapped address), writes no register, flag or memory.
-    unsafe {
-        core::arch::asm!(
-            "prefetcht0 [{0}]",
-            in(reg) p,
-            options(nostack, preserves_flags, readonly)
-        )
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
 
 /// Treiber pop of a magazine index from a tagged head
 /// (`tag << 32 | index + 1`). `mag` resolves an index, `None` if out of

@@ -1094,6 +1094,16 @@ impl Stack {
         }
     }
 
+    /// Starts taking the line of the next slot toward `peer` in exclusive
+    /// state, ahead of a push: the wake-up check's fence after the push
+    /// then need not wait for that line.
+    #[inline]
+    pub(crate) fn prefetch_tx(&self, peer: PeerId) {
+        if let Some(&ci) = self.by_peer.get(&peer.0) {
+            self.channels[ci].tx.prefetch_next();
+        }
+    }
+
     /// Wakes `peer` if it sleeps (after pushes made with `notify` false).
     pub(crate) fn wake_peer(&self, peer: PeerId) {
         if let Some(&ci) = self.by_peer.get(&peer.0) {
