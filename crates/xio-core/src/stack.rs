@@ -1660,15 +1660,32 @@ impl Stack {
 
     /// Test hook: pushes a raw descriptor to `peer` as if it were a buffer,
     /// to check that receivers reject forgeries. Not for applications.
+    /// Returns whether it fit in the ring.
     #[doc(hidden)]
-    pub fn __push_raw(&mut self, peer: PeerId, d: Descriptor) -> Result<(), Error> {
+    pub fn __push_raw(&mut self, peer: PeerId, d: Descriptor) -> Result<bool, Error> {
         let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
         let ch = &mut self.channels[ci];
-        ch.tx
+        let n = ch
+            .tx
             .push_burst(&[d])
             .map_err(|e| Error::Protocol(e.to_string()))?;
         Self::notify(&self.seg, ch);
-        Ok(())
+        Ok(n == 1)
+    }
+
+    /// Test hook: sends a real buffer under any descriptor kind and
+    /// connection id, as a hostile peer could. Hands the buffer back when
+    /// the ring is full. Not for applications.
+    #[doc(hidden)]
+    pub fn __push_buf_raw(
+        &mut self,
+        peer: PeerId,
+        kind: u8,
+        conn: u32,
+        buf: BufMut,
+    ) -> Result<Option<BufMut>, Error> {
+        self.push_buf(peer, kind, conn, buf, true)
+            .map_err(|(e, _)| e)
     }
 
     /// Test hook: the segment.

@@ -326,7 +326,7 @@ fn corrupt_descriptors_are_counted_and_rejected() {
         xio_core::layout::Descriptor { kind: 77, ..base }, // unknown kind
     ];
     for d in forged {
-        tx.__push_raw(peer, d).unwrap();
+        assert!(tx.__push_raw(peer, d).unwrap());
     }
     tx.send(peer, good).unwrap();
     // The receiver skips all five and gets the real one.

@@ -852,3 +852,115 @@ fn poll_reports_tokens_the_caller_chose() {
     );
     assert_eq!((&s1).read(&mut buf).unwrap(), 5);
 }
+
+/// One short exchange on `s`, every byte checked.
+fn echo_check(mut s: &XioStream, msg: &[u8]) {
+    s.write_all(msg).unwrap();
+    let mut back = vec![0u8; msg.len()];
+    s.read_exact(&mut back).unwrap();
+    assert_eq!(back, msg);
+}
+
+/// A peer's descriptors are untrusted: a raw stack throws 20,000 random
+/// descriptors at a socket server (every kind, with and without the early
+/// flag, connection ids both random and close to real ones, SYNs to the
+/// listener and to nobody, real buffers under every kind) and never
+/// drains what the server answers. The server's other client, whose
+/// connection stays open across the attack, notices nothing; new
+/// connections still work; and once everyone is gone the pool is whole.
+#[test]
+fn hostile_descriptors_hurt_no_other_connection() {
+    use xio_core::layout::{kind, Descriptor};
+    use xio_core::stack::Stack;
+
+    let (mgr, p) = start("hostile");
+    let addr: SocketAddr = "10.3.9.1:7000".parse().unwrap();
+    let mut server = ChildProc::spawn("child_main", "echo_server", &[p.clone(), addr.to_string()]);
+    server.expect("ready");
+    let net = Net::attach(&p).unwrap();
+    let s = net.connect(addr).unwrap();
+    echo_check(&s, b"before the attack");
+
+    let mut evil = Stack::attach(&p).unwrap();
+    let victim = evil.connect(addr).unwrap();
+    let SocketAddr::V4(v4) = addr else {
+        unreachable!()
+    };
+    let listener_ip = u32::from(*v4.ip());
+    let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut pushed = 0;
+    for i in 0..20_000u32 {
+        let r = next();
+        let k = match r % 10 {
+            0..=7 => (r % 8) as u8,
+            8 => (r >> 8) as u8,
+            _ => kind::SYN4,
+        } | if r & (1 << 20) != 0 { kind::EARLY } else { 0 };
+        let r2 = next();
+        // Connection ids: small ones and generation-tagged small indices
+        // name the server's real connections; the rest are noise.
+        let conn = match r2 % 4 {
+            0 => (r2 >> 8) as u32 % 64,
+            1 => (((r2 >> 8) as u32 % 4) << 20) | ((r2 >> 16) as u32 % 64),
+            _ => (r2 >> 8) as u32,
+        };
+        if i % 10 == 0 {
+            // A real buffer under any kind.
+            let mut b = evil.alloc(64 + (r2 % 2000) as usize).unwrap();
+            b.fill(0xa5);
+            loop {
+                match evil.__push_buf_raw(victim, k, conn, b).unwrap() {
+                    None => break,
+                    Some(back) => {
+                        b = back;
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                }
+            }
+            pushed += 1;
+            continue;
+        }
+        let r3 = next();
+        let mut d = Descriptor {
+            index: (r3 >> 32) as u32 % 70_000,
+            len: r3 as u32 % 5000,
+            conn,
+            class: (r3 >> 24) as u8 % 5,
+            kind: k,
+            gen: (r3 >> 40) as u16,
+        };
+        if kind::base(k) == kind::SYN4 && i % 500 == 5 {
+            // A connection the server will accept (and keep, unused).
+            d.index = listener_ip;
+            d.len = u32::from(addr.port());
+        }
+        while !evil.__push_raw(victim, d).unwrap() {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        pushed += 1;
+    }
+    assert_eq!(pushed, 20_000);
+    // The server looked at them: the buffer-carrying kinds with forged
+    // buffer references (most of the noise) are counted as corrupt.
+    let slot = evil.__segment().stack_slot(victim.0);
+    wait_until("the server rejected the forgeries", || {
+        slot.corrupt.load(std::sync::atomic::Ordering::Relaxed) >= 5_000
+    });
+    // The open connection and the server are unharmed.
+    echo_check(&s, b"after the attack");
+    let fresh = net.connect(addr).unwrap();
+    checked_echo(fresh, 77, 3 << 20);
+    drop(evil);
+    echo_check(&s, b"after the attacker left");
+    drop(s);
+    wait_until("client connections closed", || net.connections() == 0);
+    drop(net);
+    server.kill9();
+    wait_pool_whole(&mgr);
+}
