@@ -309,13 +309,28 @@ xio_result xio_net_poll(struct xio_net *net,
                         size_t *n_out);
 
 /**
- * Listens on `"ip:port"` (`XIO_ERR_ADDR_IN_USE` if another service has it).
+ * Listens on `"ip:port"` (`XIO_ERR_ADDR_IN_USE` if another service has it),
+ * holding up to 4096 connections not yet accepted (see
+ * [`xio_listen_backlog`]).
  *
  * # Safety
  * `net` is a live net handle or NULL; `addr` a NUL-terminated string;
  * `out` valid for a write.
  */
 xio_result xio_listen(struct xio_net *net, const char *addr, struct xio_listener **out);
+
+/**
+ * [`xio_listen`] holding at most `backlog` (at least 1) connections not
+ * yet accepted, as `listen(2)`'s argument: a connect beyond them is
+ * refused (the client's first read reports `XIO_ERR_CONNECTION_REFUSED`).
+ *
+ * # Safety
+ * As for [`xio_listen`].
+ */
+xio_result xio_listen_backlog(struct xio_net *net,
+                              const char *addr,
+                              size_t backlog,
+                              struct xio_listener **out);
 
 /**
  * Stops listening and frees the handle (NULL is a no-op). Connections

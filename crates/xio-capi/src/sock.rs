@@ -243,7 +243,9 @@ pub unsafe extern "C" fn xio_net_poll(
     })
 }
 
-/// Listens on `"ip:port"` (`XIO_ERR_ADDR_IN_USE` if another service has it).
+/// Listens on `"ip:port"` (`XIO_ERR_ADDR_IN_USE` if another service has it),
+/// holding up to 4096 connections not yet accepted (see
+/// [`xio_listen_backlog`]).
 ///
 /// # Safety
 /// `net` is a live net handle or NULL; `addr` a NUL-terminated string;
@@ -254,13 +256,30 @@ pub unsafe extern "C" fn xio_listen(
     addr: *const c_char,
     out: *mut *mut crate::XioListener,
 ) -> XioResult {
+    // SAFETY: the same contract.
+    unsafe { xio_listen_backlog(net, addr, xio_core::net::DEFAULT_BACKLOG, out) }
+}
+
+/// [`xio_listen`] holding at most `backlog` (at least 1) connections not
+/// yet accepted, as `listen(2)`'s argument: a connect beyond them is
+/// refused (the client's first read reports `XIO_ERR_CONNECTION_REFUSED`).
+///
+/// # Safety
+/// As for [`xio_listen`].
+#[no_mangle]
+pub unsafe extern "C" fn xio_listen_backlog(
+    net: *mut XioNet,
+    addr: *const c_char,
+    backlog: usize,
+    out: *mut *mut crate::XioListener,
+) -> XioResult {
     guard(|| {
         need_out(out, "out")?;
         // SAFETY: per this function's contract.
         let a = unsafe { addr_arg(addr) }?;
         // SAFETY: per this function's contract.
         let n = unsafe { borrow(net) }?;
-        let l = n.net.listen(a)?;
+        let l = n.net.listen_with_backlog(a, backlog)?;
         let token = listener_token(&l.local_addr()?);
         // SAFETY: checked non-NULL.
         unsafe {

@@ -190,12 +190,20 @@ impl<B> Entry<B> {
     }
 }
 
+/// A listening address: connections not yet accepted, and how many of
+/// them it holds before refusing more.
+#[derive(Debug, Default)]
+struct Listener {
+    queue: VecDeque<ConnId>,
+    backlog: usize,
+}
+
 /// A stack's connections and listeners.
 pub struct Table<B> {
     entries: Vec<Option<Entry<B>>>,
     gens: Vec<u32>,
     free: Vec<u32>,
-    listeners: HashMap<SocketAddr, VecDeque<ConnId>>,
+    listeners: HashMap<SocketAddr, Listener>,
     actions: VecDeque<Action>,
     window: usize,
     /// Accepted connections by (initiator stack, initiator's id), for what
@@ -338,18 +346,28 @@ impl<B: Chunk> Table<B> {
         self.listeners.contains_key(addr)
     }
 
-    /// Starts listening on `addr`.
-    pub fn listen(&mut self, addr: SocketAddr) -> Result<(), ConnError> {
+    /// Starts listening on `addr`, holding at most `backlog` (at least
+    /// one) connections not yet accepted: a SYN beyond them is refused,
+    /// so a client that connects faster than the server accepts, or a
+    /// hostile one, cannot grow the table (and the data its connections
+    /// may send before being accepted) without bound.
+    pub fn listen(&mut self, addr: SocketAddr, backlog: usize) -> Result<(), ConnError> {
         if self.listeners.contains_key(&addr) {
             return Err(ConnError::AddrInUse);
         }
-        self.listeners.insert(addr, VecDeque::new());
+        self.listeners.insert(
+            addr,
+            Listener {
+                queue: VecDeque::new(),
+                backlog: backlog.max(1),
+            },
+        );
         Ok(())
     }
 
     /// Stops listening; connections not yet accepted are reset.
     pub fn unlisten(&mut self, addr: SocketAddr) {
-        for c in self.listeners.remove(&addr).unwrap_or_default() {
+        for c in self.listeners.remove(&addr).unwrap_or_default().queue {
             if let Some(e) = self.remove(c) {
                 if e.state == State::Established {
                     self.rst(e.peer, e.remote);
@@ -377,18 +395,20 @@ impl<B: Chunk> Table<B> {
 
     /// Takes the next connection waiting on `addr`.
     pub fn accept(&mut self, addr: SocketAddr) -> Result<ConnId, ConnError> {
-        let q = self
+        let l = self
             .listeners
             .get_mut(&addr)
             .ok_or(ConnError::NotConnected)?;
-        q.pop_front().ok_or(ConnError::WouldBlock)
+        l.queue.pop_front().ok_or(ConnError::WouldBlock)
     }
 
     /// A SYN from `peer` (whose id for it is `remote`) for `target`, from
     /// `source`.
     pub fn on_syn(&mut self, peer: PeerId, remote: u32, target: SocketAddr, source: SocketAddr) {
-        if !self.listeners.contains_key(&target) {
-            return self.rst(peer, remote);
+        match self.listeners.get(&target) {
+            Some(l) if l.queue.len() < l.backlog => {}
+            // Nobody listens, or the backlog is full: refused.
+            _ => return self.rst(peer, remote),
         }
         match self.insert(peer, remote, State::Established, target, source) {
             Ok(c) => {
@@ -399,6 +419,7 @@ impl<B: Chunk> Table<B> {
                 self.listeners
                     .get_mut(&target)
                     .expect("checked")
+                    .queue
                     .push_back(c);
                 self.actions.push_back(Action::Control {
                     peer,
@@ -684,7 +705,7 @@ impl<B: Chunk> Table<B> {
         let accepts = self
             .listeners
             .iter()
-            .filter(|(_, q)| !q.is_empty())
+            .filter(|(_, l)| !l.queue.is_empty())
             .map(|(a, _)| *a)
             .collect();
         (conns, accepts)
@@ -828,7 +849,7 @@ mod tests {
     fn handshake() -> (Table<Vec<u8>>, Table<Vec<u8>>, ConnId, ConnId) {
         let mut c = Table::new(64);
         let mut s = Table::new(64);
-        s.listen(a(80)).unwrap();
+        s.listen(a(80), 16).unwrap();
         let cid = c.connect(PeerId(2), a(80), src()).unwrap();
         let acts = actions(&mut c);
         let [Action::SendSyn {
@@ -1009,7 +1030,7 @@ mod tests {
     fn early_data_and_fin_before_the_syn_ack() {
         let mut c: Table<Vec<u8>> = Table::new(64);
         let mut s: Table<Vec<u8>> = Table::new(64);
-        s.listen(a(80)).unwrap();
+        s.listen(a(80), 16).unwrap();
         let cid = c.connect(PeerId(2), a(80), src()).unwrap();
         actions(&mut c);
         // Before any answer the client writes, addressed by its own id...
@@ -1071,9 +1092,28 @@ mod tests {
     }
 
     #[test]
+    fn a_full_backlog_refuses_until_one_is_accepted() {
+        let mut s: Table<Vec<u8>> = Table::new(64);
+        s.listen(a(1), 2).unwrap();
+        s.on_syn(PeerId(1), 10, a(1), src());
+        s.on_syn(PeerId(1), 11, a(1), src());
+        actions(&mut s);
+        s.on_syn(PeerId(2), 12, a(1), src());
+        assert_eq!(s.len(), 2, "the third waits nowhere");
+        assert!(matches!(
+            s.poll_action(),
+            Some(Action::Control { peer: PeerId(2), kind: k, to: 12, .. }) if k == kind::RST
+        ));
+        let first = s.accept(a(1)).unwrap();
+        s.on_syn(PeerId(2), 13, a(1), src());
+        assert_eq!(s.len(), 3);
+        assert_ne!(s.accept(a(1)).unwrap(), first);
+    }
+
+    #[test]
     fn thousands_of_connections_and_reuse() {
         let mut s: Table<Vec<u8>> = Table::new(64);
-        s.listen(a(1)).unwrap();
+        s.listen(a(1), 5000).unwrap();
         for round in 0..3 {
             let ids: Vec<ConnId> = (0..5000)
                 .map(|i| {
@@ -1088,6 +1128,6 @@ mod tests {
             actions(&mut s);
             assert!(s.is_empty());
         }
-        assert_eq!(s.listen(a(1)), Err(ConnError::AddrInUse));
+        assert_eq!(s.listen(a(1), 1), Err(ConnError::AddrInUse));
     }
 }

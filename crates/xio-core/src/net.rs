@@ -67,6 +67,11 @@ use crate::layout::kind;
 use crate::stack::{Error, Incoming, PeerId, Probe, Stack};
 use crate::wait::WaitMode;
 
+/// Connections a listener holds before it is accepted from, unless
+/// [`Net::listen_with_backlog`] says otherwise: Linux's default
+/// `SOMAXCONN`.
+pub const DEFAULT_BACKLOG: usize = 4096;
+
 /// Most descriptors one drain takes with batch wake-up on: enough to wake
 /// many connections per pass, few enough that the first of them is served
 /// (and its reply on its way) before the rest are even looked at.
@@ -1111,10 +1116,27 @@ impl Net {
 
     /// Listens on `addr` (port 0 picks a free port). The address is bound
     /// in the pool's manager, so other processes' `connect` reaches it.
+    /// Up to [`DEFAULT_BACKLOG`] connections wait to be accepted; see
+    /// [`Net::listen_with_backlog`].
     pub fn listen(&self, addr: impl ToSocketAddrs) -> io::Result<XioListener> {
+        self.listen_with_backlog(addr, DEFAULT_BACKLOG)
+    }
+
+    /// [`Net::listen`] holding at most `backlog` (at least one)
+    /// connections not yet accepted, as `listen(2)`'s argument. A connect
+    /// beyond them is refused: its stream's first read fails with
+    /// `ConnectionRefused` (where TCP would drop the SYN and let the
+    /// client retry). So a client flooding a server that does not accept
+    /// cannot grow its memory, or the pool buffers its unaccepted
+    /// connections may fill, without bound.
+    pub fn listen_with_backlog(
+        &self,
+        addr: impl ToSocketAddrs,
+        backlog: usize,
+    ) -> io::Result<XioListener> {
         let mut last = None;
         for a in addr.to_socket_addrs()? {
-            match self.listen_one(a) {
+            match self.listen_one(a, backlog) {
                 Ok(l) => return Ok(l),
                 Err(e) => last = Some(e),
             }
@@ -1123,7 +1145,7 @@ impl Net {
             .unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address to bind")))
     }
 
-    fn listen_one(&self, addr: SocketAddr) -> io::Result<XioListener> {
+    fn listen_one(&self, addr: SocketAddr, backlog: usize) -> io::Result<XioListener> {
         let mut g = self.lock();
         let mut a = addr;
         let mut tries = 0;
@@ -1148,7 +1170,7 @@ impl Net {
             }
             tries += 1;
         }
-        g.table.listen(a).map_err(io::Error::from)?;
+        g.table.listen(a, backlog).map_err(io::Error::from)?;
         Ok(XioListener {
             net: self.clone(),
             addr: a,

@@ -964,3 +964,61 @@ fn hostile_descriptors_hurt_no_other_connection() {
     server.kill9();
     wait_pool_whole(&mgr);
 }
+
+/// A listener holds at most its backlog of connections not yet accepted;
+/// a connect beyond it is refused, and accepting makes room.
+#[test]
+fn a_full_backlog_refuses_connects_until_one_is_accepted() {
+    let (mgr, p) = start("backlog");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "10.3.9.2:7000".parse().unwrap();
+    let l = server.listen_with_backlog(addr, 3).unwrap();
+    // The server answers SYNs whenever one of its threads waits in X-IO:
+    // here an event loop that never accepts.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = {
+        let (server, stop) = (server.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut events = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                events.clear();
+                server
+                    .poll(&mut events, Some(Duration::from_millis(5)))
+                    .unwrap();
+            }
+        })
+    };
+    let waiting: Vec<XioStream> = (0..3).map(|_| client.connect(addr).unwrap()).collect();
+    (&waiting[0]).write_all(b"first").unwrap();
+    // The stream of a connect is usable at once (writes go out behind the
+    // SYN); the answer, here a refusal, comes with the first read.
+    let refused = client.connect(addr).unwrap();
+    refused.set_read_timeout(Some(WATCHDOG)).unwrap();
+    let e = (&refused).read(&mut [0u8; 1]).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+    drop(refused);
+    // The waiting ones are whole: what they sent is there once accepted.
+    let (s0, _) = l.accept().unwrap();
+    let mut buf = [0u8; 5];
+    (&s0).read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"first");
+    let fourth = client.connect(addr).unwrap();
+    (&fourth).write_all(b"in").unwrap();
+    let accepted: Vec<XioStream> = (0..3).map(|_| l.accept().unwrap().0).collect();
+    let mut two = [0u8; 2];
+    (&accepted[2]).read_exact(&mut two).unwrap();
+    assert_eq!(&two, b"in");
+    drop((waiting, fourth, s0, accepted, l));
+    // Closing takes both sides looking at their rings: the poller drives
+    // the server, these polls the client.
+    let mut events = Vec::new();
+    wait_until("connections closed", || {
+        client.poll(&mut events, Some(Duration::ZERO)).unwrap();
+        client.connections() == 0 && server.connections() == 0
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    poller.join().unwrap();
+    drop((client, server));
+    wait_pool_whole(&mgr);
+}

@@ -319,8 +319,14 @@ impl XioListener {
     /// Binds `addr` on `net`. (Not async: binding is one request to the
     /// local manager.)
     pub fn bind_with(net: &Net, addr: impl ToSocketAddrs) -> io::Result<XioListener> {
-        let inner = net.listen(addr)?;
-        ensure_driver(net)?;
+        Self::from_std(net.listen(addr)?)
+    }
+
+    /// Wraps a listener made by `xio_core` (say with a backlog of its own,
+    /// [`Net::listen_with_backlog`]), as `tokio::net::TcpListener::from_std`
+    /// does. Must be called within a tokio runtime.
+    pub fn from_std(inner: xio_core::net::XioListener) -> io::Result<XioListener> {
+        ensure_driver(inner.net())?;
         Ok(XioListener { inner })
     }
 

@@ -436,3 +436,31 @@ fn error_kinds_and_cancelled_accept_and_recv_buf() {
         drop(writer.await.unwrap());
     });
 }
+
+#[test]
+fn listener_from_std_keeps_its_backlog() {
+    let (_mgr, p) = setup("fromstd");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::from_std(srv.listen_with_backlog("10.4.0.9:80", 1).unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::time::timeout(WATCHDOG, async {
+            let first = XioStream::connect_with(&cli, addr).await.unwrap();
+            first.connected().await.unwrap();
+            let second = XioStream::connect_with(&cli, addr).await.unwrap();
+            let e = second.connected().await.unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+            let (_s, peer) = l.accept().await.unwrap();
+            assert_eq!(peer, first.local_addr().unwrap());
+            let third = XioStream::connect_with(&cli, addr).await.unwrap();
+            third.connected().await.unwrap();
+        })
+        .await
+        .expect("watchdog");
+    });
+}

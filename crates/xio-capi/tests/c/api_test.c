@@ -278,6 +278,21 @@ int main(int argc, char **argv) {
     OK(xio_read(c, buf, sizeof buf, &n));
     CHECK(n == 5 && memcmp(buf, "reply", 5) == 0);
 
+    /* A backlog of one: a second connection waiting to be accepted is
+     * refused, by the dial or by the first read. */
+    xio_listener *lb;
+    OK(xio_listen_backlog(net, "10.9.1.2:80", 1, &lb));
+    xio_stream *b1, *b2;
+    OK(xio_dial(net, "10.9.1.2:80", &b1));
+    xio_result refused = xio_dial(net, "10.9.1.2:80", &b2);
+    if (refused == XIO_OK) {
+        refused = xio_read(b2, buf, sizeof buf, &n);
+        OK(xio_stream_close(b2));
+    }
+    CHECK(refused == XIO_ERR_CONNECTION_REFUSED);
+    OK(xio_stream_close(b1));
+    OK(xio_listener_close(lb));
+
     /* Close: the other side reads end of stream, in both interfaces. */
     OK(xio_shutdown(c, XIO_SHUT_WR));
     OK(xio_read(a, buf, sizeof buf, &n));
