@@ -1225,8 +1225,20 @@ impl Net {
             let mut wake = Vec::new();
             g.run_actions(&mut wake);
             g.syn_buf = None;
+            // A client that only connects, writes and closes never waits,
+            // so nothing else would take the listeners' SYN-ACKs off its
+            // rings: each of its closed connections would stay in the
+            // table until the next wait, and the answers pile up at the
+            // listener. Unless a driver thread drains for us, do it here
+            // when something is there (one look at the rings otherwise).
+            let drained = if !g.driving && g.stack.has_input() {
+                g.drain(&mut wake).map(drop)
+            } else {
+                Ok(())
+            };
             drop(g);
             wake_all(&mut wake);
+            drained?;
             (c, local)
         };
         let s = XioStream::new(self.clone(), c);

@@ -1022,3 +1022,48 @@ fn a_full_backlog_refuses_connects_until_one_is_accepted() {
     drop((client, server));
     wait_pool_whole(&mgr);
 }
+
+/// A client that only ever connects, writes and closes never waits for an
+/// answer; the SYN-ACKs it does not read must not make either side keep
+/// its connections (a full ring makes the client drain), and in the end
+/// both tables are empty and the pool whole.
+#[test]
+fn fire_and_forget_clients_leave_nothing_behind() {
+    let (mgr, p) = start("forget");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "10.3.9.3:7000".parse().unwrap();
+    let l = server.listen(addr).unwrap();
+    const N: usize = 20_000;
+    let acceptor = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        for _ in 0..N {
+            let (s, _) = l.accept().unwrap();
+            let mut got = 0;
+            loop {
+                match (&s).read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            assert_eq!(got, 5);
+        }
+    });
+    for _ in 0..N {
+        let s = client.connect(addr).unwrap();
+        (&s).write_all(b"hello").unwrap();
+    }
+    // Bounded by what is in flight (a ring's worth at most), not by N.
+    assert!(client.connections() < N / 2, "{}", client.connections());
+    acceptor.join().unwrap();
+    // Both sides look at their rings, as live processes do.
+    let mut events = Vec::new();
+    wait_until("every connection forgotten", || {
+        client.poll(&mut events, Some(Duration::ZERO)).unwrap();
+        server.poll(&mut events, Some(Duration::ZERO)).unwrap();
+        client.connections() == 0 && server.connections() == 0
+    });
+    drop((client, server));
+    wait_pool_whole(&mgr);
+}
