@@ -129,13 +129,17 @@ fn echo_with_1000_concurrent_tasks() {
     });
 }
 
+fn current_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn current_thread_runtime_echo_and_zero_copy() {
     let (_mgr, p) = setup("current");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = current_thread_runtime();
     rt.block_on(async {
         let srv = Net::attach(&p).unwrap();
         let cli = Net::attach(&p).unwrap();
@@ -440,10 +444,7 @@ fn error_kinds_and_cancelled_accept_and_recv_buf() {
 #[test]
 fn listener_from_std_keeps_its_backlog() {
     let (_mgr, p) = setup("fromstd");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = current_thread_runtime();
     rt.block_on(async {
         let srv = Net::attach(&p).unwrap();
         let cli = Net::attach(&p).unwrap();
