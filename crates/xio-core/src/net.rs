@@ -1205,7 +1205,7 @@ impl Net {
             SocketAddr::V6(_) => Some(self.alloc_wait(SYN_LEN, deadline)?),
             SocketAddr::V4(_) => None,
         };
-        let (c, local) = {
+        let (c, local, drained) = {
             let mut g = self.lock();
             let me = g.me();
             let local = g.table.is_listening(&addr);
@@ -1238,10 +1238,12 @@ impl Net {
             };
             drop(g);
             wake_all(&mut wake);
-            drained?;
-            (c, local)
+            (c, local, drained)
         };
         let s = XioStream::new(self.clone(), c);
+        // A failed drain fails the connect; dropping `s` closes the
+        // connection it had already opened.
+        drained?;
         if local {
             // Answered already, by our own table.
             self.ensure_connected(c, deadline)?;
