@@ -72,6 +72,10 @@ use crate::wait::WaitMode;
 /// `SOMAXCONN`.
 pub const DEFAULT_BACKLOG: usize = 4096;
 
+/// Sends queued for a peer whose ring is full beyond which resets to it
+/// are dropped (see `Core::send_or_queue`).
+const RST_QUEUE_MAX: usize = 4096;
+
 /// Most descriptors one drain takes with batch wake-up on: enough to wake
 /// many connections per pass, few enough that the first of them is served
 /// (and its reply on its way) before the rest are even looked at.
@@ -168,6 +172,7 @@ impl NetBuilder {
                     spare_size: classes[0],
                     unrung: Vec::new(),
                     refused_peers: Vec::new(),
+                    rst_dropped: 0,
                     retry_waiters: Vec::new(),
                     missed: None,
                     retry_writes: Vec::new(),
@@ -290,6 +295,8 @@ struct Core {
     unrung: Vec<PeerId>,
     /// Peers a SYN-ACK or data could not reach (their channel is gone).
     refused_peers: Vec<PeerId>,
+    /// Resets dropped for peers that do not drain their rings.
+    rst_dropped: u64,
     /// Tasks waiting on something nothing signals (a full ring, an empty
     /// pool): an adapter's driver wakes them after a short pause.
     retry_waiters: Vec<Waker>,
@@ -399,6 +406,25 @@ impl Core {
     fn send_or_queue(&mut self, peer: PeerId, p: Pending) {
         let q = self.pending.entry(peer.0).or_default();
         if !q.is_empty() {
+            if q.len() >= RST_QUEUE_MAX
+                && matches!(
+                    p,
+                    Pending::Ctrl {
+                        kind: kind::RST,
+                        ..
+                    }
+                )
+            {
+                // A peer that keeps sending but never drains its ring
+                // would otherwise grow this queue by one reset for every
+                // forged SYN or SYN-ACK, without bound. A reset answers
+                // something that names no live connection here; dropping
+                // it loses that peer nothing it could not learn by
+                // reading (as TCP rate-limits its resets).
+                self.rst_dropped += 1;
+                tracing::debug!(peer = peer.0, "reset to a peer that does not drain dropped");
+                return;
+            }
             q.push_back(p);
             return;
         }
@@ -1112,6 +1138,14 @@ impl Net {
         drop(g);
         wake_all(&mut wake);
         r
+    }
+
+    /// Test hook: descriptors queued behind full rings (all peers), and
+    /// resets dropped for peers that do not drain. Not for applications.
+    #[doc(hidden)]
+    pub fn __send_queue(&self) -> (usize, u64) {
+        let g = self.lock();
+        (g.pending.values().map(VecDeque::len).sum(), g.rst_dropped)
     }
 
     /// Listens on `addr` (port 0 picks a free port). The address is bound

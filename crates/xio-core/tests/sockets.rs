@@ -1067,3 +1067,74 @@ fn fire_and_forget_clients_leave_nothing_behind() {
     drop((client, server));
     wait_pool_whole(&mgr);
 }
+
+/// Each forged SYN-ACK is answered with a reset. A raw stack that sends
+/// 50,000 of them and never drains its ring must not make the server
+/// queue 50,000 resets: beyond a bound they are dropped, and the server's
+/// own connection is unaffected.
+#[test]
+fn resets_for_a_peer_that_never_drains_are_bounded() {
+    use xio_core::layout::{kind, Descriptor};
+    use xio_core::stack::Stack;
+
+    let (mgr, p) = start("rstflood");
+    let server = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "10.3.9.4:7000".parse().unwrap();
+    let l = server.listen(addr).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let c = client.connect(addr).unwrap();
+    let (s, _) = l.accept().unwrap();
+    let mut evil = Stack::attach(&p).unwrap();
+    let victim = evil.connect(addr).unwrap();
+    let forged = Descriptor {
+        kind: kind::SYN_ACK,
+        ..Descriptor::default()
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = {
+        let (server, stop) = (server.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut events = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                events.clear();
+                server
+                    .poll(&mut events, Some(Duration::from_millis(5)))
+                    .unwrap();
+            }
+        })
+    };
+    for i in 0..50_000u32 {
+        let d = Descriptor {
+            conn: i.wrapping_mul(2_654_435_761),
+            index: i,
+            ..forged
+        };
+        while !evil.__push_raw(victim, d).unwrap() {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+    wait_until("every forgery answered or dropped", || {
+        let (queued, dropped) = server.__send_queue();
+        queued as u64 + dropped >= 40_000
+    });
+    let (queued, dropped) = server.__send_queue();
+    assert!(queued <= 4096 + 1, "{queued} sends queued for the flooder");
+    assert!(dropped > 0);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    poller.join().unwrap();
+    // The real connection still works (its own rings, its own peer).
+    (&c).write_all(b"still here").unwrap();
+    let mut buf = [0u8; 10];
+    (&s).read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"still here");
+    drop(evil);
+    drop((c, s, l));
+    let mut events = Vec::new();
+    wait_until("connections closed", || {
+        client.poll(&mut events, Some(Duration::ZERO)).unwrap();
+        server.poll(&mut events, Some(Duration::ZERO)).unwrap();
+        client.connections() == 0 && server.connections() == 0
+    });
+    drop((client, server));
+    wait_pool_whole(&mgr);
+}
