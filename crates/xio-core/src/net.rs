@@ -1548,11 +1548,8 @@ impl Net {
                     }
                 }
                 // The best buffer; a smaller one if that class is exhausted.
-                let mut buf = None;
                 let mut len = want;
-                if let Some(b) = core.take_spare(len) {
-                    buf = Some(b);
-                }
+                let mut buf = core.take_spare(len);
                 while buf.is_none() {
                     match core.stack.try_alloc(len) {
                         Ok(b) => {

@@ -853,6 +853,45 @@ fn poll_reports_tokens_the_caller_chose() {
     assert_eq!((&s1).read(&mut buf).unwrap(), 5);
 }
 
+/// A thread that keeps `net` looking at its rings (an event loop that
+/// accepts nothing), so its process answers SYNs and closes.
+struct Poller {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Poller {
+    fn start(net: &Net) -> Poller {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (net, flag) = (net.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut events = Vec::new();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                events.clear();
+                net.poll(&mut events, Some(Duration::from_millis(5)))
+                    .unwrap();
+            }
+        });
+        Poller { stop, thread }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap();
+    }
+}
+
+/// Waits (watchdog) until neither net has a connection left, both looking
+/// at their rings meanwhile as live processes do (closing takes both).
+fn wait_closed(client: &Net, server: &Net) {
+    let mut events = Vec::new();
+    wait_until("connections closed", || {
+        client.poll(&mut events, Some(Duration::ZERO)).unwrap();
+        server.poll(&mut events, Some(Duration::ZERO)).unwrap();
+        client.connections() == 0 && server.connections() == 0
+    });
+}
+
 /// One short exchange on `s`, every byte checked.
 fn echo_check(mut s: &XioStream, msg: &[u8]) {
     s.write_all(msg).unwrap();
@@ -976,19 +1015,7 @@ fn a_full_backlog_refuses_connects_until_one_is_accepted() {
     let l = server.listen_with_backlog(addr, 3).unwrap();
     // The server answers SYNs whenever one of its threads waits in X-IO:
     // here an event loop that never accepts.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let poller = {
-        let (server, stop) = (server.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut events = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                events.clear();
-                server
-                    .poll(&mut events, Some(Duration::from_millis(5)))
-                    .unwrap();
-            }
-        })
-    };
+    let poller = Poller::start(&server);
     let waiting: Vec<XioStream> = (0..3).map(|_| client.connect(addr).unwrap()).collect();
     (&waiting[0]).write_all(b"first").unwrap();
     // The stream of a connect is usable at once (writes go out behind the
@@ -1010,23 +1037,16 @@ fn a_full_backlog_refuses_connects_until_one_is_accepted() {
     (&accepted[2]).read_exact(&mut two).unwrap();
     assert_eq!(&two, b"in");
     drop((waiting, fourth, s0, accepted, l));
-    // Closing takes both sides looking at their rings: the poller drives
-    // the server, these polls the client.
-    let mut events = Vec::new();
-    wait_until("connections closed", || {
-        client.poll(&mut events, Some(Duration::ZERO)).unwrap();
-        client.connections() == 0 && server.connections() == 0
-    });
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    poller.join().unwrap();
+    poller.stop();
+    wait_closed(&client, &server);
     drop((client, server));
     wait_pool_whole(&mgr);
 }
 
 /// A client that only ever connects, writes and closes never waits for an
 /// answer; the SYN-ACKs it does not read must not make either side keep
-/// its connections (a full ring makes the client drain), and in the end
-/// both tables are empty and the pool whole.
+/// its connections (`connect` drains them), and in the end both tables
+/// are empty and the pool whole.
 #[test]
 fn fire_and_forget_clients_leave_nothing_behind() {
     let (mgr, p) = start("forget");
@@ -1057,13 +1077,7 @@ fn fire_and_forget_clients_leave_nothing_behind() {
     // Bounded by what is in flight (a ring's worth at most), not by N.
     assert!(client.connections() < N / 2, "{}", client.connections());
     acceptor.join().unwrap();
-    // Both sides look at their rings, as live processes do.
-    let mut events = Vec::new();
-    wait_until("every connection forgotten", || {
-        client.poll(&mut events, Some(Duration::ZERO)).unwrap();
-        server.poll(&mut events, Some(Duration::ZERO)).unwrap();
-        client.connections() == 0 && server.connections() == 0
-    });
+    wait_closed(&client, &server);
     drop((client, server));
     wait_pool_whole(&mgr);
 }
@@ -1090,19 +1104,7 @@ fn resets_for_a_peer_that_never_drains_are_bounded() {
         kind: kind::SYN_ACK,
         ..Descriptor::default()
     };
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let poller = {
-        let (server, stop) = (server.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut events = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                events.clear();
-                server
-                    .poll(&mut events, Some(Duration::from_millis(5)))
-                    .unwrap();
-            }
-        })
-    };
+    let poller = Poller::start(&server);
     for i in 0..50_000u32 {
         let d = Descriptor {
             conn: i.wrapping_mul(2_654_435_761),
@@ -1120,8 +1122,7 @@ fn resets_for_a_peer_that_never_drains_are_bounded() {
     let (queued, dropped) = server.__send_queue();
     assert!(queued <= 4096 + 1, "{queued} sends queued for the flooder");
     assert!(dropped > 0);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    poller.join().unwrap();
+    poller.stop();
     // The real connection still works (its own rings, its own peer).
     (&c).write_all(b"still here").unwrap();
     let mut buf = [0u8; 10];
@@ -1129,12 +1130,7 @@ fn resets_for_a_peer_that_never_drains_are_bounded() {
     assert_eq!(&buf, b"still here");
     drop(evil);
     drop((c, s, l));
-    let mut events = Vec::new();
-    wait_until("connections closed", || {
-        client.poll(&mut events, Some(Duration::ZERO)).unwrap();
-        server.poll(&mut events, Some(Duration::ZERO)).unwrap();
-        client.connections() == 0 && server.connections() == 0
-    });
+    wait_closed(&client, &server);
     drop((client, server));
     wait_pool_whole(&mgr);
 }
