@@ -36,8 +36,10 @@
 //! the futex), without holding the lock, so other threads keep sending.
 //! When something arrives it drains every ring into the table and wakes
 //! every thread whose connection became ready in one pass (the paper's
-//! batch wake-up). Other waiters sleep until woken; none spins. When the
-//! driver has what it waited for, it hands the role to another waiter.
+//! batch wake-up). Other waiters sleep until woken; none spins, and the
+//! driver does not spin either while threads it woke have yet to run
+//! (they may need its CPU). When the driver has what it waited for, it
+//! hands the role to another waiter.
 //! An event loop ([`Net::poll`]) and an async adapter's driver ([`Net::drive`])
 //! drain in batches themselves; once a net is polled, its non-blocking
 //! reads and writes that find nothing to do say `WouldBlock` without
@@ -55,7 +57,7 @@ use std::collections::VecDeque;
 use crate::sync::FxHashMap as HashMap;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{ready, Context, Poll, Waker};
 use std::thread::Thread;
@@ -150,9 +152,12 @@ impl NetBuilder {
             .unwrap_or(2 << 20)
             .max(2 * max_buf)
             .min(u32::MAX as usize / 2);
+        let waking = Arc::new(AtomicUsize::new(0));
         Ok(Net {
             shared: Arc::new(Shared {
                 core: Mutex::new(Core {
+                    waking: waking.clone(),
+                    threads_woken: 0,
                     stack,
                     table: Table::new(window),
                     driving: false,
@@ -181,6 +186,7 @@ impl NetBuilder {
                     data_seen: (0, 0),
                 }),
                 classes,
+                waking,
             }),
         })
     }
@@ -213,6 +219,9 @@ impl WeakNet {
 struct Shared {
     core: Mutex<Core>,
     classes: Vec<usize>,
+    /// Threads woken from a blocking call that have not yet taken the
+    /// lock again: they want a CPU (see `Net::block`). Also in `Core`.
+    waking: Arc<AtomicUsize>,
 }
 
 /// What waits for a key: a blocked thread, or a task's waker.
@@ -266,6 +275,10 @@ pub enum Event {
 }
 
 struct Core {
+    /// [`Shared::waking`].
+    waking: Arc<AtomicUsize>,
+    /// Threads woken from blocking calls, ever (a test hook's figure).
+    threads_woken: u64,
     stack: Stack,
     table: Table<Buf>,
     driving: bool,
@@ -765,7 +778,10 @@ impl Core {
     fn wake_key(&mut self, key: Key, wake: &mut Vec<Waiter>) -> bool {
         match self.waiters.remove(&key) {
             Some(mut ws) => {
-                self.parked -= ws.iter().filter(|w| matches!(w, Waiter::Thread(_))).count();
+                let threads = ws.iter().filter(|w| matches!(w, Waiter::Thread(_))).count();
+                self.parked -= threads;
+                self.threads_woken += threads as u64;
+                self.waking.fetch_add(threads, AtomicOrdering::Relaxed);
                 wake.append(&mut ws);
                 self.recycle(ws);
                 false
@@ -850,16 +866,29 @@ impl Core {
         self.parked += 1;
     }
 
+    /// Takes a thread back from its key's waiters after it woke: if it was
+    /// no longer there, someone woke it on purpose (and counted it in
+    /// `waking`); if it still was, its park ended on its own (a timeout).
     fn remove_thread(&mut self, key: Key, t: &Thread) {
+        let mut found = false;
         if let Some(ws) = self.waiters.get_mut(&key) {
             let before = ws.len();
             ws.retain(|w| !matches!(w, Waiter::Thread(x) if x.id() == t.id()));
+            found = ws.len() < before;
             self.parked -= before - ws.len();
             if ws.is_empty() {
                 if let Some(ws) = self.waiters.remove(&key) {
                     self.recycle(ws);
                 }
             }
+        }
+        if !found {
+            // Saturating: a count that erred low only lets a driver spin.
+            let _ =
+                self.waking
+                    .fetch_update(AtomicOrdering::Relaxed, AtomicOrdering::Relaxed, |n| {
+                        n.checked_sub(1)
+                    });
         }
     }
 
@@ -879,6 +908,8 @@ impl Core {
             }
         }
         self.parked -= 1;
+        self.threads_woken += 1;
+        self.waking.fetch_add(1, AtomicOrdering::Relaxed);
         Some(w)
     }
 
@@ -1104,7 +1135,12 @@ impl Net {
                 };
                 drop(g);
                 wake_all(&mut wake);
-                let res = probe.wait(until);
+                // Threads woken and not yet back need a CPU, maybe this
+                // one: a driver spinning here would keep them off it until
+                // the scheduler preempts it, milliseconds later. So it
+                // spins only while none is on its way.
+                let waking = &*self.shared.waking;
+                let res = probe.wait(until, &|| waking.load(AtomicOrdering::Relaxed) == 0);
                 g = self.lock();
                 g.stack.end_probe(&mut probe);
                 g.probe = Some(probe);
@@ -1138,6 +1174,17 @@ impl Net {
         drop(g);
         wake_all(&mut wake);
         r
+    }
+
+    /// Test hook: threads woken from blocking calls that have not taken
+    /// the lock back yet, and threads woken in all. Not for applications.
+    #[doc(hidden)]
+    pub fn __waking(&self) -> (usize, u64) {
+        let g = self.lock();
+        (
+            self.shared.waking.load(AtomicOrdering::Relaxed),
+            g.threads_woken,
+        )
     }
 
     /// Test hook: descriptors queued behind full rings (all peers), and

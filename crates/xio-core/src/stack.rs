@@ -866,6 +866,7 @@ impl Stack {
             &mut self.spin,
             &mut view,
             deadline,
+            &|| true,
         )?;
         if woken == Woken::Tick {
             self.poll_ctrl()?;
@@ -1820,7 +1821,14 @@ impl Probe {
 
     /// Waits per the mode until something may be ready or `deadline`
     /// ([`Error::TimedOut`]). True if the wait ended on the liveness tick.
-    pub(crate) fn wait(&mut self, deadline: Option<Instant>) -> Result<bool, Error> {
+    /// An adaptive wait spins only while `may_spin` says so (asked before
+    /// and during the spin): the socket layer's driver must not spin while
+    /// threads it woke wait for a CPU, maybe this one.
+    pub(crate) fn wait(
+        &mut self,
+        deadline: Option<Instant>,
+        may_spin: &dyn Fn() -> bool,
+    ) -> Result<bool, Error> {
         let slot: *const StackSlot = self.seg.stack_slot(self.id);
         // SAFETY: the slot lies in the segment's mapping, which `self.seg`
         // keeps mapped for the whole call (a `Segment` holds the mapping's
@@ -1830,7 +1838,7 @@ impl Probe {
         // view (cloning the segment instead copied ~340 bytes per wait).
         let slot = unsafe { &*slot };
         let mut spin = std::mem::take(&mut self.spin);
-        let r = wait_on(slot, self.mode, &mut spin, self, deadline);
+        let r = wait_on(slot, self.mode, &mut spin, self, deadline, may_spin);
         self.spin = spin;
         Ok(r? == Woken::Tick)
     }
@@ -1843,6 +1851,7 @@ fn wait_on(
     spin: &mut AdaptiveSpin,
     view: &mut impl WaitView,
     deadline: Option<Instant>,
+    may_spin: &dyn Fn() -> bool,
 ) -> Result<Woken, Error> {
     let check_deadline = || match deadline {
         Some(d) if Instant::now() >= d => Err(Error::TimedOut),
@@ -1871,7 +1880,7 @@ fn wait_on(
     let clock = || if adaptive { now_ns() } else { 0 };
     let start = clock();
     if adaptive {
-        let budget = spin.spin_for(view.worth_spinning(my_cpu));
+        let budget = spin.spin_for(may_spin() && view.worth_spinning(my_cpu));
         if budget > 0 {
             spin.on_spin_start();
             let mut i = 0u32;
@@ -1884,7 +1893,7 @@ fn wait_on(
                 i = i.wrapping_add(1);
                 if i.is_multiple_of(256) {
                     let now = now_ns();
-                    if now - start >= budget || !view.worth_spinning(my_cpu) {
+                    if now - start >= budget || !may_spin() || !view.worth_spinning(my_cpu) {
                         break;
                     }
                     if deadline.is_some_and(|d| Instant::now() >= d) {

@@ -1134,3 +1134,59 @@ fn resets_for_a_peer_that_never_drains_are_bounded() {
     drop((client, server));
     wait_pool_whole(&mgr);
 }
+
+/// The blocking driver spins only while no thread it woke is still on its
+/// way back to the lock (`Net::block`: a spinner would keep them off its
+/// CPU). That count must return to zero once every thread is back, or a
+/// driver would never spin again. A thread per connection on both sides,
+/// in one process, with every wake-up path in use: reads woken by the
+/// driver's drains, the driver's role handed over, accepts.
+#[test]
+fn threads_woken_by_the_driver_are_all_counted_back() {
+    let (mgr, p) = start("waking");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "10.3.9.5:7000".parse().unwrap();
+    let l = server.listen(addr).unwrap();
+    const CONNS: usize = 16;
+    const ROUNDS: usize = 2000;
+    let srv = std::thread::spawn(move || {
+        let echoes: Vec<_> = (0..CONNS)
+            .map(|_| {
+                let (s, _) = l.accept().unwrap();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 64];
+                    loop {
+                        match (&s).read(&mut buf) {
+                            Ok(0) => break,
+                            Ok(n) => (&s).write_all(&buf[..n]).unwrap(),
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        echoes.into_iter().for_each(|h| h.join().unwrap());
+    });
+    let clients: Vec<_> = (0..CONNS)
+        .map(|i| {
+            let net = client.clone();
+            std::thread::spawn(move || {
+                let s = net.connect(addr).unwrap();
+                for r in 0..ROUNDS {
+                    echo_check(&s, &[(i + r) as u8; 64]);
+                }
+            })
+        })
+        .collect();
+    clients.into_iter().for_each(|h| h.join().unwrap());
+    srv.join().unwrap();
+    for (name, net) in [("client", &client), ("server", &server)] {
+        let (waking, woken) = net.__waking();
+        assert!(woken > 0, "{name}: no thread was ever woken");
+        assert_eq!(waking, 0, "{name}: {woken} woken");
+    }
+    wait_closed(&client, &server);
+    drop((client, server));
+    wait_pool_whole(&mgr);
+}
