@@ -60,6 +60,21 @@ static int cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* A read or write of exactly `n` bytes, or the end of the program. */
+static void xread(int fd, void *b, size_t n) {
+    if (read(fd, b, n) != (ssize_t)n) {
+        perror("read");
+        exit(1);
+    }
+}
+
+static void xwrite(int fd, const void *b, size_t n) {
+    if (write(fd, b, n) != (ssize_t)n) {
+        perror("write");
+        exit(1);
+    }
+}
+
 /* One side of a channel: how to wait for a token and how to pass one. */
 struct chan {
     int mode;
@@ -88,25 +103,16 @@ static void take(struct chan *c) {
         poll(&p, 1, 1000);
     } /* fall through */
     case EVENTFD:
-        if (read(c->fd, &v, 8) != 8) {
-            perror("read");
-            exit(1);
-        }
+        xread(c->fd, &v, 8);
         return;
     case EVENTFD_EPOLL: {
         struct epoll_event e;
         epoll_wait(c->ep, &e, 1, 1000);
-        if (read(c->fd, &v, 8) != 8) {
-            perror("read");
-            exit(1);
-        }
+        xread(c->fd, &v, 8);
         return;
     }
     case UDS:
-        if (read(c->fd, buf, sizeof buf) != sizeof buf) {
-            perror("read");
-            exit(1);
-        }
+        xread(c->fd, buf, sizeof buf);
         return;
     }
 }
@@ -123,17 +129,21 @@ static void give(struct chan *c) {
     case EVENTFD:
     case EVENTFD_POLL:
     case EVENTFD_EPOLL:
-        if (write(c->fd, &one, 8) != 8) {
-            perror("write");
-            exit(1);
-        }
+        xwrite(c->fd, &one, 8);
         return;
     case UDS:
-        if (write(c->fd, buf, sizeof buf) != sizeof buf) {
-            perror("write");
-            exit(1);
-        }
+        xwrite(c->fd, buf, sizeof buf);
         return;
+    }
+}
+
+/* The epoll instance of the side that waits on `c` (eventfd-epoll). */
+static void watch(struct chan *c) {
+    struct epoll_event e = {.events = EPOLLIN};
+    c->ep = epoll_create1(0);
+    if (c->ep < 0 || epoll_ctl(c->ep, EPOLL_CTL_ADD, c->fd, &e) != 0) {
+        perror("epoll");
+        exit(1);
     }
 }
 
@@ -179,11 +189,8 @@ int main(int argc, char **argv) {
         struct chan in = to_child, out = to_parent;
         if (mode == UDS)
             in.fd = out.fd = to_parent.fd;
-        if (mode == EVENTFD_EPOLL) {
-            struct epoll_event e = {.events = EPOLLIN};
-            in.ep = epoll_create1(0);
-            epoll_ctl(in.ep, EPOLL_CTL_ADD, in.fd, &e);
-        }
+        if (mode == EVENTFD_EPOLL)
+            watch(&in);
         for (int i = 0; i < WARM + N; i++) {
             take(&in);
             give(&out);
@@ -194,11 +201,8 @@ int main(int argc, char **argv) {
     struct chan in = to_parent, out = to_child;
     if (mode == UDS)
         in.fd = out.fd = to_child.fd;
-    if (mode == EVENTFD_EPOLL) {
-        struct epoll_event e = {.events = EPOLLIN};
-        in.ep = epoll_create1(0);
-        epoll_ctl(in.ep, EPOLL_CTL_ADD, in.fd, &e);
-    }
+    if (mode == EVENTFD_EPOLL)
+        watch(&in);
     double *lat = malloc(sizeof(double) * N);
     for (int i = 0; i < WARM + N; i++) {
         double t = now_ns();
