@@ -11,6 +11,13 @@
  * XIO_ERR_INVALID_ARGUMENT or XIO_ERR_INVALID_HANDLE; xio_last_error()
  * says more about the last failure on this thread. Each function says
  * whether it is thread-safe.
+ *
+ * fork(): handles stay with the process that made them. In a forked
+ * child, calls that would touch an inherited stack's rings, pool or
+ * manager connection (alloc, send, receive, connect, write, poll...)
+ * fail with XIO_ERR_FORKED, freeing inherited handles is harmless, and
+ * the parent's death is still seen by its peers. Attach anew in the
+ * child. (exec() needs nothing: X-IO's descriptors are close-on-exec.)
  */
 
 #ifndef XIO_H
@@ -229,6 +236,12 @@ typedef uint16_t xio_peer;
  * A bug inside the library (a caught panic); see `xio_last_error`.
  */
 #define XIO_ERR_INTERNAL 17
+
+/**
+ * The handle was inherited across `fork()`: its stack belongs to the
+ * parent. Attach a new stack (or net) in the child.
+ */
+#define XIO_ERR_FORKED 18
 
 #ifdef __cplusplus
 extern "C" {

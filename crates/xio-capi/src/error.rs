@@ -49,6 +49,9 @@ pub const XIO_ERR_BROKEN_PIPE: XioResult = 15;
 pub const XIO_ERR_READ_ONLY: XioResult = 16;
 /// A bug inside the library (a caught panic); see `xio_last_error`.
 pub const XIO_ERR_INTERNAL: XioResult = 17;
+/// The handle was inherited across `fork()`: its stack belongs to the
+/// parent. Attach a new stack (or net) in the child.
+pub const XIO_ERR_FORKED: XioResult = 18;
 
 /// An error on its way to C: a code and the message for `xio_last_error`.
 #[derive(Debug)]
@@ -120,6 +123,7 @@ fn stack_code(e: &StackError) -> XioResult {
         StackError::Protocol(_) => XIO_ERR_PROTOCOL,
         StackError::WrongBackend { .. } => XIO_ERR_INVALID_ARGUMENT,
         StackError::ForeignBuffer => XIO_ERR_INVALID_ARGUMENT,
+        StackError::Forked => XIO_ERR_FORKED,
         StackError::Io(_) => XIO_ERR_IO,
     }
 }
@@ -185,6 +189,7 @@ pub extern "C" fn xio_strerror(code: XioResult) -> *const c_char {
         XIO_ERR_BROKEN_PIPE => c"broken pipe",
         XIO_ERR_READ_ONLY => c"buffer is read-only",
         XIO_ERR_INTERNAL => c"internal error",
+        XIO_ERR_FORKED => c"handle inherited across fork(); attach a new stack",
         _ => c"unknown error",
     };
     s.as_ptr()

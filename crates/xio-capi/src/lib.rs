@@ -18,7 +18,9 @@
 //!   `XIO_ERR_INVALID_HANDLE`, never a crash (a handle used after it was
 //!   closed is detected when its memory was not reused, but is a bug);
 //! - no panic crosses the boundary (`XIO_ERR_INTERNAL`);
-//! - [`xio_last_error`] gives the message of this thread's last failure.
+//! - [`xio_last_error`] gives the message of this thread's last failure;
+//! - handles stay with the process that made them: in a forked child,
+//!   calls on inherited ones fail with [`XIO_ERR_FORKED`].
 //!
 //! The Rust API of this crate is only the C functions; Rust code uses
 //! `xio-core` directly.

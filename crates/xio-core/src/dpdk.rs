@@ -534,7 +534,10 @@ pub struct DpdkPool {
     me: u16,
     /// A stack's control socket: while it is open the manager reclaims
     /// none of our buffers, so it lives as long as the last buffer.
-    keepalive: Option<std::os::fd::OwnedFd>,
+    keepalive: Option<crate::fork::CtrlFd>,
+    /// The fork generation this pool belongs to: in a forked child it
+    /// touches no mempool (see [`crate::fork`]).
+    born: u32,
 }
 
 /// A stack's pool: joins the prefix's DPDK process group as a secondary
@@ -556,7 +559,7 @@ pub fn attach_pool(
         .collect::<Result<Vec<_>, _>>()
         .map_err(err)?;
     let mut p = DpdkPool::new(classes, me);
-    p.keepalive = Some(keepalive);
+    p.keepalive = Some(crate::fork::CtrlFd::new(keepalive));
     // Every stack's cache together holds at most half a class (a class of
     // few large buffers is not cached at all).
     let stacks = seg.max_stacks().max(1) as usize;
@@ -591,6 +594,7 @@ impl DpdkPool {
             cache,
             me,
             keepalive: None,
+            born: crate::fork::generation(),
         }
     }
 
@@ -701,6 +705,9 @@ impl Drop for DpdkPool {
     /// A stack leaving cleanly gives its cache back (a dead one's is
     /// reclaimed by the manager from the headers).
     fn drop(&mut self) {
+        if crate::fork::generation() != self.born {
+            return; // the parent's cache, copied by fork()
+        }
         for (c, mp) in self.classes.iter().enumerate() {
             let cached =
                 std::mem::take(&mut *self.cache[c].0.lock().unwrap_or_else(|e| e.into_inner()));
@@ -726,6 +733,9 @@ impl BufferPool for DpdkPool {
     }
 
     fn alloc(&self, len: usize, _wait: bool) -> Result<RawBuf, AllocError> {
+        if crate::fork::generation() != self.born {
+            return Err(AllocError::Forked);
+        }
         let mut too_large = true;
         for (c, mp) in self.classes.iter().enumerate() {
             if mp.size < len {
@@ -750,6 +760,9 @@ impl BufferPool for DpdkPool {
     }
 
     fn free(&self, b: RawBuf) {
+        if crate::fork::generation() != self.born {
+            return; // the parent's buffer: forgotten here
+        }
         let (mp, h) = self.obj(b);
         let (cache, limit) = &self.cache[b.class as usize];
         if *limit > 0 {

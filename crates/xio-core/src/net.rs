@@ -58,7 +58,7 @@ use crate::sync::FxHashMap as HashMap;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{ready, Context, Poll, Waker};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -937,6 +937,9 @@ impl Drop for Core {
     /// otherwise a peer would see a reset where it should read end of
     /// stream. Bounded: a peer that never drains is reset by its manager.
     fn drop(&mut self) {
+        if self.stack.forked() {
+            return; // the parent's connections: nothing here to send
+        }
         let deadline = Instant::now() + Duration::from_secs(1);
         while !self.flush_pending() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_micros(50));
@@ -999,19 +1002,21 @@ impl Net {
 
     /// The process-wide default: pool `$XIO_PREFIX` (or `xio`), attached
     /// on first use. What [`XioListener::bind`] and [`XioStream::connect`]
-    /// use.
+    /// use. A process forked from one that used it attaches its own on
+    /// first use (the parent's stays the parent's; see [`crate::fork`]).
     pub fn global() -> io::Result<Net> {
-        static GLOBAL: OnceLock<Net> = OnceLock::new();
-        static INIT: Mutex<()> = Mutex::new(());
-        if let Some(n) = GLOBAL.get() {
-            return Ok(n.clone());
-        }
-        let _g = INIT.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = GLOBAL.get() {
-            return Ok(n.clone());
+        static GLOBAL: Mutex<Option<(u32, Net)>> = Mutex::new(None);
+        let gen = crate::fork::generation();
+        let mut g = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((born, n)) = g.as_ref() {
+            if *born == gen {
+                return Ok(n.clone());
+            }
         }
         let n = Net::attach(&crate::paths::default_prefix())?;
-        Ok(GLOBAL.get_or_init(|| n).clone())
+        // A parent's net, in a forked child, drops inert.
+        *g = Some((gen, n.clone()));
+        Ok(n)
     }
 
     /// Runs `f` on the core, then what it asked the table for (sends, and

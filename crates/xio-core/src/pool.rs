@@ -423,7 +423,10 @@ pub struct StackPool {
     limit: [usize; MAX_CLASSES],
     // The registration with the manager: while it is open the manager
     // leaves our buffers alone, so it lives as long as the last buffer.
-    keepalive: Option<std::os::fd::OwnedFd>,
+    keepalive: Option<crate::fork::CtrlFd>,
+    /// The fork generation this pool belongs to: in a forked child it
+    /// touches nothing shared (see [`crate::fork`]).
+    born: u32,
 }
 
 /// The pool has no free buffer of a suitable class right now.
@@ -435,6 +438,10 @@ pub enum AllocError {
     /// Every buffer of the class is in use (retry, or wait).
     #[error("pool exhausted")]
     Exhausted,
+    /// This process was forked from the one that attached the pool
+    /// handle (see [`crate::fork`]).
+    #[error("the pool handle was inherited across fork(); attach a new stack")]
+    Forked,
 }
 
 impl StackPool {
@@ -447,6 +454,7 @@ impl StackPool {
             cache: Mutex::new(Default::default()),
             limit,
             keepalive: None,
+            born: crate::fork::generation(),
         }
     }
 
@@ -470,7 +478,8 @@ impl StackPool {
             me,
             cache: Mutex::new(Default::default()),
             limit,
-            keepalive: Some(ctrl),
+            keepalive: Some(crate::fork::CtrlFd::new(ctrl)),
+            born: crate::fork::generation(),
         }
     }
 
@@ -478,6 +487,12 @@ impl StackPool {
     pub fn keepalive(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
         self.keepalive.as_ref().map(|f| f.as_fd())
+    }
+
+    /// Whether this process is a fork of the one that made the handle.
+    #[inline]
+    fn forked(&self) -> bool {
+        crate::fork::generation() != self.born
     }
 
     /// The shared view.
@@ -494,6 +509,9 @@ impl StackPool {
     /// `wait`: whether to wait out a manager reconciliation (microseconds,
     /// only after a crash) rather than report `Exhausted`.
     pub fn alloc(&self, len: usize, wait: bool) -> Result<RawBuf, AllocError> {
+        if self.forked() {
+            return Err(AllocError::Forked);
+        }
         let class = self.view.class_for(len).ok_or(AllocError::TooLarge(len))?;
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let c = &mut cache[class];
@@ -524,6 +542,9 @@ impl StackPool {
     /// Takes up to `out.len()` buffers of at least `len` bytes with one
     /// pass over the private cache; returns how many.
     pub fn alloc_many(&self, len: usize, out: &mut [RawBuf]) -> Result<usize, AllocError> {
+        if self.forked() {
+            return Err(AllocError::Forked);
+        }
         let class = self.view.class_for(len).ok_or(AllocError::TooLarge(len))?;
         let mut got = 0;
         {
@@ -564,6 +585,9 @@ impl StackPool {
     /// Returns buffers this stack holds to the pool with one pass over the
     /// private cache: the burst path of [`StackPool::free`].
     pub fn free_many(&self, bufs: &[RawBuf]) {
+        if self.forked() {
+            return; // the parent's buffers: forgotten here
+        }
         for &b in bufs {
             if let Some(hdr) = self.view.seg.buf_header(b.class as usize, b.index) {
                 let w = hdr.word.load(Ordering::Relaxed);
@@ -599,6 +623,9 @@ impl StackPool {
 
     /// Returns a buffer this stack owns (allocated or held) to the pool.
     pub fn free(&self, b: RawBuf) {
+        if self.forked() {
+            return; // the parent's buffer: forgotten here
+        }
         let class = b.class as usize;
         let Some(hdr) = self.view.seg.buf_header(class, b.index) else {
             return;
@@ -635,6 +662,9 @@ impl StackPool {
 
     /// Returns every privately cached buffer to the shared lists.
     pub fn flush(&self) {
+        if self.forked() {
+            return; // the parent's cache, copied by fork()
+        }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         for (class, c) in cache.iter_mut().enumerate() {
             if !c.is_empty() {

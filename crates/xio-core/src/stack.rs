@@ -115,6 +115,11 @@ pub enum Error {
     /// buffers. Copy the bytes into a buffer of this pool instead.
     #[error("the buffer belongs to another pool; copy it into one of this stack's")]
     ForeignBuffer,
+    /// This process was forked from the one that attached the stack: the
+    /// stack, its connections and its buffers stay the parent's. Attach a
+    /// new stack in the child (see `xio_core`'s notes on `fork`).
+    #[error("the X-IO stack was inherited across fork(); attach a new one in this process")]
+    Forked,
     /// A system call failed.
     #[error(transparent)]
     Io(#[from] io::Error),
@@ -143,6 +148,7 @@ impl From<Error> for io::Error {
             Error::Protocol(_) => io::ErrorKind::InvalidData,
             Error::WrongBackend { .. } => io::ErrorKind::Unsupported,
             Error::ForeignBuffer => io::ErrorKind::InvalidInput,
+            Error::Forked => io::ErrorKind::Unsupported,
             Error::Io(e) => return io::Error::new(e.kind(), e.to_string()),
         };
         io::Error::new(k, e)
@@ -259,6 +265,7 @@ impl StackBuilder {
             corrupt: 0,
             manager_gone: false,
             epoch: Arc::new(AtomicU64::new(0)),
+            born: crate::fork::generation(),
         })
     }
 }
@@ -428,6 +435,9 @@ pub struct Stack {
     /// Bumped whenever the set of channels changes, so a [`Probe`] made
     /// earlier knows it may be missing a ring.
     epoch: Arc<AtomicU64>,
+    /// The fork generation of the process that attached (see
+    /// [`crate::fork`]).
+    born: u32,
 }
 
 impl std::fmt::Debug for Stack {
@@ -491,6 +501,22 @@ impl Stack {
         self.corrupt
     }
 
+    /// Whether this process is a fork of the one that attached the stack
+    /// (whose rings and buffers it must leave alone; see [`crate::fork`]).
+    #[inline]
+    pub(crate) fn forked(&self) -> bool {
+        crate::fork::generation() != self.born
+    }
+
+    /// [`Error::Forked`] in a forked child.
+    #[inline]
+    fn check_not_forked(&self) -> Result<(), Error> {
+        if self.forked() {
+            return Err(Error::Forked);
+        }
+        Ok(())
+    }
+
     /// The doorbell fd: readable when the stack should look at its rings.
     pub fn doorbell_fd(&self) -> BorrowedFd<'_> {
         self.bell.fd()
@@ -509,6 +535,7 @@ impl Stack {
     /// Sends a request and waits for its reply, handling the manager's
     /// unprompted messages that arrive first.
     fn request(&mut self, msg: &Msg) -> Result<(Msg, Vec<OwnedFd>), Error> {
+        self.check_not_forked()?;
         if self.manager_gone {
             return Err(Error::ManagerGone);
         }
@@ -557,6 +584,7 @@ impl Stack {
     /// Opens (or reuses) the channel to the stack bound to `addr`.
     /// Fails with `Refused { code: ConnectionRefused }` if nobody bound it.
     pub fn connect(&mut self, addr: SocketAddr) -> Result<PeerId, Error> {
+        self.check_not_forked()?;
         if let Some(&p) = self.resolved.get(&addr) {
             if self.by_peer.contains_key(&p) {
                 return Ok(PeerId(p));
@@ -823,6 +851,7 @@ impl Stack {
     }
 
     fn poll_rings(&mut self) -> Result<usize, Error> {
+        self.check_not_forked()?;
         self.poll_ctrl_if_bumped()?;
         let n_ch = self.channels.len();
         let mut total = 0;
@@ -939,6 +968,7 @@ impl Stack {
         ctrl: bool,
         f: &mut dyn FnMut(Incoming),
     ) -> Result<usize, Error> {
+        self.check_not_forked()?;
         if ctrl {
             self.poll_ctrl()?;
         } else {
@@ -1292,6 +1322,7 @@ impl Stack {
                     return Ok(BufMut::new(p, raw, len));
                 }
                 Err(AllocError::TooLarge(n)) => return Err(Error::TooLarge(n)),
+                Err(AllocError::Forked) => return Err(Error::Forked),
                 Err(AllocError::Exhausted) => {
                     if self.mode == WaitMode::NonBlocking {
                         return Err(Error::WouldBlock);
@@ -1313,6 +1344,7 @@ impl Stack {
             let got = match self.pool.alloc_many(len, &mut raws[..want]) {
                 Ok(g) => g,
                 Err(AllocError::TooLarge(l)) => return Err(Error::TooLarge(l)),
+                Err(AllocError::Forked) => return Err(Error::Forked),
                 Err(AllocError::Exhausted) => 0,
             };
             for &raw in &raws[..got] {
@@ -1342,6 +1374,7 @@ impl Stack {
         max: usize,
         mut f: impl FnMut(PeerId, u32, &[u8]),
     ) -> Result<usize, Error> {
+        self.check_not_forked()?;
         loop {
             // Messages already queued as `Buf`s (after a reset, say) first.
             if let Some(ev) = self.inbox.pop_front() {
@@ -1438,6 +1471,7 @@ impl Stack {
             let got = match self.pool.alloc_many(len, &mut raws[..want]) {
                 Ok(g) => g,
                 Err(AllocError::TooLarge(l)) => return Err(Error::TooLarge(l)),
+                Err(AllocError::Forked) => return Err(Error::Forked),
                 Err(AllocError::Exhausted) => {
                     Self::notify(&self.seg, &self.channels[ci]);
                     if self.mode == WaitMode::NonBlocking {
@@ -1474,6 +1508,7 @@ impl Stack {
             }
             Err(AllocError::TooLarge(n)) => Err(Error::TooLarge(n)),
             Err(AllocError::Exhausted) => Err(Error::WouldBlock),
+            Err(AllocError::Forked) => Err(Error::Forked),
         }
     }
 
@@ -1577,6 +1612,7 @@ impl Stack {
     }
 
     fn check_open(&mut self, ci: usize, peer: PeerId) -> Result<(), Error> {
+        self.check_not_forked()?;
         let id = self.channels[ci].id;
         if self.seg.channel(id).state.load(Ordering::Acquire) != chan_state::ACTIVE {
             self.close_channel(peer.0, None);

@@ -24,6 +24,7 @@ fn child_main() {
         "sink" => sink(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "oneway" => oneway(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "hoarder" => hoarder(&a[0], a[1].parse().unwrap()),
+        "forker" => forker(&a[0], a[1].parse().unwrap()),
         "echo_until_reset" => echo_until_reset(&a[0], a[1].parse().unwrap()),
         "burst_sink" => burst_sink(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "echo_on_cpu0" => {
@@ -172,6 +173,82 @@ fn hoarder(prefix: &str, addr: SocketAddr) {
     }
 }
 
+extern "C" {
+    fn fork() -> i32;
+    fn _exit(status: i32) -> !;
+}
+
+/// Connects to `addr` and holds buffers (some received, some its own),
+/// then forks. The forked child finds every call on the inherited stack
+/// failing with `Forked`, drops the buffers (which must touch nothing
+/// shared), attaches a stack of its own, reports through a pipe, and then
+/// lives on holding the inherited stack and every fd it had until it is
+/// killed (or for a watchdog's time). The parent then reports and waits
+/// for its own death.
+fn forker(prefix: &str, addr: SocketAddr) {
+    let mut s = Stack::builder(prefix).name("forker").attach().unwrap();
+    let peer = s.connect(addr).unwrap();
+    let mut held: Vec<_> = (0..10).map(|_| s.alloc(100).unwrap()).collect();
+    let b = s.alloc(64).unwrap();
+    s.send(peer, b).unwrap();
+    let got = s.recv().unwrap();
+    let (rd, wr) = rustix::pipe::pipe().unwrap();
+    let test_process = rustix::process::getppid().unwrap();
+    // SAFETY: the child only makes X-IO calls that fail before taking any
+    // lock (that is what is tested), attaches a fresh stack (new fds, new
+    // mappings), writes to a pipe, sleeps and `_exit`s; the other thread of
+    // this process (the test harness's) holds no lock we use.
+    let pid = unsafe { fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        drop(rd);
+        let forked = |r: Result<(), Error>| matches!(r, Err(Error::Forked));
+        let checks = [
+            forked(s.alloc(64).map(drop)),
+            forked(s.send(peer, held.pop().unwrap())),
+            forked(s.recv().map(drop)),
+            forked(s.try_recv().map(drop)),
+            forked(s.connect(addr).map(drop)),
+            forked(s.bind(SocketAddr::from(([10, 0, 0, 1], 99)))),
+        ];
+        // The buffers go (their frees must touch nothing shared); the
+        // stack stays, with its copy of the control socket, as in a child
+        // that never touches what it inherited.
+        drop((held, got));
+        std::mem::forget(s);
+        let mut fresh = Stack::builder(prefix).name("forked").attach().unwrap();
+        let fresh_ok = fresh.alloc(64).is_ok() && fresh.connect(addr).is_ok();
+        drop(fresh);
+        let verdict = if checks.iter().all(|&c| c) && fresh_ok {
+            "ok".to_owned()
+        } else {
+            format!("forked calls {checks:?}, fresh stack {fresh_ok}")
+        };
+        rustix::io::write(&wr, verdict.as_bytes()).unwrap();
+        // Outlives its parent: the test kills it. If the test is gone
+        // instead (it failed), or after longer than its watchdog, it leaves.
+        let until = std::time::Instant::now() + 2 * WATCHDOG;
+        while std::time::Instant::now() < until
+            && rustix::process::test_kill_process(test_process).is_ok()
+        {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        // SAFETY: ends the forked child without running the parent's
+        // exit handlers a second time.
+        unsafe { _exit(0) };
+    }
+    drop(wr);
+    let mut verdict = [0u8; 128];
+    let n = rustix::io::read(&rd, &mut verdict).unwrap();
+    let verdict = String::from_utf8_lossy(&verdict[..n]);
+    assert_eq!(verdict, "ok", "the forked child's checks (empty: it died)");
+    println!("XIO:ready {pid}");
+    let _keep = (s, held, got);
+    loop {
+        std::thread::park();
+    }
+}
+
 fn addr(port: u16) -> SocketAddr {
     SocketAddr::from(([10, 0, 0, 1], port))
 }
@@ -292,6 +369,59 @@ fn kill9_reclaims_everything_and_peer_sees_reset() {
         0
     };
     assert!(snap.reclaimed >= 40 + 30 + cache, "{snap:?}");
+    drop(me);
+    wait_pool_whole(&mgr);
+}
+
+/// A process that forked keeps, in its child, a copy of every fd it had,
+/// its stack's control socket among them; the manager learns of a death
+/// only when that socket closes. Killing the parent while the child lives
+/// must still reclaim the parent and reset its peers, and the child must
+/// not be able to use (or damage) the parent's stack.
+#[test]
+fn a_forked_child_neither_uses_nor_outlives_its_parents_stack() {
+    setup();
+    let p = prefix("fork");
+    let mgr = manager_builder(&p).spawn().unwrap();
+    let a = addr(81);
+    let mut me = Stack::attach(&p).unwrap();
+    me.bind(a).unwrap();
+    let mut h = ChildProc::spawn("child_main", "forker", &[p.clone(), a.to_string()]);
+    let first = me.recv_timeout(WATCHDOG).unwrap();
+    let peer = first.from;
+    me.send(peer, first.buf.into_mut()).unwrap();
+    // The forked child connects too, to check a fresh stack works there.
+    let grandchild: i32 = h.expect("ready").parse().unwrap();
+    struct Reap(i32);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let pid = rustix::process::Pid::from_raw(self.0).unwrap();
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    }
+    let _reap = Reap(grandchild);
+    h.kill9();
+    // Without the fork handler this waits forever: the child's copy of the
+    // control socket kept it open.
+    wait_until("manager noticed the death", || mgr.snapshot().deaths >= 1);
+    // (The forked child's own stack connected and left: its reset first.)
+    loop {
+        match me.recv_timeout(WATCHDOG) {
+            Err(Error::Reset(p)) if p == peer => break,
+            Err(Error::Reset(_)) | Ok(_) => continue,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // The child lives on, and nothing of the parent's is left in use.
+    assert!(rustix::process::test_kill_process(
+        rustix::process::Pid::from_raw(grandchild).unwrap()
+    )
+    .is_ok());
+    wait_until("only our stack holds buffers", || {
+        mgr.usage()
+            .iter()
+            .all(|u| u.by_owner.iter().all(|(o, _)| *o == me.id().0))
+    });
     drop(me);
     wait_pool_whole(&mgr);
 }

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "xio.h"
 
@@ -51,7 +53,7 @@ int main(int argc, char **argv) {
     const char *prefix = argv[1];
 
     /* Codes and messages. */
-    for (xio_result c = XIO_OK; c <= XIO_ERR_INTERNAL; c++)
+    for (xio_result c = XIO_OK; c <= XIO_ERR_FORKED; c++)
         CHECK(xio_strerror(c) != NULL && strlen(xio_strerror(c)) > 0);
     CHECK(strcmp(xio_strerror(12345), "unknown error") == 0);
     CHECK(xio_strerror(XIO_ERR_WOULD_BLOCK) != xio_strerror(XIO_ERR_TIMED_OUT));
@@ -97,6 +99,21 @@ int main(int argc, char **argv) {
     const uint8_t *d;
     size_t len;
     OK(xio_buf_data(b, &d, &len));
+    CHECK(len == 10 && memcmp(d, "hello, xio", 10) == 0);
+
+    /* fork(): a child's inherited stack stays the parent's, and says so. */
+    pid_t child = fork();
+    if (child == 0) {
+        xio_buf *cb = NULL;
+        int bad = xio_alloc(s2, 8, &cb) != XIO_ERR_FORKED || cb != NULL ||
+                  strstr(xio_last_error(), "fork") == NULL ||
+                  xio_send(s2, peer, b) != XIO_ERR_FORKED;
+        _exit(bad);
+    }
+    int status = -1;
+    CHECK(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
+          WEXITSTATUS(status) == 0);
+    OK(xio_buf_data(b, &d, &len)); /* still ours, in the parent */
     CHECK(len == 10 && memcmp(d, "hello, xio", 10) == 0);
 
     /* Foreign handles: a stack is not a buffer, a buffer not a stack. */

@@ -1,0 +1,129 @@
+//! What a process forked from one with stacks inherits, and how X-IO
+//! keeps it from doing harm.
+//!
+//! A stack is one process's identity in the pool: its id, its rings (each
+//! with one consumer), its private buffer cache. `fork()` copies all of it
+//! into the child, but the child is not that process: were it to receive
+//! on the inherited rings, free the inherited buffers or return the copied
+//! cache to the pool, parent and child would both own the same buffers and
+//! race on the same rings. Worse, the child's copy of the stack's control
+//! socket keeps it open after the parent dies, and the manager learns of a
+//! death only by that socket closing: a parent killed while a child it
+//! forked lives on would never be reclaimed, and its peers would never get
+//! their reset.
+//!
+//! So, at the first attach, X-IO registers a `pthread_atfork` handler that
+//! runs in every forked child. It bumps the fork generation, which every
+//! stack and pool compares with its own at each operation: in the child,
+//! inherited stacks fail with [`crate::stack::Error::Forked`] and
+//! inherited buffers are forgotten, not freed. And it points each
+//! inherited control socket's descriptor at an inert socket, so the only
+//! open copy of the real one is the parent's. A child that wants X-IO
+//! attaches its own stack (or `Net`; [`crate::net::Net::global`] does so
+//! by itself). `posix_spawn` and `std::process::Command` do not run fork
+//! handlers and need none: the descriptors are close-on-exec.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::Once;
+
+/// Bumped in every forked child.
+static GENERATION: AtomicU32 = AtomicU32::new(0);
+
+/// Control sockets of this process's stacks (raw fds, -1 = free), for the
+/// child handler to neuter. Beyond this many live stacks in one process a
+/// stack's socket is not registered (its child keeps a copy open: the
+/// problem above, for that stack only).
+const SLOTS: usize = 1024;
+static CTRL_FDS: [AtomicI32; SLOTS] = [const { AtomicI32::new(-1) }; SLOTS];
+
+static INSTALL: Once = Once::new();
+
+extern "C" {
+    // POSIX; in glibc's and musl's libc.
+    fn pthread_atfork(
+        prepare: Option<unsafe extern "C" fn()>,
+        parent: Option<unsafe extern "C" fn()>,
+        child: Option<unsafe extern "C" fn()>,
+    ) -> i32;
+}
+
+/// The fork generation of this process: what a stack or pool records when
+/// it is made, and compares at each operation.
+#[inline]
+pub(crate) fn generation() -> u32 {
+    GENERATION.load(Ordering::Relaxed)
+}
+
+/// Runs in the child right after `fork()`, with one thread: only atomics
+/// and system calls (async-signal-safe).
+unsafe extern "C" fn on_fork_child() {
+    GENERATION.fetch_add(1, Ordering::Relaxed);
+    let Ok(inert) = rustix::net::socket_with(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::STREAM,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    ) else {
+        return;
+    };
+    for slot in &CTRL_FDS {
+        let fd = slot.load(Ordering::Relaxed);
+        if fd < 0 {
+            continue;
+        }
+        // SAFETY: `fd` is open in the child: a registered fd is only closed
+        // after its slot is cleared (`CtrlFd::drop`), and the child has the
+        // parent's fds as of the fork. `ManuallyDrop` keeps this borrowed
+        // view from closing it; `dup3` replaces what it refers to, and the
+        // owning `CtrlFd` closes the inert copy when it drops.
+        let mut target = std::mem::ManuallyDrop::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let _ = rustix::io::dup3(&inert, &mut target, rustix::io::DupFlags::CLOEXEC);
+    }
+}
+
+/// A stack's control socket, registered for the fork handler (see the
+/// module docs).
+#[derive(Debug)]
+pub(crate) struct CtrlFd {
+    fd: OwnedFd,
+    slot: Option<usize>,
+}
+
+impl CtrlFd {
+    pub(crate) fn new(fd: OwnedFd) -> CtrlFd {
+        INSTALL.call_once(|| {
+            // SAFETY: the handler is an `extern "C" fn` that lives for the
+            // whole program and does only async-signal-safe work.
+            let rc = unsafe { pthread_atfork(None, None, Some(on_fork_child)) };
+            if rc != 0 {
+                tracing::warn!(
+                    rc,
+                    "pthread_atfork failed: forked children keep control sockets"
+                );
+            }
+        });
+        let raw = fd.as_raw_fd();
+        let slot = CTRL_FDS.iter().position(|s| {
+            s.compare_exchange(-1, raw, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        });
+        CtrlFd { fd, slot }
+    }
+}
+
+impl AsFd for CtrlFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Drop for CtrlFd {
+    fn drop(&mut self) {
+        // Unregistered before the fd closes (when `self.fd` drops next), so
+        // a fork in between never touches a number reused by someone else.
+        if let Some(s) = self.slot {
+            CTRL_FDS[s].store(-1, Ordering::Relaxed);
+        }
+    }
+}
