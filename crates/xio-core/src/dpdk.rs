@@ -534,7 +534,7 @@ pub struct DpdkPool {
     me: u16,
     /// A stack's control socket: while it is open the manager reclaims
     /// none of our buffers, so it lives as long as the last buffer.
-    keepalive: Option<crate::fork::CtrlFd>,
+    keepalive: Option<crate::fork::CloseOnFork>,
     /// The fork generation this pool belongs to: in a forked child it
     /// touches no mempool (see [`crate::fork`]).
     born: u32,
@@ -559,7 +559,7 @@ pub fn attach_pool(
         .collect::<Result<Vec<_>, _>>()
         .map_err(err)?;
     let mut p = DpdkPool::new(classes, me);
-    p.keepalive = Some(crate::fork::CtrlFd::new(keepalive));
+    p.keepalive = Some(crate::fork::CloseOnFork::new(keepalive));
     // Every stack's cache together holds at most half a class (a class of
     // few large buffers is not cached at all).
     let stacks = seg.max_stacks().max(1) as usize;

@@ -12,16 +12,25 @@
 //! forked lives on would never be reclaimed, and its peers would never get
 //! their reset.
 //!
-//! So, at the first attach, X-IO registers a `pthread_atfork` handler that
-//! runs in every forked child. It bumps the fork generation, which every
-//! stack and pool compares with its own at each operation: in the child,
-//! inherited stacks fail with [`crate::stack::Error::Forked`] and
-//! inherited buffers are forgotten, not freed. And it points each
-//! inherited control socket's descriptor at an inert socket, so the only
-//! open copy of the real one is the parent's. A child that wants X-IO
-//! attaches its own stack (or `Net`; [`crate::net::Net::global`] does so
-//! by itself). `posix_spawn` and `std::process::Command` do not run fork
-//! handlers and need none: the descriptors are close-on-exec.
+//! An embedded manager has the same problem the other way round: a child
+//! holding copies of the manager's ends of the stacks' sockets keeps
+//! stacks from seeing a dead manager, a copy of its listening socket lets
+//! attaching stacks queue where nobody accepts, a copy of its lock file
+//! keeps a new manager from starting, and dropping an inherited
+//! [`crate::manager::ManagerHandle`] would stop the parent's manager.
+//!
+//! So, at the first attach (or manager start), X-IO registers a
+//! `pthread_atfork` handler that runs in every forked child. It bumps the
+//! fork generation, which every stack, pool and manager handle compares
+//! with its own: in the child, inherited stacks fail with
+//! [`crate::stack::Error::Forked`], inherited buffers are forgotten, not
+//! freed, and an inherited manager handle is left alone. And it points each
+//! descriptor registered as `CloseOnFork` (the `O_CLOFORK` Linux lacks) at
+//! an inert socket, so the only open copy of the real one is the parent's.
+//! A child that wants X-IO attaches its own stack (or `Net`;
+//! [`crate::net::Net::global`] does so by itself). `posix_spawn` and
+//! `std::process::Command` do not run fork handlers and need none: the
+//! descriptors are close-on-exec.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
@@ -30,10 +39,10 @@ use std::sync::Once;
 /// Bumped in every forked child.
 static GENERATION: AtomicU32 = AtomicU32::new(0);
 
-/// Control sockets of this process's stacks (raw fds, -1 = free), for the
-/// child handler to neuter. Beyond this many live stacks in one process a
-/// stack's socket is not registered (its child keeps a copy open: the
-/// problem above, for that stack only).
+/// `CloseOnFork` descriptors (raw fds, -1 = free), for the child handler
+/// to neuter. Beyond this many in one process a descriptor is not
+/// registered (a child keeps a copy open: the problem above, for that one
+/// only).
 const SLOTS: usize = 1024;
 static CTRL_FDS: [AtomicI32; SLOTS] = [const { AtomicI32::new(-1) }; SLOTS];
 
@@ -73,25 +82,26 @@ unsafe extern "C" fn on_fork_child() {
             continue;
         }
         // SAFETY: `fd` is open in the child: a registered fd is only closed
-        // after its slot is cleared (`CtrlFd::drop`), and the child has the
+        // after its slot is cleared (`CloseOnFork::drop`), and the child has the
         // parent's fds as of the fork. `ManuallyDrop` keeps this borrowed
         // view from closing it; `dup3` replaces what it refers to, and the
-        // owning `CtrlFd` closes the inert copy when it drops.
+        // owning `CloseOnFork` closes the inert copy when it drops.
         let mut target = std::mem::ManuallyDrop::new(unsafe { OwnedFd::from_raw_fd(fd) });
         let _ = rustix::io::dup3(&inert, &mut target, rustix::io::DupFlags::CLOEXEC);
     }
 }
 
-/// A stack's control socket, registered for the fork handler (see the
-/// module docs).
+/// A descriptor a forked child must not keep open (see the module docs):
+/// a stack's control socket, or the manager's listening socket, lock file
+/// and ends of the stacks' sockets.
 #[derive(Debug)]
-pub(crate) struct CtrlFd {
+pub(crate) struct CloseOnFork {
     fd: OwnedFd,
     slot: Option<usize>,
 }
 
-impl CtrlFd {
-    pub(crate) fn new(fd: OwnedFd) -> CtrlFd {
+impl CloseOnFork {
+    pub(crate) fn new(fd: OwnedFd) -> CloseOnFork {
         INSTALL.call_once(|| {
             // SAFETY: the handler is an `extern "C" fn` that lives for the
             // whole program and does only async-signal-safe work.
@@ -99,7 +109,7 @@ impl CtrlFd {
             if rc != 0 {
                 tracing::warn!(
                     rc,
-                    "pthread_atfork failed: forked children keep control sockets"
+                    "pthread_atfork failed: forked children keep X-IO's sockets"
                 );
             }
         });
@@ -108,17 +118,17 @@ impl CtrlFd {
             s.compare_exchange(-1, raw, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         });
-        CtrlFd { fd, slot }
+        CloseOnFork { fd, slot }
     }
 }
 
-impl AsFd for CtrlFd {
+impl AsFd for CloseOnFork {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
 }
 
-impl Drop for CtrlFd {
+impl Drop for CloseOnFork {
     fn drop(&mut self) {
         // Unregistered before the fd closes (when `self.fd` drops next), so
         // a fork in between never touches a number reused by someone else.

@@ -44,7 +44,7 @@ pub mod conn;
 pub mod ctrl;
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
-pub(crate) mod fork;
+pub mod fork;
 pub mod layout;
 pub mod manager;
 pub mod net;

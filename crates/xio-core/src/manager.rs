@@ -11,7 +11,9 @@
 use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
+
+use crate::fork::CloseOnFork;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -128,6 +130,7 @@ impl ManagerBuilder {
             .map_err(io_err("spawn manager thread"))?;
         Ok(ManagerHandle {
             thread: Some(thread),
+            born: crate::fork::generation(),
             stop,
             pool: view,
             snapshot: snap,
@@ -180,6 +183,9 @@ pub struct StackInfo {
 #[derive(Debug)]
 pub struct ManagerHandle {
     thread: Option<JoinHandle<Result<(), ManagerError>>>,
+    /// The fork generation of the process running the manager: a forked
+    /// child's copy of the handle must not stop it (see [`crate::fork`]).
+    born: u32,
     stop: Stopper,
     pool: MgrPool,
     snapshot: Arc<Mutex<Snapshot>>,
@@ -248,6 +254,12 @@ impl ManagerHandle {
     }
 
     fn shutdown(&mut self) {
+        if crate::fork::generation() != self.born {
+            // A forked child's copy: the manager runs in the parent (its
+            // stop eventfd is shared), and the thread is not ours to join.
+            std::mem::forget(self.thread.take());
+            return;
+        }
         self.stop.stop();
         if let Some(t) = self.thread.take() {
             match t.join() {
@@ -266,7 +278,7 @@ impl Drop for ManagerHandle {
 }
 
 struct StackEntry {
-    sock: OwnedFd,
+    sock: CloseOnFork,
     pid: u32,
     name: String,
     bell: EventFdDoorbell,
@@ -286,15 +298,15 @@ struct ChanEntry {
 pub struct Manager {
     prefix: String,
     sock_path: PathBuf,
-    _lock: OwnedFd,
-    listener: OwnedFd,
+    _lock: CloseOnFork,
+    listener: CloseOnFork,
     seg: Segment,
     pool: MgrPool,
     /// DPDK: both rings of every channel slot, made at start.
     #[cfg(feature = "dpdk")]
     rings: Vec<[crate::dpdk::Ring; 2]>,
     stop: Arc<EventFdDoorbell>,
-    pending: Vec<OwnedFd>,
+    pending: Vec<CloseOnFork>,
     stacks: HashMap<u16, StackEntry>,
     /// Dead stacks whose slot waits for their peers to release channels.
     dead: HashMap<u16, BTreeSet<u32>>,
@@ -392,8 +404,8 @@ impl Manager {
         Ok(Manager {
             prefix: b.prefix,
             sock_path,
-            _lock: lock,
-            listener,
+            _lock: CloseOnFork::new(lock),
+            listener: CloseOnFork::new(listener),
             channels: (0..seg.max_channels()).map(|_| None).collect(),
             seg,
             pool,
@@ -547,7 +559,7 @@ impl Manager {
                         // Drop the oldest silent connection.
                         self.pending.remove(0);
                     }
-                    self.pending.push(s);
+                    self.pending.push(CloseOnFork::new(s));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -559,7 +571,7 @@ impl Manager {
         }
     }
 
-    fn bad_message(&mut self, sock: &OwnedFd, why: String) {
+    fn bad_message(&mut self, sock: &impl AsFd, why: String) {
         self.snapshot
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -575,7 +587,7 @@ impl Manager {
         );
     }
 
-    fn on_pending(&mut self, sock: OwnedFd) {
+    fn on_pending(&mut self, sock: CloseOnFork) {
         let (msg, _fds) = match ctrl::recv(sock.as_fd(), true) {
             Ok(x) => x,
             Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -595,7 +607,7 @@ impl Manager {
         }
     }
 
-    fn register(&mut self, sock: OwnedFd, claimed_pid: u32, name: String) {
+    fn register(&mut self, sock: CloseOnFork, claimed_pid: u32, name: String) {
         let pid = ctrl::peer_pid(&sock).unwrap_or(claimed_pid);
         let free = (1..=self.seg.max_stacks() as u16).find(|&id| {
             !self.stacks.contains_key(&id)

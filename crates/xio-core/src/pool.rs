@@ -423,7 +423,7 @@ pub struct StackPool {
     limit: [usize; MAX_CLASSES],
     // The registration with the manager: while it is open the manager
     // leaves our buffers alone, so it lives as long as the last buffer.
-    keepalive: Option<crate::fork::CtrlFd>,
+    keepalive: Option<crate::fork::CloseOnFork>,
     /// The fork generation this pool belongs to: in a forked child it
     /// touches nothing shared (see [`crate::fork`]).
     born: u32,
@@ -478,7 +478,7 @@ impl StackPool {
             me,
             cache: Mutex::new(Default::default()),
             limit,
-            keepalive: Some(crate::fork::CtrlFd::new(ctrl)),
+            keepalive: Some(crate::fork::CloseOnFork::new(ctrl)),
             born: crate::fork::generation(),
         }
     }

@@ -117,7 +117,7 @@ pub enum Error {
     ForeignBuffer,
     /// This process was forked from the one that attached the stack: the
     /// stack, its connections and its buffers stay the parent's. Attach a
-    /// new stack in the child (see `xio_core`'s notes on `fork`).
+    /// new stack in the child (see [`crate::fork`]).
     #[error("the X-IO stack was inherited across fork(); attach a new one in this process")]
     Forked,
     /// A system call failed.

@@ -25,6 +25,7 @@ fn child_main() {
         "oneway" => oneway(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "hoarder" => hoarder(&a[0], a[1].parse().unwrap()),
         "forker" => forker(&a[0], a[1].parse().unwrap()),
+        "manager_forker" => manager_forker(&a[0]),
         "echo_until_reset" => echo_until_reset(&a[0], a[1].parse().unwrap()),
         "burst_sink" => burst_sink(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "echo_on_cpu0" => {
@@ -225,17 +226,7 @@ fn forker(prefix: &str, addr: SocketAddr) {
             format!("forked calls {checks:?}, fresh stack {fresh_ok}")
         };
         rustix::io::write(&wr, verdict.as_bytes()).unwrap();
-        // Outlives its parent: the test kills it. If the test is gone
-        // instead (it failed), or after longer than its watchdog, it leaves.
-        let until = std::time::Instant::now() + 2 * WATCHDOG;
-        while std::time::Instant::now() < until
-            && rustix::process::test_kill_process(test_process).is_ok()
-        {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        // SAFETY: ends the forked child without running the parent's
-        // exit handlers a second time.
-        unsafe { _exit(0) };
+        linger_until_killed(test_process);
     }
     drop(wr);
     let mut verdict = [0u8; 128];
@@ -246,6 +237,63 @@ fn forker(prefix: &str, addr: SocketAddr) {
     let _keep = (s, held, got);
     loop {
         std::thread::park();
+    }
+}
+
+/// Runs an embedded manager, and forks when told to (once the test has a
+/// stack registered with it). The forked child drops its copy of the
+/// manager's handle (which must not stop the parent's manager) and lives
+/// on holding every fd it inherited, the manager's sockets and lock among
+/// them, until killed (or its test is gone).
+fn manager_forker(prefix: &str) {
+    let mgr = manager_builder(prefix).spawn().unwrap();
+    println!("XIO:up");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "fork");
+    let (rd, wr) = rustix::pipe::pipe().unwrap();
+    let test_process = rustix::process::getppid().unwrap();
+    // SAFETY: the child drops a handle (which must only forget the
+    // thread), writes to a pipe, sleeps and `_exit`s.
+    let pid = unsafe { fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        drop(rd);
+        drop(mgr);
+        rustix::io::write(&wr, b"ok").unwrap();
+        linger_until_killed(test_process);
+    }
+    drop(wr);
+    let mut verdict = [0u8; 2];
+    assert_eq!(rustix::io::read(&rd, &mut verdict).unwrap(), 2);
+    println!("XIO:ready {pid}");
+    let _keep = mgr;
+    loop {
+        std::thread::park();
+    }
+}
+
+/// A forked child's wait: until killed, or until `test_process` is gone
+/// (its test failed) or longer than its watchdog. Then `_exit`.
+fn linger_until_killed(test_process: rustix::process::Pid) -> ! {
+    let until = std::time::Instant::now() + 2 * WATCHDOG;
+    while std::time::Instant::now() < until
+        && rustix::process::test_kill_process(test_process).is_ok()
+    {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // SAFETY: ends the forked child without running the parent's exit
+    // handlers a second time.
+    unsafe { _exit(0) }
+}
+
+/// Kills a forked grandchild when dropped (its parent cannot reap it).
+struct Reap(i32);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let pid = rustix::process::Pid::from_raw(self.0).unwrap();
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
     }
 }
 
@@ -392,13 +440,6 @@ fn a_forked_child_neither_uses_nor_outlives_its_parents_stack() {
     me.send(peer, first.buf.into_mut()).unwrap();
     // The forked child connects too, to check a fresh stack works there.
     let grandchild: i32 = h.expect("ready").parse().unwrap();
-    struct Reap(i32);
-    impl Drop for Reap {
-        fn drop(&mut self) {
-            let pid = rustix::process::Pid::from_raw(self.0).unwrap();
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-        }
-    }
     let _reap = Reap(grandchild);
     h.kill9();
     // Without the fork handler this waits forever: the child's copy of the
@@ -423,6 +464,39 @@ fn a_forked_child_neither_uses_nor_outlives_its_parents_stack() {
             .all(|u| u.by_owner.iter().all(|(o, _)| *o == me.id().0))
     });
     drop(me);
+    wait_pool_whole(&mgr);
+}
+
+/// An embedded manager's process forks: the child's copy of the handle
+/// must not stop the manager, and once the parent dies its child's copies
+/// of the manager's sockets and lock must not hide the death from the
+/// stacks or keep a new manager from starting.
+#[test]
+fn a_forked_child_neither_stops_nor_outlives_its_parents_manager() {
+    setup();
+    let p = prefix("mgrfork");
+    let mut h = ChildProc::spawn("child_main", "manager_forker", std::slice::from_ref(&p));
+    h.expect("up");
+    let mut st = Stack::attach(&p).unwrap();
+    h.tell("fork");
+    let grandchild: i32 = h.expect("ready").parse().unwrap();
+    let _reap = Reap(grandchild);
+    // Still serving after the forked child dropped its handle.
+    st.bind(addr(90)).unwrap();
+    let mut late = Stack::attach(&p).unwrap();
+    late.bind(addr(91)).unwrap();
+    h.kill9();
+    // Without the fork handler the child's copy of the manager's end of
+    // this stack's socket hides the death until the watchdog.
+    for s in [&mut st, &mut late] {
+        let e = s.recv_timeout(WATCHDOG).unwrap_err();
+        assert!(matches!(e, Error::ManagerGone), "{e}");
+    }
+    // And the lock is free: a new manager starts on the prefix.
+    let mgr = manager_builder(&p).spawn().unwrap();
+    let mut again = Stack::attach(&p).unwrap();
+    again.bind(addr(90)).unwrap();
+    drop((again, st, late));
     wait_pool_whole(&mgr);
 }
 
