@@ -63,7 +63,7 @@ impl BufferPool for StackPool {
         self.view().accept(self.stack_id(), d)
     }
     fn reuse(&self, b: RawBuf) {
-        self.view().reuse(self.stack_id(), b)
+        StackPool::reuse(self, b)
     }
     fn max_buf(&self) -> usize {
         self.view()

@@ -839,6 +839,9 @@ impl BufferPool for DpdkPool {
     }
 
     fn reuse(&self, b: RawBuf) {
+        if crate::fork::generation() != self.born {
+            return;
+        }
         let (_, h) = self.obj(b);
         h.state.store(obj_state::ALLOCATED, Ordering::Release);
     }

@@ -621,6 +621,14 @@ impl StackPool {
         }
     }
 
+    /// Makes a buffer this stack holds writable again
+    /// ([`PoolView::reuse`]); in a forked child, only the local handle.
+    pub fn reuse(&self, b: RawBuf) {
+        if !self.forked() {
+            self.view.reuse(self.me, b);
+        }
+    }
+
     /// Returns a buffer this stack owns (allocated or held) to the pool.
     pub fn free(&self, b: RawBuf) {
         if self.forked() {

@@ -922,6 +922,7 @@ impl Stack {
                 epoch_seen: epoch,
                 mode: self.mode,
                 spin: AdaptiveSpin::default(),
+                born: self.born,
             }),
         };
         p.ctrl_seen = self.ctrl_seen;
@@ -1148,6 +1149,9 @@ impl Stack {
     /// false (and leaves the doorbell unarmed) when something is already
     /// there to drain.
     pub(crate) fn arm_doorbell(&mut self) -> bool {
+        if self.forked() {
+            return false; // not our slot: the caller drains, and fails
+        }
         let slot = self.seg.stack_slot(self.id);
         slot.sleeping.store(SLEEP_EVENTFD, Ordering::SeqCst);
         fence(Ordering::SeqCst);
@@ -1189,6 +1193,9 @@ impl Stack {
     /// Undoes [`Stack::arm_doorbell`] (peers stop ringing) while a thread
     /// watches the rings itself.
     pub(crate) fn disarm_doorbell(&mut self) {
+        if self.forked() {
+            return;
+        }
         let slot = self.seg.stack_slot(self.id);
         let _ =
             slot.sleeping
@@ -1202,11 +1209,16 @@ impl Stack {
 
     /// Consumes a ring of the eventfd doorbell.
     pub(crate) fn clear_doorbell(&self) {
-        self.bell.drain();
+        if !self.forked() {
+            self.bell.drain(); // the parent's rings, otherwise
+        }
     }
 
     /// Makes the doorbell fd readable (an external loop must come back).
     pub(crate) fn ring_self(&self) -> io::Result<()> {
+        if self.forked() {
+            return Err(Error::Forked.into());
+        }
         self.bell.ring()
     }
 
@@ -1215,6 +1227,9 @@ impl Stack {
     /// the sleep in `wait_on`: bump what the probe checks, then look at
     /// `sleeping`.
     pub(crate) fn kick(&self) {
+        if self.forked() {
+            return;
+        }
         self.epoch.fetch_add(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         let s = self.slot();
@@ -1832,6 +1847,8 @@ pub(crate) struct Probe {
     epoch_seen: u64,
     mode: WaitMode,
     spin: AdaptiveSpin,
+    /// The attaching process's fork generation (see [`crate::fork`]).
+    born: u32,
 }
 
 impl WaitView for Probe {
@@ -1865,6 +1882,9 @@ impl Probe {
         deadline: Option<Instant>,
         may_spin: &dyn Fn() -> bool,
     ) -> Result<bool, Error> {
+        if crate::fork::generation() != self.born {
+            return Err(Error::Forked); // the slot and rings are the parent's
+        }
         let slot: *const StackSlot = self.seg.stack_slot(self.id);
         // SAFETY: the slot lies in the segment's mapping, which `self.seg`
         // keeps mapped for the whole call (a `Segment` holds the mapping's
