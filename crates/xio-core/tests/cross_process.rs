@@ -308,6 +308,16 @@ impl Drop for Reap {
     }
 }
 
+/// Waits (watchdog) until `me` is the only stack holding buffers: what a
+/// dead peer held has been reclaimed.
+fn wait_sole_holder(mgr: &xio_core::manager::ManagerHandle, me: &Stack) {
+    wait_until("only our stack holds buffers", || {
+        mgr.usage()
+            .iter()
+            .all(|u| u.by_owner.iter().all(|(o, _)| *o == me.id().0))
+    });
+}
+
 fn addr(port: u16) -> SocketAddr {
     SocketAddr::from(([10, 0, 0, 1], port))
 }
@@ -414,11 +424,7 @@ fn kill9_reclaims_everything_and_peer_sees_reset() {
     // Everything the hoarder owned, cached or had in flight to it is back;
     // only our own private cache remains in use.
     wait_until("manager noticed the death", || mgr.snapshot().deaths == 1);
-    wait_until("only our stack holds buffers", || {
-        mgr.usage()
-            .iter()
-            .all(|u| u.by_owner.iter().all(|(o, _)| *o == me.id().0))
-    });
+    wait_sole_holder(&mgr, &me);
     let snap = mgr.snapshot();
     // Held, and in flight to it; with shm also its private cache (DPDK
     // mempools here have none).
@@ -472,11 +478,7 @@ fn a_forked_child_neither_uses_nor_outlives_its_parents_stack() {
         rustix::process::Pid::from_raw(grandchild).unwrap()
     )
     .is_ok());
-    wait_until("only our stack holds buffers", || {
-        mgr.usage()
-            .iter()
-            .all(|u| u.by_owner.iter().all(|(o, _)| *o == me.id().0))
-    });
+    wait_sole_holder(&mgr, &me);
     drop(me);
     wait_pool_whole(&mgr);
 }
