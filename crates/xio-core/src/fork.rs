@@ -44,7 +44,7 @@ static GENERATION: AtomicU32 = AtomicU32::new(0);
 /// registered (a child keeps a copy open: the problem above, for that one
 /// only).
 const SLOTS: usize = 1024;
-static CTRL_FDS: [AtomicI32; SLOTS] = [const { AtomicI32::new(-1) }; SLOTS];
+static REGISTERED: [AtomicI32; SLOTS] = [const { AtomicI32::new(-1) }; SLOTS];
 
 static INSTALL: Once = Once::new();
 
@@ -76,7 +76,7 @@ unsafe extern "C" fn on_fork_child() {
     ) else {
         return;
     };
-    for slot in &CTRL_FDS {
+    for slot in &REGISTERED {
         let fd = slot.load(Ordering::Relaxed);
         if fd < 0 {
             continue;
@@ -114,7 +114,7 @@ impl CloseOnFork {
             }
         });
         let raw = fd.as_raw_fd();
-        let slot = CTRL_FDS.iter().position(|s| {
+        let slot = REGISTERED.iter().position(|s| {
             s.compare_exchange(-1, raw, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         });
@@ -133,7 +133,7 @@ impl Drop for CloseOnFork {
         // Unregistered before the fd closes (when `self.fd` drops next), so
         // a fork in between never touches a number reused by someone else.
         if let Some(s) = self.slot {
-            CTRL_FDS[s].store(-1, Ordering::Relaxed);
+            REGISTERED[s].store(-1, Ordering::Relaxed);
         }
     }
 }

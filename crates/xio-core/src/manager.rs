@@ -12,8 +12,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-
-use crate::fork::CloseOnFork;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -22,6 +20,7 @@ use rustix::event::{PollFd, PollFlags};
 
 use crate::backend::{Doorbell, EventFdDoorbell};
 use crate::ctrl::{self, RecvError};
+use crate::fork::CloseOnFork;
 use crate::layout::{chan_state, slot_state, PoolConfig};
 use crate::paths;
 use crate::pool::{ClassUsage, ManagerPool, Reclaimed};
