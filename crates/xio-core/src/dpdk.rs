@@ -537,7 +537,7 @@ pub struct DpdkPool {
     keepalive: Option<crate::fork::CloseOnFork>,
     /// The fork generation this pool belongs to: in a forked child it
     /// touches no mempool (see [`crate::fork`]).
-    born: u32,
+    born: crate::fork::Birth,
 }
 
 /// A stack's pool: joins the prefix's DPDK process group as a secondary
@@ -594,7 +594,7 @@ impl DpdkPool {
             cache,
             me,
             keepalive: None,
-            born: crate::fork::generation(),
+            born: crate::fork::Birth::now(),
         }
     }
 
@@ -705,7 +705,7 @@ impl Drop for DpdkPool {
     /// A stack leaving cleanly gives its cache back (a dead one's is
     /// reclaimed by the manager from the headers).
     fn drop(&mut self) {
-        if crate::fork::generation() != self.born {
+        if self.born.forked() {
             return; // the parent's cache, copied by fork()
         }
         for (c, mp) in self.classes.iter().enumerate() {
@@ -733,7 +733,7 @@ impl BufferPool for DpdkPool {
     }
 
     fn alloc(&self, len: usize, _wait: bool) -> Result<RawBuf, AllocError> {
-        if crate::fork::generation() != self.born {
+        if self.born.forked() {
             return Err(AllocError::Forked);
         }
         let mut too_large = true;
@@ -760,7 +760,7 @@ impl BufferPool for DpdkPool {
     }
 
     fn free(&self, b: RawBuf) {
-        if crate::fork::generation() != self.born {
+        if self.born.forked() {
             return; // the parent's buffer: forgotten here
         }
         let (mp, h) = self.obj(b);
@@ -839,7 +839,7 @@ impl BufferPool for DpdkPool {
     }
 
     fn reuse(&self, b: RawBuf) {
-        if crate::fork::generation() != self.born {
+        if self.born.forked() {
             return;
         }
         let (_, h) = self.obj(b);

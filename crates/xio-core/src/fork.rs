@@ -57,11 +57,30 @@ extern "C" {
     ) -> i32;
 }
 
-/// The fork generation of this process: what a stack or pool records when
-/// it is made, and compares at each operation.
+/// The fork generation of this process.
 #[inline]
-pub(crate) fn generation() -> u32 {
+fn generation() -> u32 {
     GENERATION.load(Ordering::Relaxed)
+}
+
+/// Which process (by fork generation) made a stack, pool or manager
+/// handle: recorded when it is made, and asked at each operation that
+/// reaches shared state (one relaxed load).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Birth(u32);
+
+impl Birth {
+    /// This process, now.
+    #[inline]
+    pub(crate) fn now() -> Birth {
+        Birth(generation())
+    }
+
+    /// Whether this process is a fork of the one that made the owner.
+    #[inline]
+    pub(crate) fn forked(self) -> bool {
+        generation() != self.0
+    }
 }
 
 /// Runs in the child right after `fork()`, with one thread: only atomics

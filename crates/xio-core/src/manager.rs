@@ -129,7 +129,7 @@ impl ManagerBuilder {
             .map_err(io_err("spawn manager thread"))?;
         Ok(ManagerHandle {
             thread: Some(thread),
-            born: crate::fork::generation(),
+            born: crate::fork::Birth::now(),
             stop,
             pool: view,
             snapshot: snap,
@@ -184,7 +184,7 @@ pub struct ManagerHandle {
     thread: Option<JoinHandle<Result<(), ManagerError>>>,
     /// The fork generation of the process running the manager: a forked
     /// child's copy of the handle must not stop it (see [`crate::fork`]).
-    born: u32,
+    born: crate::fork::Birth,
     stop: Stopper,
     pool: MgrPool,
     snapshot: Arc<Mutex<Snapshot>>,
@@ -253,7 +253,7 @@ impl ManagerHandle {
     }
 
     fn shutdown(&mut self) {
-        if crate::fork::generation() != self.born {
+        if self.born.forked() {
             // A forked child's copy: the manager runs in the parent (its
             // stop eventfd is shared), and the thread is not ours to join.
             std::mem::forget(self.thread.take());

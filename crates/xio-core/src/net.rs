@@ -1005,17 +1005,16 @@ impl Net {
     /// use. A process forked from one that used it attaches its own on
     /// first use (the parent's stays the parent's; see [`crate::fork`]).
     pub fn global() -> io::Result<Net> {
-        static GLOBAL: Mutex<Option<(u32, Net)>> = Mutex::new(None);
-        let gen = crate::fork::generation();
+        static GLOBAL: Mutex<Option<(crate::fork::Birth, Net)>> = Mutex::new(None);
         let mut g = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((born, n)) = g.as_ref() {
-            if *born == gen {
+            if !born.forked() {
                 return Ok(n.clone());
             }
         }
         let n = Net::attach(&crate::paths::default_prefix())?;
         // A parent's net, in a forked child, drops inert.
-        *g = Some((gen, n.clone()));
+        *g = Some((crate::fork::Birth::now(), n.clone()));
         Ok(n)
     }
 

@@ -426,7 +426,7 @@ pub struct StackPool {
     keepalive: Option<crate::fork::CloseOnFork>,
     /// The fork generation this pool belongs to: in a forked child it
     /// touches nothing shared (see [`crate::fork`]).
-    born: u32,
+    born: crate::fork::Birth,
 }
 
 /// The pool has no free buffer of a suitable class right now.
@@ -454,7 +454,7 @@ impl StackPool {
             cache: Mutex::new(Default::default()),
             limit,
             keepalive: None,
-            born: crate::fork::generation(),
+            born: crate::fork::Birth::now(),
         }
     }
 
@@ -479,7 +479,7 @@ impl StackPool {
             cache: Mutex::new(Default::default()),
             limit,
             keepalive: Some(crate::fork::CloseOnFork::new(ctrl)),
-            born: crate::fork::generation(),
+            born: crate::fork::Birth::now(),
         }
     }
 
@@ -492,7 +492,7 @@ impl StackPool {
     /// Whether this process is a fork of the one that made the handle.
     #[inline]
     fn forked(&self) -> bool {
-        crate::fork::generation() != self.born
+        self.born.forked()
     }
 
     /// The shared view.

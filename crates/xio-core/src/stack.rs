@@ -265,7 +265,7 @@ impl StackBuilder {
             corrupt: 0,
             manager_gone: false,
             epoch: Arc::new(AtomicU64::new(0)),
-            born: crate::fork::generation(),
+            born: crate::fork::Birth::now(),
         })
     }
 }
@@ -437,7 +437,7 @@ pub struct Stack {
     epoch: Arc<AtomicU64>,
     /// The fork generation of the process that attached (see
     /// [`crate::fork`]).
-    born: u32,
+    born: crate::fork::Birth,
 }
 
 impl std::fmt::Debug for Stack {
@@ -505,7 +505,7 @@ impl Stack {
     /// (whose rings and buffers it must leave alone; see [`crate::fork`]).
     #[inline]
     pub(crate) fn forked(&self) -> bool {
-        crate::fork::generation() != self.born
+        self.born.forked()
     }
 
     /// [`Error::Forked`] in a forked child.
@@ -1848,7 +1848,7 @@ pub(crate) struct Probe {
     mode: WaitMode,
     spin: AdaptiveSpin,
     /// The attaching process's fork generation (see [`crate::fork`]).
-    born: u32,
+    born: crate::fork::Birth,
 }
 
 impl WaitView for Probe {
@@ -1882,7 +1882,7 @@ impl Probe {
         deadline: Option<Instant>,
         may_spin: &dyn Fn() -> bool,
     ) -> Result<bool, Error> {
-        if crate::fork::generation() != self.born {
+        if self.born.forked() {
             return Err(Error::Forked); // the slot and rings are the parent's
         }
         let slot: *const StackSlot = self.seg.stack_slot(self.id);
