@@ -28,7 +28,7 @@ pub const MAX_CONNS: usize = 1 << INDEX_BITS;
 pub struct ConnId(pub u32);
 
 impl ConnId {
-    fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         (self.0 & INDEX_MASK) as usize
     }
 }

@@ -57,9 +57,11 @@ use std::collections::VecDeque;
 use crate::sync::FxHashMap as HashMap;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{
+    fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering as AtomicOrdering,
+};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{ready, Context, Poll, Waker};
+use std::task::{ready, Context, Poll, RawWakerVTable, Waker};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
@@ -163,6 +165,7 @@ impl NetBuilder {
                     driving: false,
                     probe: None,
                     waiters: HashMap::default(),
+                    signals: Vec::new(),
                     spare_lists: Vec::new(),
                     parked: 0,
                     pending: HashMap::default(),
@@ -242,6 +245,93 @@ impl Waiter {
     }
 }
 
+/// Lets a task poll a quiet stream's reads again without the net's lock.
+///
+/// hyper polls a connection's read two to four times per request, and all
+/// but one of those find nothing: each took the net's lock (two atomic
+/// read-modify-writes, the costliest part of such a poll), looked the
+/// connection up and found its waker already registered. Instead, a poll
+/// that registers the task's waker records here which waker it was and the
+/// connection's read *epoch*; the driver bumps the epoch (under the lock)
+/// whenever it wakes the connection's readers, which is when a registered
+/// waker leaves the waiter list. A later poll with the same waker and an
+/// unchanged epoch knows its waker is still registered, so it returns
+/// `Pending` after a few plain loads. Every change that can make a read
+/// ready (data, end of stream, a reset, a shutdown) goes through that
+/// wake-up, since the registered waker would otherwise never run either.
+#[derive(Debug, Default)]
+struct ReadSignal {
+    /// Bumped under the net's lock whenever the connection's readers are
+    /// woken.
+    epoch: AtomicU32,
+    /// Of the last poll that registered a waker and returned `Pending`:
+    /// `registration << 32 | epoch`, 0 while being written or when none.
+    /// Registrations are numbered from 1, so no two records are equal.
+    parked: AtomicU64,
+    /// Registrations so far (written under the net's lock).
+    registrations: AtomicU32,
+    /// That waker's identity (what `Waker::will_wake` compares).
+    data: AtomicPtr<()>,
+    vtable: AtomicPtr<RawWakerVTable>,
+}
+
+impl ReadSignal {
+    /// Under the net's lock: the connection's readers are being woken.
+    fn bump(&self) {
+        let e = self.epoch.load(AtomicOrdering::Relaxed);
+        self.epoch.store(e.wrapping_add(1), AtomicOrdering::Release);
+    }
+
+    /// Under the net's lock: forgets the record (any poll that took the
+    /// lock has seen the connection's real state).
+    fn forget(&self) {
+        self.parked.store(0, AtomicOrdering::Relaxed);
+    }
+
+    /// Under the net's lock, right after `w` was registered for the
+    /// connection's reads: records it (a seqlock write: the record reads as
+    /// 0 while the identity changes).
+    fn park(&self, w: &Waker) {
+        let r = self
+            .registrations
+            .load(AtomicOrdering::Relaxed)
+            .wrapping_add(1)
+            .max(1);
+        self.registrations.store(r, AtomicOrdering::Relaxed);
+        self.parked.store(0, AtomicOrdering::Relaxed);
+        fence(AtomicOrdering::Release);
+        self.data
+            .store(w.data().cast_mut(), AtomicOrdering::Relaxed);
+        self.vtable.store(
+            std::ptr::from_ref(w.vtable()).cast_mut(),
+            AtomicOrdering::Relaxed,
+        );
+        let e = self.epoch.load(AtomicOrdering::Relaxed);
+        self.parked
+            .store(u64::from(r) << 32 | u64::from(e), AtomicOrdering::Release);
+    }
+
+    /// Without the lock: whether `w` is registered for the connection's
+    /// reads and nothing woke them since, so a poll may return `Pending`
+    /// at once. A stale "no" only costs the locked path. A stale "yes"
+    /// (the driver bumped the epoch but this thread does not see it yet)
+    /// is harmless: the wake-up that follows the bump polls the task again.
+    fn still_parked(&self, w: &Waker) -> bool {
+        let p = self.parked.load(AtomicOrdering::Acquire);
+        if p == 0 {
+            return false;
+        }
+        let data = self.data.load(AtomicOrdering::Relaxed);
+        let vtable = self.vtable.load(AtomicOrdering::Relaxed);
+        fence(AtomicOrdering::Acquire);
+        // Unchanged record: `data` and `vtable` are the ones it describes.
+        p == self.parked.load(AtomicOrdering::Relaxed)
+            && p as u32 == self.epoch.load(AtomicOrdering::Acquire)
+            && std::ptr::eq(data, w.data())
+            && std::ptr::eq(vtable, w.vtable())
+    }
+}
+
 /// What a waiter waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Key {
@@ -284,6 +374,9 @@ struct Core {
     driving: bool,
     probe: Option<Box<Probe>>,
     waiters: HashMap<Key, Vec<Waiter>>,
+    /// The read signal of each stream whose task waits to read, by
+    /// connection index (see [`ReadSignal`]).
+    signals: Vec<Option<Arc<ReadSignal>>>,
     /// Emptied waiter lists kept for reuse (see `Core::recycle`).
     spare_lists: Vec<Vec<Waiter>>,
     parked: usize,
@@ -776,6 +869,11 @@ impl Core {
     /// Moves the waiters of `key` to `wake`; true if nobody was parked on
     /// it (the driver may be the one waiting for it).
     fn wake_key(&mut self, key: Key, wake: &mut Vec<Waiter>) -> bool {
+        if let Key::Read(c) = key {
+            if let Some(Some(s)) = self.signals.get(c.index()) {
+                s.bump();
+            }
+        }
         match self.waiters.remove(&key) {
             Some(mut ws) => {
                 let threads = ws.iter().filter(|w| matches!(w, Waiter::Thread(_))).count();
@@ -922,6 +1020,20 @@ impl Core {
         {
             ws.push(Waiter::Waker(w.clone()));
         }
+    }
+
+    /// Records that `w` waits for `c`'s reads (registered just now), so
+    /// its next polls may skip the lock (see [`ReadSignal`]).
+    fn park_reader(&mut self, c: ConnId, sig: &Arc<ReadSignal>, w: &Waker) {
+        let i = c.index();
+        if self.signals.len() <= i {
+            self.signals.resize(i + 1, None);
+        }
+        let slot = &mut self.signals[i];
+        if !slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, sig)) {
+            *slot = Some(sig.clone());
+        }
+        sig.park(w);
     }
 
     fn add_retry(&mut self, w: &Waker) {
@@ -1790,6 +1902,8 @@ impl Drop for XioListener {
 struct StreamInner {
     net: Net,
     id: ConnId,
+    /// See [`ReadSignal`].
+    sig: Arc<ReadSignal>,
     nonblocking: AtomicBool,
     /// Nanoseconds; 0 is none.
     read_timeout: AtomicU64,
@@ -1799,10 +1913,27 @@ struct StreamInner {
 impl Drop for StreamInner {
     fn drop(&mut self) {
         let c = self.id;
+        // Wakers still registered for the stream (a read's, say) are
+        // dropped after the lock is released: nothing will wake them.
+        let mut orphans = Vec::new();
         self.net.update(|g| {
             g.table.close(c);
             g.user_tokens.remove(&c.0);
+            if let Some(slot) = g.signals.get_mut(c.index()) {
+                if slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, &self.sig)) {
+                    *slot = None;
+                }
+            }
+            for key in [Key::Read(c), Key::Write(c), Key::Connect(c)] {
+                if let Some(mut ws) = g.waiters.remove(&key) {
+                    // A blocked thread holds the stream: none is here.
+                    debug_assert!(ws.iter().all(|w| matches!(w, Waiter::Waker(_))));
+                    orphans.append(&mut ws);
+                    g.recycle(ws);
+                }
+            }
         });
+        drop(orphans);
     }
 }
 
@@ -1857,6 +1988,7 @@ impl XioStream {
             inner: Arc::new(StreamInner {
                 net,
                 id,
+                sig: Arc::default(),
                 nonblocking: AtomicBool::new(false),
                 read_timeout: AtomicU64::new(0),
                 write_timeout: AtomicU64::new(0),
@@ -2398,19 +2530,56 @@ impl XioStream {
         cx: &mut Context<'_>,
         out: &mut [std::mem::MaybeUninit<u8>],
     ) -> Poll<io::Result<usize>> {
-        let c = self.inner.id;
-        self.inner
-            .net
-            .poll_op(Key::Read(c), cx, |core, wake| core.read_step(wake, c, out))
+        self.poll_read_op(cx, |core, wake, c| core.read_step(wake, c, out))
+    }
+
+    /// [`Net::poll_op`] for a read, returning `Pending` without the lock
+    /// when the task's waker is still registered (see [`ReadSignal`]).
+    fn poll_read_op<R>(
+        &self,
+        cx: &Context<'_>,
+        f: impl FnOnce(&mut Core, &mut Vec<Waiter>, ConnId) -> Try<R>,
+    ) -> Poll<io::Result<R>> {
+        let s = &self.inner;
+        if s.sig.still_parked(cx.waker()) {
+            return Poll::Pending;
+        }
+        let c = s.id;
+        let mut wake = Vec::new();
+        let mut g = s.net.lock();
+        s.sig.forget();
+        let r = match f(&mut g, &mut wake, c) {
+            Try::Done(r) => {
+                // A read that took everything is followed at once by
+                // another that finds nothing (hyper's is): register the
+                // task now, in this lock hold, so that poll takes the
+                // lock-free way. At worst the task is woken once without
+                // reading, which futures allow.
+                if r.is_ok() && !g.table.is_readable(c) {
+                    g.add_waker(Key::Read(c), cx.waker());
+                    g.park_reader(c, &s.sig, cx.waker());
+                }
+                Poll::Ready(r)
+            }
+            Try::Wait => {
+                g.add_waker(Key::Read(c), cx.waker());
+                g.park_reader(c, &s.sig, cx.waker());
+                Poll::Pending
+            }
+            Try::Retry => {
+                g.add_retry(cx.waker());
+                Poll::Pending
+            }
+        };
+        drop(g);
+        wake_all(&mut wake);
+        r
     }
 
     /// Takes the next received pool buffer if there is one (`None`: end of
     /// stream), else registers the task.
     pub fn poll_recv_buf(&self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Buf>>> {
-        let c = self.inner.id;
-        self.inner
-            .net
-            .poll_op(Key::Read(c), cx, |core, wake| core.chunk_step(wake, c))
+        self.poll_read_op(cx, |core, wake, c| core.chunk_step(wake, c))
     }
 
     /// Writes what fits now (credit, ring space, buffers), else registers

@@ -278,6 +278,63 @@ fn cancelled_reads_lose_nothing() {
     });
 }
 
+/// A waker that raises a flag.
+struct Flag(std::sync::atomic::AtomicBool);
+
+impl std::task::Wake for Flag {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn flag_waker() -> (std::sync::Arc<Flag>, std::task::Waker) {
+    let f = std::sync::Arc::new(Flag(std::sync::atomic::AtomicBool::new(false)));
+    (f.clone(), std::task::Waker::from(f))
+}
+
+/// A poll of a quiet read that finds its waker still registered returns
+/// `Pending` without the net's lock. That must never skip registering a
+/// different task polling the same stream, nor keep a task asleep once
+/// something arrived: each waker here polls twice (the second poll of
+/// each takes the lock-free way), and both are woken by one write, again
+/// after the first data was read.
+#[test]
+fn every_task_polling_a_quiet_read_is_woken() {
+    let (_mgr, p) = setup("wakers");
+    rt(1).block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, "10.4.0.9:80").unwrap();
+        let mut c = XioStream::connect_with(&cli, "10.4.0.9:80").await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let mut buf = [0u8; 16];
+        for round in 0..2u8 {
+            let (fa, wa) = flag_waker();
+            let (fb, wb) = flag_waker();
+            for w in [&wa, &wb, &wa, &wb] {
+                let mut cx = std::task::Context::from_waker(w);
+                assert!(s.as_core().poll_read(&mut cx, &mut buf).is_pending());
+            }
+            c.write_all(&[round]).await.unwrap();
+            tokio::time::timeout(WATCHDOG, async {
+                while !(fa.0.load(std::sync::atomic::Ordering::SeqCst)
+                    && fb.0.load(std::sync::atomic::Ordering::SeqCst))
+                {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+            .await
+            .expect("a task polling the read was never woken");
+            // The last waker recorded: its poll must see the byte.
+            let mut cx = std::task::Context::from_waker(&wb);
+            match s.as_core().poll_read(&mut cx, &mut buf) {
+                std::task::Poll::Ready(Ok(1)) => assert_eq!(buf[0], round),
+                other => panic!("expected the byte, got {other:?}"),
+            }
+        }
+    });
+}
+
 /// Entry point of the child process of `peer_killed_gives_connection_reset`.
 #[test]
 fn child_main() {
