@@ -1116,18 +1116,60 @@ impl Net {
     /// on first use. What [`XioListener::bind`] and [`XioStream::connect`]
     /// use. A process forked from one that used it attaches its own on
     /// first use (the parent's stays the parent's; see [`crate::fork`]).
+    ///
+    /// When its manager is found gone (it was restarted, say), the next
+    /// call attaches to the running one; until one runs, it keeps returning
+    /// the old net, whose channels still reach the peers it had. Streams
+    /// and listeners made before keep their net. [`XioStream::connect`]
+    /// and [`XioListener::bind`] retry once on a fresh net when theirs
+    /// finds the manager gone, so a restart costs callers nothing.
     pub fn global() -> io::Result<Net> {
         static GLOBAL: Mutex<Option<(crate::fork::Birth, Net)>> = Mutex::new(None);
         let mut g = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((born, n)) = g.as_ref() {
             if !born.forked() {
-                return Ok(n.clone());
+                if !n.manager_gone() {
+                    return Ok(n.clone());
+                }
+                return match Net::attach(&crate::paths::default_prefix()) {
+                    Ok(fresh) => {
+                        tracing::info!("the pool's manager was restarted: attached again");
+                        *g = Some((crate::fork::Birth::now(), fresh.clone()));
+                        Ok(fresh)
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "manager gone and none to attach to");
+                        Ok(n.clone())
+                    }
+                };
             }
         }
         let n = Net::attach(&crate::paths::default_prefix())?;
         // A parent's net, in a forked child, drops inert.
         *g = Some((crate::fork::Birth::now(), n.clone()));
         Ok(n)
+    }
+
+    /// Runs `f` on [`Net::global`]; if that fails because the net's
+    /// manager is gone, once more on the net `global` attaches afresh (when
+    /// a manager runs again).
+    pub fn with_global<R>(mut f: impl FnMut(&Net) -> io::Result<R>) -> io::Result<R> {
+        let n = Net::global()?;
+        match f(&n) {
+            Err(e) if n.manager_gone() => match Net::global() {
+                Ok(fresh) if fresh.id() != n.id() => f(&fresh),
+                _ => Err(e),
+            },
+            r => r,
+        }
+    }
+
+    /// Whether this net found its manager gone: when it next talked to it,
+    /// or at a driver's liveness look (about once a second). Connections
+    /// already made keep working; new ones need a net attached to a
+    /// running manager ([`Net::global`] attaches again by itself).
+    pub fn manager_gone(&self) -> bool {
+        self.lock().stack.manager_gone()
     }
 
     /// Runs `f` on the core, then what it asked the table for (sends, and
@@ -1842,7 +1884,7 @@ impl std::fmt::Debug for XioListener {
 impl XioListener {
     /// Binds `addr` on the process-wide [`Net::global`].
     pub fn bind(addr: impl ToSocketAddrs) -> io::Result<XioListener> {
-        Net::global()?.listen(addr)
+        Net::with_global(|n| n.listen(&addr))
     }
 
     /// The address this listener is bound to.
@@ -1998,12 +2040,12 @@ impl XioStream {
 
     /// Connects to `addr` on the process-wide [`Net::global`].
     pub fn connect(addr: impl ToSocketAddrs) -> io::Result<XioStream> {
-        Net::global()?.connect(addr)
+        Net::with_global(|n| n.connect(&addr))
     }
 
     /// Connects on [`Net::global`], waiting at most `timeout`.
     pub fn connect_timeout(addr: &SocketAddr, timeout: Duration) -> io::Result<XioStream> {
-        Net::global()?.connect_timeout(addr, timeout)
+        Net::with_global(|n| n.connect_timeout(addr, timeout))
     }
 
     /// The token [`Net::poll`] reports this stream's readiness under: one

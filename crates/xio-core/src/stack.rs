@@ -539,13 +539,13 @@ impl Stack {
         if self.manager_gone {
             return Err(Error::ManagerGone);
         }
-        ctrl::send(self.ctrl_fd(), msg, &[]).map_err(|e| {
+        if let Err(e) = ctrl::send(self.ctrl_fd(), msg, &[]) {
             if e.kind() == io::ErrorKind::BrokenPipe {
-                Error::ManagerGone
-            } else {
-                Error::Io(e)
+                self.manager_gone = true;
+                return Err(Error::ManagerGone);
             }
-        })?;
+            return Err(Error::Io(e));
+        }
         loop {
             let r = ctrl::recv(self.ctrl_fd(), false);
             let (m, fds) = match r {
@@ -813,6 +813,12 @@ impl Stack {
                 });
             }
         }
+    }
+
+    /// Whether this stack found its manager gone (see
+    /// [`Error::ManagerGone`]).
+    pub fn manager_gone(&self) -> bool {
+        self.manager_gone
     }
 
     /// Reads pending control messages without blocking. A dead manager is

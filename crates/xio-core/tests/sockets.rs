@@ -33,6 +33,7 @@ fn child_main() {
         "writer_forever" => writer_forever(&a[0], a[1].parse().unwrap()),
         "slow_reader_server" => slow_reader_server(&a[0], a[1].parse().unwrap()),
         "poll_clients" => poll_clients(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
+        "global_user" => global_user(a[0].parse().unwrap(), a[1].parse().unwrap()),
         r => panic!("unknown role {r}"),
     }
 }
@@ -72,6 +73,73 @@ fn echo_server(prefix: &str, addr: SocketAddr) {
             }
         });
     }
+}
+
+/// Serves one echo exchange of 5 bytes on `l`.
+fn echo_once(l: &xio_core::net::XioListener) {
+    let (mut s, _) = l.accept().unwrap();
+    let mut b = [0u8; 5];
+    s.read_exact(&mut b).unwrap();
+    s.write_all(&b).unwrap();
+}
+
+/// Role of `the_global_net_attaches_again_after_its_manager_restarts`:
+/// everything through the process-wide net (`XIO_PREFIX` names the
+/// test's pool), as a service that never names its pool does.
+fn global_user(first: SocketAddr, second: SocketAddr) {
+    let l1 = xio_core::net::XioListener::bind(first).unwrap();
+    println!("XIO:listening");
+    echo_once(&l1);
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "restarted");
+    // The old net finds its manager gone on this bind, and the bind is
+    // retried on a net attached to the new manager.
+    let l2 = xio_core::net::XioListener::bind(second).unwrap();
+    assert!(l1.net().manager_gone());
+    assert_ne!(l2.net().id(), l1.net().id());
+    println!("XIO:listening");
+    echo_once(&l2);
+    println!("XIO:done");
+}
+
+/// A service on the process-wide net outlives its manager: after a
+/// restart, its next bind attaches to the new manager by itself, and
+/// other processes reach it there.
+#[test]
+fn the_global_net_attaches_again_after_its_manager_restarts() {
+    if test_backend() == xio_core::manager::Backend::Dpdk {
+        // One process cannot start DPDK's primary twice.
+        eprintln!("skipped on the DPDK backend: the manager cannot restart in-process");
+        return;
+    }
+    let (m1, p) = start("restart");
+    let (a1, a2): (SocketAddr, SocketAddr) = (
+        "10.61.0.1:80".parse().unwrap(),
+        "10.61.0.2:80".parse().unwrap(),
+    );
+    let mut child = ChildProc::spawn_env(
+        "child_main",
+        "global_user",
+        &[a1.to_string(), a2.to_string()],
+        &[("XIO_PREFIX", p.as_str())],
+    );
+    let exchange = |net: &Net, to: SocketAddr| {
+        let mut s = net.connect(to).unwrap();
+        s.write_all(b"hello").unwrap();
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"hello");
+    };
+    child.expect("listening");
+    exchange(&Net::attach(&p).unwrap(), a1);
+    drop(m1);
+    let _m2 = manager_builder(&p).spawn().unwrap();
+    child.tell("restarted");
+    child.expect("listening");
+    exchange(&Net::attach(&p).unwrap(), a2);
+    child.expect("done");
+    child.wait_success();
 }
 
 /// A deterministic byte stream: byte `i` of stream `seed`.

@@ -127,20 +127,28 @@ impl hyper::rt::Write for XioConn {
 /// A hyper-util connector over X-IO (see the crate docs).
 #[derive(Clone, Debug)]
 pub struct XioConnector {
-    net: Net,
+    /// `None`: the process-wide pool's, as of each connection (so a
+    /// restarted manager is picked up).
+    net: Option<Net>,
     tcp_fallback: bool,
 }
 
 impl XioConnector {
-    /// A connector on the process-wide pool ([`Net::global`]).
+    /// A connector on the process-wide pool ([`Net::global`]). Fails if
+    /// the pool's manager cannot be reached now; later connections attach
+    /// again by themselves if it is restarted.
     pub fn new() -> io::Result<Self> {
-        Ok(Self::with_net(Net::global()?))
+        Net::global()?;
+        Ok(Self {
+            net: None,
+            tcp_fallback: false,
+        })
     }
 
     /// A connector on `net`.
     pub fn with_net(net: Net) -> Self {
         Self {
-            net,
+            net: Some(net),
             tcp_fallback: false,
         }
     }
@@ -185,7 +193,11 @@ impl tower_service::Service<http::Uri> for XioConnector {
         let fallback = self.tcp_fallback;
         Box::pin(async move {
             let addr = uri_addr(&uri)?;
-            match XioStream::connect_with(&net, addr).await {
+            let dialled = match &net {
+                Some(net) => XioStream::connect_with(net, addr).await,
+                None => XioStream::connect(addr).await,
+            };
+            match dialled {
                 Ok(s) => Ok(XioConn::Xio(TokioIo::new(s))),
                 Err(e)
                     if fallback

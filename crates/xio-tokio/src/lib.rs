@@ -300,10 +300,6 @@ async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
     }
 }
 
-fn global() -> io::Result<Net> {
-    Net::global()
-}
-
 /// A listening socket, like `tokio::net::TcpListener`.
 #[derive(Debug)]
 pub struct XioListener {
@@ -311,9 +307,10 @@ pub struct XioListener {
 }
 
 impl XioListener {
-    /// Binds `addr` on the process-wide pool ([`Net::global`]).
+    /// Binds `addr` on the process-wide pool ([`Net::global`], attached
+    /// again if its manager was restarted).
     pub async fn bind(addr: impl ToSocketAddrs) -> io::Result<XioListener> {
-        Self::bind_with(&global()?, addr)
+        Self::from_std(Net::with_global(|n| n.listen(&addr))?)
     }
 
     /// Binds `addr` on `net`. (Not async: binding is one request to the
@@ -371,14 +368,18 @@ impl XioStream {
     /// the SYN is on its way: writes may follow at once, and a refusal by
     /// the listening process shows as `ConnectionRefused` on the first
     /// read (an address nobody binds is refused here, by the manager).
+    /// The pool's net is attached again if its manager was restarted.
     pub async fn connect(addr: impl ToSocketAddrs) -> io::Result<XioStream> {
-        Self::connect_with(&global()?, addr).await
+        Self::from_core(Net::with_global(|n| n.connect(&addr))?)
     }
 
     /// Connects on `net`.
     pub async fn connect_with(net: &Net, addr: impl ToSocketAddrs) -> io::Result<XioStream> {
-        let inner = net.connect(addr)?;
-        ensure_driver(net)?;
+        Self::from_core(net.connect(addr)?)
+    }
+
+    fn from_core(inner: xio_core::net::XioStream) -> io::Result<XioStream> {
+        ensure_driver(inner.net())?;
         // The core's own blocking calls (used by `alloc`) must not wait.
         inner.set_nonblocking(true)?;
         Ok(XioStream { inner })

@@ -56,7 +56,18 @@ pub struct ChildProc {
 
 impl ChildProc {
     pub fn spawn(test_fn: &str, role: &str, args: &[String]) -> ChildProc {
+        Self::spawn_env(test_fn, role, args, &[])
+    }
+
+    /// As [`ChildProc::spawn`], with `env` added to the child's environment.
+    pub fn spawn_env(
+        test_fn: &str,
+        role: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> ChildProc {
         let mut child = Command::new(std::env::current_exe().unwrap())
+            .envs(env.iter().copied())
             .args([
                 "--exact",
                 test_fn,
