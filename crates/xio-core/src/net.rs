@@ -273,6 +273,9 @@ struct ReadSignal {
     /// That waker's identity (what `Waker::will_wake` compares).
     data: AtomicPtr<()>,
     vtable: AtomicPtr<RawWakerVTable>,
+    /// For an event loop's non-blocking reads: `1 << 32 | epoch` when a
+    /// read under the lock found the connection empty, 0 when none did.
+    empty_at: AtomicU64,
 }
 
 impl ReadSignal {
@@ -309,6 +312,24 @@ impl ReadSignal {
         let e = self.epoch.load(AtomicOrdering::Relaxed);
         self.parked
             .store(u64::from(r) << 32 | u64::from(e), AtomicOrdering::Release);
+    }
+
+    /// Under the net's lock, in an event loop (its `Net::poll` drains):
+    /// the connection has nothing to read at the current epoch.
+    fn note_empty(&self) {
+        let e = self.epoch.load(AtomicOrdering::Relaxed);
+        self.empty_at
+            .store(1 << 32 | u64::from(e), AtomicOrdering::Release);
+    }
+
+    /// Without the lock: whether the connection was found empty and
+    /// nothing arrived since, so a non-blocking read may say `WouldBlock`
+    /// at once. Staleness is harmless as in [`ReadSignal::still_parked`]:
+    /// what arrived is reported by the `Net::poll` that drained it, and
+    /// that poll's lock makes the bump visible to the next read.
+    fn still_empty(&self) -> bool {
+        let r = self.empty_at.load(AtomicOrdering::Acquire);
+        r != 0 && r as u32 == self.epoch.load(AtomicOrdering::Acquire)
     }
 
     /// Without the lock: whether `w` is registered for the connection's
@@ -1025,6 +1046,12 @@ impl Core {
     /// Records that `w` waits for `c`'s reads (registered just now), so
     /// its next polls may skip the lock (see [`ReadSignal`]).
     fn park_reader(&mut self, c: ConnId, sig: &Arc<ReadSignal>, w: &Waker) {
+        self.signal_reads(c, sig);
+        sig.park(w);
+    }
+
+    /// Has the driver bump `sig`'s epoch when it wakes `c`'s readers.
+    fn signal_reads(&mut self, c: ConnId, sig: &Arc<ReadSignal>) {
         let i = c.index();
         if self.signals.len() <= i {
             self.signals.resize(i + 1, None);
@@ -1033,7 +1060,21 @@ impl Core {
         if !slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, sig)) {
             *slot = Some(sig.clone());
         }
-        sig.park(w);
+    }
+
+    /// After an event loop's non-blocking read attempt on `c` (`found`):
+    /// if it left nothing to read, records that for the next read, which
+    /// can then say `WouldBlock` without the lock. Only in an event loop:
+    /// there `Net::poll` drains the rings and bumps the epoch; elsewhere a
+    /// non-blocking read that finds nothing drains them itself.
+    fn note_read<R>(&mut self, c: ConnId, sig: &Arc<ReadSignal>, found: &Try<R>) {
+        if self.track_ready
+            && matches!(found, Try::Wait | Try::Done(Ok(_)))
+            && !self.table.is_readable(c)
+        {
+            self.signal_reads(c, sig);
+            sig.note_empty();
+        }
     }
 
     fn add_retry(&mut self, w: &Waker) {
@@ -2179,13 +2220,22 @@ impl XioStream {
         if !self.nb() {
             self.inner.net.ensure_connected(c, deadline)?;
         }
+        let nb = self.nb();
+        if nb && self.inner.sig.still_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
         // A timeout is TimedOut (std says WouldBlock on Unix; TimedOut says
         // what happened, as tokio does).
         let out = crate::conn::as_uninit(out);
+        let sig = &self.inner.sig;
         self.inner
             .net
-            .block(Key::Read(c), self.nb(), deadline, |core, wake| {
-                core.read_step(wake, c, out)
+            .block(Key::Read(c), nb, deadline, |core, wake| {
+                let r = core.read_step(wake, c, out);
+                if nb {
+                    core.note_read(c, sig, &r);
+                }
+                r
             })
     }
 
@@ -2198,10 +2248,19 @@ impl XioStream {
         if !self.nb() {
             self.inner.net.ensure_connected(c, deadline)?;
         }
+        let nb = self.nb();
+        if nb && self.inner.sig.still_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let sig = &self.inner.sig;
         self.inner
             .net
-            .block(Key::Read(c), self.nb(), deadline, |core, wake| {
-                core.chunk_step(wake, c)
+            .block(Key::Read(c), nb, deadline, |core, wake| {
+                let r = core.chunk_step(wake, c);
+                if nb {
+                    core.note_read(c, sig, &r);
+                }
+                r
             })
     }
 
