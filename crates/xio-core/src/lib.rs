@@ -53,6 +53,7 @@ pub mod pool;
 pub mod proto;
 pub mod ring;
 pub mod segment;
+pub(crate) mod signal;
 pub mod stack;
 pub(crate) mod sync;
 pub mod wait;

@@ -54,14 +54,13 @@
 
 use std::collections::VecDeque;
 
+use crate::signal::ReadSignal;
 use crate::sync::FxHashMap as HashMap;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{
-    fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering as AtomicOrdering,
-};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{ready, Context, Poll, RawWakerVTable, Waker};
+use std::task::{ready, Context, Poll, Waker};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
@@ -242,114 +241,6 @@ impl Waiter {
             Waiter::Thread(t) => t.unpark(),
             Waiter::Waker(w) => w.wake(),
         }
-    }
-}
-
-/// Lets a task poll a quiet stream's reads again without the net's lock.
-///
-/// hyper polls a connection's read two to four times per request, and all
-/// but one of those find nothing: each took the net's lock (two atomic
-/// read-modify-writes, the costliest part of such a poll), looked the
-/// connection up and found its waker already registered. Instead, a poll
-/// that registers the task's waker records here which waker it was and the
-/// connection's read *epoch*; the driver bumps the epoch (under the lock)
-/// whenever it wakes the connection's readers, which is when a registered
-/// waker leaves the waiter list. A later poll with the same waker and an
-/// unchanged epoch knows its waker is still registered, so it returns
-/// `Pending` after a few plain loads. Every change that can make a read
-/// ready (data, end of stream, a reset, a shutdown) goes through that
-/// wake-up, since the registered waker would otherwise never run either.
-#[derive(Debug, Default)]
-struct ReadSignal {
-    /// Bumped under the net's lock whenever the connection's readers are
-    /// woken.
-    epoch: AtomicU32,
-    /// Of the last poll that registered a waker and returned `Pending`:
-    /// `registration << 32 | epoch`, 0 while being written or when none.
-    /// Registrations are numbered from 1, so no two records are equal.
-    parked: AtomicU64,
-    /// Registrations so far (written under the net's lock).
-    registrations: AtomicU32,
-    /// That waker's identity (what `Waker::will_wake` compares).
-    data: AtomicPtr<()>,
-    vtable: AtomicPtr<RawWakerVTable>,
-    /// For an event loop's non-blocking reads: `1 << 32 | epoch` when a
-    /// read under the lock found the connection empty, 0 when none did.
-    empty_at: AtomicU64,
-}
-
-impl ReadSignal {
-    /// Under the net's lock: the connection's readers are being woken.
-    fn bump(&self) {
-        let e = self.epoch.load(AtomicOrdering::Relaxed);
-        self.epoch.store(e.wrapping_add(1), AtomicOrdering::Release);
-    }
-
-    /// Under the net's lock: forgets the record (any poll that took the
-    /// lock has seen the connection's real state).
-    fn forget(&self) {
-        self.parked.store(0, AtomicOrdering::Relaxed);
-    }
-
-    /// Under the net's lock, right after `w` was registered for the
-    /// connection's reads: records it (a seqlock write: the record reads as
-    /// 0 while the identity changes).
-    fn park(&self, w: &Waker) {
-        let r = self
-            .registrations
-            .load(AtomicOrdering::Relaxed)
-            .wrapping_add(1)
-            .max(1);
-        self.registrations.store(r, AtomicOrdering::Relaxed);
-        self.parked.store(0, AtomicOrdering::Relaxed);
-        fence(AtomicOrdering::Release);
-        self.data
-            .store(w.data().cast_mut(), AtomicOrdering::Relaxed);
-        self.vtable.store(
-            std::ptr::from_ref(w.vtable()).cast_mut(),
-            AtomicOrdering::Relaxed,
-        );
-        let e = self.epoch.load(AtomicOrdering::Relaxed);
-        self.parked
-            .store(u64::from(r) << 32 | u64::from(e), AtomicOrdering::Release);
-    }
-
-    /// Under the net's lock, in an event loop (its `Net::poll` drains):
-    /// the connection has nothing to read at the current epoch.
-    fn note_empty(&self) {
-        let e = self.epoch.load(AtomicOrdering::Relaxed);
-        self.empty_at
-            .store(1 << 32 | u64::from(e), AtomicOrdering::Release);
-    }
-
-    /// Without the lock: whether the connection was found empty and
-    /// nothing arrived since, so a non-blocking read may say `WouldBlock`
-    /// at once. Staleness is harmless as in [`ReadSignal::still_parked`]:
-    /// what arrived is reported by the `Net::poll` that drained it, and
-    /// that poll's lock makes the bump visible to the next read.
-    fn still_empty(&self) -> bool {
-        let r = self.empty_at.load(AtomicOrdering::Acquire);
-        r != 0 && r as u32 == self.epoch.load(AtomicOrdering::Acquire)
-    }
-
-    /// Without the lock: whether `w` is registered for the connection's
-    /// reads and nothing woke them since, so a poll may return `Pending`
-    /// at once. A stale "no" only costs the locked path. A stale "yes"
-    /// (the driver bumped the epoch but this thread does not see it yet)
-    /// is harmless: the wake-up that follows the bump polls the task again.
-    fn still_parked(&self, w: &Waker) -> bool {
-        let p = self.parked.load(AtomicOrdering::Acquire);
-        if p == 0 {
-            return false;
-        }
-        let data = self.data.load(AtomicOrdering::Relaxed);
-        let vtable = self.vtable.load(AtomicOrdering::Relaxed);
-        fence(AtomicOrdering::Acquire);
-        // Unchanged record: `data` and `vtable` are the ones it describes.
-        p == self.parked.load(AtomicOrdering::Relaxed)
-            && p as u32 == self.epoch.load(AtomicOrdering::Acquire)
-            && std::ptr::eq(data, w.data())
-            && std::ptr::eq(vtable, w.vtable())
     }
 }
 

@@ -4,10 +4,10 @@
 //! the pool free list are checked by the same code that runs in production.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// A cell whose accesses loom can track; a thin wrapper over
 /// `core::cell::UnsafeCell` otherwise.
