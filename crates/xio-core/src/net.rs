@@ -2530,42 +2530,33 @@ impl XioStream {
     fn poll_read_op<R>(
         &self,
         cx: &Context<'_>,
-        f: impl FnOnce(&mut Core, &mut Vec<Waiter>, ConnId) -> Try<R>,
+        mut f: impl FnMut(&mut Core, &mut Vec<Waiter>, ConnId) -> Try<R>,
     ) -> Poll<io::Result<R>> {
         let s = &self.inner;
         if s.sig.still_parked(cx.waker()) {
             return Poll::Pending;
         }
         let c = s.id;
-        let mut wake = Vec::new();
-        let mut g = s.net.lock();
-        s.sig.forget();
-        let r = match f(&mut g, &mut wake, c) {
-            Try::Done(r) => {
+        let w = cx.waker();
+        s.net.poll_op(Key::Read(c), cx, |core, wake| {
+            s.sig.forget();
+            let r = f(core, wake, c);
+            match &r {
+                // `poll_op` registers the waker.
+                Try::Wait => core.park_reader(c, &s.sig, w),
                 // A read that took everything is followed at once by
                 // another that finds nothing (hyper's is): register the
                 // task now, in this lock hold, so that poll takes the
                 // lock-free way. At worst the task is woken once without
                 // reading, which futures allow.
-                if r.is_ok() && !g.table.is_readable(c) {
-                    g.add_waker(Key::Read(c), cx.waker());
-                    g.park_reader(c, &s.sig, cx.waker());
+                Try::Done(Ok(_)) if !core.table.is_readable(c) => {
+                    core.add_waker(Key::Read(c), w);
+                    core.park_reader(c, &s.sig, w);
                 }
-                Poll::Ready(r)
+                _ => {}
             }
-            Try::Wait => {
-                g.add_waker(Key::Read(c), cx.waker());
-                g.park_reader(c, &s.sig, cx.waker());
-                Poll::Pending
-            }
-            Try::Retry => {
-                g.add_retry(cx.waker());
-                Poll::Pending
-            }
-        };
-        drop(g);
-        wake_all(&mut wake);
-        r
+            r
+        })
     }
 
     /// Takes the next received pool buffer if there is one (`None`: end of
