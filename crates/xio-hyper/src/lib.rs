@@ -26,8 +26,9 @@
 //! **Fallback to TCP.** [`XioConnector::with_tcp_fallback`] dials over TCP
 //! when no X-IO service is bound to the address on this node (the manager
 //! refuses it, or no manager runs), so a service keeps working when its
-//! peers move to another node; [`serve_on`] listens on X-IO and TCP at
-//! once.
+//! peers move to another node; [`XioConnector::or_tcp`] does the same
+//! and builds even where no X-IO manager runs at all; [`serve_on`] listens
+//! on X-IO and TCP at once.
 //!
 //! **tonic** (feature `tonic`, on by default): the client uses
 //! `Endpoint::connect_with_connector(XioConnector)` as is; the server
@@ -157,6 +158,17 @@ impl XioConnector {
     pub fn with_tcp_fallback(mut self) -> Self {
         self.tcp_fallback = true;
         self
+    }
+
+    /// A connector on the process-wide pool that dials TCP wherever X-IO
+    /// cannot: the address has no X-IO listener on this node, or no X-IO
+    /// manager runs here at all (the same binary on a node without X-IO).
+    /// Unlike [`XioConnector::new`] it never fails to build.
+    pub fn or_tcp() -> Self {
+        Self {
+            net: None,
+            tcp_fallback: true,
+        }
     }
 }
 

@@ -273,6 +273,47 @@ fn tcp_fallback_when_no_xio_listener_on_this_node() {
     });
 }
 
+/// The same binary on a node with no X-IO manager at all: a connector
+/// built with `or_tcp` builds, and dials TCP.
+#[test]
+fn or_tcp_dials_tcp_where_no_manager_runs() {
+    // This process's run directory is its own, and nothing here starts a
+    // manager for the process-wide pool's prefix.
+    let _ = setup("nomanager");
+    assert!(Net::global().is_err(), "a manager runs for the global pool");
+    assert!(XioConnector::new().is_err());
+    rt().block_on(async {
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = tcp.accept().await.unwrap();
+                tokio::spawn(
+                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(
+                            hyper_util::rt::TokioIo::new(s),
+                            hyper::service::service_fn(echo),
+                        )
+                        .into_owned(),
+                );
+            }
+        });
+        let uri: http::Uri = format!("http://{addr}/x").parse().unwrap();
+        let mut connector = XioConnector::or_tcp();
+        let conn = tower_service::Service::call(&mut connector, uri.clone())
+            .await
+            .unwrap();
+        assert!(!conn.is_xio());
+        let c: Client<XioConnector, Body> =
+            Client::builder(TokioExecutor::new()).build(XioConnector::or_tcp());
+        let req = http::Request::post(uri)
+            .body(Full::from("no manager here"))
+            .unwrap();
+        let r = c.request(req).await.unwrap();
+        assert_eq!(body_string(r).await, "no manager here");
+    });
+}
+
 /// The child of `server_dying_mid_request_gives_an_error`: a blocking X-IO
 /// server that reads a request and never answers.
 #[test]
