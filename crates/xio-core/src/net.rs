@@ -286,8 +286,8 @@ struct Core {
     driving: bool,
     probe: Option<Box<Probe>>,
     waiters: HashMap<Key, Vec<Waiter>>,
-    /// The read signal of each stream whose task waits to read, by
-    /// connection index (see [`ReadSignal`]).
+    /// The read signal of each stream that recorded a registered waker or
+    /// an empty read, by connection index (see [`ReadSignal`]).
     signals: Vec<Option<Arc<ReadSignal>>>,
     /// Emptied waiter lists kept for reuse (see `Core::recycle`).
     spare_lists: Vec<Vec<Waiter>>,

@@ -7,8 +7,8 @@ use crate::sync::{fence, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// Lets a task poll a quiet stream's reads again without the net's lock.
 ///
-/// hyper polls a connection's read two to four times per request, and all
-/// but one of those find nothing: each took the net's lock (two atomic
+/// hyper polls a connection's read three to five times per request, and
+/// all but one of those find nothing: each took the net's lock (two atomic
 /// read-modify-writes, the costliest part of such a poll), looked the
 /// connection up and found its waker already registered. Instead, a poll
 /// that registers the task's waker records here which waker it was and the
