@@ -236,26 +236,32 @@ fn hyper_h2c_256_concurrent_requests_auto_detected() {
     hyper_256_concurrent(Protocol::Auto, true, 82);
 }
 
+/// A plain hyper echo server over TCP on 127.0.0.1; its address.
+async fn tcp_echo_server() -> std::net::SocketAddr {
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (s, _) = tcp.accept().await.unwrap();
+            tokio::spawn(
+                hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(
+                        hyper_util::rt::TokioIo::new(s),
+                        hyper::service::service_fn(echo),
+                    )
+                    .into_owned(),
+            );
+        }
+    });
+    addr
+}
+
 #[test]
 fn tcp_fallback_when_no_xio_listener_on_this_node() {
     let (_mgr, p) = setup("fallback");
     rt().block_on(async {
         // A plain TCP hyper server (the service "moved to another node").
-        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = tcp.local_addr().unwrap();
-        tokio::spawn(async move {
-            loop {
-                let (s, _) = tcp.accept().await.unwrap();
-                tokio::spawn(
-                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(
-                            hyper_util::rt::TokioIo::new(s),
-                            hyper::service::service_fn(echo),
-                        )
-                        .into_owned(),
-                );
-            }
-        });
+        let addr = tcp_echo_server().await;
         let cli = Net::attach(&p).unwrap();
         let uri: http::Uri = format!("http://{addr}/x").parse().unwrap();
         // Without fallback: refused (nobody binds it in X-IO).
@@ -283,21 +289,7 @@ fn or_tcp_dials_tcp_where_no_manager_runs() {
     assert!(Net::global().is_err(), "a manager runs for the global pool");
     assert!(XioConnector::new().is_err());
     rt().block_on(async {
-        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = tcp.local_addr().unwrap();
-        tokio::spawn(async move {
-            loop {
-                let (s, _) = tcp.accept().await.unwrap();
-                tokio::spawn(
-                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(
-                            hyper_util::rt::TokioIo::new(s),
-                            hyper::service::service_fn(echo),
-                        )
-                        .into_owned(),
-                );
-            }
-        });
+        let addr = tcp_echo_server().await;
         let uri: http::Uri = format!("http://{addr}/x").parse().unwrap();
         let mut connector = XioConnector::or_tcp();
         let conn = tower_service::Service::call(&mut connector, uri.clone())
