@@ -2106,48 +2106,39 @@ impl XioStream {
     }
 
     fn read_on(&self, out: &mut [u8]) -> io::Result<usize> {
-        let c = self.inner.id;
-        let deadline = timeout_of(&self.inner.read_timeout);
-        if !self.nb() {
-            self.inner.net.ensure_connected(c, deadline)?;
-        }
-        let nb = self.nb();
-        if nb && self.inner.sig.still_empty() {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        // A timeout is TimedOut (std says WouldBlock on Unix; TimedOut says
-        // what happened, as tokio does).
         let out = crate::conn::as_uninit(out);
-        let sig = &self.inner.sig;
-        self.inner
-            .net
-            .block(Key::Read(c), nb, deadline, |core, wake| {
-                let r = core.read_step(wake, c, out);
-                if nb {
-                    core.note_read(c, sig, &r);
-                }
-                r
-            })
+        self.read_op(|core, wake, c| core.read_step(wake, c, out))
     }
 
     /// Receives the next chunk as the pool buffer itself, without copying
     /// (FABLE's getreadbuf): `Ok(None)` is end of stream. Bytes already
     /// taken by `read` are skipped. Mixes freely with `read`.
     pub fn recv_buf(&self) -> io::Result<Option<Buf>> {
+        self.read_op(|core, wake, c| core.chunk_step(wake, c))
+    }
+
+    /// A read through the blocking driver (or `WouldBlock` when
+    /// non-blocking): waits for the connection, then tries `step`. An event
+    /// loop's read that would find nothing returns without the lock (see
+    /// [`ReadSignal`]). A timeout is `TimedOut` (std says `WouldBlock` on
+    /// Unix; `TimedOut` says what happened, as tokio does).
+    fn read_op<R>(
+        &self,
+        mut step: impl FnMut(&mut Core, &mut Vec<Waiter>, ConnId) -> Try<R>,
+    ) -> io::Result<R> {
         let c = self.inner.id;
         let deadline = timeout_of(&self.inner.read_timeout);
-        if !self.nb() {
-            self.inner.net.ensure_connected(c, deadline)?;
-        }
         let nb = self.nb();
-        if nb && self.inner.sig.still_empty() {
+        if !nb {
+            self.inner.net.ensure_connected(c, deadline)?;
+        } else if self.inner.sig.still_empty() {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         let sig = &self.inner.sig;
         self.inner
             .net
             .block(Key::Read(c), nb, deadline, |core, wake| {
-                let r = core.chunk_step(wake, c);
+                let r = step(core, wake, c);
                 if nb {
                     core.note_read(c, sig, &r);
                 }
