@@ -6,12 +6,14 @@
  * docs/design.md, "Known limits").
  *
  *   cc -O2 -o /tmp/wake_pingpong benches/c/wake_pingpong.c
- *   for m in futex futex-timeout eventfd eventfd-poll eventfd-epoll uds; do
+ *   for m in futex futex-timeout futex-waitv eventfd eventfd-poll eventfd-epoll uds; do
  *       /tmp/wake_pingpong $m; done
  *
  * futex          FUTEX_WAIT / FUTEX_WAKE on a word in a shared memfd page
  *                (a shared futex, as X-IO's doorbell word)
  * futex-timeout  the same, each wait with a 1 s timeout (X-IO's liveness tick)
+ * futex-waitv    futex_waitv on the word and a second shared word (a
+ *                manager's liveness word) with no timeout
  * eventfd        blocking read / write of an eventfd per direction
  * eventfd-poll   poll() with a 1 s timeout, then read
  * eventfd-epoll  epoll_wait() with a 1 s timeout, then read
@@ -83,7 +85,11 @@ struct chan {
     int ep;                 /* epoll instance */
 };
 
-enum { FUTEX, FUTEX_TIMEOUT, EVENTFD, EVENTFD_POLL, EVENTFD_EPOLL, UDS };
+enum { FUTEX, FUTEX_TIMEOUT, FUTEX_WAITV, EVENTFD, EVENTFD_POLL, EVENTFD_EPOLL, UDS };
+
+/* The second word a futex-waitv sleeper watches (a manager's liveness word,
+ * never woken here). */
+static _Atomic uint32_t *alive;
 
 static void take(struct chan *c) {
     uint64_t v;
@@ -97,6 +103,17 @@ static void take(struct chan *c) {
             if (atomic_compare_exchange_strong(c->word, &expected, 0))
                 return;
             syscall(SYS_futex, c->word, FUTEX_WAIT, 0, c->mode == FUTEX ? NULL : &sec, NULL, 0);
+        }
+    case FUTEX_WAITV:
+        for (;;) {
+            uint32_t expected = 1;
+            if (atomic_compare_exchange_strong(c->word, &expected, 0))
+                return;
+            struct futex_waitv w[2] = {
+                {.val = 0, .uaddr = (uintptr_t)c->word, .flags = FUTEX_32},
+                {.val = 7, .uaddr = (uintptr_t)alive, .flags = FUTEX_32},
+            };
+            syscall(SYS_futex_waitv, w, 2, 0, NULL, CLOCK_MONOTONIC);
         }
     case EVENTFD_POLL: {
         struct pollfd p = {c->fd, POLLIN, 0};
@@ -123,6 +140,7 @@ static void give(struct chan *c) {
     switch (c->mode) {
     case FUTEX:
     case FUTEX_TIMEOUT:
+    case FUTEX_WAITV:
         atomic_store(c->word, 1);
         syscall(SYS_futex, c->word, FUTEX_WAKE, 1, NULL, NULL, 0);
         return;
@@ -148,20 +166,20 @@ static void watch(struct chan *c) {
 }
 
 int main(int argc, char **argv) {
-    static const char *names[] = {"futex", "futex-timeout", "eventfd",
+    static const char *names[] = {"futex",        "futex-timeout", "futex-waitv", "eventfd",
                                   "eventfd-poll", "eventfd-epoll", "uds"};
     int mode = -1;
-    for (int i = 0; argc == 2 && i < 6; i++)
+    for (int i = 0; argc == 2 && i < 7; i++)
         if (strcmp(argv[1], names[i]) == 0)
             mode = i;
     if (mode < 0) {
-        fprintf(stderr, "usage: %s futex|futex-timeout|eventfd|eventfd-poll|eventfd-epoll|uds\n",
+        fprintf(stderr, "usage: %s futex|futex-timeout|futex-waitv|eventfd|eventfd-poll|eventfd-epoll|uds\n",
                 argv[0]);
         return 2;
     }
     /* to_child: parent gives, child takes; to_parent: the reverse. */
     struct chan to_child = {mode, NULL, -1, -1}, to_parent = {mode, NULL, -1, -1};
-    if (mode == FUTEX || mode == FUTEX_TIMEOUT) {
+    if (mode == FUTEX || mode == FUTEX_TIMEOUT || mode == FUTEX_WAITV) {
         int fd = memfd_create("wake_pingpong", 0);
         if (fd < 0 || ftruncate(fd, 4096) != 0) {
             perror("memfd");
@@ -170,6 +188,8 @@ int main(int argc, char **argv) {
         _Atomic uint32_t *w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         to_child.word = &w[0];
         to_parent.word = &w[16]; /* another cache line */
+        alive = &w[32];
+        *alive = 7;
     } else if (mode == UDS) {
         int sv[2];
         if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
