@@ -18,7 +18,7 @@ use crate::sync::{AtomicU32, AtomicU64, CachePadded};
 pub const MAGIC: u64 = u64::from_le_bytes(*b"XIO-SHM\x01");
 /// Bumped on any change of the layout below, or of the descriptor kinds
 /// (v4: [`kind::SYN4`]).
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 /// Most size classes a pool can have.
 pub const MAX_CLASSES: usize = 8;
 /// Class value of a descriptor that carries no buffer (control kinds).
@@ -138,7 +138,7 @@ pub struct ClassInfo {
 }
 
 /// The segment header. Written by the manager before the segment fd is
-/// handed to anyone; read-only afterwards.
+/// handed to anyone; read-only afterwards, except `manager_alive`.
 #[derive(Debug)]
 #[repr(C)]
 pub struct SegmentHeader {
@@ -160,8 +160,10 @@ pub struct SegmentHeader {
     pub channel_stride: u32,
     /// Where buffers and rings live: [`backend::SHM`] or [`backend::DPDK`].
     pub backend: u32,
-    /// Zero.
-    pub _pad: u32,
+    /// The manager's liveness word, a robust futex: the thread id of the
+    /// thread serving the pool, which the kernel marks `FUTEX_OWNER_DIED`
+    /// when that thread dies (see `crate::liveness`). Zero until it serves.
+    pub manager_alive: AtomicU32,
     /// Offset of the free-list heads.
     pub free_heads_off: u64,
     /// Offset of the stack slots.

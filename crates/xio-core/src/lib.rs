@@ -46,6 +46,7 @@ pub mod ctrl;
 pub mod dpdk;
 pub mod fork;
 pub mod layout;
+pub(crate) mod liveness;
 pub mod manager;
 pub mod net;
 pub mod paths;

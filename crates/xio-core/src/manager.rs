@@ -476,8 +476,22 @@ impl Manager {
 
     /// Serves until stopped; then removes the socket.
     pub fn run(mut self) -> Result<(), ManagerError> {
+        // Sleeping stacks learn of this thread's end, however it ends,
+        // through the segment's liveness word (see `crate::liveness`).
+        let alive = crate::liveness::Registration::register(&self.seg);
+        if alive.is_none() {
+            tracing::warn!(
+                prefix = %self.prefix,
+                "the kernel refused a robust futex list: stacks notice a dead manager within a second"
+            );
+        }
         let r = self.serve();
         let _ = std::fs::remove_file(&self.sock_path);
+        // Close the stacks' sockets, then mark the word: a stack it wakes
+        // finds its control socket closed.
+        self.stacks.clear();
+        self.pending.clear();
+        drop(alive);
         #[cfg(feature = "dpdk")]
         if let MgrPool::Dpdk(_) = self.pool {
             crate::dpdk::Eal::remove_hugepage_files(&self.prefix);

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
+use crate::sync::AtomicU32;
+
 use crate::layout::{
     BufHeader, ChannelHeader, ClassInfo, FreeHead, Geometry, Magazine, PoolConfig, RingHeader,
     SegmentHeader, StackSlot, LAYOUT_VERSION, MAGIC, MAX_CLASSES,
@@ -236,7 +238,7 @@ impl Segment {
             ring_capacity: cfg.ring_capacity,
             channel_stride: geo.channel_stride,
             backend,
-            _pad: 0,
+            manager_alive: AtomicU32::new(0),
             free_heads_off: geo.free_heads_off,
             stacks_off: geo.stacks_off,
             channels_off: geo.channels_off,
@@ -251,8 +253,10 @@ impl Segment {
     /// Validates a region's header. Stack side (and the manager's own view).
     pub fn open(region: Region) -> Result<Self, SegmentError> {
         // SAFETY: `map` checked the region holds a header; the header is
-        // written once before the fd is shared and never changes afterwards.
-        let h = unsafe { region.base.as_ptr().cast::<SegmentHeader>().read() };
+        // written once before the fd is shared and, but for the atomic
+        // `manager_alive` (not read here), never changes afterwards. A
+        // reference, not a copy: copying would read that word non-atomically.
+        let h = unsafe { &*region.base.as_ptr().cast::<SegmentHeader>() };
         if h.magic != MAGIC {
             return Err(SegmentError::Invalid("bad magic: not an X-IO segment"));
         }
@@ -375,6 +379,12 @@ impl Segment {
     pub fn free_head(&self, class: usize) -> &FreeHead {
         assert!(class < self.n_classes);
         self.at(self.free_heads_off + (class * core::mem::size_of::<FreeHead>()) as u64)
+    }
+
+    /// The manager's liveness word (see `crate::liveness`).
+    #[inline]
+    pub(crate) fn manager_alive(&self) -> &AtomicU32 {
+        &self.at::<SegmentHeader>(0).manager_alive
     }
 
     /// Slot of stack `id` (1..=max_stacks). Panics on an out-of-range id:

@@ -33,7 +33,7 @@ use crate::pool::{AllocError, PoolView, StackPool};
 use crate::proto::{ErrorCode, Msg};
 use crate::ring::{Consumer, Producer, RawRing};
 use crate::segment::{Region, Segment};
-use crate::sync::{fence, futex_wait, futex_wake, spin_hint, FxHashMap, Ordering};
+use crate::sync::{fence, futex_wake, spin_hint, AtomicU32, FxHashMap, Ordering};
 use crate::wait::{now_ns, AdaptiveSpin, WaitMode};
 
 /// Another stack, as seen from this one.
@@ -390,10 +390,6 @@ impl PoolRef {
         }
     }
 }
-
-/// Longest sleep without a deadline before a stack looks at its control
-/// socket on its own (see `Stack::wait`).
-const LIVENESS_TICK: Duration = Duration::from_secs(1);
 
 struct Chan {
     id: u32,
@@ -831,6 +827,17 @@ impl Stack {
         loop {
             match ctrl::recv(self.ctrl_fd(), true) {
                 Ok((m, fds)) => self.handle_async(m, fds)?,
+                // Everything a manager sent is queued before it dies, so a
+                // dead one whose socket is not closed yet (a process
+                // releases its robust futexes before its files) has
+                // nothing more to say.
+                Err(RecvError::Io(e))
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        && crate::liveness::died(self.seg.manager_alive()) =>
+                {
+                    self.manager_gone = true;
+                    return Err(Error::ManagerGone);
+                }
                 Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(RecvError::Closed) => {
                     self.manager_gone = true;
@@ -897,6 +904,7 @@ impl Stack {
         };
         let woken = wait_on(
             self.seg.stack_slot(self.id),
+            self.seg.manager_alive(),
             self.mode,
             &mut self.spin,
             &mut view,
@@ -1899,16 +1907,22 @@ impl Probe {
         // only detaches the borrow from `self`, which `wait_on` needs as the
         // view (cloning the segment instead copied ~340 bytes per wait).
         let slot = unsafe { &*slot };
+        let alive: *const AtomicU32 = self.seg.manager_alive();
+        // SAFETY: as for `slot`: the segment's header word, kept mapped by
+        // `self.seg` for the whole call, reached only atomically.
+        let alive = unsafe { &*alive };
         let mut spin = std::mem::take(&mut self.spin);
-        let r = wait_on(slot, self.mode, &mut spin, self, deadline, may_spin);
+        let r = wait_on(slot, alive, self.mode, &mut spin, self, deadline, may_spin);
         self.spin = spin;
         Ok(r? == Woken::Tick)
     }
 }
 
 /// The waiting policy (see [`crate::wait`]) over any [`WaitView`].
+#[allow(clippy::too_many_arguments)]
 fn wait_on(
     slot: &StackSlot,
+    alive: &AtomicU32,
     mode: WaitMode,
     spin: &mut AdaptiveSpin,
     view: &mut impl WaitView,
@@ -1992,13 +2006,12 @@ fn wait_on(
     // One system call to sleep and one (the waker's) to wake, as with a
     // socket. The futex returns at once if a producer already swapped
     // the word back to 0. The manager wakes us the same way after
-    // queueing a control message (and bumping `ctrl_seq`). Without a
-    // deadline we still wake once a second to look at the control
-    // socket: that notices a dead manager, and bounds the cost of any
-    // wake-up that could be missed to a second instead of forever.
-    let tick = timeout.map_or(LIVENESS_TICK, |t| t.min(LIVENESS_TICK));
-    futex_wait(&slot.sleeping, SLEEP_FUTEX, Some(tick));
-    let rung = slot.sleeping.swap(0, Ordering::AcqRel) == 0;
+    // queueing a control message (and bumping `ctrl_seq`). A dead
+    // manager ends the sleep through its liveness word, with no timer
+    // armed (see `crate::liveness`; where that cannot work, a one-second
+    // tick): then, as when nobody rang, we look at the control socket.
+    let manager_woke = crate::liveness::sleep(&slot.sleeping, SLEEP_FUTEX, alive, timeout);
+    let rung = slot.sleeping.swap(0, Ordering::AcqRel) == 0 && !manager_woke;
     if adaptive {
         let woke = now_ns();
         let rung_at = slot.rung_at.load(Ordering::Relaxed);
