@@ -2324,6 +2324,27 @@ impl Net {
         Ok(rustix::io::fcntl_dupfd_cloexec(g.stack.doorbell_fd(), 3)?)
     }
 
+    /// A pollable fd for the manager's side of this net: readable while
+    /// the manager has queued control messages or is gone. (An epoll
+    /// instance watching the control socket, so nothing can read the
+    /// socket through it.) A driver sleeping on [`Net::doorbell`] polls
+    /// this one too and, when it is readable, calls [`Net::drive`] with
+    /// `liveness`: a dead manager is then noticed at once, where a driver
+    /// without it has to look about once a second. It stays readable once
+    /// [`Net::manager_gone`] says so: stop polling it then.
+    pub fn manager_watch(&self) -> io::Result<std::os::fd::OwnedFd> {
+        use rustix::event::epoll;
+        let g = self.lock();
+        let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        epoll::add(
+            &ep,
+            g.stack.ctrl_fd(),
+            epoll::EventData::new_u64(0),
+            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+        )?;
+        Ok(ep)
+    }
+
     /// Drains the rings, wakes the tasks that became ready, and arms the
     /// doorbell. `rung`: the doorbell fd was readable (its ring is
     /// consumed here). With `liveness`, also reads the control socket (call

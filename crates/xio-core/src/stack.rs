@@ -518,7 +518,8 @@ impl Stack {
         self.bell.fd()
     }
 
-    fn ctrl_fd(&self) -> BorrowedFd<'_> {
+    /// The control socket (others may watch it; only `poll_ctrl` reads it).
+    pub(crate) fn ctrl_fd(&self) -> BorrowedFd<'_> {
         self.pool
             .keepalive()
             .expect("a stack always holds its control socket")

@@ -38,7 +38,9 @@
 //! doorbell it keeps watching the rings for the adaptive policy's budget,
 //! yielding to the runtime's other tasks between looks (never spinning
 //! inside a poll), and only while a peer is awake on another core: idle,
-//! or sharing one core with its peer, it sleeps at once.
+//! or sharing one core with its peer, it sleeps at once. Asleep, it also
+//! watches the manager ([`Net::manager_watch`]), so a dead manager is
+//! noticed at once without a timer: an idle service makes no wake-ups.
 //!
 //! **Busy-poll**, for latency-critical services with a core to spare: a
 //! [`Net`] built with `Net::builder(prefix).wait_mode(WaitMode::BusyPoll)`
@@ -70,8 +72,8 @@ pub use xio_core as core;
 pub use xio_core::buf::{Buf, BufMut};
 pub use xio_core::net::Net;
 
-/// How often the driver reads the control socket on its own (notices a
-/// dead manager).
+/// How often a busy driver reads the control socket on its own (a sleeping
+/// one watches it instead), and a driver without a manager watch ticks.
 const LIVENESS: Duration = Duration::from_secs(1);
 /// Pause before retrying what nothing signals (a full ring, an empty pool).
 const RETRY: Duration = Duration::from_micros(50);
@@ -136,12 +138,23 @@ fn ensure_driver(net: &Net) -> io::Result<()> {
     // SAFETY: an `OwnedFd` is open and names the same eventfd for as long
     // as it lives, and the `AsyncFd` owns it.
     let fd = unsafe { AsyncFd::register_with_interest(bell, tokio::io::Interest::READABLE)? };
+    // Without it (an epoll refused) the driver looks once a second.
+    let manager = net
+        .manager_watch()
+        .and_then(|w| {
+            // SAFETY: as for the doorbell: the `OwnedFd` names the same epoll
+            // instance for as long as it lives, and the `AsyncFd` owns it.
+            unsafe { AsyncFd::register_with_interest(w, tokio::io::Interest::READABLE) }
+                .map_err(io::Error::from)
+        })
+        .map_err(|e| tracing::debug!(error = %e, "no manager watch; a liveness tick instead"))
+        .ok();
     let weak = net.downgrade();
     let alive = Arc::new(AtomicBool::new(true));
     let guard = Alive(alive.clone());
     handle.spawn(async move {
         let _alive = guard;
-        drive(weak, fd).await
+        drive(weak, fd, manager).await
     });
     r.drivers.insert(id, alive.clone());
     LAST_DRIVER.with(|l| *l.borrow_mut() = Some((id, alive)));
@@ -187,17 +200,37 @@ fn look_burst(w: &mut xio_core::net::Watcher) -> bool {
 /// Looks at the rings per yield of the driver (see [`look_burst`]).
 const LOOKS_PER_YIELD: u32 = 8;
 
-/// The driver task of one net (see the crate docs).
-async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
+/// What ended the driver's sleep.
+enum Woke {
+    /// The doorbell rang.
+    Bell,
+    /// The manager queued a control message or went away.
+    Manager,
+    /// The manager's watch failed: look once, then tick instead.
+    ManagerWatchFailed,
+    /// The liveness tick (a driver without a manager watch).
+    Tick,
+}
+
+/// The driver task of one net (see the crate docs). `manager`: the net's
+/// [`Net::manager_watch`], polled beside the doorbell while the driver
+/// sleeps, so a sleeping driver needs no timer to notice a dead manager.
+async fn drive(
+    net: xio_core::net::WeakNet,
+    fd: AsyncFd<std::os::fd::OwnedFd>,
+    mut manager: Option<AsyncFd<std::os::fd::OwnedFd>>,
+) {
     let mut last_tick = std::time::Instant::now();
     let mut rung = true;
     let mut rounds = 0u32;
     let mut tick_due = false;
+    let mut ctrl_due = false;
     loop {
         let Some(mut n) = net.upgrade() else { return };
         // Clock reads are slow on VMs: look at the time now and then only.
         rounds = rounds.wrapping_add(1);
-        let liveness = (tick_due || rounds.is_multiple_of(64)) && last_tick.elapsed() >= LIVENESS;
+        let liveness = std::mem::take(&mut ctrl_due)
+            || (tick_due || rounds.is_multiple_of(64)) && last_tick.elapsed() >= LIVENESS;
         tick_due = false;
         if liveness {
             last_tick = std::time::Instant::now();
@@ -285,19 +318,64 @@ async fn drive(net: xio_core::net::WeakNet, fd: AsyncFd<std::os::fd::OwnedFd>) {
             // or re-arms the doorbell.
             continue;
         }
+        if n.manager_gone() {
+            // Its watch stays readable now; nothing more to learn there.
+            manager = None;
+        }
         drop(n);
-        match tokio::time::timeout(LIVENESS, fd.readable()).await {
-            Ok(Ok(mut guard)) => {
-                guard.clear_ready();
-                rung = true;
+        let woke = match &manager {
+            Some(m) => sleep_on(&fd, m).await,
+            None => match tokio::time::timeout(LIVENESS, fd.readable()).await {
+                Ok(r) => r.map(|mut guard| {
+                    guard.clear_ready();
+                    Woke::Bell
+                }),
+                Err(_) => Ok(Woke::Tick),
+            },
+        };
+        match woke {
+            Ok(Woke::Bell) => rung = true,
+            Ok(Woke::Manager) => ctrl_due = true,
+            Ok(Woke::ManagerWatchFailed) => {
+                manager = None;
+                ctrl_due = true;
             }
-            Ok(Err(e)) => {
+            // Without a watch, look at the control socket at every tick
+            // (this once waited for the 64th round's clock check: a dead
+            // manager was noticed after ~64 s).
+            Ok(Woke::Tick) => ctrl_due = true,
+            Err(e) => {
                 tracing::error!(error = %e, "xio-tokio: doorbell failed; driver stops");
                 return;
             }
-            Err(_) => {} // the liveness tick
         }
     }
+}
+
+/// Sleeps until the doorbell rings or the manager's watch is readable,
+/// with no timer. Clears the readiness it reports before the driver
+/// reads, so what comes later is seen. Fails only if the doorbell does.
+async fn sleep_on(
+    bell: &AsyncFd<std::os::fd::OwnedFd>,
+    manager: &AsyncFd<std::os::fd::OwnedFd>,
+) -> io::Result<Woke> {
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = bell.poll_read_ready(cx) {
+            r?.clear_ready();
+            return Poll::Ready(Ok(Woke::Bell));
+        }
+        if let Poll::Ready(r) = manager.poll_read_ready(cx) {
+            return Poll::Ready(Ok(match r {
+                Ok(mut g) => {
+                    g.clear_ready();
+                    Woke::Manager
+                }
+                Err(_) => Woke::ManagerWatchFailed,
+            }));
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// A listening socket, like `tokio::net::TcpListener`.

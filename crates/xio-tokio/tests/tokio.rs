@@ -342,8 +342,17 @@ fn child_main() {
         return;
     };
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
-    assert_eq!(role, "writer");
     let prefix = std::env::var("XIO_CHILD_PREFIX").unwrap();
+    if role == "manager" {
+        // Serves until killed.
+        let _mgr = Manager::builder(&prefix).spawn().unwrap();
+        println!("ready");
+        std::io::stdout().flush().unwrap();
+        loop {
+            std::thread::park();
+        }
+    }
+    assert_eq!(role, "writer");
     // A plain blocking X-IO server in the child: accepts, then writes.
     let net = Net::attach(&prefix).unwrap();
     let l = net.listen("10.4.0.6:80").unwrap();
@@ -354,9 +363,9 @@ fn child_main() {
     while s.write_all(&chunk).is_ok() {}
 }
 
-#[test]
-fn peer_killed_gives_connection_reset() {
-    let (mgr, p) = setup("killed");
+/// Runs `child_main` in a child process as `role` on pool `prefix`, and
+/// waits for its "ready".
+fn spawn_child(role: &str, prefix: &str) -> std::process::Child {
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -365,8 +374,8 @@ fn peer_killed_gives_connection_reset() {
             "--test-threads=1",
             "--quiet",
         ])
-        .env("XIO_CHILD_ROLE", "writer")
-        .env("XIO_CHILD_PREFIX", &p)
+        .env("XIO_CHILD_ROLE", role)
+        .env("XIO_CHILD_PREFIX", prefix)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -374,6 +383,13 @@ fn peer_killed_gives_connection_reset() {
     let out = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
     let mut out = out.map_while(Result::ok);
     assert!(out.any(|l| l == "ready"), "child never got ready");
+    child
+}
+
+#[test]
+fn peer_killed_gives_connection_reset() {
+    let (mgr, p) = setup("killed");
+    let mut child = spawn_child("writer", &p);
     rt(1).block_on(async {
         let cli = Net::attach(&p).unwrap();
         let mut c = XioStream::connect_with(&cli, "10.4.0.6:80").await.unwrap();
@@ -404,6 +420,40 @@ fn peer_killed_gives_connection_reset() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// The manager's process is killed while the driver sleeps (an idle
+/// listener and an idle connection): the net learns it through the
+/// manager's watch, and the connection keeps working without the manager.
+#[test]
+fn a_sleeping_driver_learns_of_a_killed_manager() {
+    setup("mgrkill");
+    let p = format!("tt-mgrkill-child-{}", std::process::id());
+    let mut child = spawn_child("manager", &p);
+    rt(1).block_on(async {
+        let net = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&net, "10.4.0.9:80").unwrap();
+        let mut c = XioStream::connect_with(&net, "10.4.0.9:80").await.unwrap();
+        let (mut s, _) = l.accept().await.unwrap();
+        c.write_all(b"ping").await.unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).await.unwrap();
+        assert!(!net.manager_gone());
+        // Idle long enough for the driver's spin budget to end: it sleeps.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        child.kill().unwrap();
+        child.wait().unwrap();
+        tokio::time::timeout(WATCHDOG, async {
+            while !net.manager_gone() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("watchdog: the net never noticed its manager's death");
+        s.write_all(b"pong").await.unwrap();
+        c.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"pong");
+    });
 }
 
 /// Shutting a runtime down with connections open and reads pending returns
