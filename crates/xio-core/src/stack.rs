@@ -1920,7 +1920,7 @@ impl Probe {
 }
 
 /// The waiting policy (see [`crate::wait`]) over any [`WaitView`].
-#[allow(clippy::too_many_arguments)]
+/// `alive`: the manager's liveness word (see [`crate::liveness`]).
 fn wait_on(
     slot: &StackSlot,
     alive: &AtomicU32,
