@@ -41,7 +41,7 @@ pub(crate) const TICK: Duration = Duration::from_secs(1);
 const TID_MASK: u32 = 0x3fff_ffff;
 
 #[cfg(not(loom))]
-pub(crate) use real::{died, sleep, Registration};
+pub(crate) use real::{died, sleep, watched, Registration};
 
 #[cfg(not(loom))]
 mod real {
@@ -172,6 +172,12 @@ mod real {
         }
     }
 
+    /// Whether a manager ever registered `alive` (so [`died`] will say
+    /// when it is gone).
+    pub(crate) fn watched(alive: &AtomicU32) -> bool {
+        alive.load(Ordering::Relaxed) != 0
+    }
+
     /// Whether the manager that registered `alive` is gone (the kernel or
     /// its clean stop marked the word).
     pub(crate) fn died(alive: &AtomicU32) -> bool {
@@ -258,6 +264,12 @@ impl Registration {
     pub(crate) fn register(_: &crate::segment::Segment) -> Option<Self> {
         None
     }
+}
+
+/// Under loom: no manager registers.
+#[cfg(loom)]
+pub(crate) fn watched(_: &AtomicU32) -> bool {
+    false
 }
 
 /// Under loom: no manager dies.

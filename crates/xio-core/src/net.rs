@@ -154,6 +154,7 @@ impl NetBuilder {
             .max(2 * max_buf)
             .min(u32::MAX as usize / 2);
         let waking = Arc::new(AtomicUsize::new(0));
+        let seg = stack.__segment().clone();
         Ok(Net {
             shared: Arc::new(Shared {
                 core: Mutex::new(Core {
@@ -189,6 +190,7 @@ impl NetBuilder {
                 }),
                 classes,
                 waking,
+                seg,
             }),
         })
     }
@@ -224,6 +226,9 @@ struct Shared {
     /// Threads woken from a blocking call that have not yet taken the
     /// lock again: they want a CPU (see `Net::block`). Also in `Core`.
     waking: Arc<AtomicUsize>,
+    /// The stack's segment, for its manager's liveness word (read without
+    /// the lock).
+    seg: crate::segment::Segment,
 }
 
 /// What waits for a key: a blocked thread, or a task's waker.
@@ -1580,9 +1585,13 @@ impl Net {
     pub fn poll_nowait(&self, events: &mut Vec<Event>) -> io::Result<usize> {
         let start = events.len();
         self.poll(events, Some(Duration::ZERO))?;
-        // About once a second also read the control socket, so a dead
-        // manager is noticed.
-        let liveness = {
+        // Read the control socket once the manager's liveness word says it
+        // died (one load); where no manager registered the word, about
+        // once a second.
+        let alive = self.shared.seg.manager_alive();
+        let liveness = if crate::liveness::watched(alive) {
+            crate::liveness::died(alive)
+        } else {
             let mut g = self.lock();
             let now = crate::wait::now_ns();
             let due = now.saturating_sub(g.last_liveness) > 1_000_000_000;

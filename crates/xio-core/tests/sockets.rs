@@ -324,6 +324,22 @@ fn ipv4_and_ipv6_syns_agree_on_addresses() {
 /// with `epoll`): a non-blocking read that finds nothing queued says
 /// WouldBlock even though bytes sit in the ring, the next `poll` reports
 /// the stream readable, and nothing is lost. Blocking reads still drain.
+/// An event loop's non-blocking poll learns that its manager stopped at
+/// the first poll after (from the manager's liveness word), where it used
+/// to look at the control socket only once a second.
+#[test]
+fn a_polled_net_sees_its_manager_gone_at_the_next_poll() {
+    let (mgr, p) = start("pollgone");
+    let net = Net::attach(&p).unwrap();
+    let _l = net.listen("10.3.0.12:80").unwrap();
+    let mut events = Vec::new();
+    net.poll_nowait(&mut events).unwrap();
+    assert!(!net.manager_gone());
+    mgr.stop();
+    let _ = net.poll_nowait(&mut events);
+    assert!(net.manager_gone());
+}
+
 #[test]
 fn polled_net_leaves_draining_to_poll() {
     let (_mgr, p) = start("polldrain");
