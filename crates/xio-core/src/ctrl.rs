@@ -64,7 +64,13 @@ pub fn recv_raw(
     if nonblocking {
         flags |= RecvFlags::DONTWAIT;
     }
-    let r = rustix::net::recvmsg(sock, &mut iov, &mut anc, flags).map_err(io::Error::from)?;
+    let r = match rustix::net::recvmsg(sock, &mut iov, &mut anc, flags) {
+        Ok(r) => r,
+        // The peer closed with our messages unread: a Unix socket says
+        // ECONNRESET once, then end of file. Closed either way.
+        Err(rustix::io::Errno::CONNRESET) => return Err(RecvError::Closed),
+        Err(e) => return Err(io::Error::from(e).into()),
+    };
     let mut fds = Vec::new();
     for m in anc.drain() {
         if let RecvAncillaryMessage::ScmRights(it) = m {

@@ -537,7 +537,11 @@ impl Stack {
             return Err(Error::ManagerGone);
         }
         if let Err(e) = ctrl::send(self.ctrl_fd(), msg, &[]) {
-            if e.kind() == io::ErrorKind::BrokenPipe {
+            // EPIPE, or ECONNRESET when it closed with our messages unread.
+            if matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ) {
                 self.manager_gone = true;
                 return Err(Error::ManagerGone);
             }
