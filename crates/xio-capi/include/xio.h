@@ -302,6 +302,31 @@ xio_result xio_net_close(struct xio_net *net);
 xio_result xio_net_fd(struct xio_net *net, int32_t *fd_out);
 
 /**
+ * A second fd for the same loop as `xio_net_fd`: it becomes readable
+ * when the manager has queued a control message or is gone (killed
+ * included). Call `xio_net_poll(net, ..., 0, ...)` when it is readable,
+ * as for `xio_net_fd`. The call that finds the manager gone makes
+ * `xio_net_manager_gone` say so and quiets this fd for good (streams
+ * already connected keep working). Without it, an idle loop learns of
+ * the manager's end at its next `xio_net_poll`. The fd belongs to the
+ * net: do not close it.
+ *
+ * # Safety
+ * `net` is a live net handle or NULL; `fd_out` valid for a write.
+ */
+xio_result xio_net_manager_fd(struct xio_net *net, int32_t *fd_out);
+
+/**
+ * Writes 1 to `gone_out` if this net has found its manager gone (after
+ * which connections already made keep working, and new listens and dials
+ * fail with `XIO_ERR_MANAGER_GONE`), else 0.
+ *
+ * # Safety
+ * `net` is a live net handle or NULL; `gone_out` valid for a write.
+ */
+xio_result xio_net_manager_gone(struct xio_net *net, int32_t *gone_out);
+
+/**
  * Waits for readiness of this net's non-blocking streams and listeners
  * (an `epoll_wait` for X-IO): writes up to `cap` events to `events` and
  * their number to `n_out`. `timeout_ms` < 0 waits until something is

@@ -60,6 +60,8 @@ pub(crate) struct NetInner {
     net: Net,
     /// The pollable fd (a duplicate of the doorbell), made on first ask.
     fd: Mutex<Option<OwnedFd>>,
+    /// The manager's watch (`Net::manager_watch`), made on first ask.
+    manager_fd: Mutex<Option<OwnedFd>>,
     /// Events polled but not yet handed out (more than the caller's array).
     backlog: Mutex<VecDeque<XioEvent>>,
 }
@@ -142,6 +144,7 @@ pub unsafe extern "C" fn xio_net_attach(prefix: *const c_char, out: *mut *mut Xi
         let h = into_handle::<XioNet>(NetInner {
             net,
             fd: Mutex::new(None),
+            manager_fd: Mutex::new(None),
             backlog: Mutex::new(VecDeque::new()),
         });
         // SAFETY: checked non-NULL.
@@ -161,6 +164,18 @@ pub unsafe extern "C" fn xio_net_close(net: *mut XioNet) -> XioResult {
     guard(|| unsafe { take(net) }.map(drop))
 }
 
+/// The fd in `slot`, made by `make` on first ask; the net keeps it.
+fn lazy_fd(
+    slot: &Mutex<Option<OwnedFd>>,
+    make: impl FnOnce() -> std::io::Result<OwnedFd>,
+) -> std::io::Result<i32> {
+    let mut fd = slot.lock().unwrap_or_else(|e| e.into_inner());
+    if fd.is_none() {
+        *fd = Some(make()?);
+    }
+    Ok(fd.as_ref().expect("just set").as_raw_fd())
+}
+
 /// An fd for an existing `epoll`/`poll`/`select` loop: it becomes readable
 /// when `xio_net_poll` may have events. Use it like this: call
 /// `xio_net_poll(net, ..., 0, ...)` once before the first wait and every
@@ -177,13 +192,51 @@ pub unsafe extern "C" fn xio_net_fd(net: *mut XioNet, fd_out: *mut i32) -> XioRe
         need_out(fd_out, "fd_out")?;
         // SAFETY: per this function's contract.
         let n = unsafe { borrow(net) }?;
-        let mut fd = n.fd.lock().unwrap_or_else(|e| e.into_inner());
-        if fd.is_none() {
-            *fd = Some(n.net.doorbell()?);
-        }
-        let raw = fd.as_ref().expect("just set").as_raw_fd();
+        let raw = lazy_fd(&n.fd, || n.net.doorbell())?;
         // SAFETY: checked non-NULL.
         unsafe { put(fd_out, raw) };
+        Ok(())
+    })
+}
+
+/// A second fd for the same loop as `xio_net_fd`: it becomes readable
+/// when the manager has queued a control message or is gone (killed
+/// included). Call `xio_net_poll(net, ..., 0, ...)` when it is readable,
+/// as for `xio_net_fd`. The call that finds the manager gone makes
+/// `xio_net_manager_gone` say so and quiets this fd for good (streams
+/// already connected keep working). Without it, an idle loop learns of
+/// the manager's end at its next `xio_net_poll`. The fd belongs to the
+/// net: do not close it.
+///
+/// # Safety
+/// `net` is a live net handle or NULL; `fd_out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_net_manager_fd(net: *mut XioNet, fd_out: *mut i32) -> XioResult {
+    guard(|| {
+        need_out(fd_out, "fd_out")?;
+        // SAFETY: per this function's contract.
+        let n = unsafe { borrow(net) }?;
+        let raw = lazy_fd(&n.manager_fd, || n.net.manager_watch())?;
+        // SAFETY: checked non-NULL.
+        unsafe { put(fd_out, raw) };
+        Ok(())
+    })
+}
+
+/// Writes 1 to `gone_out` if this net has found its manager gone (after
+/// which connections already made keep working, and new listens and dials
+/// fail with `XIO_ERR_MANAGER_GONE`), else 0.
+///
+/// # Safety
+/// `net` is a live net handle or NULL; `gone_out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_net_manager_gone(net: *mut XioNet, gone_out: *mut i32) -> XioResult {
+    guard(|| {
+        need_out(gone_out, "gone_out")?;
+        // SAFETY: per this function's contract.
+        let n = unsafe { borrow(net) }?;
+        // SAFETY: checked non-NULL.
+        unsafe { put(gone_out, i32::from(n.net.manager_gone())) };
         Ok(())
     })
 }

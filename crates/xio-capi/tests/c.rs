@@ -396,6 +396,22 @@ fn rust_streams_against_c_server_and_c_client_against_rust_server() {
     wait_pool_whole(&mgr);
 }
 
+/// A C epoll loop asleep with no timeout learns that its manager stopped
+/// through `xio_net_manager_fd` (see `tests/c/manager_fd_test.c`).
+#[test]
+fn an_idle_c_epoll_loop_learns_its_manager_stopped() {
+    let (mgr, p) = manager("mgrfd");
+    let mut t = CProc::spawn("manager_fd_test", &[&p]);
+    t.expect("ready");
+    mgr.stop();
+    assert_eq!(
+        t.expect("gone"),
+        "1 0",
+        "woken by the manager's fd, which is quiet afterwards"
+    );
+    t.wait_success();
+}
+
 #[test]
 fn killed_c_process_is_reclaimed() {
     let (mgr, p) = manager("kill");

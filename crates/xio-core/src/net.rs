@@ -185,6 +185,7 @@ impl NetBuilder {
                     missed: None,
                     retry_writes: Vec::new(),
                     last_liveness: 0,
+                    manager_watch: None,
                     data_drains: 0,
                     data_seen: (0, 0),
                 }),
@@ -331,6 +332,9 @@ struct Core {
     retry_writes: Vec<(ConnId, Instant)>,
     /// When [`Net::poll_nowait`] last read the control socket.
     last_liveness: u64,
+    /// The epoll instance behind [`Net::manager_watch`], kept to be
+    /// emptied when the manager is found gone.
+    manager_watch: Option<std::os::fd::OwnedFd>,
     /// Drains that found something (no clock read on the data path)...
     data_drains: u64,
     /// ...as of the last watch end, and when that count last moved (ns).
@@ -657,6 +661,11 @@ impl Core {
             Ok(n) => n,
             Err(Error::ManagerGone) => {
                 tracing::warn!("the X-IO manager went away; open connections keep working");
+                if let Some(w) = self.manager_watch.take() {
+                    // Its socket stays readable (end of file): quiet the
+                    // watch for good, in every copy handed out.
+                    let _ = rustix::event::epoll::delete(&w, self.stack.ctrl_fd());
+                }
                 0
             }
             Err(e) => return Err(stack_err(e)),
@@ -2339,19 +2348,28 @@ impl Net {
     /// socket through it.) A driver sleeping on [`Net::doorbell`] polls
     /// this one too and, when it is readable, calls [`Net::drive`] with
     /// `liveness`: a dead manager is then noticed at once, where a driver
-    /// without it has to look about once a second. It stays readable once
-    /// [`Net::manager_gone`] says so: stop polling it then.
+    /// without it has to look about once a second. Once the net has
+    /// found the manager gone ([`Net::manager_gone`]), the fd stops
+    /// watching and is never readable again.
     pub fn manager_watch(&self) -> io::Result<std::os::fd::OwnedFd> {
         use rustix::event::epoll;
-        let g = self.lock();
-        let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
-        epoll::add(
-            &ep,
-            g.stack.ctrl_fd(),
-            epoll::EventData::new_u64(0),
-            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
-        )?;
-        Ok(ep)
+        let mut g = self.lock();
+        if g.manager_watch.is_none() && !g.stack.manager_gone() {
+            let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+            epoll::add(
+                &ep,
+                g.stack.ctrl_fd(),
+                epoll::EventData::new_u64(0),
+                epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+            )?;
+            g.manager_watch = Some(ep);
+        }
+        match &g.manager_watch {
+            // Every copy is the same epoll instance: `drain` empties it.
+            Some(w) => Ok(rustix::io::fcntl_dupfd_cloexec(w, 3)?),
+            // Gone already: an empty instance, never readable.
+            None => Ok(epoll::create(epoll::CreateFlags::CLOEXEC)?),
+        }
     }
 
     /// Drains the rings, wakes the tasks that became ready, and arms the

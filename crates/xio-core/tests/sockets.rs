@@ -1274,3 +1274,41 @@ fn threads_woken_by_the_driver_are_all_counted_back() {
     drop((client, server));
     wait_pool_whole(&mgr);
 }
+
+/// `Net::manager_watch`: quiet while the manager runs, readable when it
+/// stops, and quiet again for good once the net has noticed.
+#[test]
+fn the_manager_watch_fires_at_the_managers_end_then_goes_quiet() {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let (mgr, p) = start("mgrwatch");
+    let net = Net::attach(&p).unwrap();
+    let _l = net.listen("10.3.0.13:80").unwrap();
+    let w = net.manager_watch().unwrap();
+    let mut events = Vec::new();
+    net.poll_nowait(&mut events).unwrap();
+    let readable = |t: Option<&rustix::time::Timespec>| {
+        let mut fds = [PollFd::new(&w, PollFlags::IN)];
+        poll(&mut fds, t).unwrap() == 1
+    };
+    let now = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    assert!(!readable(Some(&now)), "readable while the manager runs");
+    mgr.stop();
+    let dog = rustix::time::Timespec {
+        tv_sec: WATCHDOG.as_secs() as i64,
+        tv_nsec: 0,
+    };
+    assert!(readable(Some(&dog)), "the watch never fired");
+    net.poll_nowait(&mut events).unwrap();
+    assert!(net.manager_gone());
+    assert!(
+        !readable(Some(&now)),
+        "still readable after the net noticed"
+    );
+    // A watch asked for afterwards never fires either.
+    let late = net.manager_watch().unwrap();
+    let mut fds = [PollFd::new(&late, PollFlags::IN)];
+    assert_eq!(poll(&mut fds, Some(&now)).unwrap(), 0);
+}

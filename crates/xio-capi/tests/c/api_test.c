@@ -211,6 +211,15 @@ int main(int argc, char **argv) {
     xio_net *net;
     CHECK(xio_net_attach(prefix, NULL) == XIO_ERR_INVALID_ARGUMENT);
     OK(xio_net_attach(prefix, &net));
+    int mfd = -1, mfd2 = -1, gone = -1;
+    CHECK(xio_net_manager_fd(net, NULL) == XIO_ERR_INVALID_ARGUMENT);
+    CHECK(xio_net_manager_fd(NULL, &mfd) == XIO_ERR_INVALID_ARGUMENT && mfd == -1);
+    OK(xio_net_manager_fd(net, &mfd));
+    OK(xio_net_manager_fd(net, &mfd2));
+    CHECK(mfd >= 0 && mfd == mfd2); /* the net's own fd, made once */
+    CHECK(xio_net_manager_gone(net, NULL) == XIO_ERR_INVALID_ARGUMENT);
+    OK(xio_net_manager_gone(net, &gone));
+    CHECK(gone == 0);
     xio_stream *c = (xio_stream *)(uintptr_t)0x77;
     CHECK(xio_dial(net, "10.9.1.1:80", &c) == XIO_ERR_CONNECTION_REFUSED && c == (xio_stream *)(uintptr_t)0x77);
     xio_listener *l, *l2;
