@@ -107,15 +107,20 @@ int main(int argc, char **argv) {
     uint64_t lis_token;
     xio_listener_token(lis, &lis_token);
 
-    int xfd;
-    if ((r = xio_net_fd(net, &xfd)) != XIO_OK)
+    /* The net's fd, and beside it the manager's (readable when the
+     * manager has something to say or dies). */
+    int xfd, mfd;
+    if ((r = xio_net_fd(net, &xfd)) != XIO_OK || (r = xio_net_manager_fd(net, &mfd)) != XIO_OK)
         die("fd", r);
     int ep = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = xfd};
-    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, xfd, &ev) < 0) {
+    struct epoll_event mev = {.events = EPOLLIN, .data.fd = mfd};
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, xfd, &ev) < 0 ||
+        epoll_ctl(ep, EPOLL_CTL_ADD, mfd, &mev) < 0) {
         perror("epoll");
         return 1;
     }
+    int manager_gone = 0;
     printf("XIO:ready\n");
     fflush(stdout);
 
@@ -173,6 +178,9 @@ int main(int argc, char **argv) {
         }
         if ((r = xio_net_poll(net, events, 64, 0, &n)) != XIO_OK)
             die("poll", r);
+        if (!manager_gone && xio_net_manager_gone(net, &manager_gone) == XIO_OK && manager_gone)
+            fprintf(stderr, "sock_echo_server: the X-IO manager went away; "
+                            "open connections keep working\n");
     }
     printf("XIO:served %ld\n", served);
     for (size_t i = 0; i < MAX_CONNS; i++)
