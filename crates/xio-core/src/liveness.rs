@@ -179,9 +179,12 @@ mod real {
     }
 
     /// Whether the manager that registered `alive` is gone (the kernel or
-    /// its clean stop marked the word).
+    /// its clean stop marked the word). Only the two values those leave
+    /// count: the word is in memory every peer can write, and a stray
+    /// write must not pass for the manager's death.
     pub(crate) fn died(alive: &AtomicU32) -> bool {
-        alive.load(Ordering::Acquire) & OWNER_DIED != 0
+        let w = alive.load(Ordering::Acquire);
+        w == OWNER_DIED || w == OWNER_DIED | WAITERS
     }
 
     /// Sleeps while `word` holds `expected`, until a wake-up, `timeout`, or
@@ -294,6 +297,8 @@ pub(crate) fn sleep(
 mod tests {
     use std::sync::{Arc, Barrier};
 
+    use rustix::thread::futex::OWNER_DIED;
+
     use super::*;
     use crate::layout::PoolConfig;
     use crate::segment::{Region, Segment};
@@ -372,7 +377,7 @@ mod tests {
             assert!(woke, "a sleeper was not woken by the liveness word");
         }
         let w = seg.manager_alive().load(Ordering::Relaxed);
-        assert_ne!(w & rustix::thread::futex::OWNER_DIED, 0, "word {w:#x}");
+        assert_ne!(w & OWNER_DIED, 0, "word {w:#x}");
     }
 
     /// A manager that stops cleanly marks the word too, and gives its
@@ -402,7 +407,13 @@ mod tests {
         drop(reg);
         assert_eq!(list(), before);
         let w = seg.manager_alive().load(Ordering::Relaxed);
-        assert_ne!(w & rustix::thread::futex::OWNER_DIED, 0, "word {w:#x}");
+        assert_ne!(w & OWNER_DIED, 0, "word {w:#x}");
+        assert!(died(seg.manager_alive()));
+        // A stray write with the bit set is not a death.
+        seg.manager_alive()
+            .store(OWNER_DIED | 0x1234, Ordering::Relaxed);
+        assert!(!died(seg.manager_alive()));
+        seg.manager_alive().store(OWNER_DIED, Ordering::Relaxed);
         // Sleeps after the manager's end take the tick path: a word that
         // stays rung returns at once.
         let word = &seg.stack_slot(1).sleeping;
