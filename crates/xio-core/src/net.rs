@@ -661,15 +661,18 @@ impl Core {
             Ok(n) => n,
             Err(Error::ManagerGone) => {
                 tracing::warn!("the X-IO manager went away; open connections keep working");
-                if let Some(w) = self.manager_watch.take() {
-                    // Its socket stays readable (end of file): quiet the
-                    // watch for good, in every copy handed out.
-                    let _ = rustix::event::epoll::delete(&w, self.stack.ctrl_fd());
-                }
                 0
             }
             Err(e) => return Err(stack_err(e)),
         };
+        // However the stack found its manager gone (here, or a request's
+        // failed send), its socket stays readable (end of file): quiet the
+        // watch for good, in every copy handed out.
+        if self.stack.manager_gone() {
+            if let Some(w) = self.manager_watch.take() {
+                let _ = rustix::event::epoll::delete(&w, self.stack.ctrl_fd());
+            }
+        }
         self.run_actions(wake);
         if n > 0 {
             self.data_drains = self.data_drains.wrapping_add(1);

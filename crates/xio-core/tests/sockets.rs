@@ -1312,3 +1312,21 @@ fn the_manager_watch_fires_at_the_managers_end_then_goes_quiet() {
     let mut fds = [PollFd::new(&late, PollFlags::IN)];
     assert_eq!(poll(&mut fds, Some(&now)).unwrap(), 0);
 }
+
+/// A net that finds its manager gone through a failed request (not a
+/// poll) quiets its watch at the next poll all the same.
+#[test]
+fn the_manager_watch_goes_quiet_when_a_request_finds_the_manager_gone() {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let (mgr, p) = start("mgrwatchreq");
+    let net = Net::attach(&p).unwrap();
+    let w = net.manager_watch().unwrap();
+    mgr.stop();
+    let e = net.listen("10.3.0.14:80").unwrap_err();
+    assert!(net.manager_gone(), "{e}");
+    let mut events = Vec::new();
+    net.poll_nowait(&mut events).unwrap();
+    let mut fds = [PollFd::new(&w, PollFlags::IN)];
+    let now = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
+    assert_eq!(poll(&mut fds, Some(&now)).unwrap(), 0, "readable after the poll");
+}
