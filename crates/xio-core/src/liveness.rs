@@ -28,13 +28,18 @@
 
 use std::time::Duration;
 
-#[cfg(loom)]
 use crate::sync::{futex_wait, AtomicU32};
 
 /// Longest sleep without a deadline when the kernel cannot tell a sleeper
 /// that the manager died: it then looks at its control socket once a
 /// second.
 pub(crate) const TICK: Duration = Duration::from_secs(1);
+
+/// The plain sleep: on `word` while it holds `expected`, at most `timeout`
+/// and at most a [`TICK`].
+fn sleep_with_tick(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+    futex_wait(word, expected, Some(timeout.map_or(TICK, |t| t.min(TICK))));
+}
 
 /// Thread-id bits of a robust futex word.
 #[cfg(not(loom))]
@@ -52,9 +57,9 @@ mod real {
     use rustix::thread::futex::{self, Wait, WaitFlags, WaitPtr, WaitvFlags, OWNER_DIED, WAITERS};
     use rustix::time::{ClockId, Timespec};
 
-    use super::{TICK, TID_MASK};
+    use super::{sleep_with_tick, TID_MASK};
     use crate::segment::Segment;
-    use crate::sync::{futex_wait, futex_wake, AtomicU32, Ordering};
+    use crate::sync::{futex_wake, AtomicU32, Ordering};
 
     /// Whether this kernel has futex_waitv (cleared on the first ENOSYS).
     static WAITV: AtomicBool = AtomicBool::new(true);
@@ -201,7 +206,7 @@ mod real {
         if seen & TID_MASK == 0 || seen & OWNER_DIED != 0 || !WAITV.load(Ordering::Relaxed) {
             // No live manager registered (not yet, or gone), or an old
             // kernel: the tick.
-            futex_wait(word, expected, Some(timeout.map_or(TICK, |t| t.min(TICK))));
+            sleep_with_tick(word, expected, timeout);
             return false;
         }
         let seen = if seen & WAITERS == 0 {
@@ -248,7 +253,7 @@ mod real {
                     WAITV.store(false, Ordering::Relaxed);
                 }
                 tracing::debug!(error = %e, "futex_waitv failed; sleeping with the tick");
-                futex_wait(word, expected, Some(timeout.map_or(TICK, |t| t.min(TICK))));
+                sleep_with_tick(word, expected, timeout);
                 return false;
             }
         }
@@ -289,7 +294,7 @@ pub(crate) fn sleep(
     _alive: &AtomicU32,
     timeout: Option<Duration>,
 ) -> bool {
-    futex_wait(word, expected, Some(timeout.map_or(TICK, |t| t.min(TICK))));
+    sleep_with_tick(word, expected, timeout);
     false
 }
 

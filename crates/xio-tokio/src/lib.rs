@@ -318,10 +318,6 @@ async fn drive(
             // or re-arms the doorbell.
             continue;
         }
-        if n.manager_gone() {
-            // Its watch stays readable now; nothing more to learn there.
-            manager = None;
-        }
         drop(n);
         let woke = match &manager {
             Some(m) => sleep_on(&fd, m).await,
