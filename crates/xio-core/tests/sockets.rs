@@ -1327,6 +1327,13 @@ fn the_manager_watch_goes_quiet_when_a_request_finds_the_manager_gone() {
     let mut events = Vec::new();
     net.poll_nowait(&mut events).unwrap();
     let mut fds = [PollFd::new(&w, PollFlags::IN)];
-    let now = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
-    assert_eq!(poll(&mut fds, Some(&now)).unwrap(), 0, "readable after the poll");
+    let now = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    assert_eq!(
+        poll(&mut fds, Some(&now)).unwrap(),
+        0,
+        "readable after the poll"
+    );
 }
