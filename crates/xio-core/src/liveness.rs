@@ -23,8 +23,12 @@
 //! A manager that stops cleanly restores the thread's list and marks the
 //! word the same way itself.
 //!
-//! Kernels before 5.16 have no futex_waitv; there, and while no manager
-//! has registered the word, sleeps keep the one-second tick.
+//! Kernels before 5.16 have no futex_waitv; there, where a sandbox
+//! refuses it (a seccomp filter answering EPERM), and while no manager has
+//! registered the word, sleeps keep the one-second tick. Setting
+//! `XIO_FUTEX_WAITV=0` in the environment chooses the tick from the start
+//! (for a sandbox that would kill the process on an unknown system call
+//! rather than refuse it).
 
 use std::time::Duration;
 
@@ -51,7 +55,7 @@ pub(crate) use real::{died, sleep, watched, Registration};
 #[cfg(not(loom))]
 mod real {
     use std::marker::PhantomData;
-    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::AtomicU8;
     use std::time::Duration;
 
     use rustix::thread::futex::{self, Wait, WaitFlags, WaitPtr, WaitvFlags, OWNER_DIED, WAITERS};
@@ -61,8 +65,30 @@ mod real {
     use crate::segment::Segment;
     use crate::sync::{futex_wake, AtomicU32, Ordering};
 
-    /// Whether this kernel has futex_waitv (cleared on the first ENOSYS).
-    static WAITV: AtomicBool = AtomicBool::new(true);
+    /// Whether sleeps may use futex_waitv: [`WAITV_UNKNOWN`] until the
+    /// first sleep reads `XIO_FUTEX_WAITV`; cleared for good when the
+    /// kernel (or a sandbox) refuses the call.
+    static WAITV: AtomicU8 = AtomicU8::new(WAITV_UNKNOWN);
+    const WAITV_UNKNOWN: u8 = 0;
+    const WAITV_ON: u8 = 1;
+    const WAITV_OFF: u8 = 2;
+
+    /// Whether futex_waitv may be tried (reads the environment once).
+    fn waitv_allowed() -> bool {
+        match WAITV.load(Ordering::Relaxed) {
+            WAITV_ON => true,
+            WAITV_OFF => false,
+            _ => {
+                let off = std::env::var_os("XIO_FUTEX_WAITV")
+                    .is_some_and(|v| matches!(v.to_str(), Some("0" | "off" | "no" | "false")));
+                if off {
+                    tracing::debug!("XIO_FUTEX_WAITV is off: sleeping with the tick");
+                }
+                WAITV.store(if off { WAITV_OFF } else { WAITV_ON }, Ordering::Relaxed);
+                !off
+            }
+        }
+    }
 
     /// `struct robust_list` of the kernel's ABI.
     #[repr(C)]
@@ -203,7 +229,7 @@ mod real {
         timeout: Option<Duration>,
     ) -> bool {
         let seen = alive.load(Ordering::Acquire);
-        if seen & TID_MASK == 0 || seen & OWNER_DIED != 0 || !WAITV.load(Ordering::Relaxed) {
+        if seen & TID_MASK == 0 || seen & OWNER_DIED != 0 || !waitv_allowed() {
             // No live manager registered (not yet, or gone), or an old
             // kernel: the tick.
             sleep_with_tick(word, expected, timeout);
@@ -249,8 +275,10 @@ mod real {
             Err(rustix::io::Errno::AGAIN) if alive.load(Ordering::Acquire) == seen => return false,
             Err(rustix::io::Errno::AGAIN) => {}
             Err(e) => {
-                if e == rustix::io::Errno::NOSYS {
-                    WAITV.store(false, Ordering::Relaxed);
+                // No such call (before Linux 5.16), or a seccomp filter
+                // refusing it: every later sleep would fail the same way.
+                if matches!(e, rustix::io::Errno::NOSYS | rustix::io::Errno::PERM) {
+                    WAITV.store(WAITV_OFF, Ordering::Relaxed);
                 }
                 tracing::debug!(error = %e, "futex_waitv failed; sleeping with the tick");
                 sleep_with_tick(word, expected, timeout);

@@ -1,112 +1,11 @@
 //! The `xio-manager` binary killed with -9 while stacks sleep in a
 //! receive with no deadline: they wake with `Error::ManagerGone` (the
-//! kernel releases the manager's liveness word) and their channel keeps
-//! working without the manager.
+//! kernel releases the manager's liveness word and wakes them through
+//! futex_waitv) and their channel keeps working without the manager.
 
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
-
-use xio_core::prelude::*;
-
-const BIN: &str = env!("CARGO_BIN_EXE_xio-manager");
-
-/// A watchdog, not a time bound: what it waits for happens or the test hangs.
-const WATCHDOG: Duration = Duration::from_secs(60);
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WATCHDOG;
-    while !f() {
-        assert!(Instant::now() < deadline, "watchdog: {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// The system call thread `tid` of this process is blocked in, if any.
-fn blocked_in(tid: i32) -> Option<i64> {
-    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")).ok()?;
-    s.split_whitespace().next()?.parse().ok()
-}
+mod common;
 
 #[test]
 fn sleeping_stacks_learn_of_a_killed_manager_and_keep_their_channel() {
-    let dir = std::env::temp_dir().join(format!("xio-killed-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    // The only test of this process: it alone uses the variable.
-    std::env::set_var("XIO_RUN_DIR", &dir);
-    let prefix = "killed-test";
-    let sock = dir.join(format!("{prefix}.sock"));
-    let mut m = Command::new(BIN)
-        .args(["--prefix", prefix, "--class", "2K:256"])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until("manager socket", || sock.exists());
-    let attach = |name: &str| {
-        Stack::builder(prefix)
-            .name(name)
-            .wait_mode(WaitMode::Blocking)
-            .attach()
-            .unwrap()
-    };
-    let a = "192.0.2.7:80".parse().unwrap();
-    let mut server = attach("server");
-    server.bind(a).unwrap();
-    let mut client = attach("client");
-    let peer = client.connect(a).unwrap();
-
-    // Both sleep in a receive with no deadline.
-    let (done_tx, done) = mpsc::channel();
-    let tids: Vec<i32> = [server, client]
-        .into_iter()
-        .map(|mut s| {
-            let (tid_tx, tid) = mpsc::channel();
-            let done_tx = done_tx.clone();
-            std::thread::spawn(move || {
-                tid_tx
-                    .send(rustix::thread::gettid().as_raw_nonzero().get())
-                    .unwrap();
-                let r = s.recv().map(|_| ());
-                let _ = done_tx.send((s, r));
-            });
-            tid.recv().unwrap()
-        })
-        .collect();
-    for &t in &tids {
-        wait_until("stack asleep", || {
-            // futex_waitv, or futex on a kernel without it
-            matches!(blocked_in(t), Some(449 | 202))
-        });
-    }
-
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(m.id() as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
-    m.wait().unwrap();
-
-    let mut stacks = Vec::new();
-    for _ in &tids {
-        let (s, r) = done.recv_timeout(WATCHDOG).expect("a stack slept on");
-        assert!(matches!(r, Err(Error::ManagerGone)), "{r:?}");
-        stacks.push(s);
-    }
-    // Reported once; the channel still carries data both ways.
-    let (mut client, mut server) = {
-        let i = stacks
-            .iter()
-            .position(|s| s.peers().contains(&peer))
-            .unwrap();
-        let c = stacks.remove(i);
-        (c, stacks.pop().unwrap())
-    };
-    let mut b = client.alloc(4).unwrap();
-    b.copy_from(b"ping");
-    client.send(peer, b).unwrap();
-    let msg = server.recv().unwrap();
-    assert_eq!(&msg.buf[..], b"ping");
-    server.send(msg.from, msg.buf.into_mut()).unwrap();
-    assert_eq!(&client.recv().unwrap().buf[..], b"ping");
-    let _ = std::fs::remove_dir_all(&dir);
+    common::sleeping_stacks_learn_of_a_killed_manager(common::Sleep::Waitv);
 }
