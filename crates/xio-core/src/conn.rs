@@ -346,6 +346,18 @@ impl<B: Chunk> Table<B> {
         self.listeners.contains_key(addr)
     }
 
+    /// The listener a SYN for `target` goes to: the one on `target`, else
+    /// one on a wildcard address of its port (`0.0.0.0`, `[::]`; see
+    /// [`crate::addr`]). Which addresses may reach a wildcard listener is
+    /// the resolver's choice (the manager's, or the connecting stack's for
+    /// its own listeners), not the table's.
+    pub fn listener_for(&self, target: &SocketAddr) -> Option<SocketAddr> {
+        if self.listeners.contains_key(target) {
+            return Some(*target);
+        }
+        crate::addr::wildcards(*target).find(|w| self.listeners.contains_key(w))
+    }
+
     /// Starts listening on `addr`, holding at most `backlog` (at least
     /// one) connections not yet accepted: a SYN beyond them is refused,
     /// so a client that connects faster than the server accepts, or a
@@ -405,9 +417,12 @@ impl<B: Chunk> Table<B> {
     /// A SYN from `peer` (whose id for it is `remote`) for `target`, from
     /// `source`.
     pub fn on_syn(&mut self, peer: PeerId, remote: u32, target: SocketAddr, source: SocketAddr) {
-        match self.listeners.get(&target) {
+        let Some(key) = self.listener_for(&target) else {
+            return self.rst(peer, remote); // nobody listens: refused
+        };
+        match self.listeners.get(&key) {
             Some(l) if l.queue.len() < l.backlog => {}
-            // Nobody listens, or the backlog is full: refused.
+            // The backlog is full: refused.
             _ => return self.rst(peer, remote),
         }
         match self.insert(peer, remote, State::Established, target, source) {
@@ -417,7 +432,7 @@ impl<B: Chunk> Table<B> {
                 }
                 self.early.insert((peer.0, remote), c);
                 self.listeners
-                    .get_mut(&target)
+                    .get_mut(&key)
                     .expect("checked")
                     .queue
                     .push_back(c);
@@ -427,7 +442,7 @@ impl<B: Chunk> Table<B> {
                     to: remote,
                     arg: c.0,
                 });
-                self.actions.push_back(Action::Acceptable(target));
+                self.actions.push_back(Action::Acceptable(key));
             }
             Err(_) => self.rst(peer, remote),
         }

@@ -38,6 +38,7 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod addr;
 pub mod backend;
 pub mod buf;
 pub mod conn;
@@ -59,7 +60,10 @@ pub mod stack;
 pub(crate) mod sync;
 pub mod wait;
 
+pub use manager::{Manager, ManagerHandle};
+pub use stack::{Error, Stack};
 pub use sync::CachePadded;
+pub use wait::WaitMode;
 
 /// The common names.
 pub mod prelude {

@@ -116,7 +116,9 @@ impl ManagerBuilder {
         Manager::bind(self)
     }
 
-    /// Binds and runs the manager on a background thread.
+    /// Binds and runs the manager on a background thread, until the
+    /// returned handle is dropped or stopped.
+    #[must_use = "the manager stops when its handle is dropped: keep the handle"]
     pub fn spawn(self) -> Result<ManagerHandle, ManagerError> {
         let m = self.bind()?;
         let stop = m.stopper();
@@ -180,6 +182,7 @@ pub struct StackInfo {
 /// A manager running on a thread of this process. Stops (and removes its
 /// socket) when dropped.
 #[derive(Debug)]
+#[must_use = "the manager stops when its handle is dropped"]
 pub struct ManagerHandle {
     thread: Option<JoinHandle<Result<(), ManagerError>>>,
     /// The fork generation of the process running the manager: a forked
@@ -744,6 +747,16 @@ impl Manager {
         }
     }
 
+    /// The stack bound to `addr`: exactly, or through a wildcard binding
+    /// of its port when `addr` is one of this node's (see [`crate::addr`]).
+    fn lookup(&self, addr: SocketAddr) -> Option<u16> {
+        if let Some(&b) = self.bindings.get(&addr) {
+            return Some(b);
+        }
+        let b = crate::addr::wildcards(addr).find_map(|w| self.bindings.get(&w).copied())?;
+        crate::addr::is_this_node(addr.ip()).then_some(b)
+    }
+
     fn notify(&self, id: u16) {
         // Sent first, then the sequence bump, then the wake-up: a stack that
         // sees the bump finds the message already queued.
@@ -763,7 +776,7 @@ impl Manager {
         let reply = |m: &mut Self, msg: Msg, fds: &[std::os::fd::BorrowedFd<'_>]| {
             let _ = ctrl::send(m.stacks[&a].sock.as_fd(), &msg, fds);
         };
-        let Some(&b) = self.bindings.get(&addr) else {
+        let Some(b) = self.lookup(addr) else {
             let msg = Msg::Error {
                 code: ErrorCode::ConnectionRefused,
                 message: format!("nothing is bound to {addr}"),

@@ -1396,13 +1396,27 @@ impl Net {
         let (c, local, drained) = {
             let mut g = self.lock();
             let me = g.me();
-            let local = g.table.is_listening(&addr);
-            let peer = if local {
-                me
+            let peer = if g.table.is_listening(&addr) {
+                me // our own listener
             } else {
-                // The manager refuses an address nobody binds, at once.
-                g.stack.connect(addr).map_err(stack_err)?
+                // The manager refuses an address nobody binds, at once. It
+                // also refuses one it resolves to us: then it found a
+                // wildcard listener of ours (see `crate::addr`), as no
+                // other stack binds the address exactly.
+                match g.stack.connect(addr) {
+                    Ok(peer) => peer,
+                    Err(Error::Refused {
+                        code: crate::proto::ErrorCode::ConnectionRefused,
+                        ..
+                    }) if g.table.listener_for(&addr).is_some()
+                        && crate::addr::is_this_node(addr.ip()) =>
+                    {
+                        me
+                    }
+                    Err(e) => return Err(stack_err(e)),
+                }
             };
+            let local = peer == me;
             // The source address depends on the id: reserve it, then fix.
             let c = g
                 .table

@@ -56,7 +56,7 @@ pub struct Message {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// No manager listens on this prefix.
-    #[error("no X-IO manager for pool {prefix:?} at {path} ({err}): start one with `xio-manager --prefix {prefix}`")]
+    #[error("no X-IO manager for pool {prefix:?} at {path} ({err}): start one with `xio-manager --prefix {prefix}`, or use the pool a running manager serves ($XIO_PREFIX names the process-wide one, default \"xio\")")]
     NoManager {
         /// The prefix.
         prefix: String,

@@ -320,6 +320,89 @@ fn ipv4_and_ipv6_syns_agree_on_addresses() {
     });
 }
 
+/// Takes the next connection of `l` (non-blocking looks, so a SYN that
+/// went elsewhere fails the watchdog instead of hanging the test).
+fn accept_soon(l: &xio_core::net::XioListener) -> XioStream {
+    l.set_nonblocking(true).unwrap();
+    let mut got = None;
+    wait_until("a connection to accept", || match l.accept() {
+        Ok((s, _)) => {
+            got = Some(s);
+            true
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+        Err(e) => panic!("accept: {e}"),
+    });
+    let s = got.unwrap();
+    s.set_nonblocking(false).unwrap();
+    s
+}
+
+/// One exchange from `client` to `target`, accepted on `l`; returns the
+/// accepted stream's local address (the address the client dialled).
+fn exchange_via(l: &xio_core::net::XioListener, client: &Net, target: &str) -> SocketAddr {
+    let mut c = client.connect(target).unwrap();
+    c.write_all(b"ping").unwrap();
+    let mut s = accept_soon(l);
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"ping");
+    s.write_all(b"pong").unwrap();
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"pong");
+    s.local_addr().unwrap()
+}
+
+/// A listener on `0.0.0.0:port` (or `[::]:port`) answers for its port on
+/// this node's addresses, as a TCP listener does: the axum tutorial's
+/// `bind("0.0.0.0:3000")` is reached at `127.0.0.1:3000` and
+/// `localhost:3000`. Another machine's address is not taken (a TCP
+/// fallback must still dial it), an IPv4 wildcard does not take IPv6, and
+/// a binding to the exact address comes first.
+#[test]
+fn a_wildcard_listener_answers_for_this_nodes_addresses() {
+    let (_mgr, p) = start("wildcard");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let any: SocketAddr = "0.0.0.0:3000".parse().unwrap();
+    let l = server.listen(any).unwrap();
+    assert_eq!(l.local_addr().unwrap(), any);
+    for target in [
+        "127.0.0.1:3000",
+        "127.1.2.3:3000",
+        "0.0.0.0:3000",
+        "[::ffff:127.0.0.1]:3000",
+    ] {
+        let local = exchange_via(&l, &client, target);
+        assert_eq!(local, target.parse::<SocketAddr>().unwrap());
+    }
+    // `localhost` may resolve to ::1 first, which this listener does not
+    // take; the IPv4 address after it connects.
+    exchange_via(&l, &client, "localhost:3000");
+    // The listener's own process, through its own table.
+    exchange_via(&l, &server, "127.0.0.1:3000");
+    for refused in ["[::1]:3000", "192.0.2.7:3000", "127.0.0.1:3001"] {
+        let e = client.connect(refused).unwrap_err();
+        assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionRefused,
+            "{refused}: {e}"
+        );
+    }
+    // The wildcard itself is taken once.
+    let e = client.listen(any).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+    // An exact binding on the port comes first for its address.
+    let exact = client.listen("127.0.0.2:3000").unwrap();
+    let local = exchange_via(&exact, &server, "127.0.0.2:3000");
+    assert_eq!(local, "127.0.0.2:3000".parse::<SocketAddr>().unwrap());
+    exchange_via(&l, &client, "127.0.0.3:3000");
+    // `[::]` takes both families (a dual-stack listener, as Linux's).
+    let l6 = server.listen("[::]:3002").unwrap();
+    exchange_via(&l6, &client, "[::1]:3002");
+    exchange_via(&l6, &client, "127.0.0.1:3002");
+}
+
 /// Once a net has been polled, `poll` is where its rings are drained (as
 /// with `epoll`): a non-blocking read that finds nothing queued says
 /// WouldBlock even though bytes sit in the ring, the next `poll` reports

@@ -28,12 +28,12 @@ struct Cli {
     /// (repeat; default 2K:8192 64K:512 1M:32).
     #[arg(long = "class", value_name = "SIZE:COUNT")]
     classes: Vec<String>,
-    /// Most services registered at once.
     /// Where buffers and rings live: `shm` (default) or `dpdk` (DPDK
     /// mempools and rings in hugepages; this manager becomes the DPDK
     /// primary of the prefix; needs a build with `--features dpdk`).
     #[arg(long, default_value = "shm", value_parser = parse_backend)]
     backend: xio_core::manager::Backend,
+    /// Most services registered at once.
     #[arg(long, default_value_t = 64)]
     max_stacks: u32,
     /// Most channels (pairs of services) at once.
@@ -130,7 +130,9 @@ fn main() -> ExitCode {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colours only for a terminal, not in a log file or a pipe.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if cli.json {
         builder.json().init();
     } else {
