@@ -34,7 +34,15 @@ pub const XIO_ERR_NOT_CONNECTED: XioResult = 8;
 pub const XIO_ERR_ADDR_IN_USE: XioResult = 9;
 /// Larger than the pool's largest buffer class.
 pub const XIO_ERR_TOO_LARGE: XioResult = 10;
-/// The manager went away.
+/// The manager went away. On a stack it is a one-time notice, from
+/// whichever call learns it first (often `xio_recv`): channels already
+/// made keep carrying buffers, and only what needs the manager fails from
+/// then on (`xio_stack_bind` and `xio_stack_connect` to a new peer return
+/// this code again). A net's connections likewise keep working; its
+/// `xio_listen` and `xio_dial` fail with it. To reach a restarted manager,
+/// attach again (`xio_stack_attach`, `xio_net_attach`: a handle attached
+/// before, NULL prefix included, stays with the old pool) and bind or
+/// listen again.
 pub const XIO_ERR_MANAGER_GONE: XioResult = 11;
 /// A peer or the manager broke the protocol.
 pub const XIO_ERR_PROTOCOL: XioResult = 12;

@@ -2,7 +2,6 @@
 //! blocking or non-blocking, and readiness for event loops (`xio_net_poll`,
 //! or `xio_net_fd` inside an existing `epoll` loop).
 
-use std::collections::VecDeque;
 use std::ffi::{c_char, c_void};
 use std::hash::{Hash, Hasher};
 use std::io::{IoSlice, Read, Write};
@@ -62,8 +61,6 @@ pub(crate) struct NetInner {
     fd: Mutex<Option<OwnedFd>>,
     /// The manager's watch (`Net::manager_watch`), made on first ask.
     manager_fd: Mutex<Option<OwnedFd>>,
-    /// Events polled but not yet handed out (more than the caller's array).
-    backlog: Mutex<VecDeque<XioEvent>>,
 }
 
 impl Opaque for XioNet {
@@ -145,7 +142,6 @@ pub unsafe extern "C" fn xio_net_attach(prefix: *const c_char, out: *mut *mut Xi
             net,
             fd: Mutex::new(None),
             manager_fd: Mutex::new(None),
-            backlog: Mutex::new(VecDeque::new()),
         });
         // SAFETY: checked non-NULL.
         unsafe { put(out, h) };
@@ -269,29 +265,21 @@ pub unsafe extern "C" fn xio_net_poll(
         }
         // SAFETY: per this function's contract.
         let n = unsafe { borrow(net) }?;
-        let mut backlog = n.backlog.lock().unwrap_or_else(|e| e.into_inner());
-        if backlog.is_empty() {
-            drop(backlog);
-            let mut got = Vec::new();
-            match timeout_arg(timeout_ms) {
-                Timeout::NoWait => n.net.poll_nowait(&mut got)?,
-                Timeout::Forever => n.net.poll(&mut got, None)?,
-                Timeout::Ms(d) => n.net.poll(&mut got, Some(d))?,
-            };
-            backlog = n.backlog.lock().unwrap_or_else(|e| e.into_inner());
-            backlog.extend(got.iter().map(event_of));
-        }
-        let k = backlog.len().min(cap);
-        for (i, e) in backlog.drain(..k).enumerate() {
-            // SAFETY: i < k <= cap, and `events` holds `cap` per the contract.
-            unsafe { events.add(i).write(e) };
-        }
-        if !backlog.is_empty() {
-            // Bring an fd-driven loop back for the rest.
-            n.net.ring_doorbell()?;
+        // At most `cap`: the rest stay in the net, where a token chosen
+        // before the next call still applies to them.
+        let mut got = Vec::new();
+        match timeout_arg(timeout_ms) {
+            Timeout::NoWait => n.net.poll_nowait_capped(&mut got, cap)?,
+            Timeout::Forever => n.net.poll_capped(&mut got, cap, None)?,
+            Timeout::Ms(d) => n.net.poll_capped(&mut got, cap, Some(d))?,
+        };
+        debug_assert!(got.len() <= cap);
+        for (i, e) in got.iter().take(cap).enumerate() {
+            // SAFETY: i < cap, and `events` holds `cap` per the contract.
+            unsafe { events.add(i).write(event_of(e)) };
         }
         // SAFETY: checked non-NULL.
-        unsafe { put(n_out, k) };
+        unsafe { put(n_out, got.len().min(cap)) };
         Ok(())
     })
 }

@@ -463,7 +463,11 @@ pub unsafe extern "C" fn xio_send_tagged(
 /// with its sender. `timeout_ms` < 0 waits as long as it takes (per the
 /// wait mode), 0 does not wait (`XIO_ERR_WOULD_BLOCK`), > 0 waits at most
 /// that long (`XIO_ERR_TIMED_OUT`). A peer that died is reported once as
-/// `XIO_ERR_CONNECTION_RESET`, after the buffers it sent before.
+/// `XIO_ERR_CONNECTION_RESET`, after the buffers it sent before. A manager
+/// that went away is reported once as `XIO_ERR_MANAGER_GONE` (by this or
+/// whichever call of the stack learns it first): not fatal, channels
+/// already made keep working, so a service may carry on receiving (see
+/// `XIO_ERR_MANAGER_GONE`).
 ///
 /// # Safety
 /// `stack` is a live stack handle or NULL; `buf_out` and `from_out` are
@@ -519,9 +523,9 @@ pub unsafe extern "C" fn xio_recv_tagged(
 /// functions): waits for the first as `xio_recv` does with `timeout_ms`,
 /// then takes what is ready without waiting. Writes the buffers to
 /// `bufs[0..n]`, their senders to `froms[0..n]` (`froms` may be NULL) and
-/// `n` to `n_out`. A dead peer's reset is reported as `xio_recv` does,
-/// when it comes first; after some buffers it ends the burst and is
-/// reported by the next call.
+/// `n` to `n_out`. A dead peer's reset, and the manager's end, are
+/// reported as `xio_recv` does, when they come first; after some buffers
+/// they end the burst and are reported by the next call.
 ///
 /// # Safety
 /// `stack` is a live stack handle or NULL; `bufs` (and `froms`, unless

@@ -175,6 +175,10 @@ struct Entry<B> {
     closed: bool,
     /// For an accepted connection: the initiator's key in `early`.
     early_key: Option<(u16, u32)>,
+    /// In a listener's queue, not yet accepted: no stream exists for it,
+    /// so readiness is not reported (as epoll knows nothing of a socket
+    /// not yet accepted and added).
+    unaccepted: bool,
     /// Capacity consumed here and not yet credited back to the sender.
     unacked: usize,
 }
@@ -286,6 +290,7 @@ impl<B: Chunk> Table<B> {
             unacked: 0,
             closed: false,
             early_key: None,
+            unaccepted: false,
         });
         Ok(ConnId(gen << INDEX_BITS | i as u32))
     }
@@ -411,7 +416,16 @@ impl<B: Chunk> Table<B> {
             .listeners
             .get_mut(&addr)
             .ok_or(ConnError::NotConnected)?;
-        l.queue.pop_front().ok_or(ConnError::WouldBlock)
+        let c = l.queue.pop_front().ok_or(ConnError::WouldBlock)?;
+        if let Some(e) = self.get_mut(c) {
+            e.unaccepted = false;
+        }
+        Ok(c)
+    }
+
+    /// Whether `c` waits in a listener's queue (see [`Table::accept`]).
+    pub fn is_unaccepted(&self, c: ConnId) -> bool {
+        self.get(c).is_some_and(|e| e.unaccepted)
     }
 
     /// A SYN from `peer` (whose id for it is `remote`) for `target`, from
@@ -429,6 +443,7 @@ impl<B: Chunk> Table<B> {
             Ok(c) => {
                 if let Some(e) = self.get_mut(c) {
                     e.early_key = Some((peer.0, remote));
+                    e.unaccepted = true;
                 }
                 self.early.insert((peer.0, remote), c);
                 self.listeners
@@ -711,7 +726,7 @@ impl<B: Chunk> Table<B> {
             .iter()
             .enumerate()
             .filter_map(|(i, e)| {
-                let e = e.as_ref()?;
+                let e = e.as_ref().filter(|e| !e.unaccepted)?;
                 let ready =
                     !e.rx.is_empty() || e.peer_fin || e.read_shut || e.state == State::Reset;
                 ready.then_some(ConnId(e.gen << INDEX_BITS | i as u32))

@@ -835,6 +835,17 @@ impl Core {
             .or_insert_with(|| spare.pop().unwrap_or_default())
     }
 
+    /// Takes the next connection waiting on `addr`. What arrived on it
+    /// before is reported by the next `poll`, as epoll reports a socket's
+    /// data when it is added.
+    fn accept_on(&mut self, addr: SocketAddr) -> Result<ConnId, ConnError> {
+        let c = self.table.accept(addr)?;
+        if self.track_ready && self.table.is_readable(c) {
+            self.note_ready(c, true, true);
+        }
+        Ok(c)
+    }
+
     /// The token `poll` reports `c` under: the one chosen with
     /// [`XioStream::set_token`], else the connection's id.
     fn token_of(&self, c: ConnId) -> u64 {
@@ -845,7 +856,9 @@ impl Core {
     }
 
     fn note_ready(&mut self, c: ConnId, r: bool, w: bool) {
-        if !self.track_ready {
+        // Not yet accepted: reported when it is (see `accepted`), under
+        // the token the program gives it then.
+        if !self.track_ready || self.table.is_unaccepted(c) {
             return;
         }
         match self.ready_seen.get(&c.0) {
@@ -1565,6 +1578,19 @@ impl Net {
     /// next `poll` (as with a socket and `epoll`). Blocking calls still
     /// drain and wait as usual.
     pub fn poll(&self, events: &mut Vec<Event>, timeout: Option<Duration>) -> io::Result<usize> {
+        self.poll_capped(events, usize::MAX, timeout)
+    }
+
+    /// [`Net::poll`] appending at most `cap` events (at least one); the
+    /// rest stay for the next call, where [`XioStream::set_token`] still
+    /// changes their tokens (as `epoll_wait`'s `maxevents`).
+    pub fn poll_capped(
+        &self,
+        events: &mut Vec<Event>,
+        cap: usize,
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        let cap = cap.max(1);
         let start = events.len();
         let mut collect = |core: &mut Core, _: &mut Vec<Waiter>| {
             if !core.track_ready {
@@ -1581,8 +1607,14 @@ impl Net {
             if core.ready.is_empty() {
                 return Try::Wait;
             }
-            core.ready_seen.clear();
-            events.append(&mut core.ready);
+            if core.ready.len() <= cap {
+                core.ready_seen.clear();
+                events.append(&mut core.ready);
+            } else {
+                events.extend(core.ready.drain(..cap));
+                core.ready_seen.retain(|_, i| *i >= cap);
+                core.ready_seen.values_mut().for_each(|i| *i -= cap);
+            }
             Try::Done(Ok(()))
         };
         // Under load something is ready at once: look (and drain) before
@@ -1609,8 +1641,16 @@ impl Net {
     /// every millisecond while a non-blocking write waits after
     /// `WouldBlock` (a full ring or an empty pool rings no doorbell).
     pub fn poll_nowait(&self, events: &mut Vec<Event>) -> io::Result<usize> {
+        self.poll_nowait_capped(events, usize::MAX)
+    }
+
+    /// [`Net::poll_nowait`] appending at most `cap` events (at least one);
+    /// when more are ready, the doorbell is left readable so the caller
+    /// comes back for them.
+    pub fn poll_nowait_capped(&self, events: &mut Vec<Event>, cap: usize) -> io::Result<usize> {
+        let cap = cap.max(1);
         let start = events.len();
-        self.poll(events, Some(Duration::ZERO))?;
+        self.poll_capped(events, cap, Some(Duration::ZERO))?;
         // Read the control socket once the manager's liveness word says it
         // died (one load); where no manager registered the word, about
         // once a second.
@@ -1640,10 +1680,11 @@ impl Net {
                 break;
             }
         }
-        if !self.lock().ready.is_empty() {
-            self.poll(events, Some(Duration::ZERO))?;
+        let room = cap - (events.len() - start);
+        if room > 0 && !self.lock().ready.is_empty() {
+            self.poll_capped(events, room, Some(Duration::ZERO))?;
         }
-        if !armed {
+        if !armed || !self.lock().ready.is_empty() {
             self.ring_doorbell()?;
         }
         Ok(events.len() - start)
@@ -1871,7 +1912,7 @@ impl XioListener {
         // The peer's address under the same lock (one lock less per
         // connection on the accepting side).
         let (c, peer) = self.net.block(Key::Accept(addr), nb, None, |core, _| {
-            match core.table.accept(addr) {
+            match core.accept_on(addr) {
                 Ok(c) => Try::Done(
                     core.table
                         .addrs(c)
@@ -2551,7 +2592,7 @@ impl XioListener {
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(XioStream, SocketAddr)>> {
         let addr = self.addr;
         let c = ready!(self.net.poll_op(Key::Accept(addr), cx, |core, _| {
-            match core.table.accept(addr) {
+            match core.accept_on(addr) {
                 Ok(c) => Try::Done(Ok(c)),
                 Err(ConnError::WouldBlock) => Try::Wait,
                 Err(e) => Try::Done(Err(e.into())),

@@ -427,7 +427,8 @@ fn peer_killed_gives_connection_reset() {
 /// manager's watch, and the connection keeps working without the manager.
 #[test]
 fn a_sleeping_driver_learns_of_a_killed_manager() {
-    setup("mgrkill");
+    // Only the run directory: this test's manager runs in a child.
+    drop(setup("mgrkill"));
     let p = format!("tt-mgrkill-child-{}", std::process::id());
     let mut child = spawn_child("manager", &p);
     rt(1).block_on(async {
