@@ -5,10 +5,13 @@
 #   ./scripts/capi.sh --install /usr/local   # copy lib, header and xio.pc there
 #
 # Then: cc app.c $(pkg-config --cflags --libs xio)
-# (in place: PKG_CONFIG_PATH=$PWD/target/release/pkgconfig)
+# (in place: PKG_CONFIG_PATH=$PWD/target/release/pkgconfig, or under
+# $CARGO_TARGET_DIR when that is set)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+out=${CARGO_TARGET_DIR:-target}/release
+[[ "$out" = /* ]] || out=$root/$out
 
 cargo build --release -p xio-capi -p xio-manager
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
@@ -21,15 +24,14 @@ fill() { # prefix libdir includedir out
 if [[ "${1:-}" == "--install" ]]; then
     prefix=${2:?usage: $0 --install PREFIX}
     install -d "$prefix/lib/pkgconfig" "$prefix/include" "$prefix/bin"
-    install -m 0755 target/release/libxio.so "$prefix/lib/"
-    install -m 0644 target/release/libxio.a "$prefix/lib/"
+    install -m 0755 "$out/libxio.so" "$prefix/lib/"
+    install -m 0644 "$out/libxio.a" "$prefix/lib/"
     install -m 0644 crates/xio-capi/include/xio.h "$prefix/include/"
-    install -m 0755 target/release/xio-manager "$prefix/bin/"
+    install -m 0755 "$out/xio-manager" "$prefix/bin/"
     fill "$prefix" "$prefix/lib" "$prefix/include" "$prefix/lib/pkgconfig/xio.pc"
     echo "installed into $prefix (pkg-config: $prefix/lib/pkgconfig)"
 else
-    mkdir -p target/release/pkgconfig
-    fill "$root" "$root/target/release" "$root/crates/xio-capi/include" \
-        target/release/pkgconfig/xio.pc
-    echo "export PKG_CONFIG_PATH=$root/target/release/pkgconfig"
+    mkdir -p "$out/pkgconfig"
+    fill "$root" "$out" "$root/crates/xio-capi/include" "$out/pkgconfig/xio.pc"
+    echo "export PKG_CONFIG_PATH=$out/pkgconfig"
 fi

@@ -366,7 +366,7 @@ xio_result xio_net_poll(struct xio_net *net,
 xio_result xio_listen(struct xio_net *net, const char *addr, struct xio_listener **out);
 
 /**
- * [`xio_listen`] holding at most `backlog` (at least 1) connections not
+ * [`xio_listen`] holding at most `backlog` (0 counts as 1) connections not
  * yet accepted, as `listen(2)`'s argument: a connect beyond them is
  * refused (the client's first read reports `XIO_ERR_CONNECTION_REFUSED`).
  *

@@ -301,7 +301,7 @@ pub unsafe extern "C" fn xio_listen(
     unsafe { xio_listen_backlog(net, addr, xio_core::net::DEFAULT_BACKLOG, out) }
 }
 
-/// [`xio_listen`] holding at most `backlog` (at least 1) connections not
+/// [`xio_listen`] holding at most `backlog` (0 counts as 1) connections not
 /// yet accepted, as `listen(2)`'s argument: a connect beyond them is
 /// refused (the client's first read reports `XIO_ERR_CONNECTION_REFUSED`).
 ///

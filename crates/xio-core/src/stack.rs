@@ -40,6 +40,13 @@ use crate::wait::{now_ns, AdaptiveSpin, WaitMode};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeerId(pub u16);
 
+impl std::fmt::Display for PeerId {
+    /// The number, as C programs see an `xio_peer`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// A received buffer and where it came from.
 #[derive(Debug)]
 pub struct Message {
@@ -77,10 +84,10 @@ pub enum Error {
         message: String,
     },
     /// The peer died or left; its channel is closed.
-    #[error("connection reset: peer {0:?} is gone")]
+    #[error("connection reset: peer {0} is gone")]
     Reset(PeerId),
     /// Not connected to that peer.
-    #[error("not connected to peer {0:?}")]
+    #[error("not connected to peer {0}")]
     NotConnected(PeerId),
     /// The operation would wait, in non-blocking mode.
     #[error("operation would block")]
