@@ -186,6 +186,7 @@ impl NetBuilder {
                     retry_writes: Vec::new(),
                     last_liveness: 0,
                     manager_watch: None,
+                    told_gone: false,
                     data_drains: 0,
                     data_seen: (0, 0),
                 }),
@@ -335,6 +336,8 @@ struct Core {
     /// The epoll instance behind [`Net::manager_watch`], kept to be
     /// emptied when the manager is found gone.
     manager_watch: Option<std::os::fd::OwnedFd>,
+    /// The drain has acted on the manager's end (see `drain`).
+    told_gone: bool,
     /// Drains that found something (no clock read on the data path)...
     data_drains: u64,
     /// ...as of the last watch end, and when that count last moved (ns).
@@ -668,9 +671,21 @@ impl Core {
         // However the stack found its manager gone (here, or a request's
         // failed send), its socket stays readable (end of file): quiet the
         // watch for good, in every copy handed out.
-        if self.stack.manager_gone() {
+        if self.stack.manager_gone() && !self.told_gone {
+            self.told_gone = true;
             if let Some(w) = self.manager_watch.take() {
                 let _ = rustix::event::epoll::delete(&w, self.stack.ctrl_fd());
+            }
+            // Waiting accepts look again: a listener that follows the
+            // process-wide net (xio-tokio's) then binds on the new one.
+            let keys: Vec<Key> = self
+                .waiters
+                .keys()
+                .filter(|k| matches!(k, Key::Accept(_)))
+                .copied()
+                .collect();
+            for k in keys {
+                self.wake_key(k, wake);
             }
         }
         self.run_actions(wake);

@@ -375,16 +375,46 @@ async fn sleep_on(
 }
 
 /// A listening socket, like `tokio::net::TcpListener`.
+///
+/// One bound with [`XioListener::bind`] (on the process-wide pool) follows
+/// its manager across a restart: when the net finds the manager gone, the
+/// next accept binds the same address on a net attached to the new
+/// manager (trying again every second until one runs) and goes on
+/// accepting there, so a service that only accepts (`axum::serve`) stays
+/// reachable. Connections accepted before keep working on the old net;
+/// ones that had arrived but were not yet accepted are reset.
 #[derive(Debug)]
 pub struct XioListener {
-    inner: xio_core::net::XioListener,
+    /// The current core listener (replaced when it follows a restart).
+    inner: Mutex<Arc<xio_core::net::XioListener>>,
+    /// For a listener on the process-wide net: how it binds again.
+    follow: Option<Follow>,
 }
+
+/// How a listener on the process-wide net binds again after a restart.
+#[derive(Debug)]
+struct Follow {
+    /// The bound address (with the port chosen, if 0 was asked for).
+    addr: SocketAddr,
+    /// While no manager runs: when to try again.
+    retry: Mutex<Option<Pin<Box<tokio::time::Sleep>>>>,
+}
+
+/// How long a listener following its manager waits between attempts to
+/// bind on a new one.
+const FOLLOW_RETRY: Duration = Duration::from_secs(1);
 
 impl XioListener {
     /// Binds `addr` on the process-wide pool ([`Net::global`], attached
-    /// again if its manager was restarted).
+    /// again if its manager was restarted). The listener follows the pool's
+    /// manager across restarts (see [`XioListener`]).
     pub async fn bind(addr: impl ToSocketAddrs) -> io::Result<XioListener> {
-        Self::from_std(Net::with_global(|n| n.listen(&addr))?)
+        let mut l = Self::from_std(Net::with_global(|n| n.listen(&addr))?)?;
+        l.follow = Some(Follow {
+            addr: l.local_addr()?,
+            retry: Mutex::new(None),
+        });
+        Ok(l)
     }
 
     /// Binds `addr` on `net`. (Not async: binding is one request to the
@@ -398,12 +428,15 @@ impl XioListener {
     /// does. Must be called within a tokio runtime.
     pub fn from_std(inner: xio_core::net::XioListener) -> io::Result<XioListener> {
         ensure_driver(inner.net())?;
-        Ok(XioListener { inner })
+        Ok(XioListener {
+            inner: Mutex::new(Arc::new(inner)),
+            follow: None,
+        })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.inner.local_addr()
+        self.core().local_addr()
     }
 
     /// Waits for a connection. Cancellation safe.
@@ -413,18 +446,66 @@ impl XioListener {
 
     /// Polls for a connection.
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(XioStream, SocketAddr)>> {
-        let (s, a) = ready!(pending_needs_driver(
-            self.inner.net(),
-            self.inner.poll_accept(cx)
-        ))?;
+        let l = self.core();
+        let p = pending_needs_driver(l.net(), l.poll_accept(cx));
+        if p.is_pending() {
+            if let Some(f) = &self.follow {
+                if l.net().manager_gone() {
+                    ready!(self.poll_follow(f, &l, cx))?;
+                    return self.poll_accept(cx);
+                }
+            }
+        }
+        let (s, a) = ready!(p)?;
         // The core's own blocking calls (used by `alloc`) must not wait.
         s.set_nonblocking(true)?;
         Poll::Ready(Ok((XioStream { inner: s }, a)))
     }
 
-    /// The core listener.
-    pub fn as_core(&self) -> &xio_core::net::XioListener {
-        &self.inner
+    /// Binds the address again on a net attached to a running manager;
+    /// ready once it has, pending (with a timer) while none runs.
+    fn poll_follow(
+        &self,
+        f: &Follow,
+        old: &Arc<xio_core::net::XioListener>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        let mut retry = f.retry.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(t) = retry.as_mut() {
+                ready!(std::future::Future::poll(t.as_mut(), cx));
+                *retry = None;
+            }
+            // `global` attaches afresh once a manager runs again; until
+            // then it returns the old net.
+            match Net::global() {
+                Ok(n) if n.id() != old.net().id() => match n.listen(f.addr) {
+                    Ok(l) => {
+                        ensure_driver(l.net())?;
+                        tracing::info!(addr = %f.addr, "listening again, on the restarted manager");
+                        *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(l);
+                        return Poll::Ready(Ok(()));
+                    }
+                    Err(e) => {
+                        tracing::warn!(addr = %f.addr, error = %e, "could not bind again on the restarted manager; trying again");
+                    }
+                },
+                Ok(_) => tracing::debug!(addr = %f.addr, "manager gone, none runs yet"),
+                Err(e) => {
+                    tracing::debug!(addr = %f.addr, error = %e, "manager gone, none runs yet")
+                }
+            }
+            *retry = Some(Box::pin(tokio::time::sleep(FOLLOW_RETRY)));
+        }
+    }
+
+    /// The current core listener (another one after following a restart).
+    pub fn as_core(&self) -> Arc<xio_core::net::XioListener> {
+        self.core()
+    }
+
+    fn core(&self) -> Arc<xio_core::net::XioListener> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 

@@ -2,7 +2,7 @@
 //! shared-memory channels between them) in the test process, and a real
 //! child process where a test kills its peer.
 
-use std::io::Write;
+use std::io::{self, Write};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -352,6 +352,24 @@ fn child_main() {
             std::thread::park();
         }
     }
+    if role == "follower" {
+        // A service on the process-wide pool ($XIO_PREFIX), as an axum
+        // app is: binds once, then only accepts, echoing 4 bytes.
+        rt(1).block_on(async {
+            let l = XioListener::bind("10.4.0.20:80").await.unwrap();
+            println!("ready");
+            std::io::stdout().flush().unwrap();
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut b = [0u8; 4];
+                    if s.read_exact(&mut b).await.is_ok() {
+                        let _ = s.write_all(&b).await;
+                    }
+                });
+            }
+        });
+    }
     assert_eq!(role, "writer");
     // A plain blocking X-IO server in the child: accepts, then writes.
     let net = Net::attach(&prefix).unwrap();
@@ -376,6 +394,8 @@ fn spawn_child(role: &str, prefix: &str) -> std::process::Child {
         ])
         .env("XIO_CHILD_ROLE", role)
         .env("XIO_CHILD_PREFIX", prefix)
+        // The process-wide pool, for roles that use it.
+        .env("XIO_PREFIX", prefix)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -455,6 +475,50 @@ fn a_sleeping_driver_learns_of_a_killed_manager() {
         c.read_exact(&mut b).await.unwrap();
         assert_eq!(&b, b"pong");
     });
+}
+
+/// A listener bound on the process-wide pool follows its manager across
+/// a restart: the manager is killed with -9 and another started on the
+/// same prefix; the service, which only accepts, binds again on the new
+/// one by itself and new clients reach it there.
+#[test]
+fn a_global_listener_binds_again_on_a_restarted_manager() {
+    // Only the run directory: the managers and the service are children.
+    drop(setup("follow"));
+    let p = format!("tt-follow-child-{}", std::process::id());
+    let mut first = spawn_child("manager", &p);
+    let mut service = spawn_child("follower", &p);
+    let addr = "10.4.0.20:80";
+    let echo = |net: Net| async move {
+        let mut c = XioStream::connect_with(&net, addr).await?;
+        c.write_all(b"ping").await?;
+        let mut b = [0u8; 4];
+        c.read_exact(&mut b).await?;
+        assert_eq!(&b, b"ping");
+        io::Result::Ok(())
+    };
+    rt(1).block_on(async {
+        echo(Net::attach(&p).unwrap()).await.unwrap();
+        first.kill().unwrap();
+        first.wait().unwrap();
+    });
+    let mut second = spawn_child("manager", &p);
+    rt(1).block_on(async {
+        let net = Net::attach(&p).unwrap();
+        tokio::time::timeout(WATCHDOG, async {
+            // Refused until the service has bound again.
+            while let Err(e) = echo(net.clone()).await {
+                assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("watchdog: the service never bound again on the new manager");
+    });
+    for c in [&mut service, &mut second] {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
 }
 
 /// Shutting a runtime down with connections open and reads pending returns
