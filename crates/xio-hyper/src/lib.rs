@@ -65,9 +65,34 @@ impl XioConn {
     }
 }
 
+/// Which transport carried a response of a client built on
+/// [`XioConnector`], in the response's extensions (with a TCP fallback,
+/// to tell which way a request went):
+///
+/// ```no_run
+/// # async fn f(resp: http::Response<hyper::body::Incoming>) {
+/// match resp.extensions().get::<xio_hyper::Transport>() {
+///     Some(xio_hyper::Transport::Xio) => println!("shared memory"),
+///     Some(xio_hyper::Transport::Tcp) => println!("TCP fallback"),
+///     None => println!("not from an XioConnector"),
+/// }
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// X-IO shared memory.
+    Xio,
+    /// TCP, after the connector's fallback.
+    Tcp,
+}
+
 impl Connection for XioConn {
     fn connected(&self) -> Connected {
-        Connected::new()
+        Connected::new().extra(if self.is_xio() {
+            Transport::Xio
+        } else {
+            Transport::Tcp
+        })
     }
 }
 
@@ -219,7 +244,10 @@ impl tower_service::Service<http::Uri> for XioConnector {
                         ) =>
                 {
                     tracing::debug!(%addr, "no X-IO listener here; dialling TCP");
-                    let s = tokio::net::TcpStream::connect(addr).await?;
+                    let s = tokio::net::TcpStream::connect(addr).await.map_err(|t| {
+                        // Say that both ways were tried, not only TCP's.
+                        io::Error::new(t.kind(), format!("X-IO: {e}; then TCP to {addr}: {t}"))
+                    })?;
                     s.set_nodelay(true)?;
                     Ok(XioConn::Tcp(TokioIo::new(s)))
                 }

@@ -399,8 +399,30 @@ fn one_server_on_xio_and_tcp() {
                 .body(Full::from(uri.clone()))
                 .unwrap();
             let r = c.request(req).await.unwrap();
+            // Which way it went, from the response.
+            let way = if uri.contains("10.5.0.4") {
+                xio_hyper::Transport::Xio
+            } else {
+                xio_hyper::Transport::Tcp
+            };
+            assert_eq!(r.extensions().get::<xio_hyper::Transport>(), Some(&way));
             assert_eq!(body_string(r).await, uri);
         }
+        // Neither way: the error says both were tried.
+        let nowhere: std::net::SocketAddr = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap() // closed again: nothing listens there
+        };
+        let mut connector = XioConnector::with_net(cli.clone()).with_tcp_fallback();
+        let e = tower_service::Service::call(
+            &mut connector,
+            format!("http://{nowhere}/").parse().unwrap(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("X-IO") && msg.contains("TCP"), "{msg}");
         drop(c);
         stop.shutdown();
         tokio::time::timeout(WATCHDOG, server)
