@@ -40,6 +40,12 @@ use crate::wait::{now_ns, AdaptiveSpin, WaitMode};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeerId(pub u16);
 
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
 impl std::fmt::Display for PeerId {
     /// The number, as C programs see an `xio_peer`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -59,8 +65,10 @@ pub struct Message {
     pub buf: Buf,
 }
 
-/// Errors of the stack.
-#[derive(Debug, thiserror::Error)]
+/// Errors of the stack. `Debug` prints the message, as `Display` does:
+/// `main() -> Result<(), Box<dyn Error>>` shows errors with `Debug`, and
+/// the message says what to do (start a manager, say).
+#[derive(thiserror::Error)]
 pub enum Error {
     /// No manager listens on this prefix.
     #[error("no X-IO manager for pool {prefix:?} at {path} ({err}): start one with `xio-manager --prefix {prefix}`, or use the pool a running manager serves ($XIO_PREFIX names the process-wide one, default \"xio\")")]
@@ -2048,5 +2056,27 @@ fn backoff_wait(step: &mut u32, mode: WaitMode) {
 impl AsFd for Stack {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.bell.fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `main() -> Result<(), Box<dyn Error>>` prints for a missing
+    /// manager (`Debug`, through `io::Error`) says what to do.
+    #[test]
+    fn a_missing_managers_debug_output_says_how_to_start_one() {
+        let e = io::Error::from(Error::NoManager {
+            prefix: "xio".into(),
+            path: "/tmp/xio-0/xio.sock".into(),
+            err: io::ErrorKind::NotFound.into(),
+        });
+        let shown = format!("{e:?}");
+        assert!(
+            shown.contains("start one with `xio-manager --prefix xio`"),
+            "{shown}"
+        );
+        assert!(shown.contains("XIO_PREFIX"), "{shown}");
     }
 }
