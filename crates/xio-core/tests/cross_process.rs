@@ -622,7 +622,18 @@ fn waiting_modes_all_deliver() {
             let mut c = Stack::builder(&pp).wait_mode(mode).attach().unwrap();
             let peer = c.connect(addr(3)).unwrap();
             for i in 0..2000u64 {
-                let mut b = c.alloc(8).unwrap();
+                // Non-blocking, an allocation may find the shared lists
+                // closed for a moment (the manager reclaiming the stack
+                // before this one): try again, as with a receive.
+                let mut b = loop {
+                    match c.alloc(8) {
+                        Ok(b) => break b,
+                        Err(Error::WouldBlock) if mode == WaitMode::NonBlocking => {
+                            std::hint::spin_loop()
+                        }
+                        Err(e) => panic!("{mode:?}: alloc: {e}"),
+                    }
+                };
                 b.copy_from(&i.to_le_bytes());
                 c.send(peer, b).unwrap();
                 let m = loop {
