@@ -1371,7 +1371,10 @@ impl Net {
             }
             if g.table.is_listening(&a) {
                 if addr.port() != 0 {
-                    return Err(ConnError::AddrInUse.into());
+                    return Err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        format!("{a} is already listened on by this net"),
+                    ));
                 }
             } else {
                 match g.stack.bind(a) {
