@@ -360,6 +360,15 @@ impl<B: Chunk> Table<B> {
         if self.listeners.contains_key(target) {
             return Some(*target);
         }
+        // An IPv4-mapped IPv6 address names the IPv4 one's listener too.
+        if let SocketAddr::V6(v6) = target {
+            if let Some(v4) = v6.ip().to_ipv4_mapped() {
+                let v4 = SocketAddr::new(v4.into(), target.port());
+                if self.listeners.contains_key(&v4) {
+                    return Some(v4);
+                }
+            }
+        }
         crate::addr::wildcards(*target).find(|w| self.listeners.contains_key(w))
     }
 

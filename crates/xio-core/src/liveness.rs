@@ -84,8 +84,17 @@ mod real {
                 if off {
                     tracing::debug!("XIO_FUTEX_WAITV is off: sleeping with the tick");
                 }
-                WAITV.store(if off { WAITV_OFF } else { WAITV_ON }, Ordering::Relaxed);
-                !off
+                // Only from unknown: a refusal meanwhile (OFF) stays.
+                let want = if off { WAITV_OFF } else { WAITV_ON };
+                match WAITV.compare_exchange(
+                    WAITV_UNKNOWN,
+                    want,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => !off,
+                    Err(now) => now == WAITV_ON,
+                }
             }
         }
     }

@@ -753,6 +753,14 @@ impl Manager {
         if let Some(&b) = self.bindings.get(&addr) {
             return Some(b);
         }
+        // An IPv4-mapped IPv6 address names the IPv4 one's binding too.
+        if let SocketAddr::V6(v6) = addr {
+            if let Some(v4) = v6.ip().to_ipv4_mapped() {
+                if let Some(&b) = self.bindings.get(&SocketAddr::new(v4.into(), addr.port())) {
+                    return Some(b);
+                }
+            }
+        }
         let b = crate::addr::wildcards(addr).find_map(|w| self.bindings.get(&w).copied())?;
         crate::addr::is_this_node(addr.ip()).then_some(b)
     }

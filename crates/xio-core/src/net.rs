@@ -852,11 +852,16 @@ impl Core {
 
     /// Takes the next connection waiting on `addr`. What arrived on it
     /// before is reported by the next `poll`, as epoll reports a socket's
-    /// data when it is added.
-    fn accept_on(&mut self, addr: SocketAddr) -> Result<ConnId, ConnError> {
+    /// data when it is added: a thread asleep in `poll` is woken, and the
+    /// doorbell rung for a loop that sleeps on its fd.
+    fn accept_on(&mut self, addr: SocketAddr, wake: &mut Vec<Waiter>) -> Result<ConnId, ConnError> {
         let c = self.table.accept(addr)?;
         if self.track_ready && self.table.is_readable(c) {
             self.note_ready(c, true, true);
+            if self.wake_key(Key::Poll, wake) && self.driving {
+                self.stack.kick();
+            }
+            let _ = self.stack.ring_self();
         }
         Ok(c)
     }
@@ -871,7 +876,7 @@ impl Core {
     }
 
     fn note_ready(&mut self, c: ConnId, r: bool, w: bool) {
-        // Not yet accepted: reported when it is (see `accepted`), under
+        // Not yet accepted: reported when it is (see `accept_on`), under
         // the token the program gives it then.
         if !self.track_ready || self.table.is_unaccepted(c) {
             return;
@@ -1632,6 +1637,9 @@ impl Net {
                 events.extend(core.ready.drain(..cap));
                 core.ready_seen.retain(|_, i| *i >= cap);
                 core.ready_seen.values_mut().for_each(|i| *i -= cap);
+                // Bring a loop that sleeps on the doorbell's fd back for
+                // the rest.
+                let _ = core.stack.ring_self();
             }
             Try::Done(Ok(()))
         };
@@ -1929,8 +1937,8 @@ impl XioListener {
         let addr = self.addr;
         // The peer's address under the same lock (one lock less per
         // connection on the accepting side).
-        let (c, peer) = self.net.block(Key::Accept(addr), nb, None, |core, _| {
-            match core.accept_on(addr) {
+        let (c, peer) = self.net.block(Key::Accept(addr), nb, None, |core, wake| {
+            match core.accept_on(addr, wake) {
                 Ok(c) => Try::Done(
                     core.table
                         .addrs(c)
@@ -2609,8 +2617,8 @@ impl XioListener {
     /// (adapter interface, see [`Net::drive`]).
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(XioStream, SocketAddr)>> {
         let addr = self.addr;
-        let c = ready!(self.net.poll_op(Key::Accept(addr), cx, |core, _| {
-            match core.accept_on(addr) {
+        let c = ready!(self.net.poll_op(Key::Accept(addr), cx, |core, wake| {
+            match core.accept_on(addr, wake) {
                 Ok(c) => Try::Done(Ok(c)),
                 Err(ConnError::WouldBlock) => Try::Wait,
                 Err(e) => Try::Done(Err(e.into())),

@@ -36,7 +36,7 @@
 
 use std::future::Future;
 use std::io;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -197,8 +197,10 @@ impl XioConnector {
     }
 }
 
-/// The `ip:port` a URI names (port 80 for http, 443 for https if absent).
-fn uri_addr(uri: &http::Uri) -> io::Result<SocketAddr> {
+/// The addresses a URI's authority names, port 80 for http and 443 for
+/// https if absent (a host name is looked up off the runtime's threads,
+/// as hyper's own connector does).
+async fn uri_addrs(uri: &http::Uri) -> io::Result<Vec<SocketAddr>> {
     let host = uri
         .host()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("no host in {uri}")))?;
@@ -210,10 +212,17 @@ fn uri_addr(uri: &http::Uri) -> io::Result<SocketAddr> {
         } else {
             80
         });
-    (host, port)
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("no address for {uri}")))
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port)).await?.collect();
+    if addrs.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("no address for {uri}"),
+        ));
+    }
+    Ok(addrs)
 }
 
 impl tower_service::Service<http::Uri> for XioConnector {
@@ -229,30 +238,42 @@ impl tower_service::Service<http::Uri> for XioConnector {
         let net = self.net.clone();
         let fallback = self.tcp_fallback;
         Box::pin(async move {
-            let addr = uri_addr(&uri)?;
-            let dialled = match &net {
-                Some(net) => XioStream::connect_with(net, addr).await,
-                None => XioStream::connect(addr).await,
-            };
-            match dialled {
-                Ok(s) => Ok(XioConn::Xio(TokioIo::new(s))),
-                Err(e)
-                    if fallback
-                        && matches!(
-                            e.kind(),
-                            io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
-                        ) =>
-                {
-                    tracing::debug!(%addr, "no X-IO listener here; dialling TCP");
-                    let s = tokio::net::TcpStream::connect(addr).await.map_err(|t| {
-                        // Say that both ways were tried, not only TCP's.
-                        io::Error::new(t.kind(), format!("X-IO: {e}; then TCP to {addr}: {t}"))
-                    })?;
-                    s.set_nodelay(true)?;
-                    Ok(XioConn::Tcp(TokioIo::new(s)))
+            // Every address the name has, in order (`localhost` may be
+            // ::1 first, where only 127.0.0.1 is listened on).
+            let addrs = uri_addrs(&uri).await?;
+            let mut refused = None;
+            for &addr in &addrs {
+                let dialled = match &net {
+                    Some(net) => XioStream::connect_with(net, addr).await,
+                    None => XioStream::connect(addr).await,
+                };
+                match dialled {
+                    Ok(s) => return Ok(XioConn::Xio(TokioIo::new(s))),
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => refused = Some(e),
+                    Err(e) => {
+                        refused = Some(e);
+                        break;
+                    }
                 }
-                Err(e) => Err(e),
             }
+            let e = refused.expect("at least one address");
+            if !(fallback
+                && matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
+                ))
+            {
+                return Err(e);
+            }
+            tracing::debug!(?addrs, "no X-IO listener here; dialling TCP");
+            let s = tokio::net::TcpStream::connect(&addrs[..])
+                .await
+                .map_err(|t| {
+                    // Say that both ways were tried, not only TCP's.
+                    io::Error::new(t.kind(), format!("X-IO: {e}; then TCP to {uri}: {t}"))
+                })?;
+            s.set_nodelay(true)?;
+            Ok(XioConn::Tcp(TokioIo::new(s)))
         })
     }
 }

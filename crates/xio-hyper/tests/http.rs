@@ -369,6 +369,43 @@ fn server_dying_mid_request_gives_an_error() {
     });
 }
 
+/// The tutorials' server address and client URL: a service on
+/// `0.0.0.0:3000` reached at `http://localhost:3000` over X-IO, whatever
+/// order the name's addresses come in (`::1` first on many systems).
+#[test]
+fn localhost_reaches_a_wildcard_server() {
+    let (_mgr, p) = setup("localhost");
+    rt().block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, "0.0.0.0:3000").unwrap();
+        let stop = Shutdown::new();
+        let server = tokio::spawn(xio_hyper::serve(
+            l,
+            hyper::service::service_fn(echo),
+            Protocol::Auto,
+            stop.clone(),
+        ));
+        let c = client(&cli);
+        for uri in ["http://localhost:3000/a", "http://127.0.0.1:3000/b"] {
+            let req = http::Request::post(uri).body(Full::from(uri)).unwrap();
+            let r = c.request(req).await.unwrap();
+            assert_eq!(
+                r.extensions().get::<xio_hyper::Transport>(),
+                Some(&xio_hyper::Transport::Xio)
+            );
+            assert_eq!(body_string(r).await, uri);
+        }
+        drop(c);
+        stop.shutdown();
+        tokio::time::timeout(WATCHDOG, server)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    });
+}
+
 /// One service on X-IO and TCP at once: peers on this node come over
 /// shared memory, the others over TCP, and a fallback client reaches it
 /// either way.

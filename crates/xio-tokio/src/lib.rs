@@ -396,8 +396,16 @@ pub struct XioListener {
 struct Follow {
     /// The bound address (with the port chosen, if 0 was asked for).
     addr: SocketAddr,
-    /// While no manager runs: when to try again.
-    retry: Mutex<Option<Pin<Box<tokio::time::Sleep>>>>,
+    /// While no manager runs: when to try again, and the other tasks
+    /// accepting meanwhile (a timer wakes only the last task that polled
+    /// it).
+    retry: Mutex<Retry>,
+}
+
+#[derive(Debug, Default)]
+struct Retry {
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    waiters: Vec<std::task::Waker>,
 }
 
 /// How long a listener following its manager waits between attempts to
@@ -412,7 +420,7 @@ impl XioListener {
         let mut l = Self::from_std(Net::with_global(|n| n.listen(&addr))?)?;
         l.follow = Some(Follow {
             addr: l.local_addr()?,
-            retry: Mutex::new(None),
+            retry: Mutex::new(Retry::default()),
         });
         Ok(l)
     }
@@ -471,10 +479,21 @@ impl XioListener {
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
         let mut retry = f.retry.lock().unwrap_or_else(|e| e.into_inner());
+        if !Arc::ptr_eq(&self.core(), old) {
+            return Poll::Ready(Ok(())); // another task followed already
+        }
         loop {
-            if let Some(t) = retry.as_mut() {
-                ready!(std::future::Future::poll(t.as_mut(), cx));
-                *retry = None;
+            if let Some(t) = retry.timer.as_mut() {
+                if std::future::Future::poll(t.as_mut(), cx).is_pending() {
+                    if !retry.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                        retry.waiters.push(cx.waker().clone());
+                    }
+                    return Poll::Pending;
+                }
+                retry.timer = None;
+                // Every waiting task looks again (the one that polled the
+                // timer may have gone away).
+                retry.waiters.drain(..).for_each(std::task::Waker::wake);
             }
             // `global` attaches afresh once a manager runs again; until
             // then it returns the old net.
@@ -484,6 +503,7 @@ impl XioListener {
                         ensure_driver(l.net())?;
                         tracing::info!(addr = %f.addr, "listening again, on the restarted manager");
                         *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(l);
+                        retry.waiters.drain(..).for_each(std::task::Waker::wake);
                         return Poll::Ready(Ok(()));
                     }
                     Err(e) => {
@@ -495,7 +515,7 @@ impl XioListener {
                     tracing::debug!(addr = %f.addr, error = %e, "manager gone, none runs yet")
                 }
             }
-            *retry = Some(Box::pin(tokio::time::sleep(FOLLOW_RETRY)));
+            retry.timer = Some(Box::pin(tokio::time::sleep(FOLLOW_RETRY)));
         }
     }
 
