@@ -460,7 +460,17 @@ impl Core {
         }
         match self.push(peer, p) {
             Ok(None) => {}
-            Ok(Some(p)) => self.pending.entry(peer.0).or_default().push_back(p),
+            Ok(Some(p)) => {
+                // The first send left waiting for ring space rings our own
+                // doorbell, as the first retrier does (`add_retry`): an
+                // adapter's driver asleep on it would otherwise never see
+                // `retry`, and a FIN queued behind a full ring by a task
+                // that then only reads stayed queued for good.
+                if !self.has_pending() {
+                    let _ = self.stack.ring_self();
+                }
+                self.pending.entry(peer.0).or_default().push_back(p);
+            }
             Err(_) => self.refused_peers.push(peer),
         }
     }
@@ -1019,9 +1029,17 @@ impl Core {
     }
 
     fn add_retry(&mut self, w: &Waker) {
-        if !self.retry_waiters.iter().any(|y| y.will_wake(w)) {
-            self.retry_waiters.push(w.clone());
+        if self.retry_waiters.iter().any(|y| y.will_wake(w)) {
+            return;
         }
+        // The first retrier rings the doorbell: the adapter's driver may be
+        // asleep on it with no timer, and only a `Drive` it makes sees
+        // `retry` (and then retries every `RETRY`). Without the ring, tasks
+        // that met a full ring waited for traffic that might never come.
+        if self.retry_waiters.is_empty() {
+            let _ = self.stack.ring_self();
+        }
+        self.retry_waiters.push(w.clone());
     }
 }
 

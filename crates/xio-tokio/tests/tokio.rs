@@ -129,6 +129,56 @@ fn echo_with_1000_concurrent_tasks() {
     });
 }
 
+/// A writer that meets a full ring, toward a peer that never answers,
+/// finishes: its task waits for a retry, and the first such task rings
+/// its own net's doorbell so the sleeping driver retries. Without the
+/// ring the driver slept on with no timer, and the write hung (seen as a
+/// rare hang of `echo_with_1000_concurrent_tasks`, whose server tasks all
+/// waited for a retry).
+#[test]
+fn a_write_that_meets_a_full_ring_finishes_without_traffic_back() {
+    drop(setup("fullring"));
+    let p = format!("tt-fullring-{}", std::process::id());
+    let pool = xio_core::layout::PoolConfig {
+        ring_capacity: 4,
+        ..Default::default()
+    };
+    let _mgr = Manager::builder(&p).pool(pool).spawn().unwrap();
+    let srv = Net::attach(&p).unwrap();
+    let cli = Net::attach(&p).unwrap();
+    let data: Vec<u8> = (0..64 * 2048u32).map(|i| (i % 251) as u8).collect();
+    rt(1).block_on(async {
+        // The server accepts, and reads only once told the writes are done:
+        // its driver drains the ring meanwhile, but nothing comes back.
+        let l = XioListener::bind_with(&srv, "10.4.0.21:80").unwrap();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        let reader = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            done_rx.await.unwrap();
+            let mut all = Vec::new();
+            s.read_to_end(&mut all).await.unwrap();
+            all
+        });
+        let mut c = XioStream::connect_with(&cli, "10.4.0.21:80").await.unwrap();
+        // A buffer's worth per write, so each meets the ring alone: a
+        // 4-slot ring fills at once. The FIN may queue behind it too.
+        tokio::time::timeout(WATCHDOG, async {
+            for chunk in data.chunks(2048) {
+                c.write_all(chunk).await.unwrap();
+            }
+            c.shutdown().await.unwrap();
+        })
+        .await
+        .expect("watchdog: a write waited for a retry that never came");
+        done_tx.send(()).unwrap();
+        let got = tokio::time::timeout(WATCHDOG, reader)
+            .await
+            .expect("watchdog: the FIN never left its queue")
+            .unwrap();
+        assert_eq!(got, data);
+    });
+}
+
 fn current_thread_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
