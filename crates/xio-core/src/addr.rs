@@ -12,18 +12,28 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+/// The names a binding on exactly `addr` may have: `addr` itself, and for
+/// an IPv4-mapped IPv6 address (`[::ffff:127.0.0.1]`) its IPv4 form.
+pub fn exact_names(addr: SocketAddr) -> impl Iterator<Item = SocketAddr> {
+    let v4 = match addr {
+        SocketAddr::V6(v6) => v6
+            .ip()
+            .to_ipv4_mapped()
+            .map(|ip| SocketAddr::new(ip.into(), addr.port())),
+        SocketAddr::V4(_) => None,
+    };
+    std::iter::once(addr).chain(v4)
+}
+
 /// The wildcard bindings that could answer for `addr`, most specific
 /// first: for an IPv4 address (or an IPv4-mapped IPv6 one) `0.0.0.0:port`
 /// then `[::]:port` (a dual-stack listener, as Linux's default); for IPv6
 /// `[::]:port`.
 pub fn wildcards(addr: SocketAddr) -> impl Iterator<Item = SocketAddr> {
     let port = addr.port();
-    let v4 = match addr.ip() {
-        IpAddr::V4(_) => true,
-        IpAddr::V6(ip) => ip.to_ipv4_mapped().is_some(),
-    };
     let any4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port);
     let any6 = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port);
+    let v4 = addr.ip().to_canonical().is_ipv4();
     v4.then_some(any4).into_iter().chain([any6])
 }
 
@@ -32,10 +42,7 @@ pub fn wildcards(addr: SocketAddr) -> impl Iterator<Item = SocketAddr> {
 /// interfaces (looked up each call: only a connect that misses every
 /// exact binding and finds a wildcard one asks).
 pub fn is_this_node(ip: IpAddr) -> bool {
-    let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    };
+    let ip = ip.to_canonical();
     ip.is_loopback() || ip.is_unspecified() || interface_addrs().contains(&ip)
 }
 
@@ -99,6 +106,10 @@ mod tests {
         assert_eq!(w, [a("0.0.0.0:3000"), a("[::]:3000")]);
         let w: Vec<_> = wildcards(a("[::1]:80")).collect();
         assert_eq!(w, [a("[::]:80")]);
+        let n: Vec<_> = exact_names(a("[::ffff:127.0.0.2]:3000")).collect();
+        assert_eq!(n, [a("[::ffff:127.0.0.2]:3000"), a("127.0.0.2:3000")]);
+        let n: Vec<_> = exact_names(a("[::1]:80")).collect();
+        assert_eq!(n, [a("[::1]:80")]);
     }
 
     #[test]

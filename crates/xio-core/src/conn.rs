@@ -357,19 +357,9 @@ impl<B: Chunk> Table<B> {
     /// the resolver's choice (the manager's, or the connecting stack's for
     /// its own listeners), not the table's.
     pub fn listener_for(&self, target: &SocketAddr) -> Option<SocketAddr> {
-        if self.listeners.contains_key(target) {
-            return Some(*target);
-        }
-        // An IPv4-mapped IPv6 address names the IPv4 one's listener too.
-        if let SocketAddr::V6(v6) = target {
-            if let Some(v4) = v6.ip().to_ipv4_mapped() {
-                let v4 = SocketAddr::new(v4.into(), target.port());
-                if self.listeners.contains_key(&v4) {
-                    return Some(v4);
-                }
-            }
-        }
-        crate::addr::wildcards(*target).find(|w| self.listeners.contains_key(w))
+        crate::addr::exact_names(*target)
+            .chain(crate::addr::wildcards(*target))
+            .find(|a| self.listeners.contains_key(a))
     }
 
     /// Starts listening on `addr`, holding at most `backlog` (at least

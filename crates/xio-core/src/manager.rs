@@ -750,18 +750,11 @@ impl Manager {
     /// The stack bound to `addr`: exactly, or through a wildcard binding
     /// of its port when `addr` is one of this node's (see [`crate::addr`]).
     fn lookup(&self, addr: SocketAddr) -> Option<u16> {
-        if let Some(&b) = self.bindings.get(&addr) {
+        let bound = |a: SocketAddr| self.bindings.get(&a).copied();
+        if let Some(b) = crate::addr::exact_names(addr).find_map(bound) {
             return Some(b);
         }
-        // An IPv4-mapped IPv6 address names the IPv4 one's binding too.
-        if let SocketAddr::V6(v6) = addr {
-            if let Some(v4) = v6.ip().to_ipv4_mapped() {
-                if let Some(&b) = self.bindings.get(&SocketAddr::new(v4.into(), addr.port())) {
-                    return Some(b);
-                }
-            }
-        }
-        let b = crate::addr::wildcards(addr).find_map(|w| self.bindings.get(&w).copied())?;
+        let b = crate::addr::wildcards(addr).find_map(bound)?;
         crate::addr::is_this_node(addr.ip()).then_some(b)
     }
 
