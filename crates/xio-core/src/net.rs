@@ -1414,9 +1414,10 @@ impl Net {
         }
         g.table.listen(a, backlog).map_err(io::Error::from)?;
         Ok(XioListener {
-            net: self.clone(),
+            net: Mutex::new(self.clone()),
             addr: a,
             nonblocking: AtomicBool::new(false),
+            follow: None,
         })
     }
 
@@ -1919,11 +1920,29 @@ fn fastrand(i: u32) -> u32 {
 }
 
 /// A listening socket. Like `std::net::TcpListener`.
+///
+/// One bound with [`XioListener::bind`] (on the process-wide
+/// [`Net::global`]) follows its manager across a restart: once its net
+/// finds the manager gone, `accept` binds the same address on a net
+/// attached to the new manager (looking again every second while none
+/// runs, and meanwhile still accepting on the old net) and goes on
+/// accepting there. So a server that only accepts stays reachable.
+/// Connections accepted before keep working on the old net; ones that had
+/// arrived but were not yet accepted are reset. A listener made with
+/// [`Net::listen`] stays on its net.
 pub struct XioListener {
-    net: Net,
+    /// The net it listens on (another one after following a restart).
+    net: Mutex<Net>,
     addr: SocketAddr,
     nonblocking: AtomicBool,
+    /// For a listener on the process-wide net: when it may next try to
+    /// bind on a restarted manager.
+    follow: Option<Mutex<Instant>>,
 }
+
+/// How long a listener following its manager waits between attempts to
+/// bind on a restarted one.
+const FOLLOW_RETRY: Duration = Duration::from_secs(1);
 
 impl std::fmt::Debug for XioListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -1934,9 +1953,12 @@ impl std::fmt::Debug for XioListener {
 }
 
 impl XioListener {
-    /// Binds `addr` on the process-wide [`Net::global`].
+    /// Binds `addr` on the process-wide [`Net::global`]. The listener
+    /// follows the pool's manager across restarts (see [`XioListener`]).
     pub fn bind(addr: impl ToSocketAddrs) -> io::Result<XioListener> {
-        Net::with_global(|n| n.listen(&addr))
+        let mut l = Net::with_global(|n| n.listen(&addr))?;
+        l.follow = Some(Mutex::new(Instant::now()));
+        Ok(l)
     }
 
     /// The address this listener is bound to.
@@ -1944,30 +1966,100 @@ impl XioListener {
         Ok(self.addr)
     }
 
-    /// The net this listener belongs to.
-    pub fn net(&self) -> &Net {
-        &self.net
+    /// The net this listener accepts on (for one made by
+    /// [`XioListener::bind`], a new one after it followed a restarted
+    /// manager).
+    pub fn net(&self) -> Net {
+        self.net.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Waits for a connection (or `WouldBlock` in non-blocking mode).
     pub fn accept(&self) -> io::Result<(XioStream, SocketAddr)> {
         let nb = self.nonblocking.load(AtomicOrdering::Relaxed);
         let addr = self.addr;
-        // The peer's address under the same lock (one lock less per
-        // connection on the accepting side).
-        let (c, peer) = self.net.block(Key::Accept(addr), nb, None, |core, wake| {
-            match core.accept_on(addr, wake) {
-                Ok(c) => Try::Done(
-                    core.table
-                        .addrs(c)
-                        .map(|a| (c, a.1))
-                        .map_err(io::Error::from),
-                ),
-                Err(ConnError::WouldBlock) => Try::Wait,
-                Err(e) => Try::Done(Err(e.into())),
+        loop {
+            let net = self.net();
+            // A listener that follows its manager and finds it gone binds
+            // on a restarted one, or (none runs yet) waits on the old net
+            // at most until the next attempt.
+            let (gone, deadline) = match &self.follow {
+                Some(next) if net.manager_gone() => {
+                    if self.try_follow(&net, next) {
+                        continue;
+                    }
+                    (true, Some(*next.lock().unwrap_or_else(|e| e.into_inner())))
+                }
+                _ => (false, None),
+            };
+            let follows = self.follow.is_some();
+            // The peer's address under the same lock (one lock less per
+            // connection on the accepting side).
+            let r = net.block(Key::Accept(addr), nb, deadline, |core, wake| {
+                if follows && !gone && core.stack.manager_gone() {
+                    return Try::Done(Ok(None)); // went away while we waited
+                }
+                match core.accept_on(addr, wake) {
+                    Ok(c) => Try::Done(
+                        core.table
+                            .addrs(c)
+                            .map(|a| Some((c, a.1)))
+                            .map_err(io::Error::from),
+                    ),
+                    Err(ConnError::WouldBlock) => Try::Wait,
+                    Err(e) => Try::Done(Err(e.into())),
+                }
+            });
+            match r {
+                Ok(Some((c, peer))) => return Ok((XioStream::new(net, c), peer)),
+                Ok(None) => continue,
+                Err(e) if gone && e.kind() == io::ErrorKind::TimedOut => continue,
+                Err(e) => return Err(e),
             }
-        })?;
-        Ok((XioStream::new(self.net.clone(), c), peer))
+        }
+    }
+
+    /// Binds this listener's address on a net attached to a running
+    /// manager, if the time for an attempt has come. Returns whether the
+    /// listener now accepts there.
+    fn try_follow(&self, old: &Net, next: &Mutex<Instant>) -> bool {
+        let mut next = next.lock().unwrap_or_else(|e| e.into_inner());
+        if self.net().id() != old.id() {
+            return true; // another thread followed already
+        }
+        if Instant::now() < *next {
+            return false;
+        }
+        *next = Instant::now() + FOLLOW_RETRY;
+        // `global` attaches afresh once a manager runs again; until then
+        // it returns the old net.
+        let fresh = match Net::global() {
+            Ok(n) if n.id() != old.id() => n,
+            Ok(_) => {
+                tracing::debug!(addr = %self.addr, "manager gone, none runs yet");
+                return false;
+            }
+            Err(e) => {
+                tracing::debug!(addr = %self.addr, error = %e, "manager gone, none runs yet");
+                return false;
+            }
+        };
+        match fresh.listen(self.addr) {
+            Ok(l) => {
+                // Swap nets: dropping `l` then unlistens on the old one
+                // (resetting what was not accepted there).
+                std::mem::swap(
+                    &mut *self.net.lock().unwrap_or_else(|e| e.into_inner()),
+                    &mut *l.net.lock().unwrap_or_else(|e| e.into_inner()),
+                );
+                drop(l);
+                tracing::info!(addr = %self.addr, "listening again, on the restarted manager");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(addr = %self.addr, error = %e, "could not bind again on the restarted manager; trying again");
+                false
+            }
+        }
     }
 
     /// An endless iterator of accepted streams.
@@ -1984,12 +2076,16 @@ impl XioListener {
 
 impl Drop for XioListener {
     fn drop(&mut self) {
-        self.net.update(|g| {
-            g.table.unlisten(self.addr);
-            if let Err(e) = g.stack.unbind(self.addr) {
-                tracing::debug!(addr = %self.addr, error = %e, "unbind failed");
-            }
-        });
+        let addr = self.addr;
+        self.net
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .update(|g| {
+                g.table.unlisten(addr);
+                if let Err(e) = g.stack.unbind(addr) {
+                    tracing::debug!(addr = %addr, error = %e, "unbind failed");
+                }
+            });
     }
 }
 
@@ -2635,14 +2731,15 @@ impl XioListener {
     /// (adapter interface, see [`Net::drive`]).
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(XioStream, SocketAddr)>> {
         let addr = self.addr;
-        let c = ready!(self.net.poll_op(Key::Accept(addr), cx, |core, wake| {
+        let net = self.net();
+        let c = ready!(net.poll_op(Key::Accept(addr), cx, |core, wake| {
             match core.accept_on(addr, wake) {
                 Ok(c) => Try::Done(Ok(c)),
                 Err(ConnError::WouldBlock) => Try::Wait,
                 Err(e) => Try::Done(Err(e.into())),
             }
         }))?;
-        let s = XioStream::new(self.net.clone(), c);
+        let s = XioStream::new(net, c);
         let peer = s.peer_addr()?;
         Poll::Ready(Ok((s, peer)))
     }

@@ -34,6 +34,7 @@ fn child_main() {
         "slow_reader_server" => slow_reader_server(&a[0], a[1].parse().unwrap()),
         "poll_clients" => poll_clients(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "global_user" => global_user(a[0].parse().unwrap(), a[1].parse().unwrap()),
+        "global_acceptor" => global_acceptor(a[0].parse().unwrap()),
         r => panic!("unknown role {r}"),
     }
 }
@@ -140,6 +141,66 @@ fn the_global_net_attaches_again_after_its_manager_restarts() {
     exchange(&Net::attach(&p).unwrap(), a2);
     child.expect("done");
     child.wait_success();
+}
+
+/// Role of `a_bound_listener_follows_a_restarted_manager`: a server that
+/// only accepts, on the process-wide net, as most std servers are.
+fn global_acceptor(addr: SocketAddr) {
+    let l = xio_core::net::XioListener::bind(addr).unwrap();
+    println!("XIO:listening");
+    for s in l.incoming() {
+        let mut s = s.unwrap();
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b).unwrap();
+    }
+}
+
+/// A listener made by `XioListener::bind` follows its manager: a server
+/// blocked in `accept` when the manager stops binds its address again on
+/// the next manager by itself, and new clients reach it there.
+#[test]
+fn a_bound_listener_follows_a_restarted_manager() {
+    if test_backend() == xio_core::manager::Backend::Dpdk {
+        eprintln!("skipped on the DPDK backend: the manager cannot restart in-process");
+        return;
+    }
+    let (m1, p) = start("follow");
+    let addr: SocketAddr = "10.61.0.3:80".parse().unwrap();
+    let mut child = ChildProc::spawn_env(
+        "child_main",
+        "global_acceptor",
+        &[addr.to_string()],
+        &[("XIO_PREFIX", p.as_str())],
+    );
+    let exchange = |net: &Net| -> std::io::Result<()> {
+        let mut s = net.connect(addr)?;
+        s.write_all(b"hello")?;
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b)?;
+        assert_eq!(&b, b"hello");
+        Ok(())
+    };
+    child.expect("listening");
+    exchange(&Net::attach(&p).unwrap()).unwrap();
+    drop(m1);
+    // A while with no manager at all: the server keeps looking for one.
+    std::thread::sleep(Duration::from_millis(1500));
+    let _m2 = manager_builder(&p).spawn().unwrap();
+    let net = Net::attach(&p).unwrap();
+    // Refused until the server has bound again; it was never told.
+    wait_until(
+        "the server binds again on the new manager",
+        || match exchange(&net) {
+            Ok(()) => true,
+            Err(e) => {
+                assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+                std::thread::sleep(Duration::from_millis(5));
+                false
+            }
+        },
+    );
+    child.kill9();
 }
 
 /// A deterministic byte stream: byte `i` of stream `seed`.

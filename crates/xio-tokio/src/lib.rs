@@ -435,7 +435,7 @@ impl XioListener {
     /// [`Net::listen_with_backlog`]), as `tokio::net::TcpListener::from_std`
     /// does. Must be called within a tokio runtime.
     pub fn from_std(inner: xio_core::net::XioListener) -> io::Result<XioListener> {
-        ensure_driver(inner.net())?;
+        ensure_driver(&inner.net())?;
         Ok(XioListener {
             inner: Mutex::new(Arc::new(inner)),
             follow: None,
@@ -455,7 +455,7 @@ impl XioListener {
     /// Polls for a connection.
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(XioStream, SocketAddr)>> {
         let l = self.core();
-        let p = pending_needs_driver(l.net(), l.poll_accept(cx));
+        let p = pending_needs_driver(&l.net(), l.poll_accept(cx));
         if p.is_pending() {
             if let Some(f) = &self.follow {
                 if l.net().manager_gone() {
@@ -500,7 +500,7 @@ impl XioListener {
             match Net::global() {
                 Ok(n) if n.id() != old.net().id() => match n.listen(f.addr) {
                     Ok(l) => {
-                        ensure_driver(l.net())?;
+                        ensure_driver(&l.net())?;
                         tracing::info!(addr = %f.addr, "listening again, on the restarted manager");
                         *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(l);
                         retry.waiters.drain(..).for_each(std::task::Waker::wake);
