@@ -916,15 +916,20 @@ impl Manager {
             s.deaths += 1;
             s.reclaimed += u64::from(r.owned + r.lost);
         }
-        tracing::info!(
-            stack = id,
-            pid = e.pid,
-            name = %e.name,
-            reclaimed = r.owned,
-            lost_and_found = r.lost,
-            peers_reset = waiting.len(),
-            "stack gone; buffers reclaimed"
-        );
+        if r.owned + r.lost == 0 {
+            // A clean exit (or a process that held nothing): no alarm.
+            tracing::info!(stack = id, pid = e.pid, name = %e.name, peers_reset = waiting.len(), "stack left");
+        } else {
+            tracing::info!(
+                stack = id,
+                pid = e.pid,
+                name = %e.name,
+                reclaimed = r.owned,
+                lost_and_found = r.lost,
+                peers_reset = waiting.len(),
+                "stack gone holding buffers; reclaimed them"
+            );
+        }
         if waiting.is_empty() {
             self.seg
                 .stack_slot(id)
