@@ -1782,7 +1782,7 @@ impl Net {
                 };
                 peer_used = Some(peer);
                 if core.pending_for(peer) && !core.flush_pending() && core.pending_for(peer) {
-                    return Try::Retry;
+                    return park(core, &mut peer_used, Try::Retry);
                 }
                 core.stack.prefetch_tx(peer);
                 let mut want = (total - written).min(max_buf);
@@ -1802,7 +1802,7 @@ impl Net {
                     // Use what credit there is, in a smaller buffer.
                     match self.shared.classes.iter().rev().find(|&&s| s <= credit) {
                         Some(&s) if s > 0 => want = want.min(s),
-                        _ => return Try::Wait,
+                        _ => return park(core, &mut peer_used, Try::Wait),
                     }
                 }
                 // The best buffer; a smaller one if that class is exhausted.
@@ -1825,11 +1825,11 @@ impl Net {
                     }
                 }
                 let Some(mut buf) = buf else {
-                    return Try::Retry;
+                    return park(core, &mut peer_used, Try::Retry);
                 };
                 let cap = buf.capacity();
                 if core.table.take_credit(c, cap).is_err() {
-                    return Try::Wait;
+                    return park(core, &mut peer_used, Try::Wait);
                 }
                 // Gather `len` bytes from the slices.
                 buf.set_len(len);
@@ -1892,6 +1892,16 @@ impl Net {
             r => r,
         }
     }
+}
+
+/// Before a write waits (for credit, room or a buffer): rings the peer its
+/// buffers went to without a doorbell, or a reader asleep would never take
+/// them, and the credit the write waits for would never come.
+fn park<R>(core: &mut Core, peer: &mut Option<PeerId>, t: Try<R>) -> Try<R> {
+    if let Some(p) = peer.take() {
+        core.stack.wake_peer(p);
+    }
+    t
 }
 
 /// Moves a gather cursor back by `n` bytes.
