@@ -182,7 +182,9 @@ typedef uint16_t xio_peer;
 #define XIO_ERR_CONNECTION_REFUSED 6
 
 /**
- * The peer reset the connection, crashed or left.
+ * The peer reset the connection, crashed or left. On a stream it is
+ * reported once, as TCP's `ECONNRESET`: later reads return 0 (end of
+ * stream) and writes `XIO_ERR_BROKEN_PIPE`.
  */
 #define XIO_ERR_CONNECTION_RESET 7
 
@@ -231,7 +233,8 @@ typedef uint16_t xio_peer;
 #define XIO_ERR_BUSY 14
 
 /**
- * Writing after this side shut down writes, or to a closed peer.
+ * Writing after this side shut down writes, to a peer that closed and
+ * answered with a reset, or after a reset was reported.
  */
 #define XIO_ERR_BROKEN_PIPE 15
 

@@ -26,7 +26,9 @@ pub const XIO_ERR_TIMED_OUT: XioResult = 4;
 pub const XIO_ERR_NO_MANAGER: XioResult = 5;
 /// Nobody listens on that address.
 pub const XIO_ERR_CONNECTION_REFUSED: XioResult = 6;
-/// The peer reset the connection, crashed or left.
+/// The peer reset the connection, crashed or left. On a stream it is
+/// reported once, as TCP's `ECONNRESET`: later reads return 0 (end of
+/// stream) and writes `XIO_ERR_BROKEN_PIPE`.
 pub const XIO_ERR_CONNECTION_RESET: XioResult = 7;
 /// Not connected (to that peer, or the stream was shut down).
 pub const XIO_ERR_NOT_CONNECTED: XioResult = 8;
@@ -51,7 +53,8 @@ pub const XIO_ERR_IO: XioResult = 13;
 /// Another thread owns this stack (a stack is used by one thread at a
 /// time: see `xio_stack_attach` and `xio_stack_release`).
 pub const XIO_ERR_BUSY: XioResult = 14;
-/// Writing after this side shut down writes, or to a closed peer.
+/// Writing after this side shut down writes, to a peer that closed and
+/// answered with a reset, or after a reset was reported.
 pub const XIO_ERR_BROKEN_PIPE: XioResult = 15;
 /// The buffer is read-only (received): `xio_buf_make_writable` first.
 pub const XIO_ERR_READ_ONLY: XioResult = 16;

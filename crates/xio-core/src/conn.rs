@@ -175,6 +175,9 @@ struct Entry<B> {
     closed: bool,
     /// For an accepted connection: the initiator's key in `early`.
     early_key: Option<(u16, u32)>,
+    /// A reset was reported once: reads now return end of stream and
+    /// writes `BrokenPipe`, as a TCP socket's do after its `ECONNRESET`.
+    reset_reported: bool,
     /// In a listener's queue, not yet accepted: no stream exists for it,
     /// so readiness is not reported (as epoll knows nothing of a socket
     /// not yet accepted and added).
@@ -184,12 +187,27 @@ struct Entry<B> {
 }
 
 impl<B> Entry<B> {
-    /// The error of a reset connection: refused if it never got through.
+    /// The error of a reset connection: refused if it never got through;
+    /// a broken pipe if the peer had finished sending (Linux reports a RST
+    /// in TCP's close-wait as `EPIPE`).
     fn reset_error(&self) -> ConnError {
         if self.refused {
             ConnError::Refused
+        } else if self.peer_fin {
+            ConnError::BrokenPipe
         } else {
             ConnError::Reset
+        }
+    }
+
+    /// What a read of a reset connection returns: the error once, then
+    /// end of stream (a refusal stays an error).
+    fn read_reset(&mut self) -> Result<(), ConnError> {
+        if self.refused || !self.reset_reported {
+            self.reset_reported = true;
+            Err(self.reset_error())
+        } else {
+            Ok(())
         }
     }
 }
@@ -200,6 +218,17 @@ impl<B> Entry<B> {
 struct Listener {
     queue: VecDeque<ConnId>,
     backlog: usize,
+}
+
+/// A connection closed here whose peer may still send (see
+/// `Table::closing`).
+#[derive(Clone, Copy, Debug)]
+struct Closing {
+    peer: PeerId,
+    /// The peer's id for it, for the RST.
+    remote: u32,
+    /// Its key in `Table::early`, if it was accepted.
+    early: Option<(u16, u32)>,
 }
 
 /// A stack's connections and listeners.
@@ -213,6 +242,14 @@ pub struct Table<B> {
     /// Accepted connections by (initiator stack, initiator's id), for what
     /// the initiator sent before it knew our id ([`kind::EARLY`]).
     early: HashMap<(u16, u32), ConnId>,
+    /// Connections closed here after sending their FIN while the peer may
+    /// still send (TCP's FIN-WAIT): the peer and its id, so that data
+    /// arriving for them is answered with a RST (its writer learns the
+    /// connection is gone instead of waiting for credit that never
+    /// comes). Forgotten at the peer's FIN or RST, or when it dies. With
+    /// the connection's key in `early`, kept there meanwhile: a peer that
+    /// closed before it knew our id sends its FIN under its own id.
+    closing: HashMap<ConnId, Closing>,
 }
 
 impl<B: Chunk> Table<B> {
@@ -229,6 +266,7 @@ impl<B: Chunk> Table<B> {
             actions: VecDeque::new(),
             window: window.max(2),
             early: HashMap::default(),
+            closing: HashMap::default(),
         }
     }
 
@@ -237,9 +275,10 @@ impl<B: Chunk> Table<B> {
         self.window
     }
 
-    /// Connections open (in any state).
+    /// Connections open (in any state), and closed ones whose peer may
+    /// still send.
     pub fn len(&self) -> usize {
-        self.entries.len() - self.free.len()
+        self.entries.len() - self.free.len() + self.closing.len()
     }
 
     /// True when no connection is open.
@@ -291,6 +330,7 @@ impl<B: Chunk> Table<B> {
             closed: false,
             early_key: None,
             unaccepted: false,
+            reset_reported: false,
         });
         Ok(ConnId(gen << INDEX_BITS | i as u32))
     }
@@ -466,8 +506,17 @@ impl<B: Chunk> Table<B> {
     pub fn on_syn_ack(&mut self, peer: PeerId, local: ConnId, remote: u32) {
         match self.get_mut(local) {
             Some(e) if e.state == State::SynSent && e.peer == peer && e.closed => {
-                // Closed meanwhile; its FIN already went (early).
+                // Closed meanwhile; its FIN already went (early). What the
+                // peer still sends gets a RST.
                 self.remove(local);
+                self.closing.insert(
+                    local,
+                    Closing {
+                        peer,
+                        remote,
+                        early: None,
+                    },
+                );
             }
             Some(e) if e.state == State::SynSent && e.peer == peer => {
                 e.state = State::Established;
@@ -484,7 +533,10 @@ impl<B: Chunk> Table<B> {
     /// answered with a RST when the connection still exists.
     pub fn on_data(&mut self, peer: PeerId, local: ConnId, buf: B) {
         let window = self.window;
-        let Some(e) = self.get_mut(local) else { return };
+        let Some(e) = self.get_mut(local) else {
+            self.after_close(peer, local, true);
+            return;
+        };
         if e.peer != peer {
             return;
         }
@@ -534,12 +586,41 @@ impl<B: Chunk> Table<B> {
                 e.peer_fin = true;
                 self.actions.push_back(Action::Readable(local));
             }
+        } else {
+            self.after_close(peer, local, false);
+        }
+    }
+
+    /// Input from `peer` for `local`, which is no longer a connection: if
+    /// we closed it while the peer could still send, the peer's FIN or RST
+    /// ends that wait, and data is answered with a RST (the buffer itself
+    /// is dropped, back to the pool).
+    fn after_close(&mut self, peer: PeerId, local: ConnId, data: bool) {
+        let Some(&Closing {
+            peer: p,
+            remote,
+            early,
+        }) = self.closing.get(&local)
+        else {
+            return;
+        };
+        if p == peer {
+            self.closing.remove(&local);
+            if let Some(k) = early {
+                self.early.remove(&k);
+            }
+            if data {
+                self.rst(peer, remote);
+            }
         }
     }
 
     /// The peer reset `local` (or refused it, if we were connecting).
     pub fn on_rst(&mut self, peer: PeerId, local: ConnId) {
-        let Some(e) = self.get_mut(local) else { return };
+        let Some(e) = self.get_mut(local) else {
+            self.after_close(peer, local, false);
+            return;
+        };
         if e.peer != peer || e.state == State::Reset {
             return;
         }
@@ -563,6 +644,15 @@ impl<B: Chunk> Table<B> {
     /// one it had closed cleanly (FIN) still reads to its end, as with TCP
     /// when a process exits after closing its socket.
     pub fn on_peer_gone(&mut self, peer: PeerId) {
+        let early = &mut self.early;
+        self.closing.retain(|_, c| {
+            if c.peer == peer {
+                if let Some(k) = &c.early {
+                    early.remove(k);
+                }
+            }
+            c.peer != peer
+        });
         let ids: Vec<ConnId> = self
             .entries
             .iter()
@@ -658,7 +748,7 @@ impl<B: Chunk> Table<B> {
     ) -> Result<usize, ConnError> {
         let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
         if e.state == State::Reset {
-            return Err(e.reset_error());
+            return e.read_reset().map(|()| 0);
         }
         if e.read_shut {
             return Ok(0);
@@ -701,7 +791,7 @@ impl<B: Chunk> Table<B> {
     pub fn take_chunk(&mut self, c: ConnId) -> Result<Option<(B, usize)>, ConnError> {
         let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
         if e.state == State::Reset {
-            return Err(e.reset_error());
+            return e.read_reset().map(|()| None);
         }
         if e.read_shut {
             return Ok(None);
@@ -749,11 +839,16 @@ impl<B: Chunk> Table<B> {
 
     /// Where a write on `c` goes: the peer stack, the id to address, and
     /// the flag to add to the kind ([`kind::EARLY`] while the SYN is
-    /// unanswered: then the id is our own).
-    pub fn send_target(&self, c: ConnId) -> Result<(PeerId, u32, u8), ConnError> {
-        let e = self.get(c).ok_or(ConnError::NotConnected)?;
+    /// unanswered: then the id is our own). A reset is reported once (by
+    /// this or a read), then writes fail with `BrokenPipe`, as on Linux.
+    pub fn send_target(&mut self, c: ConnId) -> Result<(PeerId, u32, u8), ConnError> {
+        let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
         match e.state {
-            State::Reset => Err(e.reset_error()),
+            State::Reset if e.reset_reported && !e.refused => Err(ConnError::BrokenPipe),
+            State::Reset => {
+                e.reset_reported = true;
+                Err(e.reset_error())
+            }
             _ if e.fin_sent => Err(ConnError::BrokenPipe),
             State::SynSent => Ok((e.peer, c.0, kind::EARLY)),
             State::Established if e.peer_gone => Err(ConnError::Reset),
@@ -844,16 +939,33 @@ impl<B: Chunk> Table<B> {
             }
         }
         let Some(e) = self.remove(c) else { return };
-        match e.state {
-            State::Established if e.peer_gone => {}
-            State::Established if !e.rx.is_empty() => self.rst(e.peer, e.remote),
-            State::Established if !e.fin_sent => self.actions.push_back(Action::Control {
+        if e.state != State::Established || e.peer_gone {
+            return;
+        }
+        if !e.rx.is_empty() {
+            self.rst(e.peer, e.remote);
+            return;
+        }
+        if !e.fin_sent {
+            self.actions.push_back(Action::Control {
                 peer: e.peer,
                 kind: kind::FIN,
                 to: e.remote,
                 arg: 0,
-            }),
-            _ => {}
+            });
+        }
+        if !e.peer_fin {
+            if let Some(k) = e.early_key {
+                self.early.insert(k, c);
+            }
+            self.closing.insert(
+                c,
+                Closing {
+                    peer: e.peer,
+                    remote: e.remote,
+                    early: e.early_key,
+                },
+            );
         }
     }
 }
@@ -1085,25 +1197,40 @@ mod tests {
         let mut b = [0u8; 8];
         assert_eq!(s.read(sid, &mut b), Ok(5));
         assert_eq!(s.read(sid, &mut b), Ok(0));
-        // The SYN-ACK for the closed connection ends it quietly (no RST).
+        // The SYN-ACK for the closed connection is taken quietly (no RST);
+        // the id is remembered until the server's FIN.
         actions(&mut c);
         c.on_syn_ack(PeerId(2), cid, sid.0);
         assert!(actions(&mut c).is_empty());
-        assert!(c.is_empty());
+        assert_eq!(c.len(), 1, "waits for the peer's FIN");
+        actions(&mut s);
         s.close(sid);
         assert_eq!(s.early_conn(PeerId(1), cid.0), None, "forgotten on close");
+        assert!(s.is_empty(), "the client had finished: nothing to wait for");
+        assert!(matches!(
+            actions(&mut s)[..],
+            [Action::Control { kind: kind::FIN, to, .. }] if to == cid.0
+        ));
+        c.on_fin(PeerId(2), cid);
+        assert!(actions(&mut c).is_empty());
+        assert!(c.is_empty());
     }
 
     #[test]
     fn stale_ids_are_not_delivered_to_a_reused_slot() {
         let (mut c, _s, cid, _) = handshake();
         c.close(cid);
+        // The peer's FIN ends the closed connection for good.
+        c.on_fin(PeerId(2), cid);
         let new = c.connect(PeerId(2), a(80), src()).unwrap();
         assert_eq!(new.index(), cid.index(), "slot reused");
         assert_ne!(new, cid, "with a new generation");
         actions(&mut c);
         c.on_data(PeerId(2), cid, b"late".to_vec());
-        assert!(actions(&mut c).is_empty());
+        assert!(
+            actions(&mut c).is_empty(),
+            "late data never reaches the new one"
+        );
         assert_eq!(c.read(cid, &mut [0u8; 4]), Err(ConnError::NotConnected));
         // Data from the wrong peer is refused too.
         c.on_data(PeerId(9), new, b"x".to_vec());
@@ -1118,6 +1245,78 @@ mod tests {
                 ..
             }]
         ));
+    }
+
+    /// Data for a connection closed here is answered with a RST (the
+    /// writer would otherwise wait for credit forever), once; the reset is
+    /// reported once, then reads see end of stream and writes a broken
+    /// pipe, as on Linux.
+    #[test]
+    fn data_after_close_is_reset_and_the_reset_is_reported_once() {
+        let (mut c, mut s, cid, sid) = handshake();
+        s.close(sid);
+        let acts = actions(&mut s);
+        assert!(
+            matches!(
+                acts[..],
+                [Action::Control {
+                    kind: kind::FIN,
+                    ..
+                }]
+            ),
+            "{acts:?}"
+        );
+        c.on_fin(PeerId(2), cid);
+        actions(&mut c);
+        assert_eq!(c.read(cid, &mut [0u8; 4]), Ok(0));
+        // The client writes anyway: the server resets.
+        s.on_data(PeerId(1), sid, b"more".to_vec());
+        let acts = actions(&mut s);
+        let [Action::Control {
+            kind: kind::RST,
+            to,
+            peer: PeerId(1),
+            ..
+        }] = acts[..]
+        else {
+            panic!("{acts:?}")
+        };
+        assert_eq!(to, cid.0);
+        assert!(s.is_empty(), "the closed id is forgotten");
+        s.on_data(PeerId(1), sid, b"again".to_vec());
+        assert!(actions(&mut s).is_empty(), "one RST is enough");
+        c.on_rst(PeerId(2), cid);
+        // In close-wait, Linux says EPIPE; then the pipe stays broken.
+        assert_eq!(c.send_target(cid), Err(ConnError::BrokenPipe));
+        assert_eq!(c.send_target(cid), Err(ConnError::BrokenPipe));
+        assert_eq!(c.read(cid, &mut [0u8; 4]), Ok(0));
+
+        // Reset while open: ConnectionReset once, then end of stream and
+        // BrokenPipe.
+        let (mut c, _s, cid, _) = handshake();
+        c.on_rst(PeerId(2), cid);
+        assert_eq!(c.read(cid, &mut [0u8; 4]), Err(ConnError::Reset));
+        assert_eq!(c.read(cid, &mut [0u8; 4]), Ok(0));
+        assert_eq!(c.take_chunk(cid), Ok(None));
+        assert_eq!(c.send_target(cid), Err(ConnError::BrokenPipe));
+        // A write may be the first to hear of it.
+        let (mut c, _s, cid, _) = handshake();
+        c.on_rst(PeerId(2), cid);
+        assert_eq!(c.send_target(cid), Err(ConnError::Reset));
+        assert_eq!(c.send_target(cid), Err(ConnError::BrokenPipe));
+        assert_eq!(c.read(cid, &mut [0u8; 4]), Ok(0));
+        // A refusal stays an error.
+        let mut c: Table<Vec<u8>> = Table::new(64);
+        let cid = c.connect(PeerId(2), a(80), src()).unwrap();
+        c.on_rst(PeerId(2), cid);
+        assert_eq!(c.read(cid, &mut [0u8; 4]), Err(ConnError::Refused));
+        assert_eq!(c.read(cid, &mut [0u8; 4]), Err(ConnError::Refused));
+        // A closed connection whose peer dies is forgotten.
+        let (mut c, _s, cid, _) = handshake();
+        c.close(cid);
+        assert_eq!(c.len(), 1);
+        c.on_peer_gone(PeerId(2));
+        assert!(c.is_empty());
     }
 
     #[test]
@@ -1151,8 +1350,15 @@ mod tests {
                 })
                 .collect();
             assert_eq!(s.len(), 5000, "round {round}");
-            for c in ids {
+            for (i, &c) in ids.iter().enumerate() {
                 s.close(c);
+                if i % 2 == 0 {
+                    s.on_fin(PeerId(1 + (i % 7) as u16), c);
+                }
+            }
+            assert_eq!(s.len(), 2500, "closed, the peer may still send");
+            for (i, &c) in ids.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
+                s.on_rst(PeerId(1 + (i % 7) as u16), c);
             }
             actions(&mut s);
             assert!(s.is_empty());

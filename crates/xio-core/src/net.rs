@@ -51,6 +51,16 @@
 //! reader credits it back as it consumes. A writer without credit waits
 //! (or gets `WouldBlock`); nothing is dropped. An exhausted pool is a
 //! wait too, and a write falls back to smaller buffers before it waits.
+//!
+//! **Closing and errors, as Linux TCP.** Dropping a stream sends a FIN
+//! (a RST if received data was left unread). Data that arrives for a
+//! stream already closed here is answered with a RST, so a peer that
+//! keeps writing fails instead of waiting for credit that never comes. A
+//! reset (a RST, or the peer process died) is reported once, to the next
+//! read or write: `ConnectionReset`, or `BrokenPipe` if the peer had
+//! already finished sending (Linux's `EPIPE` in close-wait); after that
+//! reads return end of stream and writes `BrokenPipe`. A refused connect
+//! stays `ConnectionRefused`.
 
 use std::collections::VecDeque;
 
@@ -1203,9 +1213,20 @@ impl Net {
         self.lock().me()
     }
 
-    /// Connections open (in any state).
+    /// Connections open (in any state), and ones closed here whose peer
+    /// has not finished yet (its FIN still to come). Takes what the rings
+    /// hold first.
     pub fn connections(&self) -> usize {
-        self.lock().table.len()
+        let mut wake = Vec::new();
+        let n = {
+            let mut g = self.lock();
+            if !g.driving {
+                let _ = g.drain(&mut wake);
+            }
+            g.table.len()
+        };
+        wake_all(&mut wake);
+        n
     }
 
     /// The per-connection flow-control window in bytes.

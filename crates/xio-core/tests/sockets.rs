@@ -35,6 +35,7 @@ fn child_main() {
         "poll_clients" => poll_clients(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "global_user" => global_user(a[0].parse().unwrap(), a[1].parse().unwrap()),
         "global_acceptor" => global_acceptor(a[0].parse().unwrap()),
+        "reads_one_byte" => reads_one_byte(&a[0], a[1].parse().unwrap()),
         r => panic!("unknown role {r}"),
     }
 }
@@ -201,6 +202,58 @@ fn a_bound_listener_follows_a_restarted_manager() {
         },
     );
     child.kill9();
+}
+
+/// Role of `writing_to_a_closed_connection_fails_instead_of_hanging`:
+/// reads one byte of each connection and closes it.
+fn reads_one_byte(prefix: &str, addr: SocketAddr) {
+    let net = Net::attach(prefix).unwrap();
+    let l = net.listen(addr).unwrap();
+    println!("XIO:ready");
+    for s in l.incoming() {
+        let mut s = s.unwrap();
+        s.read_exact(&mut [0u8; 1]).unwrap();
+    }
+}
+
+/// A server that read what it wanted and closed: the client sees end of
+/// stream, and its writes after that fail with `BrokenPipe` (the closed
+/// end answers data with a RST, as TCP's does) instead of filling the
+/// window and waiting forever for credit. Nothing stays held.
+#[test]
+fn writing_to_a_closed_connection_fails_instead_of_hanging() {
+    let (mgr, p) = start("closedwrite");
+    let addr: SocketAddr = "10.61.0.4:80".parse().unwrap();
+    let mut server = ChildProc::spawn(
+        "child_main",
+        "reads_one_byte",
+        &[p.clone(), addr.to_string()],
+    );
+    server.expect("ready");
+    {
+        let net = Net::attach(&p).unwrap();
+        let mut c = net.connect(addr).unwrap();
+        // The watchdog: a hang would end in TimedOut.
+        c.set_write_timeout(Some(WATCHDOG)).unwrap();
+        c.write_all(b"x").unwrap();
+        assert_eq!(c.read(&mut [0u8; 8]).unwrap(), 0, "the server closed");
+        // Several times the window: without the RST this waits forever.
+        let big = vec![7u8; 4 * net.window()];
+        let err = c.write_all(&big).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe, "{err}");
+        assert_eq!(
+            c.write(b"y").unwrap_err().kind(),
+            std::io::ErrorKind::BrokenPipe
+        );
+        assert_eq!(c.read(&mut [0u8; 8]).unwrap(), 0);
+        drop(c);
+        // The next connection is served as before.
+        let mut c = net.connect(addr).unwrap();
+        c.write_all(b"z").unwrap();
+        assert_eq!(c.read(&mut [0u8; 8]).unwrap(), 0);
+    }
+    server.kill9();
+    wait_pool_whole(&mgr);
 }
 
 /// One write of several windows to a reader asleep on its doorbell (the
@@ -841,8 +894,11 @@ fn peer_killed_mid_stream_gives_reset_and_pool_is_whole() {
             }
         };
         assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+        // Reported once, as a TCP socket's ECONNRESET: then end of stream
+        // and a broken pipe.
+        assert_eq!(s.read(&mut buf).unwrap(), 0);
         let err = s.write_all(b"anyone?").unwrap_err();
-        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+        assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe, "{err}");
     }
     wait_pool_whole(&mgr);
 }
