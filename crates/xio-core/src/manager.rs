@@ -917,7 +917,9 @@ impl Manager {
             s.reclaimed += u64::from(r.owned + r.lost);
         }
         if r.owned + r.lost == 0 {
-            // A clean exit (or a process that held nothing): no alarm.
+            // Crashed or exited, the manager cannot tell (a process-wide
+            // net is never dropped, so a clean exit leaves its cached
+            // buffers too): say what happened without alarm.
             tracing::info!(stack = id, pid = e.pid, name = %e.name, peers_reset = waiting.len(), "stack left");
         } else {
             tracing::info!(
@@ -927,7 +929,7 @@ impl Manager {
                 reclaimed = r.owned,
                 lost_and_found = r.lost,
                 peers_reset = waiting.len(),
-                "stack gone holding buffers; reclaimed them"
+                "stack left; reclaimed the buffers it held"
             );
         }
         if waiting.is_empty() {
