@@ -11,7 +11,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -284,6 +284,10 @@ struct StackEntry {
     pid: u32,
     name: String,
     bell: EventFdDoorbell,
+    /// A pidfd of the stack's process (when the kernel's credentials named
+    /// it), handed to its peers with the channel: with no manager left to
+    /// tell them, they see its death themselves.
+    pidfd: Option<OwnedFd>,
     addrs: BTreeSet<SocketAddr>,
     /// peer id -> channel slot
     peers: HashMap<u16, u32>,
@@ -624,7 +628,14 @@ impl Manager {
     }
 
     fn register(&mut self, sock: CloseOnFork, claimed_pid: u32, name: String) {
-        let pid = ctrl::peer_pid(&sock).unwrap_or(claimed_pid);
+        let cred = ctrl::peer_pid(&sock).ok();
+        let pid = cred.unwrap_or(claimed_pid);
+        // Only a pid the kernel vouched for: a claimed one may name anyone.
+        let pidfd = cred
+            .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+            .and_then(|p| {
+                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+            });
         let free = (1..=self.seg.max_stacks() as u16).find(|&id| {
             !self.stacks.contains_key(&id)
                 && !self.dead.contains_key(&id)
@@ -672,10 +683,20 @@ impl Manager {
                 pid,
                 name,
                 bell,
+                pidfd,
                 addrs: BTreeSet::new(),
                 peers: HashMap::new(),
             },
         );
+    }
+
+    /// What a stack receives with a channel to `peer`: its doorbell, then
+    /// its pidfd if there is one.
+    fn peer_fds(&self, peer: u16) -> Vec<BorrowedFd<'_>> {
+        let e = &self.stacks[&peer];
+        std::iter::once(e.bell.fd())
+            .chain(e.pidfd.as_ref().map(|f| f.as_fd()))
+            .collect()
     }
 
     fn on_stack_readable(&mut self, id: u16) {
@@ -799,8 +820,7 @@ impl Manager {
                 peer: b,
                 existing: true,
             };
-            let fd = self.stacks[&b].bell.fd();
-            let _ = ctrl::send(self.stacks[&a].sock.as_fd(), &msg, &[fd]);
+            let _ = ctrl::send(self.stacks[&a].sock.as_fd(), &msg, &self.peer_fds(b));
             return;
         }
         let Some(ch) = self.channels.iter().position(|c| c.is_none()) else {
@@ -844,11 +864,7 @@ impl Manager {
             dir: 1,
             peer: a,
         };
-        let _ = ctrl::send(
-            self.stacks[&b].sock.as_fd(),
-            &up,
-            &[self.stacks[&a].bell.fd()],
-        );
+        let _ = ctrl::send(self.stacks[&b].sock.as_fd(), &up, &self.peer_fds(a));
         self.notify(b);
         let msg = Msg::Connected {
             channel: ch,
@@ -856,11 +872,7 @@ impl Manager {
             peer: b,
             existing: false,
         };
-        let _ = ctrl::send(
-            self.stacks[&a].sock.as_fd(),
-            &msg,
-            &[self.stacks[&b].bell.fd()],
-        );
+        let _ = ctrl::send(self.stacks[&a].sock.as_fd(), &msg, &self.peer_fds(b));
         tracing::info!(channel = ch, a, b, %addr, "channel up");
     }
 

@@ -412,6 +412,9 @@ struct Chan {
     tx: Box<dyn DescProducer>,
     rx: Box<dyn DescConsumer>,
     peer_bell: EventFdDoorbell,
+    /// The peer process's pidfd, from the manager: readable once it has
+    /// exited. Looked at only while no manager runs to say so.
+    peer_pidfd: Option<OwnedFd>,
 }
 
 enum Event {
@@ -606,7 +609,7 @@ impl Stack {
                 return Ok(PeerId(p));
             }
         }
-        let (m, mut fds) = self.request(&Msg::Connect { addr })?;
+        let (m, fds) = self.request(&Msg::Connect { addr })?;
         match m {
             Msg::Connected {
                 channel,
@@ -615,10 +618,11 @@ impl Stack {
                 existing,
             } => {
                 if !existing || !self.by_peer.contains_key(&peer) {
+                    let mut fds = fds.into_iter();
                     let fd = fds
-                        .pop()
+                        .next()
                         .ok_or_else(|| Error::Protocol("Connected without doorbell".into()))?;
-                    self.add_channel(channel, dir, peer, fd)?;
+                    self.add_channel(channel, dir, peer, fd, fds.next())?;
                 }
                 self.resolved.insert(addr, peer);
                 Ok(PeerId(peer))
@@ -634,6 +638,7 @@ impl Stack {
         dir: u8,
         peer: u16,
         bell: OwnedFd,
+        pidfd: Option<OwnedFd>,
     ) -> Result<(), Error> {
         if channel >= self.seg.max_channels()
             || peer == 0
@@ -653,6 +658,7 @@ impl Stack {
             tx,
             rx,
             peer_bell: EventFdDoorbell::from_fd(bell),
+            peer_pidfd: pidfd,
         });
         self.by_peer.insert(peer, self.channels.len() - 1);
         self.epoch.fetch_add(1, Ordering::Release);
@@ -691,13 +697,14 @@ impl Stack {
         Ok((Box::new(tx), Box::new(rx)))
     }
 
-    fn handle_async(&mut self, m: Msg, mut fds: Vec<OwnedFd>) -> Result<(), Error> {
+    fn handle_async(&mut self, m: Msg, fds: Vec<OwnedFd>) -> Result<(), Error> {
         match m {
             Msg::ChannelUp { channel, dir, peer } => {
+                let mut fds = fds.into_iter();
                 let fd = fds
-                    .pop()
+                    .next()
                     .ok_or_else(|| Error::Protocol("ChannelUp without doorbell".into()))?;
-                self.add_channel(channel, dir, peer, fd)
+                self.add_channel(channel, dir, peer, fd, fds.next())
             }
             Msg::PeerDown { channel, peer } => {
                 self.close_channel(peer, Some(channel));
@@ -842,6 +849,7 @@ impl Stack {
     /// keep working after that, without it.
     fn poll_ctrl(&mut self) -> Result<(), Error> {
         if self.manager_gone {
+            self.reap_dead_peers();
             return Ok(());
         }
         loop {
@@ -868,6 +876,33 @@ impl Stack {
                 }
                 Err(e) => return Err(recv_err(e)),
             }
+        }
+    }
+
+    /// With no manager left to announce deaths, looks at the peers'
+    /// pidfds: a peer whose process exited is closed here as the manager's
+    /// `PeerDown` would (what it sent is delivered, then a reset), so a
+    /// reader waiting on it does not wait forever. Called on the liveness
+    /// tick, which runs while the manager is gone.
+    fn reap_dead_peers(&mut self) {
+        let dead: Vec<u16> = self
+            .channels
+            .iter()
+            .filter(|c| {
+                c.peer_pidfd.as_ref().is_some_and(|fd| {
+                    let mut p = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+                    matches!(rustix::event::poll(&mut p, Some(&rustix::time::Timespec::default())), Ok(n) if n > 0)
+                })
+            })
+            .map(|c| c.peer)
+            .collect();
+        for peer in dead {
+            tracing::info!(
+                stack = self.id,
+                peer,
+                "peer exited while no manager runs: reset"
+            );
+            self.close_channel(peer, None);
         }
     }
 

@@ -36,6 +36,7 @@ fn child_main() {
         "global_user" => global_user(a[0].parse().unwrap(), a[1].parse().unwrap()),
         "global_acceptor" => global_acceptor(a[0].parse().unwrap()),
         "reads_one_byte" => reads_one_byte(&a[0], a[1].parse().unwrap()),
+        "server_with_its_manager" => server_with_its_manager(&a[0], a[1].parse().unwrap()),
         r => panic!("unknown role {r}"),
     }
 }
@@ -307,6 +308,59 @@ fn a_write_beyond_the_window_wakes_a_sleeping_reader() {
     wait_closed(&client, &server);
     drop((client, server));
     wait_pool_whole(&mgr);
+}
+
+/// Role of `a_peer_dying_with_the_manager_still_resets`: a single-binary
+/// service, its manager embedded, echoing one exchange per connection and
+/// then holding the connection open.
+fn server_with_its_manager(prefix: &str, addr: SocketAddr) {
+    let _mgr = manager_builder(prefix).spawn().unwrap();
+    let net = Net::attach(prefix).unwrap();
+    let l = net.listen(addr).unwrap();
+    println!("XIO:ready");
+    let mut held = Vec::new();
+    for s in l.incoming() {
+        let mut s = s.unwrap();
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b).unwrap();
+        held.push(s);
+    }
+}
+
+/// A service with its manager embedded is killed -9: the manager dies with
+/// it, so none is left to announce the death. The client, blocked in a
+/// read, still gets a reset (it looks at the peer's pidfd on its liveness
+/// tick) instead of waiting forever.
+#[test]
+fn a_peer_dying_with_the_manager_still_resets() {
+    if test_backend() == xio_core::manager::Backend::Dpdk {
+        eprintln!("skipped on the DPDK backend: the manager runs in the test process there");
+        return;
+    }
+    setup();
+    let p = prefix("withmgr");
+    let addr: SocketAddr = "10.61.0.6:80".parse().unwrap();
+    let mut server = ChildProc::spawn(
+        "child_main",
+        "server_with_its_manager",
+        &[p.clone(), addr.to_string()],
+    );
+    server.expect("ready");
+    let net = Net::attach(&p).unwrap();
+    let mut s = net.connect(addr).unwrap();
+    // The watchdog: a hang would end in TimedOut.
+    s.set_read_timeout(Some(WATCHDOG)).unwrap();
+    s.write_all(b"hello").unwrap();
+    let mut b = [0u8; 5];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"hello");
+    let reader = std::thread::spawn(move || s.read(&mut [0u8; 8]));
+    std::thread::sleep(Duration::from_millis(20)); // let it block (either way)
+    server.kill9();
+    let err = reader.join().unwrap().unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    assert!(net.manager_gone());
 }
 
 /// A deterministic byte stream: byte `i` of stream `seed`.

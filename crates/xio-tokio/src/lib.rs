@@ -244,6 +244,11 @@ async fn drive(
                 continue;
             }
         };
+        if manager.is_some() && n.manager_gone() {
+            // No manager to announce a peer's death any more: the tick
+            // looks at the peers itself (`Stack` checks their pidfds).
+            manager = None;
+        }
         if d.retry {
             drop(n);
             tokio::time::sleep(RETRY).await;

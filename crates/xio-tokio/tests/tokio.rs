@@ -420,6 +420,22 @@ fn child_main() {
             }
         });
     }
+    if role == "embedded_holder" {
+        // A single-binary service: its manager embedded; echoes 4 bytes,
+        // then holds the connection open.
+        let _mgr = Manager::builder(&prefix).spawn().unwrap();
+        rt(1).block_on(async {
+            let net = Net::attach(&prefix).unwrap();
+            let l = XioListener::bind_with(&net, "10.4.0.21:80").unwrap();
+            println!("ready");
+            std::io::stdout().flush().unwrap();
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut b = [0u8; 4];
+            s.read_exact(&mut b).await.unwrap();
+            s.write_all(&b).await.unwrap();
+            std::future::pending::<()>().await;
+        });
+    }
     assert_eq!(role, "writer");
     // A plain blocking X-IO server in the child: accepts, then writes.
     let net = Net::attach(&prefix).unwrap();
@@ -569,6 +585,34 @@ fn a_global_listener_binds_again_on_a_restarted_manager() {
         c.kill().unwrap();
         c.wait().unwrap();
     }
+}
+
+/// A service with its manager embedded is killed -9: no manager is left to
+/// announce its death, and a tokio client's pending read still ends in a
+/// reset (the driver falls back to the liveness tick, on which the stack
+/// looks at the peer's pidfd) instead of waiting forever.
+#[test]
+fn a_peer_dying_with_its_embedded_manager_resets_a_pending_read() {
+    // Only the run directory: the manager lives in the service.
+    drop(setup("embedded"));
+    let p = format!("tt-embedded-child-{}", std::process::id());
+    let mut service = spawn_child("embedded_holder", &p);
+    rt(1).block_on(async {
+        let net = Net::attach(&p).unwrap();
+        let mut c = XioStream::connect_with(&net, "10.4.0.21:80").await.unwrap();
+        c.write_all(b"ping").await.unwrap();
+        let mut b = [0u8; 4];
+        c.read_exact(&mut b).await.unwrap();
+        let read = tokio::spawn(async move { c.read(&mut [0u8; 4]).await });
+        tokio::time::sleep(Duration::from_millis(20)).await; // pending (either way)
+        service.kill().unwrap();
+        service.wait().unwrap();
+        let r = tokio::time::timeout(WATCHDOG, read)
+            .await
+            .expect("watchdog: the read never ended")
+            .unwrap();
+        assert_eq!(r.unwrap_err().kind(), io::ErrorKind::ConnectionReset);
+    });
 }
 
 /// Shutting a runtime down with connections open and reads pending returns
