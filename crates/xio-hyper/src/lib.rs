@@ -410,7 +410,14 @@ impl futures_core::Stream for XioIncoming {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         match self.listener.poll_accept(cx) {
-            Poll::Ready(Ok((s, peer))) => Poll::Ready(Some(Ok(GrpcStream { inner: s, peer }))),
+            Poll::Ready(Ok((s, peer))) => {
+                let local = s.local_addr().ok();
+                Poll::Ready(Some(Ok(GrpcStream {
+                    inner: s,
+                    local,
+                    peer,
+                })))
+            }
             Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
             Poll::Pending => Poll::Pending,
         }
@@ -422,14 +429,21 @@ impl futures_core::Stream for XioIncoming {
 #[derive(Debug)]
 pub struct GrpcStream {
     inner: XioStream,
+    local: Option<SocketAddr>,
     peer: SocketAddr,
 }
 
+/// As TCP's, so `Request::remote_addr()` and `local_addr()` work in a
+/// tonic service unchanged (the peer's address is the client stack's,
+/// `127.88.x.y`: see `xio_core::net`).
 #[cfg(feature = "tonic")]
 impl tonic::transport::server::Connected for GrpcStream {
-    type ConnectInfo = SocketAddr;
-    fn connect_info(&self) -> SocketAddr {
-        self.peer
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        tonic::transport::server::TcpConnectInfo {
+            local_addr: self.local,
+            remote_addr: Some(self.peer),
+        }
     }
 }
 

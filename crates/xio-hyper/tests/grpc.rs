@@ -45,6 +45,10 @@ impl tonic::server::UnaryService<HelloRequest> for SayHello {
     type Future = BoxFuture<tonic::Response<HelloReply>, tonic::Status>;
     fn call(&mut self, req: tonic::Request<HelloRequest>) -> Self::Future {
         Box::pin(async move {
+            // As over TCP: the service sees where the call came from.
+            if req.remote_addr().is_none() || req.local_addr().is_none() {
+                return Err(tonic::Status::internal("no remote_addr/local_addr"));
+            }
             Ok(tonic::Response::new(HelloReply {
                 message: format!("hello {}", req.into_inner().name),
             }))
