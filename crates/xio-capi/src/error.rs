@@ -92,6 +92,13 @@ impl From<io::Error> for Fail {
         if let Some(se) = e.get_ref().and_then(|s| s.downcast_ref::<StackError>()) {
             return Fail::new(stack_code(se), e.to_string());
         }
+        // A stream's timeout is WouldBlock in Rust (as std's TcpStream);
+        // C keeps its own code for it.
+        if e.get_ref()
+            .is_some_and(|s| s.is::<xio_core::net::TimeoutElapsed>())
+        {
+            return Fail::new(XIO_ERR_TIMED_OUT, e.to_string());
+        }
         let code = match e.kind() {
             io::ErrorKind::InvalidInput => XIO_ERR_INVALID_ARGUMENT,
             io::ErrorKind::WouldBlock => XIO_ERR_WOULD_BLOCK,

@@ -2176,6 +2176,44 @@ impl std::fmt::Debug for XioStream {
     }
 }
 
+/// A connect on the process-wide net that found no manager: refused, as a
+/// TCP connect to a port nobody listens on (the stack's error, which says
+/// how to start a manager, stays its source).
+fn no_manager_refuses(e: io::Error) -> io::Error {
+    let no_manager = e
+        .get_ref()
+        .and_then(|i| i.downcast_ref::<Error>())
+        .is_some_and(|s| matches!(s, Error::NoManager { .. }));
+    if !no_manager {
+        return e;
+    }
+    match e.into_inner() {
+        Some(inner) => io::Error::new(io::ErrorKind::ConnectionRefused, inner),
+        None => io::ErrorKind::ConnectionRefused.into(),
+    }
+}
+
+/// The error inside the `WouldBlock` that a stream's read or write timeout
+/// gives, as `std::net::TcpStream` on Linux does (a timed-out call fails
+/// with `EAGAIN` there, and ported code checks for `WouldBlock`). It tells
+/// a timeout from non-blocking mode's `WouldBlock`:
+/// `e.get_ref().is_some_and(|i| i.is::<TimeoutElapsed>())`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("timed out (the stream's read or write timeout)")]
+pub struct TimeoutElapsed;
+
+/// A stream operation bounded by the stream's own timeout: its `TimedOut`
+/// becomes `WouldBlock` ([`TimeoutElapsed`]).
+fn stream_timeout<T>(r: io::Result<T>) -> io::Result<T> {
+    r.map_err(|e| {
+        if e.kind() == io::ErrorKind::TimedOut {
+            io::Error::new(io::ErrorKind::WouldBlock, TimeoutElapsed)
+        } else {
+            e
+        }
+    })
+}
+
 fn timeout_of(a: &AtomicU64) -> Option<Instant> {
     match a.load(AtomicOrdering::Relaxed) {
         0 => None,
@@ -2217,14 +2255,17 @@ impl XioStream {
         }
     }
 
-    /// Connects to `addr` on the process-wide [`Net::global`].
+    /// Connects to `addr` on the process-wide [`Net::global`]. With no
+    /// manager running, as with nobody listening: `ConnectionRefused`
+    /// (code that waits for its server to come up retries on it), whose
+    /// message says how to start one.
     pub fn connect(addr: impl ToSocketAddrs) -> io::Result<XioStream> {
-        Net::with_global(|n| n.connect(&addr))
+        Net::with_global(|n| n.connect(&addr)).map_err(no_manager_refuses)
     }
 
     /// Connects on [`Net::global`], waiting at most `timeout`.
     pub fn connect_timeout(addr: &SocketAddr, timeout: Duration) -> io::Result<XioStream> {
-        Net::with_global(|n| n.connect_timeout(addr, timeout))
+        Net::with_global(|n| n.connect_timeout(addr, timeout)).map_err(no_manager_refuses)
     }
 
     /// The token [`Net::poll`] reports this stream's readiness under: one
@@ -2290,12 +2331,15 @@ impl XioStream {
         Ok(())
     }
 
-    /// Read timeout (`TimedOut` after it); `None` waits forever.
+    /// Read timeout; `None` waits forever. A read that waits longer fails
+    /// with `WouldBlock`, as a `TcpStream`'s does on Linux (its source is
+    /// [`TimeoutElapsed`]).
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         store_timeout(&self.inner.read_timeout, t)
     }
 
-    /// Write timeout (for waits on credit, ring space or buffers).
+    /// Write timeout (for waits on credit, ring space or buffers); as the
+    /// read timeout, it ends a wait with `WouldBlock` ([`TimeoutElapsed`]).
     pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         store_timeout(&self.inner.write_timeout, t)
     }
@@ -2367,9 +2411,16 @@ impl XioStream {
     /// A read through the blocking driver (or `WouldBlock` when
     /// non-blocking): waits for the connection, then tries `step`. An event
     /// loop's read that would find nothing returns without the lock (see
-    /// [`ReadSignal`]). A timeout is `TimedOut` (std says `WouldBlock` on
-    /// Unix; `TimedOut` says what happened, as tokio does).
+    /// [`ReadSignal`]). A timeout is `WouldBlock` ([`TimeoutElapsed`]), as
+    /// `std::net::TcpStream`'s on Linux.
     fn read_op<R>(
+        &self,
+        step: impl FnMut(&mut Core, &mut Vec<Waiter>, ConnId) -> Try<R>,
+    ) -> io::Result<R> {
+        stream_timeout(self.read_op_until(step))
+    }
+
+    fn read_op_until<R>(
         &self,
         mut step: impl FnMut(&mut Core, &mut Vec<Waiter>, ConnId) -> Try<R>,
     ) -> io::Result<R> {
@@ -2409,7 +2460,7 @@ impl XioStream {
                 .try_alloc(len)
                 .map_err(stack_err);
         }
-        self.inner.net.alloc_wait(len, deadline)
+        stream_timeout(self.inner.net.alloc_wait(len, deadline))
     }
 
     /// Sends a pool buffer as the next bytes of the stream, without copying
@@ -2474,7 +2525,7 @@ impl XioStream {
             });
         self.inner.net.update(|_| ());
         let _ = peer_used;
-        r.map_err(|e| (e, slot))
+        stream_timeout(r).map_err(|e| (e, slot))
     }
 }
 
@@ -2497,9 +2548,11 @@ impl Write for &XioStream {
 
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         let deadline = timeout_of(&self.inner.write_timeout);
-        self.inner
-            .net
-            .write_on(self.inner.id, bufs, self.nb(), deadline)
+        stream_timeout(
+            self.inner
+                .net
+                .write_on(self.inner.id, bufs, self.nb(), deadline),
+        )
     }
 
     fn flush(&mut self) -> io::Result<()> {

@@ -37,6 +37,7 @@ fn child_main() {
         "global_acceptor" => global_acceptor(a[0].parse().unwrap()),
         "reads_one_byte" => reads_one_byte(&a[0], a[1].parse().unwrap()),
         "server_with_its_manager" => server_with_its_manager(&a[0], a[1].parse().unwrap()),
+        "connect_without_manager" => connect_without_manager(),
         r => panic!("unknown role {r}"),
     }
 }
@@ -361,6 +362,32 @@ fn a_peer_dying_with_the_manager_still_resets() {
     let err = reader.join().unwrap().unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
     assert!(net.manager_gone());
+}
+
+/// Role of `connect_with_no_manager_is_refused`: the process-wide net, on
+/// a pool ($XIO_PREFIX) no manager serves.
+fn connect_without_manager() {
+    let e = XioStream::connect("10.61.0.7:80").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+    assert!(e.to_string().contains("xio-manager --prefix"), "{e}");
+    println!("XIO:done");
+}
+
+/// A connect on the process-wide net with no manager running fails as a
+/// TCP connect to a port nobody listens on does (`ConnectionRefused`,
+/// which code waiting for its server retries on), saying how to start one.
+#[test]
+fn connect_with_no_manager_is_refused() {
+    setup();
+    let p = prefix("nomgr");
+    let mut child = ChildProc::spawn_env(
+        "child_main",
+        "connect_without_manager",
+        &[],
+        &[("XIO_PREFIX", p.as_str())],
+    );
+    child.expect("done");
+    child.wait_success();
 }
 
 /// A deterministic byte stream: byte `i` of stream `seed`.
@@ -1139,10 +1166,17 @@ fn zero_copy_buffers_vectored_writes_timeouts_and_poll() {
     // Timeouts and non-blocking mode.
     s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
     let e = (&s).read(&mut three).unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+    // As std's TcpStream on Linux: WouldBlock, which says it was the timeout.
+    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    assert!(e
+        .get_ref()
+        .is_some_and(|i| i.is::<xio_core::net::TimeoutElapsed>()));
     s.set_nonblocking(true).unwrap();
     let e = (&s).read(&mut three).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    assert!(!e
+        .get_ref()
+        .is_some_and(|i| i.is::<xio_core::net::TimeoutElapsed>()));
 
     // poll: readiness of the server's stream once the client writes.
     let mut evs = Vec::new();

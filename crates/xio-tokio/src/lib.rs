@@ -550,7 +550,7 @@ impl XioStream {
     /// read (an address nobody binds is refused here, by the manager).
     /// The pool's net is attached again if its manager was restarted.
     pub async fn connect(addr: impl ToSocketAddrs) -> io::Result<XioStream> {
-        Self::from_core(Net::with_global(|n| n.connect(&addr))?)
+        Self::from_core(xio_core::net::XioStream::connect(addr)?)
     }
 
     /// Connects on `net`.
