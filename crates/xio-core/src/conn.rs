@@ -785,6 +785,41 @@ impl<B: Chunk> Table<B> {
         }
     }
 
+    /// Copies received bytes into `out` without consuming them (a later
+    /// read returns them again): `Ok(0)` is end of stream.
+    pub fn peek(&mut self, c: ConnId, out: &mut [u8]) -> Result<usize, ConnError> {
+        let e = self.get(c).ok_or(ConnError::NotConnected)?;
+        if e.state == State::Reset {
+            return if e.reset_reported && !e.refused {
+                Ok(0)
+            } else {
+                Err(e.reset_error())
+            };
+        }
+        if e.read_shut {
+            return Ok(0);
+        }
+        let mut n = 0;
+        let mut offset = e.offset;
+        for b in &e.rx {
+            if n == out.len() {
+                break;
+            }
+            let bytes = &b.as_ref()[offset..];
+            let k = bytes.len().min(out.len() - n);
+            out[n..n + k].copy_from_slice(&bytes[..k]);
+            n += k;
+            offset = 0;
+        }
+        if n > 0 || out.is_empty() {
+            Ok(n)
+        } else if e.peer_fin {
+            Ok(0)
+        } else {
+            Err(ConnError::WouldBlock)
+        }
+    }
+
     /// Takes the next received chunk whole (the zero-copy read), with the
     /// number of its bytes already consumed by ordinary reads. `Ok(None)`
     /// is end of stream.
@@ -1317,6 +1352,27 @@ mod tests {
         assert_eq!(c.len(), 1);
         c.on_peer_gone(PeerId(2));
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn peek_leaves_the_bytes_for_the_next_read() {
+        let (mut c, _s, cid, _) = handshake();
+        let mut b = [0u8; 8];
+        assert_eq!(c.peek(cid, &mut b), Err(ConnError::WouldBlock));
+        c.on_data(PeerId(2), cid, b"abc".to_vec());
+        c.on_data(PeerId(2), cid, b"defg".to_vec());
+        assert_eq!(c.read(cid, &mut b[..1]), Ok(1));
+        assert_eq!(c.peek(cid, &mut b[..5]), Ok(5));
+        assert_eq!(&b[..5], b"bcdef");
+        assert_eq!(
+            c.peek(cid, &mut b),
+            Ok(6),
+            "across buffers, from the offset"
+        );
+        assert_eq!(c.read(cid, &mut b), Ok(6));
+        assert_eq!(&b[..6], b"bcdefg");
+        c.on_fin(PeerId(2), cid);
+        assert_eq!(c.peek(cid, &mut b), Ok(0));
     }
 
     #[test]

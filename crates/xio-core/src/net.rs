@@ -77,7 +77,7 @@ use std::time::{Duration, Instant};
 use crate::buf::{Buf, BufMut};
 use crate::conn::{Action, ConnError, ConnId, Table};
 use crate::layout::kind;
-use crate::stack::{Error, Incoming, PeerId, Probe, Stack};
+use crate::stack::{Error, Incoming as StackInput, PeerId, Probe, Stack};
 use crate::wait::WaitMode;
 
 /// Connections a listener holds before it is accepted from, unless
@@ -577,6 +577,12 @@ impl Core {
         self.spare.pop()
     }
 
+    /// One attempt at copying `c`'s received bytes without consuming them.
+    fn peek_step(&mut self, wake: &mut Vec<Waiter>, c: ConnId, out: &mut [u8]) -> Try<usize> {
+        let r = self.table.peek(c, out);
+        self.settle_read(wake, r)
+    }
+
     /// One attempt at taking `c`'s next received buffer (`None`: end).
     fn chunk_step(&mut self, wake: &mut Vec<Waiter>, c: ConnId) -> Try<Option<Buf>> {
         let r = self.table.take_chunk(c).map(|o| {
@@ -618,13 +624,13 @@ impl Core {
         let table = &mut self.table;
         let mut gone = Vec::new();
         let r = self.stack.poll_events(max, force, &mut |ev| match ev {
-            Incoming::Buf {
+            StackInput::Buf {
                 from,
                 kind: kind::STREAM,
                 conn,
                 buf,
             } => table.on_data(from, ConnId(conn), buf),
-            Incoming::Buf {
+            StackInput::Buf {
                 from,
                 kind: k,
                 conn,
@@ -634,7 +640,7 @@ impl Core {
                     table.on_data(from, c, buf);
                 }
             }
-            Incoming::Buf {
+            StackInput::Buf {
                 from,
                 kind: kind::SYN,
                 conn,
@@ -645,10 +651,10 @@ impl Core {
                     tracing::warn!(peer = from.0, "malformed SYN refused");
                 }
             },
-            Incoming::Buf { from, kind, .. } => {
+            StackInput::Buf { from, kind, .. } => {
                 tracing::debug!(peer = from.0, kind, "dropped a non-stream buffer");
             }
-            Incoming::Control {
+            StackInput::Control {
                 from,
                 kind: kind::SYN4,
                 conn,
@@ -661,17 +667,17 @@ impl Core {
                 }
                 Err(_) => tracing::warn!(peer = from.0, arg2, "malformed SYN refused"),
             },
-            Incoming::Control {
+            StackInput::Control {
                 from,
                 kind,
                 conn,
                 arg,
                 ..
             } => dispatch_control(table, from, kind, conn, arg),
-            Incoming::Message(m) => {
+            StackInput::Message(m) => {
                 tracing::debug!(peer = m.from.0, "dropped a zero-copy message");
             }
-            Incoming::PeerGone(p) => {
+            StackInput::PeerGone(p) => {
                 table.on_peer_gone(p);
                 gone.push(p);
             }
@@ -2094,14 +2100,33 @@ impl XioListener {
     }
 
     /// An endless iterator of accepted streams.
-    pub fn incoming(&self) -> impl Iterator<Item = io::Result<XioStream>> + '_ {
-        std::iter::repeat_with(|| self.accept().map(|(s, _)| s))
+    pub fn incoming(&self) -> Incoming<'_> {
+        Incoming { listener: self }
+    }
+
+    /// Always `None`: errors are reported by the calls they concern.
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        Ok(None)
     }
 
     /// Non-blocking `accept`.
     pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
         self.nonblocking.store(nonblocking, AtomicOrdering::Relaxed);
         Ok(())
+    }
+}
+
+/// The iterator [`XioListener::incoming`] returns, as
+/// `std::net::Incoming`: `accept` forever.
+#[derive(Debug)]
+pub struct Incoming<'a> {
+    listener: &'a XioListener,
+}
+
+impl Iterator for Incoming<'_> {
+    type Item = io::Result<XioStream>;
+    fn next(&mut self) -> Option<io::Result<XioStream>> {
+        Some(self.listener.accept().map(|(s, _)| s))
     }
 }
 
@@ -2368,6 +2393,23 @@ impl XioStream {
     /// compatibility.
     pub fn set_nodelay(&self, _nodelay: bool) -> io::Result<()> {
         Ok(())
+    }
+
+    /// Always true: a write leaves at once, as with `TCP_NODELAY`.
+    pub fn nodelay(&self) -> io::Result<bool> {
+        Ok(true)
+    }
+
+    /// Always `None`: errors are reported by the calls they concern (as
+    /// `SO_ERROR` is cleared by them on a socket).
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        Ok(None)
+    }
+
+    /// Reads without taking the bytes off the stream (`MSG_PEEK`): the
+    /// next read returns them again. Waits as `read` does.
+    pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_op(|core, wake, c| core.peek_step(wake, c, buf))
     }
 
     /// Shuts down reading, writing or both. Writing: the peer reads end of

@@ -1163,6 +1163,19 @@ fn zero_copy_buffers_vectored_writes_timeouts_and_poll() {
     assert_eq!(got[0], 0xff);
     assert_eq!(got[1], 4);
 
+    // peek waits as read does and leaves the bytes for the next read.
+    (&c).write_all(b"peek").unwrap();
+    let mut four = [0u8; 4];
+    let mut seen = 0;
+    while seen < 4 {
+        seen = s.peek(&mut four).unwrap();
+    }
+    assert_eq!(&four, b"peek");
+    let mut again = [0u8; 4];
+    (&s).read_exact(&mut again).unwrap();
+    assert_eq!(&again, b"peek");
+    assert!(s.nodelay().unwrap() && s.take_error().unwrap().is_none());
+
     // Timeouts and non-blocking mode.
     s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
     let e = (&s).read(&mut three).unwrap_err();
