@@ -1133,14 +1133,15 @@ impl Net {
     /// use. A process forked from one that used it attaches its own on
     /// first use (the parent's stays the parent's; see [`crate::fork`]).
     ///
-    /// When its manager is found gone (it was restarted, say), the next
-    /// call attaches to the running one; until one runs, it keeps returning
-    /// the old net, whose channels still reach the peers it had. Streams
-    /// and listeners made before keep their net. [`XioStream::connect`]
-    /// and [`XioListener::bind`] retry once on a fresh net when theirs
-    /// finds the manager gone, so a restart costs callers nothing.
+    /// When its manager is gone (it was restarted, say: the manager's
+    /// liveness word says so at once, with no call to it), the next call
+    /// attaches to the running one; until one runs, it keeps returning the
+    /// old net, whose channels still reach the peers it had. Streams and
+    /// listeners made before keep their net. [`XioStream::connect`] and
+    /// [`XioListener::bind`] retry once on a fresh net when theirs finds
+    /// the manager gone, and a connect the new manager refuses (a service
+    /// that has not bound there yet) is tried once more on the old net.
     pub fn global() -> io::Result<Net> {
-        static GLOBAL: Mutex<Option<(crate::fork::Birth, Net)>> = Mutex::new(None);
         let mut g = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((born, n)) = g.as_ref() {
             if !born.forked() {
@@ -1150,6 +1151,7 @@ impl Net {
                 return match Net::attach(&crate::paths::default_prefix()) {
                     Ok(fresh) => {
                         tracing::info!("the pool's manager was restarted: attached again");
+                        *PREVIOUS.lock().unwrap_or_else(|e| e.into_inner()) = Some(n.clone());
                         *g = Some((crate::fork::Birth::now(), fresh.clone()));
                         Ok(fresh)
                     }
@@ -1168,7 +1170,9 @@ impl Net {
 
     /// Runs `f` on [`Net::global`]; if that fails because the net's
     /// manager is gone, once more on the net `global` attaches afresh (when
-    /// a manager runs again).
+    /// a manager runs again). A refusal right after a restart is tried on
+    /// the net from before it: the service may not have bound on the new
+    /// manager yet, and the old channels still reach it.
     pub fn with_global<R>(mut f: impl FnMut(&Net) -> io::Result<R>) -> io::Result<R> {
         let n = Net::global()?;
         match f(&n) {
@@ -1176,16 +1180,39 @@ impl Net {
                 Ok(fresh) if fresh.id() != n.id() => f(&fresh),
                 _ => Err(e),
             },
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                let old = PREVIOUS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                match old {
+                    Some(old) if old.has_peers() => f(&old).or(Err(e)),
+                    Some(_) => {
+                        // Nobody left to reach through it: let it go.
+                        *PREVIOUS.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                        Err(e)
+                    }
+                    None => Err(e),
+                }
+            }
             r => r,
         }
     }
 
-    /// Whether this net found its manager gone: when it next talked to it,
-    /// or at a driver's liveness look (about once a second). Connections
+    /// Whether the manager's liveness word says it is gone (one load; the
+    /// stack itself learns it at its next look at the control socket).
+    fn manager_died_now(&self) -> bool {
+        crate::liveness::died(self.shared.seg.manager_alive())
+    }
+
+    /// Whether this net's stack has a channel to any peer.
+    fn has_peers(&self) -> bool {
+        !self.lock().stack.peers().is_empty()
+    }
+
+    /// Whether this net's manager is gone: its liveness word says so, or
+    /// the stack found it out when it last talked to it. Connections
     /// already made keep working; new ones need a net attached to a
     /// running manager ([`Net::global`] attaches again by itself).
     pub fn manager_gone(&self) -> bool {
-        self.lock().stack.manager_gone()
+        self.manager_died_now() || self.lock().stack.manager_gone()
     }
 
     /// Runs `f` on the core, then what it asked the table for (sends, and
@@ -1961,7 +1988,7 @@ fn fastrand(i: u32) -> u32 {
 /// One bound with [`XioListener::bind`] (on the process-wide
 /// [`Net::global`]) follows its manager across a restart: once its net
 /// finds the manager gone, `accept` binds the same address on a net
-/// attached to the new manager (looking again every second while none
+/// attached to the new manager (looking again every 200 ms while none
 /// runs, and meanwhile still accepting on the old net) and goes on
 /// accepting there. So a server that only accepts stays reachable.
 /// Connections accepted before keep working on the old net; ones that had
@@ -1978,8 +2005,16 @@ pub struct XioListener {
 }
 
 /// How long a listener following its manager waits between attempts to
-/// bind on a restarted one.
-const FOLLOW_RETRY: Duration = Duration::from_secs(1);
+/// bind on a restarted one (a failed attempt is one `connect` to a socket
+/// path that is not there).
+const FOLLOW_RETRY: Duration = Duration::from_millis(200);
+
+/// The process-wide net ([`Net::global`]).
+static GLOBAL: Mutex<Option<(crate::fork::Birth, Net)>> = Mutex::new(None);
+
+/// The process-wide net from before its manager was restarted, while it
+/// still reaches peers: a connect the new manager refuses is tried there.
+static PREVIOUS: Mutex<Option<Net>> = Mutex::new(None);
 
 impl std::fmt::Debug for XioListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -38,6 +38,8 @@ fn child_main() {
         "reads_one_byte" => reads_one_byte(&a[0], a[1].parse().unwrap()),
         "server_with_its_manager" => server_with_its_manager(&a[0], a[1].parse().unwrap()),
         "connect_without_manager" => connect_without_manager(),
+        "global_client" => global_client(a[0].parse().unwrap()),
+        "old_net_server" => old_net_server(&a[0], a[1].parse().unwrap()),
         r => panic!("unknown role {r}"),
     }
 }
@@ -388,6 +390,109 @@ fn connect_with_no_manager_is_refused() {
     );
     child.expect("done");
     child.wait_success();
+}
+
+/// Role of the restart tests: a client on the process-wide net that
+/// connects once, waits (idle, not touching its net) until told the
+/// manager was restarted, then connects again.
+fn global_client(addr: SocketAddr) {
+    let exchange = || {
+        let mut s = XioStream::connect(addr).unwrap();
+        s.write_all(b"hello").unwrap();
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"hello");
+    };
+    exchange();
+    println!("XIO:connected");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "restarted");
+    exchange();
+    println!("XIO:done");
+}
+
+/// Role of `a_client_reaches_a_service_not_yet_bound_on_the_new_manager`:
+/// a server on a net of its own, which stays with the old manager.
+fn old_net_server(prefix: &str, addr: SocketAddr) {
+    let net = Net::attach(prefix).unwrap();
+    let l = net.listen(addr).unwrap();
+    println!("XIO:ready");
+    for s in l.incoming() {
+        let mut s = s.unwrap();
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b).unwrap();
+    }
+}
+
+/// After a restart, a client idle since before it connects to a service
+/// that has already bound again on the new manager: its process-wide net
+/// notices the old manager's death by itself (the liveness word) and asks
+/// the new one, instead of using its cached route to the old listener,
+/// which is gone (a refusal at the first read).
+#[test]
+fn a_client_reaches_a_service_that_followed_the_restart() {
+    if test_backend() == xio_core::manager::Backend::Dpdk {
+        eprintln!("skipped on the DPDK backend: the manager cannot restart in-process");
+        return;
+    }
+    let (m1, p) = start("followed");
+    let addr: SocketAddr = "10.61.0.8:80".parse().unwrap();
+    let env = [("XIO_PREFIX", p.as_str())];
+    let mut server =
+        ChildProc::spawn_env("child_main", "global_acceptor", &[addr.to_string()], &env);
+    server.expect("listening");
+    let mut client = ChildProc::spawn_env("child_main", "global_client", &[addr.to_string()], &env);
+    client.expect("connected");
+    drop(m1);
+    let _m2 = manager_builder(&p).spawn().unwrap();
+    // Once the service answers on the new manager...
+    let net = Net::attach(&p).unwrap();
+    wait_until("the service binds again", || {
+        let Ok(mut s) = net.connect(addr) else {
+            return false;
+        };
+        s.write_all(b"hello").is_ok() && s.read_exact(&mut [0u8; 5]).is_ok()
+    });
+    // ...the idle client reaches it too.
+    client.tell("restarted");
+    client.expect("done");
+    client.wait_success();
+    server.kill9();
+}
+
+/// After a restart, a service that has not bound on the new manager (yet;
+/// here never: its listener is on a net of its own) is still reached by a
+/// client that knew it before: the new manager refuses, and the connect
+/// is tried once more on the process-wide net from before the restart.
+#[test]
+fn a_client_reaches_a_service_not_yet_bound_on_the_new_manager() {
+    if test_backend() == xio_core::manager::Backend::Dpdk {
+        eprintln!("skipped on the DPDK backend: the manager cannot restart in-process");
+        return;
+    }
+    let (m1, p) = start("notyet");
+    let addr: SocketAddr = "10.61.0.9:80".parse().unwrap();
+    let mut server = ChildProc::spawn(
+        "child_main",
+        "old_net_server",
+        &[p.clone(), addr.to_string()],
+    );
+    server.expect("ready");
+    let mut client = ChildProc::spawn_env(
+        "child_main",
+        "global_client",
+        &[addr.to_string()],
+        &[("XIO_PREFIX", p.as_str())],
+    );
+    client.expect("connected");
+    drop(m1);
+    let _m2 = manager_builder(&p).spawn().unwrap();
+    client.tell("restarted");
+    client.expect("done");
+    client.wait_success();
+    server.kill9();
 }
 
 /// A deterministic byte stream: byte `i` of stream `seed`.

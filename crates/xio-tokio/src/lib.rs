@@ -384,7 +384,7 @@ async fn sleep_on(
 /// One bound with [`XioListener::bind`] (on the process-wide pool) follows
 /// its manager across a restart: when the net finds the manager gone, the
 /// next accept binds the same address on a net attached to the new
-/// manager (trying again every second until one runs) and goes on
+/// manager (trying again every 200 ms until one runs) and goes on
 /// accepting there, so a service that only accepts (`axum::serve`) stays
 /// reachable. Connections accepted before keep working on the old net;
 /// ones that had arrived but were not yet accepted are reset.
@@ -415,7 +415,7 @@ struct Retry {
 
 /// How long a listener following its manager waits between attempts to
 /// bind on a new one.
-const FOLLOW_RETRY: Duration = Duration::from_secs(1);
+const FOLLOW_RETRY: Duration = Duration::from_millis(200);
 
 impl XioListener {
     /// Binds `addr` on the process-wide pool ([`Net::global`], attached
