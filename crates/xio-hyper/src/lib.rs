@@ -171,6 +171,18 @@ impl XioConnector {
         })
     }
 
+    /// A connector on the process-wide pool that attaches when it
+    /// connects, so it builds where no manager runs yet (a client started
+    /// before its manager): while none runs, each connection fails as
+    /// refused (with a message that says how to start one), and X-IO is
+    /// used as soon as one does. X-IO only, unlike [`XioConnector::or_tcp`].
+    pub fn lazy() -> Self {
+        Self {
+            net: None,
+            tcp_fallback: false,
+        }
+    }
+
     /// A connector on `net`.
     pub fn with_net(net: Net) -> Self {
         Self {

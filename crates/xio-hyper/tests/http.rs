@@ -303,6 +303,24 @@ fn or_tcp_dials_tcp_where_no_manager_runs() {
             .unwrap();
         let r = c.request(req).await.unwrap();
         assert_eq!(body_string(r).await, "no manager here");
+
+        // `lazy` builds too; each connection is refused while no manager
+        // runs, and goes over X-IO once one does.
+        let mut lazy = XioConnector::lazy();
+        let xio_uri: http::Uri = "http://10.5.0.9:80/".parse().unwrap();
+        let e = tower_service::Service::call(&mut lazy, xio_uri.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+        assert!(e.to_string().contains("xio-manager --prefix"), "{e}");
+        let _global = Manager::builder(&xio_core::paths::default_prefix())
+            .spawn()
+            .unwrap();
+        let _l = XioListener::bind("10.5.0.9:80").await.unwrap();
+        let conn = tower_service::Service::call(&mut lazy, xio_uri)
+            .await
+            .unwrap();
+        assert!(conn.is_xio());
     });
 }
 
