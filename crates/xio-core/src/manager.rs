@@ -753,7 +753,13 @@ impl Manager {
         match self.bindings.get(&addr) {
             Some(&other) if other != id => Some(Msg::Error {
                 code: ErrorCode::AddrInUse,
-                message: format!("{addr} is bound by stack {other}"),
+                message: match self.stacks.get(&other) {
+                    Some(e) => format!(
+                        "{addr} is bound by process {} ({}, stack {other})",
+                        e.pid, e.name
+                    ),
+                    None => format!("{addr} is bound by stack {other}"),
+                },
             }),
             _ => {
                 self.bindings.insert(addr, id);

@@ -597,6 +597,12 @@ fn connect_to_unbound_address_is_refused_and_bind_conflicts() {
     );
     a.bind(addr(5)).unwrap();
     let e = b.bind(addr(5)).unwrap_err();
+    // The message names the process holding it.
+    assert!(
+        e.to_string()
+            .contains(&format!("bound by process {}", std::process::id())),
+        "{e}"
+    );
     assert_eq!(
         std::io::Error::from(e).kind(),
         std::io::ErrorKind::AddrInUse
