@@ -460,15 +460,17 @@ impl XioListener {
     /// Polls for a connection.
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(XioStream, SocketAddr)>> {
         let l = self.core();
-        let p = pending_needs_driver(&l.net(), l.poll_accept(cx));
-        if p.is_pending() {
-            if let Some(f) = &self.follow {
-                if l.net().manager_gone() {
-                    ready!(self.poll_follow(f, &l, cx))?;
+        if let Some(f) = &self.follow {
+            // Follow first, even while clients still on the old net keep
+            // it busy; until a new manager runs, accept there meanwhile.
+            if l.net().manager_gone() {
+                if let Poll::Ready(r) = self.poll_follow(f, &l, cx) {
+                    r?;
                     return self.poll_accept(cx);
                 }
             }
         }
+        let p = pending_needs_driver(&l.net(), l.poll_accept(cx));
         let (s, a) = ready!(p)?;
         // The core's own blocking calls (used by `alloc`) must not wait.
         s.set_nonblocking(true)?;
