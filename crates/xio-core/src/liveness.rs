@@ -234,9 +234,15 @@ mod real {
     pub(crate) fn sleep(
         word: &AtomicU32,
         expected: u32,
-        alive: &AtomicU32,
+        alive: Option<&AtomicU32>,
         timeout: Option<Duration>,
     ) -> bool {
+        let Some(alive) = alive else {
+            // The manager runs in this process (see `Stack`): no news of
+            // its death to wait for.
+            crate::sync::futex_wait(word, expected, timeout);
+            return false;
+        };
         let seen = alive.load(Ordering::Acquire);
         if seen & TID_MASK == 0 || seen & OWNER_DIED != 0 || !waitv_allowed() {
             // No live manager registered (not yet, or gone), or an old
@@ -328,7 +334,7 @@ pub(crate) fn died(_: &AtomicU32) -> bool {
 pub(crate) fn sleep(
     word: &AtomicU32,
     expected: u32,
-    _alive: &AtomicU32,
+    _alive: Option<&AtomicU32>,
     timeout: Option<Duration>,
 ) -> bool {
     sleep_with_tick(word, expected, timeout);
@@ -397,7 +403,7 @@ mod tests {
                         .unwrap();
                     let word = &seg.stack_slot(id).sleeping;
                     word.store(1, Ordering::SeqCst);
-                    let _ = done_tx.send(sleep(word, 1, seg.manager_alive(), None));
+                    let _ = done_tx.send(sleep(word, 1, Some(seg.manager_alive()), None));
                 });
                 rx.recv().unwrap()
             })
@@ -459,6 +465,6 @@ mod tests {
         // Sleeps after the manager's end take the tick path: a word that
         // stays rung returns at once.
         let word = &seg.stack_slot(1).sleeping;
-        assert!(!sleep(word, 1, seg.manager_alive(), None));
+        assert!(!sleep(word, 1, Some(seg.manager_alive()), None));
     }
 }

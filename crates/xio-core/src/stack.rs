@@ -210,6 +210,7 @@ impl StackBuilder {
             err,
         })?;
         let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+        let manager_here = ctrl::peer_pid(&sock).ok() == Some(pid);
         ctrl::send(
             sock.as_fd(),
             &Msg::Hello {
@@ -279,6 +280,7 @@ impl StackBuilder {
             rr: 0,
             corrupt: 0,
             manager_gone: false,
+            manager_here,
             epoch: Arc::new(AtomicU64::new(0)),
             born: crate::fork::Birth::now(),
         })
@@ -446,6 +448,12 @@ pub struct Stack {
     rr: usize,
     corrupt: u64,
     manager_gone: bool,
+    /// The manager runs in this process (embedded). Its liveness word is
+    /// then not waited on: at the process's death the kernel wakes one
+    /// waiter of that word, and it must be one in another process, which
+    /// passes the news on; one of ours would die with it, and the other
+    /// processes would never learn. (Our own sleeps need no such news.)
+    manager_here: bool,
     /// Bumped whenever the set of channels changes, so a [`Probe`] made
     /// earlier knows it may be missing a ring.
     epoch: Arc<AtomicU64>,
@@ -959,7 +967,7 @@ impl Stack {
         };
         let woken = wait_on(
             self.seg.stack_slot(self.id),
-            self.seg.manager_alive(),
+            (!self.manager_here).then(|| self.seg.manager_alive()),
             self.mode,
             &mut self.spin,
             &mut view,
@@ -992,6 +1000,7 @@ impl Stack {
                 mode: self.mode,
                 spin: AdaptiveSpin::default(),
                 born: self.born,
+                manager_here: self.manager_here,
             }),
         };
         p.ctrl_seen = self.ctrl_seen;
@@ -1918,6 +1927,8 @@ pub(crate) struct Probe {
     spin: AdaptiveSpin,
     /// The attaching process's fork generation (see [`crate::fork`]).
     born: crate::fork::Birth,
+    /// See [`Stack`]'s field: do not wait on the manager's liveness word.
+    manager_here: bool,
 }
 
 impl WaitView for Probe {
@@ -1967,6 +1978,7 @@ impl Probe {
         // `self.seg` for the whole call, reached only atomically.
         let alive = unsafe { &*alive };
         let mut spin = std::mem::take(&mut self.spin);
+        let alive = (!self.manager_here).then_some(alive);
         let r = wait_on(slot, alive, self.mode, &mut spin, self, deadline, may_spin);
         self.spin = spin;
         Ok(r? == Woken::Tick)
@@ -1974,10 +1986,11 @@ impl Probe {
 }
 
 /// The waiting policy (see [`crate::wait`]) over any [`WaitView`].
-/// `alive`: the manager's liveness word (see [`crate::liveness`]).
+/// `alive`: the manager's liveness word (see [`crate::liveness`]), unless
+/// the manager runs in this process.
 fn wait_on(
     slot: &StackSlot,
-    alive: &AtomicU32,
+    alive: Option<&AtomicU32>,
     mode: WaitMode,
     spin: &mut AdaptiveSpin,
     view: &mut impl WaitView,

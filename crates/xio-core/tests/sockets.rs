@@ -318,6 +318,13 @@ fn a_write_beyond_the_window_wakes_a_sleeping_reader() {
 /// then holding the connection open.
 fn server_with_its_manager(prefix: &str, addr: SocketAddr) {
     let _mgr = manager_builder(prefix).spawn().unwrap();
+    // A stack of this process asleep from the start, so first in line for
+    // the one wake-up the kernel gives at the manager's death: it must not
+    // be waiting on the liveness word, or that wake-up dies with it.
+    let idle = Net::attach(prefix).unwrap();
+    let idle_l = idle.listen("10.61.0.10:80").unwrap();
+    std::thread::spawn(move || drop(idle_l.accept()));
+    std::thread::sleep(Duration::from_millis(50));
     let net = Net::attach(prefix).unwrap();
     let l = net.listen(addr).unwrap();
     println!("XIO:ready");
