@@ -51,6 +51,16 @@ fn start(test: &str) -> (ManagerHandle, String) {
     (mgr, p)
 }
 
+/// Whether a test may stop its manager and start another in this process
+/// (not on DPDK: one process cannot start DPDK's primary twice).
+fn manager_restarts_in_process() -> bool {
+    let ok = test_backend() != xio_core::manager::Backend::Dpdk;
+    if !ok {
+        eprintln!("skipped on the DPDK backend: the manager cannot restart in-process");
+    }
+    ok
+}
+
 /// A thread-per-connection echo server, as a std user would write it.
 fn echo_server(prefix: &str, addr: SocketAddr) {
     let net = Net::attach(prefix).unwrap();
@@ -114,9 +124,7 @@ fn global_user(first: SocketAddr, second: SocketAddr) {
 /// other processes reach it there.
 #[test]
 fn the_global_net_attaches_again_after_its_manager_restarts() {
-    if test_backend() == xio_core::manager::Backend::Dpdk {
-        // One process cannot start DPDK's primary twice.
-        eprintln!("skipped on the DPDK backend: the manager cannot restart in-process");
+    if !manager_restarts_in_process() {
         return;
     }
     let (m1, p) = start("restart");
@@ -153,11 +161,8 @@ fn the_global_net_attaches_again_after_its_manager_restarts() {
 fn global_acceptor(addr: SocketAddr) {
     let l = xio_core::net::XioListener::bind(addr).unwrap();
     println!("XIO:listening");
-    for s in l.incoming() {
-        let mut s = s.unwrap();
-        let mut b = [0u8; 5];
-        s.read_exact(&mut b).unwrap();
-        s.write_all(&b).unwrap();
+    loop {
+        echo_once(&l);
     }
 }
 
@@ -166,8 +171,7 @@ fn global_acceptor(addr: SocketAddr) {
 /// the next manager by itself, and new clients reach it there.
 #[test]
 fn a_bound_listener_follows_a_restarted_manager() {
-    if test_backend() == xio_core::manager::Backend::Dpdk {
-        eprintln!("skipped on the DPDK backend: the manager cannot restart in-process");
+    if !manager_restarts_in_process() {
         return;
     }
     let (m1, p) = start("follow");
@@ -425,11 +429,8 @@ fn old_net_server(prefix: &str, addr: SocketAddr) {
     let net = Net::attach(prefix).unwrap();
     let l = net.listen(addr).unwrap();
     println!("XIO:ready");
-    for s in l.incoming() {
-        let mut s = s.unwrap();
-        let mut b = [0u8; 5];
-        s.read_exact(&mut b).unwrap();
-        s.write_all(&b).unwrap();
+    loop {
+        echo_once(&l);
     }
 }
 
@@ -440,8 +441,7 @@ fn old_net_server(prefix: &str, addr: SocketAddr) {
 /// which is gone (a refusal at the first read).
 #[test]
 fn a_client_reaches_a_service_that_followed_the_restart() {
-    if test_backend() == xio_core::manager::Backend::Dpdk {
-        eprintln!("skipped on the DPDK backend: the manager cannot restart in-process");
+    if !manager_restarts_in_process() {
         return;
     }
     let (m1, p) = start("followed");
@@ -475,8 +475,7 @@ fn a_client_reaches_a_service_that_followed_the_restart() {
 /// is tried once more on the process-wide net from before the restart.
 #[test]
 fn a_client_reaches_a_service_not_yet_bound_on_the_new_manager() {
-    if test_backend() == xio_core::manager::Backend::Dpdk {
-        eprintln!("skipped on the DPDK backend: the manager cannot restart in-process");
+    if !manager_restarts_in_process() {
         return;
     }
     let (m1, p) = start("notyet");
