@@ -1468,10 +1468,12 @@ impl Net {
         }
         g.table.listen(a, backlog).map_err(io::Error::from)?;
         Ok(XioListener {
-            net: Mutex::new(self.clone()),
-            addr: a,
-            nonblocking: AtomicBool::new(false),
-            follow: None,
+            inner: Arc::new(ListenerInner {
+                net: Mutex::new(self.clone()),
+                addr: a,
+                nonblocking: AtomicBool::new(false),
+                follow: None,
+            }),
         })
     }
 
@@ -1995,6 +1997,12 @@ fn fastrand(i: u32) -> u32 {
 /// arrived but were not yet accepted are reset. A listener made with
 /// [`Net::listen`] stays on its net.
 pub struct XioListener {
+    /// Shared by [`XioListener::try_clone`]s; the address is unbound when
+    /// the last one goes.
+    inner: Arc<ListenerInner>,
+}
+
+struct ListenerInner {
     /// The net it listens on (another one after following a restart).
     net: Mutex<Net>,
     addr: SocketAddr,
@@ -2019,7 +2027,7 @@ static PREVIOUS: Mutex<Option<Net>> = Mutex::new(None);
 impl std::fmt::Debug for XioListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("XioListener")
-            .field("addr", &self.addr)
+            .field("addr", &self.inner.addr)
             .finish()
     }
 }
@@ -2029,32 +2037,37 @@ impl XioListener {
     /// follows the pool's manager across restarts (see [`XioListener`]).
     pub fn bind(addr: impl ToSocketAddrs) -> io::Result<XioListener> {
         let mut l = Net::with_global(|n| n.listen(&addr))?;
-        l.follow = Some(Mutex::new(Instant::now()));
+        Arc::get_mut(&mut l.inner).expect("not shared yet").follow =
+            Some(Mutex::new(Instant::now()));
         Ok(l)
     }
 
     /// The address this listener is bound to.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.addr)
+        Ok(self.inner.addr)
     }
 
     /// The net this listener accepts on (for one made by
     /// [`XioListener::bind`], a new one after it followed a restarted
     /// manager).
     pub fn net(&self) -> Net {
-        self.net.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.inner
+            .net
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Waits for a connection (or `WouldBlock` in non-blocking mode).
     pub fn accept(&self) -> io::Result<(XioStream, SocketAddr)> {
-        let nb = self.nonblocking.load(AtomicOrdering::Relaxed);
-        let addr = self.addr;
+        let nb = self.inner.nonblocking.load(AtomicOrdering::Relaxed);
+        let addr = self.inner.addr;
         loop {
             let net = self.net();
             // A listener that follows its manager and finds it gone binds
             // on a restarted one, or (none runs yet) waits on the old net
             // at most until the next attempt.
-            let (gone, deadline) = match &self.follow {
+            let (gone, deadline) = match &self.inner.follow {
                 Some(next) if net.manager_gone() => {
                     if self.try_follow(&net, next) {
                         continue;
@@ -2063,7 +2076,7 @@ impl XioListener {
                 }
                 _ => (false, None),
             };
-            let follows = self.follow.is_some();
+            let follows = self.inner.follow.is_some();
             // The peer's address under the same lock (one lock less per
             // connection on the accepting side).
             let r = net.block(Key::Accept(addr), nb, deadline, |core, wake| {
@@ -2107,28 +2120,28 @@ impl XioListener {
         let fresh = match Net::global() {
             Ok(n) if n.id() != old.id() => n,
             Ok(_) => {
-                tracing::debug!(addr = %self.addr, "manager gone, none runs yet");
+                tracing::debug!(addr = %self.inner.addr, "manager gone, none runs yet");
                 return false;
             }
             Err(e) => {
-                tracing::debug!(addr = %self.addr, error = %e, "manager gone, none runs yet");
+                tracing::debug!(addr = %self.inner.addr, error = %e, "manager gone, none runs yet");
                 return false;
             }
         };
-        match fresh.listen(self.addr) {
+        match fresh.listen(self.inner.addr) {
             Ok(l) => {
                 // Swap nets: dropping `l` then unlistens on the old one
                 // (resetting what was not accepted there).
                 std::mem::swap(
-                    &mut *self.net.lock().unwrap_or_else(|e| e.into_inner()),
-                    &mut *l.net.lock().unwrap_or_else(|e| e.into_inner()),
+                    &mut *self.inner.net.lock().unwrap_or_else(|e| e.into_inner()),
+                    &mut *l.inner.net.lock().unwrap_or_else(|e| e.into_inner()),
                 );
                 drop(l);
-                tracing::info!(addr = %self.addr, "listening again, on the restarted manager");
+                tracing::info!(addr = %self.inner.addr, "listening again, on the restarted manager");
                 true
             }
             Err(e) => {
-                tracing::warn!(addr = %self.addr, error = %e, "could not bind again on the restarted manager; trying again");
+                tracing::warn!(addr = %self.inner.addr, error = %e, "could not bind again on the restarted manager; trying again");
                 false
             }
         }
@@ -2144,9 +2157,20 @@ impl XioListener {
         Ok(None)
     }
 
+    /// Another handle on the same listener, as `TcpListener::try_clone`:
+    /// either may accept, non-blocking mode is shared, and the address
+    /// stays bound until both are dropped.
+    pub fn try_clone(&self) -> io::Result<XioListener> {
+        Ok(XioListener {
+            inner: self.inner.clone(),
+        })
+    }
+
     /// Non-blocking `accept`.
     pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
-        self.nonblocking.store(nonblocking, AtomicOrdering::Relaxed);
+        self.inner
+            .nonblocking
+            .store(nonblocking, AtomicOrdering::Relaxed);
         Ok(())
     }
 }
@@ -2165,7 +2189,7 @@ impl Iterator for Incoming<'_> {
     }
 }
 
-impl Drop for XioListener {
+impl Drop for ListenerInner {
     fn drop(&mut self) {
         let addr = self.addr;
         self.net
@@ -2891,7 +2915,7 @@ impl XioListener {
     /// Accepts a connection if one waits, else registers the task
     /// (adapter interface, see [`Net::drive`]).
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(XioStream, SocketAddr)>> {
-        let addr = self.addr;
+        let addr = self.inner.addr;
         let net = self.net();
         let c = ready!(net.poll_op(Key::Accept(addr), cx, |core, wake| {
             match core.accept_on(addr, wake) {

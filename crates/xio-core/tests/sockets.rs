@@ -1238,9 +1238,25 @@ fn zero_copy_buffers_vectored_writes_timeouts_and_poll() {
     assert_ne!(addr.port(), 0, "port 0 picks one");
     // The handshake is answered by the listening process when one of its
     // threads waits in X-IO: here, an accept in another thread.
+    let l2 = l.try_clone().unwrap();
     let acc = std::thread::spawn(move || l.accept().unwrap().0);
     let c = cli.connect(addr).unwrap();
     let s = acc.join().unwrap();
+    // The first handle is gone with its thread; the clone still listens.
+    let acc = std::thread::spawn(move || {
+        l2.accept().unwrap();
+        l2
+    });
+    drop(cli.connect(addr).unwrap());
+    drop(acc.join().unwrap());
+    // (A fresh net: `cli` has the route cached, and would hear the
+    // refusal only at its first read.)
+    let e = Net::attach(&p).unwrap().connect(addr).unwrap_err();
+    assert_eq!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionRefused,
+        "unbound with the last handle"
+    );
 
     // write_vectored: header + body leave as one buffer.
     let n = (&c)
