@@ -536,7 +536,15 @@ pub unsafe extern "C" fn xio_writev(
         while done < want {
             let n = match w.write_vectored(rest) {
                 Ok(n) => n,
-                Err(e) if done > 0 && e.kind() == std::io::ErrorKind::WouldBlock => break,
+                // Non-blocking: what it took. (A blocking stream's timeout
+                // is an error, XIO_ERR_TIMED_OUT, as before.)
+                Err(e)
+                    if done > 0
+                        && s.is_nonblocking()
+                        && e.kind() == std::io::ErrorKind::WouldBlock =>
+                {
+                    break
+                }
                 Err(e) => return Err(e.into()),
             };
             done += n;

@@ -310,6 +310,15 @@ impl<B: Chunk> Table<B> {
                 self.entries.len() - 1
             }
         };
+        // An id still remembered as closing (see `closing`) is not handed
+        // out again: the old peer's late data or FIN would reach the new
+        // connection. Skip its generation.
+        while self
+            .closing
+            .contains_key(&ConnId(self.gens[i] << INDEX_BITS | i as u32))
+        {
+            self.gens[i] = (self.gens[i] + 1) & (u32::MAX >> INDEX_BITS);
+        }
         let gen = self.gens[i];
         self.entries[i] = Some(Entry {
             gen,
@@ -631,8 +640,9 @@ impl<B: Chunk> Table<B> {
         let was_connecting = e.state == State::SynSent;
         e.refused = was_connecting;
         e.state = State::Reset;
-        e.rx.clear();
-        e.offset = 0;
+        // What arrived before the reset stays readable, as on Linux (an
+        // HTTP server that answers 413 and closes while the client still
+        // uploads: the client must read the answer, then the reset).
         if was_connecting {
             self.actions.push_back(Action::Connected(local));
         }
@@ -747,7 +757,7 @@ impl<B: Chunk> Table<B> {
         mut spent: impl FnMut(B),
     ) -> Result<usize, ConnError> {
         let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
-        if e.state == State::Reset {
+        if e.state == State::Reset && e.rx.is_empty() {
             return e.read_reset().map(|()| 0);
         }
         if e.read_shut {
@@ -789,7 +799,7 @@ impl<B: Chunk> Table<B> {
     /// read returns them again): `Ok(0)` is end of stream.
     pub fn peek(&mut self, c: ConnId, out: &mut [u8]) -> Result<usize, ConnError> {
         let e = self.get(c).ok_or(ConnError::NotConnected)?;
-        if e.state == State::Reset {
+        if e.state == State::Reset && e.rx.is_empty() {
             return if e.reset_reported && !e.refused {
                 Ok(0)
             } else {
@@ -825,7 +835,7 @@ impl<B: Chunk> Table<B> {
     /// is end of stream.
     pub fn take_chunk(&mut self, c: ConnId) -> Result<Option<(B, usize)>, ConnError> {
         let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
-        if e.state == State::Reset {
+        if e.state == State::Reset && e.rx.is_empty() {
             return e.read_reset().map(|()| None);
         }
         if e.read_shut {
@@ -886,8 +896,20 @@ impl<B: Chunk> Table<B> {
             }
             _ if e.fin_sent => Err(ConnError::BrokenPipe),
             State::SynSent => Ok((e.peer, c.0, kind::EARLY)),
-            State::Established if e.peer_gone => Err(ConnError::Reset),
+            // The peer finished, then its process went: as a RST in
+            // close-wait.
+            State::Established if e.peer_gone => Err(ConnError::BrokenPipe),
             State::Established => Ok((e.peer, e.remote, 0)),
+        }
+    }
+
+    /// A reset that a write reported but whose caller was told of a
+    /// partial write instead: the next call reports it again.
+    pub fn unreport_reset(&mut self, c: ConnId) {
+        if let Some(e) = self.get_mut(c) {
+            if e.state == State::Reset {
+                e.reset_reported = false;
+            }
         }
     }
 
@@ -1168,16 +1190,19 @@ mod tests {
             vec![Action::Readable(sid), Action::Writable(sid)]
         );
         let mut b = [0u8; 4];
+        // What the dead peer sent first, then the reset.
+        assert_eq!(s.read(sid, &mut b), Ok(1));
         assert_eq!(s.read(sid, &mut b), Err(ConnError::Reset));
         // A peer that closed cleanly and then exited: its data, then end
-        // of stream; writing to it fails.
+        // of stream; writing to it fails (a broken pipe, as a RST in
+        // close-wait).
         let (_, mut s3, _, sid3) = handshake();
         s3.on_data(PeerId(1), sid3, b"last".to_vec());
         s3.on_fin(PeerId(1), sid3);
         s3.on_peer_gone(PeerId(1));
         assert_eq!(s3.read(sid3, &mut b), Ok(4));
         assert_eq!(s3.read(sid3, &mut b), Ok(0));
-        assert_eq!(s3.send_target(sid3), Err(ConnError::Reset));
+        assert_eq!(s3.send_target(sid3), Err(ConnError::BrokenPipe));
         // Closing with unread data sends RST, not FIN.
         let (_, mut s2, _, sid2) = handshake();
         s2.on_data(PeerId(1), sid2, b"unread".to_vec());
@@ -1352,6 +1377,39 @@ mod tests {
         assert_eq!(c.len(), 1);
         c.on_peer_gone(PeerId(2));
         assert!(c.is_empty());
+        // What arrived before a reset is read first (the 413 a server sent
+        // before it closed and reset the rest of an upload), then the reset.
+        let (mut c, _s, cid, _) = handshake();
+        c.on_data(PeerId(2), cid, b"413".to_vec());
+        c.on_rst(PeerId(2), cid);
+        let mut b = [0u8; 8];
+        assert_eq!(c.peek(cid, &mut b), Ok(3));
+        assert_eq!(c.read(cid, &mut b), Ok(3));
+        assert_eq!(&b[..3], b"413");
+        assert_eq!(c.read(cid, &mut b), Err(ConnError::Reset));
+        assert_eq!(c.read(cid, &mut b), Ok(0));
+        // A partial write that met the reset leaves it for the next call.
+        let (mut c, _s, cid, _) = handshake();
+        c.on_rst(PeerId(2), cid);
+        assert_eq!(c.send_target(cid), Err(ConnError::Reset));
+        c.unreport_reset(cid);
+        assert_eq!(c.send_target(cid), Err(ConnError::Reset));
+    }
+
+    /// An id remembered as closing is not handed out again while its peer
+    /// may still send to it, however often its slot is reused (the
+    /// generation wraps after 4096).
+    #[test]
+    fn a_closing_id_is_not_reissued() {
+        let (mut c, _s, cid, _) = handshake();
+        c.close(cid);
+        for _ in 0..5000 {
+            let new = c.connect(PeerId(2), a(80), src()).unwrap();
+            assert_ne!(new, cid);
+            c.on_rst(PeerId(2), new); // refused
+            c.close(new);
+        }
+        assert_eq!(c.len(), 1, "only the closing one");
     }
 
     #[test]

@@ -209,6 +209,16 @@ mod real {
             let word = self.seg.manager_alive();
             word.store(OWNER_DIED, Ordering::Release);
             futex_wake(word);
+            // Stacks of this process do not wait on the word (see
+            // `sleep`): ring every sleeping stack, so they look.
+            for id in 1..=self.seg.max_stacks() as u16 {
+                let s = &self.seg.stack_slot(id).sleeping;
+                if s.load(Ordering::Relaxed) == crate::layout::SLEEP_FUTEX
+                    && s.swap(0, Ordering::AcqRel) == crate::layout::SLEEP_FUTEX
+                {
+                    futex_wake(s);
+                }
+            }
         }
     }
 
@@ -230,19 +240,22 @@ mod real {
     /// Sleeps while `word` holds `expected`, until a wake-up, `timeout`, or
     /// the manager's death. True if the manager's liveness word ended the
     /// sleep: the caller looks at its control socket (as it does when a
-    /// sleep with the tick ends unrung).
+    /// sleep with the tick ends unrung). `watch` false (the manager runs
+    /// in this process, see `Stack`): the word is not waited on, so that
+    /// the kernel's one wake-up at its death goes to another process; a
+    /// manager stopped while this process lives wakes every sleeping stack
+    /// itself (`Registration`'s drop), and later sleeps take the tick.
     pub(crate) fn sleep(
         word: &AtomicU32,
         expected: u32,
-        alive: Option<&AtomicU32>,
+        alive: &AtomicU32,
+        watch: bool,
         timeout: Option<Duration>,
     ) -> bool {
-        let Some(alive) = alive else {
-            // The manager runs in this process (see `Stack`): no news of
-            // its death to wait for.
+        if !watch && !died(alive) {
             crate::sync::futex_wait(word, expected, timeout);
             return false;
-        };
+        }
         let seen = alive.load(Ordering::Acquire);
         if seen & TID_MASK == 0 || seen & OWNER_DIED != 0 || !waitv_allowed() {
             // No live manager registered (not yet, or gone), or an old
@@ -334,7 +347,8 @@ pub(crate) fn died(_: &AtomicU32) -> bool {
 pub(crate) fn sleep(
     word: &AtomicU32,
     expected: u32,
-    _alive: Option<&AtomicU32>,
+    _alive: &AtomicU32,
+    _watch: bool,
     timeout: Option<Duration>,
 ) -> bool {
     sleep_with_tick(word, expected, timeout);
@@ -403,7 +417,7 @@ mod tests {
                         .unwrap();
                     let word = &seg.stack_slot(id).sleeping;
                     word.store(1, Ordering::SeqCst);
-                    let _ = done_tx.send(sleep(word, 1, Some(seg.manager_alive()), None));
+                    let _ = done_tx.send(sleep(word, 1, seg.manager_alive(), true, None));
                 });
                 rx.recv().unwrap()
             })
@@ -465,6 +479,6 @@ mod tests {
         // Sleeps after the manager's end take the tick path: a word that
         // stays rung returns at once.
         let word = &seg.stack_slot(1).sleeping;
-        assert!(!sleep(word, 1, Some(seg.manager_alive()), None));
+        assert!(!sleep(word, 1, seg.manager_alive(), true, None));
     }
 }

@@ -690,12 +690,16 @@ impl Manager {
         );
     }
 
-    /// What a stack receives with a channel to `peer`: its doorbell, then
-    /// its pidfd if there is one.
+    /// What a stack receives with a channel to `peer`: its pidfd if there
+    /// is one, then its doorbell, last (where stacks before the pidfd took
+    /// it from).
     fn peer_fds(&self, peer: u16) -> Vec<BorrowedFd<'_>> {
         let e = &self.stacks[&peer];
-        std::iter::once(e.bell.fd())
-            .chain(e.pidfd.as_ref().map(|f| f.as_fd()))
+        e.pidfd
+            .as_ref()
+            .map(|f| f.as_fd())
+            .into_iter()
+            .chain(std::iter::once(e.bell.fd()))
             .collect()
     }
 

@@ -1139,8 +1139,8 @@ impl Net {
     /// old net, whose channels still reach the peers it had. Streams and
     /// listeners made before keep their net. [`XioStream::connect`] and
     /// [`XioListener::bind`] retry once on a fresh net when theirs finds
-    /// the manager gone, and a connect the new manager refuses (a service
-    /// that has not bound there yet) is tried once more on the old net.
+    /// the manager gone. A service that has not yet bound on the new
+    /// manager is refused, as a TCP server that is restarting.
     pub fn global() -> io::Result<Net> {
         let mut g = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((born, n)) = g.as_ref() {
@@ -1151,7 +1151,6 @@ impl Net {
                 return match Net::attach(&crate::paths::default_prefix()) {
                     Ok(fresh) => {
                         tracing::info!("the pool's manager was restarted: attached again");
-                        *PREVIOUS.lock().unwrap_or_else(|e| e.into_inner()) = Some(n.clone());
                         *g = Some((crate::fork::Birth::now(), fresh.clone()));
                         Ok(fresh)
                     }
@@ -1170,9 +1169,7 @@ impl Net {
 
     /// Runs `f` on [`Net::global`]; if that fails because the net's
     /// manager is gone, once more on the net `global` attaches afresh (when
-    /// a manager runs again). A refusal right after a restart is tried on
-    /// the net from before it: the service may not have bound on the new
-    /// manager yet, and the old channels still reach it.
+    /// a manager runs again).
     pub fn with_global<R>(mut f: impl FnMut(&Net) -> io::Result<R>) -> io::Result<R> {
         let n = Net::global()?;
         match f(&n) {
@@ -1180,18 +1177,6 @@ impl Net {
                 Ok(fresh) if fresh.id() != n.id() => f(&fresh),
                 _ => Err(e),
             },
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                let old = PREVIOUS.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                match old {
-                    Some(old) if old.has_peers() => f(&old).or(Err(e)),
-                    Some(_) => {
-                        // Nobody left to reach through it: let it go.
-                        *PREVIOUS.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                        Err(e)
-                    }
-                    None => Err(e),
-                }
-            }
             r => r,
         }
     }
@@ -1200,11 +1185,6 @@ impl Net {
     /// stack itself learns it at its next look at the control socket).
     fn manager_died_now(&self) -> bool {
         crate::liveness::died(self.shared.seg.manager_alive())
-    }
-
-    /// Whether this net's stack has a channel to any peer.
-    fn has_peers(&self) -> bool {
-        !self.lock().stack.peers().is_empty()
     }
 
     /// Whether this net's manager is gone: its liveness word says so, or
@@ -1942,6 +1922,9 @@ impl Net {
         match r {
             Err(e) if written > 0 && e.kind() != io::ErrorKind::WouldBlock => {
                 tracing::debug!(error = %e, written, "write ended early");
+                // The caller hears of the partial write now and of a reset
+                // at its next call (as a socket keeps its pending error).
+                self.update(|g| g.table.unreport_reset(c));
                 Ok(written)
             }
             Err(e) if written > 0 && e.kind() == io::ErrorKind::WouldBlock => Ok(written),
@@ -2020,10 +2003,6 @@ const FOLLOW_RETRY: Duration = Duration::from_millis(200);
 /// The process-wide net ([`Net::global`]).
 static GLOBAL: Mutex<Option<(crate::fork::Birth, Net)>> = Mutex::new(None);
 
-/// The process-wide net from before its manager was restarted, while it
-/// still reaches peers: a connect the new manager refuses is tried there.
-static PREVIOUS: Mutex<Option<Net>> = Mutex::new(None);
-
 impl std::fmt::Debug for XioListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("XioListener")
@@ -2098,6 +2077,15 @@ impl XioListener {
                 Ok(Some((c, peer))) => return Ok((XioStream::new(net, c), peer)),
                 Ok(None) => continue,
                 Err(e) if gone && e.kind() == io::ErrorKind::TimedOut => continue,
+                // Another thread (a clone) followed the restart meanwhile
+                // and unlistened the old net: accept on the new one.
+                Err(e)
+                    if follows
+                        && e.kind() == io::ErrorKind::NotConnected
+                        && self.net().id() != net.id() =>
+                {
+                    continue
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -2260,14 +2248,15 @@ impl std::fmt::Debug for XioStream {
     }
 }
 
-/// A connect on the process-wide net that found no manager: refused, as a
-/// TCP connect to a port nobody listens on (the stack's error, which says
-/// how to start a manager, stays its source).
+/// A connect on the process-wide net that found no manager (none ran, or
+/// it went away and none runs again): refused, as a TCP connect to a port
+/// nobody listens on (the stack's error, which says what happened, stays
+/// its source).
 fn no_manager_refuses(e: io::Error) -> io::Error {
     let no_manager = e
         .get_ref()
         .and_then(|i| i.downcast_ref::<Error>())
-        .is_some_and(|s| matches!(s, Error::NoManager { .. }));
+        .is_some_and(|s| matches!(s, Error::NoManager { .. } | Error::ManagerGone));
     if !no_manager {
         return e;
     }

@@ -617,7 +617,7 @@ impl Stack {
                 return Ok(PeerId(p));
             }
         }
-        let (m, fds) = self.request(&Msg::Connect { addr })?;
+        let (m, mut fds) = self.request(&Msg::Connect { addr })?;
         match m {
             Msg::Connected {
                 channel,
@@ -626,11 +626,11 @@ impl Stack {
                 existing,
             } => {
                 if !existing || !self.by_peer.contains_key(&peer) {
-                    let mut fds = fds.into_iter();
+                    // The doorbell comes last, after the peer's pidfd.
                     let fd = fds
-                        .next()
+                        .pop()
                         .ok_or_else(|| Error::Protocol("Connected without doorbell".into()))?;
-                    self.add_channel(channel, dir, peer, fd, fds.next())?;
+                    self.add_channel(channel, dir, peer, fd, fds.pop())?;
                 }
                 self.resolved.insert(addr, peer);
                 Ok(PeerId(peer))
@@ -705,14 +705,14 @@ impl Stack {
         Ok((Box::new(tx), Box::new(rx)))
     }
 
-    fn handle_async(&mut self, m: Msg, fds: Vec<OwnedFd>) -> Result<(), Error> {
+    fn handle_async(&mut self, m: Msg, mut fds: Vec<OwnedFd>) -> Result<(), Error> {
         match m {
             Msg::ChannelUp { channel, dir, peer } => {
-                let mut fds = fds.into_iter();
+                // The doorbell comes last, after the peer's pidfd.
                 let fd = fds
-                    .next()
+                    .pop()
                     .ok_or_else(|| Error::Protocol("ChannelUp without doorbell".into()))?;
-                self.add_channel(channel, dir, peer, fd, fds.next())
+                self.add_channel(channel, dir, peer, fd, fds.pop())
             }
             Msg::PeerDown { channel, peer } => {
                 self.close_channel(peer, Some(channel));
@@ -967,7 +967,8 @@ impl Stack {
         };
         let woken = wait_on(
             self.seg.stack_slot(self.id),
-            (!self.manager_here).then(|| self.seg.manager_alive()),
+            self.seg.manager_alive(),
+            !self.manager_here,
             self.mode,
             &mut self.spin,
             &mut view,
@@ -1978,19 +1979,23 @@ impl Probe {
         // `self.seg` for the whole call, reached only atomically.
         let alive = unsafe { &*alive };
         let mut spin = std::mem::take(&mut self.spin);
-        let alive = (!self.manager_here).then_some(alive);
-        let r = wait_on(slot, alive, self.mode, &mut spin, self, deadline, may_spin);
+        let watch = !self.manager_here;
+        let r = wait_on(
+            slot, alive, watch, self.mode, &mut spin, self, deadline, may_spin,
+        );
         self.spin = spin;
         Ok(r? == Woken::Tick)
     }
 }
 
 /// The waiting policy (see [`crate::wait`]) over any [`WaitView`].
-/// `alive`: the manager's liveness word (see [`crate::liveness`]), unless
-/// the manager runs in this process.
+/// `alive`: the manager's liveness word (see [`crate::liveness`]), waited
+/// on unless the manager runs in this process (`watch` false).
+#[allow(clippy::too_many_arguments)]
 fn wait_on(
     slot: &StackSlot,
-    alive: Option<&AtomicU32>,
+    alive: &AtomicU32,
+    watch: bool,
     mode: WaitMode,
     spin: &mut AdaptiveSpin,
     view: &mut impl WaitView,
@@ -2078,7 +2083,7 @@ fn wait_on(
     // manager ends the sleep through its liveness word, with no timer
     // armed (see `crate::liveness`; where that cannot work, a one-second
     // tick): then, as when nobody rang, we look at the control socket.
-    let manager_woke = crate::liveness::sleep(&slot.sleeping, SLEEP_FUTEX, alive, timeout);
+    let manager_woke = crate::liveness::sleep(&slot.sleeping, SLEEP_FUTEX, alive, watch, timeout);
     let rung = slot.sleeping.swap(0, Ordering::AcqRel) == 0 && !manager_woke;
     if adaptive {
         let woke = now_ns();

@@ -39,7 +39,7 @@ fn child_main() {
         "server_with_its_manager" => server_with_its_manager(&a[0], a[1].parse().unwrap()),
         "connect_without_manager" => connect_without_manager(),
         "global_client" => global_client(a[0].parse().unwrap()),
-        "old_net_server" => old_net_server(&a[0], a[1].parse().unwrap()),
+        "echo_and_hold" => echo_and_hold(&a[0], a[1].parse().unwrap()),
         r => panic!("unknown role {r}"),
     }
 }
@@ -160,6 +160,20 @@ fn the_global_net_attaches_again_after_its_manager_restarts() {
 /// only accepts, on the process-wide net, as most std servers are.
 fn global_acceptor(addr: SocketAddr) {
     let l = xio_core::net::XioListener::bind(addr).unwrap();
+    // Two threads accept, as servers with a pool of acceptors do: when
+    // one follows a restart, the other must go on (an accept error would
+    // end the process, and the test would find nobody listening).
+    let l2 = l.try_clone().unwrap();
+    std::thread::spawn(move || loop {
+        let (mut s, _) = l2.accept().unwrap_or_else(|e| {
+            eprintln!("second acceptor: {e}");
+            std::process::exit(1)
+        });
+        let mut b = [0u8; 5];
+        if s.read_exact(&mut b).is_ok() {
+            let _ = s.write_all(&b);
+        }
+    });
     println!("XIO:listening");
     loop {
         echo_once(&l);
@@ -241,7 +255,7 @@ fn writing_to_a_closed_connection_fails_instead_of_hanging() {
     {
         let net = Net::attach(&p).unwrap();
         let mut c = net.connect(addr).unwrap();
-        // The watchdog: a hang would end in TimedOut.
+        // The watchdog: a hang would end in WouldBlock (the timeout).
         c.set_write_timeout(Some(WATCHDOG)).unwrap();
         c.write_all(b"x").unwrap();
         assert_eq!(c.read(&mut [0u8; 8]).unwrap(), 0, "the server closed");
@@ -363,7 +377,7 @@ fn a_peer_dying_with_the_manager_still_resets() {
     server.expect("ready");
     let net = Net::attach(&p).unwrap();
     let mut s = net.connect(addr).unwrap();
-    // The watchdog: a hang would end in TimedOut.
+    // The watchdog: a hang would end in WouldBlock (the timeout).
     s.set_read_timeout(Some(WATCHDOG)).unwrap();
     s.write_all(b"hello").unwrap();
     let mut b = [0u8; 5];
@@ -423,17 +437,6 @@ fn global_client(addr: SocketAddr) {
     println!("XIO:done");
 }
 
-/// Role of `a_client_reaches_a_service_not_yet_bound_on_the_new_manager`:
-/// a server on a net of its own, which stays with the old manager.
-fn old_net_server(prefix: &str, addr: SocketAddr) {
-    let net = Net::attach(prefix).unwrap();
-    let l = net.listen(addr).unwrap();
-    println!("XIO:ready");
-    loop {
-        echo_once(&l);
-    }
-}
-
 /// After a restart, a client idle since before it connects to a service
 /// that has already bound again on the new manager: its process-wide net
 /// notices the old manager's death by itself (the liveness word) and asks
@@ -469,36 +472,51 @@ fn a_client_reaches_a_service_that_followed_the_restart() {
     server.kill9();
 }
 
-/// After a restart, a service that has not bound on the new manager (yet;
-/// here never: its listener is on a net of its own) is still reached by a
-/// client that knew it before: the new manager refuses, and the connect
-/// is tried once more on the process-wide net from before the restart.
+/// Role of `a_reader_in_the_managers_process_hears_of_its_stop`: echoes 5
+/// bytes on one connection, then holds it open.
+fn echo_and_hold(prefix: &str, addr: SocketAddr) {
+    let net = Net::attach(prefix).unwrap();
+    let l = net.listen(addr).unwrap();
+    println!("XIO:ready");
+    let (mut s, _) = l.accept().unwrap();
+    let mut b = [0u8; 5];
+    s.read_exact(&mut b).unwrap();
+    s.write_all(&b).unwrap();
+    loop {
+        std::thread::park();
+    }
+}
+
+/// A stack in the manager's own process does not wait on the manager's
+/// liveness word (see `a_peer_dying_with_the_manager_still_resets`), yet a
+/// reader of it blocked when the manager stops still hears of that, and
+/// then of its peer's death: it gets a reset, not a wait forever.
 #[test]
-fn a_client_reaches_a_service_not_yet_bound_on_the_new_manager() {
+fn a_reader_in_the_managers_process_hears_of_its_stop() {
     if !manager_restarts_in_process() {
         return;
     }
-    let (m1, p) = start("notyet");
-    let addr: SocketAddr = "10.61.0.9:80".parse().unwrap();
+    let (m1, p) = start("herestop");
+    let addr: SocketAddr = "10.61.0.11:80".parse().unwrap();
     let mut server = ChildProc::spawn(
         "child_main",
-        "old_net_server",
+        "echo_and_hold",
         &[p.clone(), addr.to_string()],
     );
     server.expect("ready");
-    let mut client = ChildProc::spawn_env(
-        "child_main",
-        "global_client",
-        &[addr.to_string()],
-        &[("XIO_PREFIX", p.as_str())],
-    );
-    client.expect("connected");
+    let net = Net::attach(&p).unwrap();
+    let mut s = net.connect(addr).unwrap();
+    // The watchdog: a hang would end in WouldBlock.
+    s.set_read_timeout(Some(WATCHDOG)).unwrap();
+    s.write_all(b"hello").unwrap();
+    s.read_exact(&mut [0u8; 5]).unwrap();
+    let reader = std::thread::spawn(move || s.read(&mut [0u8; 8]));
+    std::thread::sleep(Duration::from_millis(20)); // let it block (either way)
     drop(m1);
-    let _m2 = manager_builder(&p).spawn().unwrap();
-    client.tell("restarted");
-    client.expect("done");
-    client.wait_success();
+    wait_until("the net hears its manager stopped", || net.manager_gone());
     server.kill9();
+    let err = reader.join().unwrap().unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
 }
 
 /// A deterministic byte stream: byte `i` of stream `seed`.

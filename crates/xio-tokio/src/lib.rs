@@ -244,7 +244,7 @@ async fn drive(
                 continue;
             }
         };
-        if manager.is_some() && n.manager_gone() {
+        if liveness && manager.is_some() && n.manager_gone() {
             // No manager to announce a peer's death any more: the tick
             // looks at the peers itself (`Stack` checks their pidfds).
             manager = None;
