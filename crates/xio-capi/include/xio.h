@@ -212,7 +212,11 @@ typedef uint16_t xio_peer;
  * `xio_listen` and `xio_dial` fail with it. To reach a restarted manager,
  * attach again (`xio_stack_attach`, `xio_net_attach`: a handle attached
  * before, NULL prefix included, stays with the old pool) and bind or
- * listen again.
+ * listen again. With no manager left to announce a peer's death, an
+ * event loop that keeps the old net should call `xio_net_poll` at least
+ * once a second (a timeout on its own `epoll_wait`): each call looks at
+ * the peers' processes, and a dead one's streams become readable with
+ * `XIO_ERR_CONNECTION_RESET`.
  */
 #define XIO_ERR_MANAGER_GONE 11
 
