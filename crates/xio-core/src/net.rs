@@ -2091,6 +2091,26 @@ impl XioListener {
         }
     }
 
+    /// For a listener that follows its manager (one from
+    /// [`XioListener::bind`]) whose manager is gone: binds the address on
+    /// a net attached to a running one if an attempt is due, and says
+    /// whether the listener now accepts on a new net (`Ok`), or when to try
+    /// again (`Err`: no manager runs yet). `None` otherwise. `accept` does
+    /// this itself; an async adapter calls it before `poll_accept` and
+    /// wakes its task at the time given (the core has no timers).
+    pub fn follow(&self) -> Option<Result<(), Instant>> {
+        let next = self.inner.follow.as_ref()?;
+        let net = self.net();
+        if !net.manager_gone() {
+            return None;
+        }
+        if self.try_follow(&net, next) {
+            Some(Ok(()))
+        } else {
+            Some(Err(*next.lock().unwrap_or_else(|e| e.into_inner())))
+        }
+    }
+
     /// Binds this listener's address on a net attached to a running
     /// manager, if the time for an attempt has come. Returns whether the
     /// listener now accepts there.

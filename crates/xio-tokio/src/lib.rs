@@ -382,28 +382,19 @@ async fn sleep_on(
 /// A listening socket, like `tokio::net::TcpListener`.
 ///
 /// One bound with [`XioListener::bind`] (on the process-wide pool) follows
-/// its manager across a restart: when the net finds the manager gone, the
-/// next accept binds the same address on a net attached to the new
-/// manager (trying again every 200 ms until one runs) and goes on
-/// accepting there, so a service that only accepts (`axum::serve`) stays
-/// reachable. Connections accepted before keep working on the old net;
-/// ones that had arrived but were not yet accepted are reset.
+/// its manager across a restart, as `xio_core::net::XioListener::bind`'s
+/// does: when the manager is gone, the next accept binds the same address
+/// on a net attached to the new manager (trying again every 200 ms until
+/// one runs, accepting on the old net meanwhile) and goes on accepting
+/// there, so a service that only accepts (`axum::serve`) stays reachable.
+/// Connections accepted before keep working on the old net; ones that had
+/// arrived but were not yet accepted are reset.
 #[derive(Debug)]
 pub struct XioListener {
-    /// The current core listener (replaced when it follows a restart).
-    inner: Mutex<Arc<xio_core::net::XioListener>>,
-    /// For a listener on the process-wide net: how it binds again.
-    follow: Option<Follow>,
-}
-
-/// How a listener on the process-wide net binds again after a restart.
-#[derive(Debug)]
-struct Follow {
-    /// The bound address (with the port chosen, if 0 was asked for).
-    addr: SocketAddr,
-    /// While no manager runs: when to try again, and the other tasks
-    /// accepting meanwhile (a timer wakes only the last task that polled
-    /// it).
+    inner: xio_core::net::XioListener,
+    /// While the core listener waits for a new manager: the timer for its
+    /// next attempt, and the tasks accepting meanwhile (a timer wakes only
+    /// the last task that polled it).
     retry: Mutex<Retry>,
 }
 
@@ -413,21 +404,12 @@ struct Retry {
     waiters: Vec<std::task::Waker>,
 }
 
-/// How long a listener following its manager waits between attempts to
-/// bind on a new one.
-const FOLLOW_RETRY: Duration = Duration::from_millis(200);
-
 impl XioListener {
     /// Binds `addr` on the process-wide pool ([`Net::global`], attached
     /// again if its manager was restarted). The listener follows the pool's
     /// manager across restarts (see [`XioListener`]).
     pub async fn bind(addr: impl ToSocketAddrs) -> io::Result<XioListener> {
-        let mut l = Self::from_std(Net::with_global(|n| n.listen(&addr))?)?;
-        l.follow = Some(Follow {
-            addr: l.local_addr()?,
-            retry: Mutex::new(Retry::default()),
-        });
-        Ok(l)
+        Self::from_std(xio_core::net::XioListener::bind(addr)?)
     }
 
     /// Binds `addr` on `net`. (Not async: binding is one request to the
@@ -442,14 +424,14 @@ impl XioListener {
     pub fn from_std(inner: xio_core::net::XioListener) -> io::Result<XioListener> {
         ensure_driver(&inner.net())?;
         Ok(XioListener {
-            inner: Mutex::new(Arc::new(inner)),
-            follow: None,
+            inner,
+            retry: Mutex::default(),
         })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.core().local_addr()
+        self.inner.local_addr()
     }
 
     /// Waits for a connection. Cancellation safe.
@@ -459,17 +441,10 @@ impl XioListener {
 
     /// Polls for a connection.
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(XioStream, SocketAddr)>> {
-        let l = self.core();
-        if let Some(f) = &self.follow {
-            // Follow first, even while clients still on the old net keep
-            // it busy; until a new manager runs, accept there meanwhile.
-            if l.net().manager_gone() {
-                if let Poll::Ready(r) = self.poll_follow(f, &l, cx) {
-                    r?;
-                    return self.poll_accept(cx);
-                }
-            }
-        }
+        // Follow first, even while clients still on the old net keep it
+        // busy; until a new manager runs, accept there meanwhile.
+        self.poll_follow(cx)?;
+        let l = &self.inner;
         let p = pending_needs_driver(&l.net(), l.poll_accept(cx));
         let (s, a) = ready!(p)?;
         // The core's own blocking calls (used by `alloc`) must not wait.
@@ -477,62 +452,44 @@ impl XioListener {
         Poll::Ready(Ok((XioStream { inner: s }, a)))
     }
 
-    /// Binds the address again on a net attached to a running manager;
-    /// ready once it has, pending (with a timer) while none runs.
-    fn poll_follow(
-        &self,
-        f: &Follow,
-        old: &Arc<xio_core::net::XioListener>,
-        cx: &mut Context<'_>,
-    ) -> Poll<io::Result<()>> {
-        let mut retry = f.retry.lock().unwrap_or_else(|e| e.into_inner());
-        if !Arc::ptr_eq(&self.core(), old) {
-            return Poll::Ready(Ok(())); // another task followed already
-        }
-        loop {
-            if let Some(t) = retry.timer.as_mut() {
-                if std::future::Future::poll(t.as_mut(), cx).is_pending() {
-                    if !retry.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                        retry.waiters.push(cx.waker().clone());
-                    }
-                    return Poll::Pending;
-                }
+    /// The core listener's follow of a restarted manager, with the timer
+    /// it needs while none runs yet.
+    fn poll_follow(&self, cx: &mut Context<'_>) -> io::Result<()> {
+        let Some(r) = self.inner.follow() else {
+            return Ok(()); // not following, or the manager is there
+        };
+        let mut retry = self.retry.lock().unwrap_or_else(|e| e.into_inner());
+        match r {
+            Ok(()) => {
+                ensure_driver(&self.inner.net())?;
                 retry.timer = None;
-                // Every waiting task looks again (the one that polled the
-                // timer may have gone away).
+                // Tasks waiting on the old net accept on the new one.
                 retry.waiters.drain(..).for_each(std::task::Waker::wake);
             }
-            // `global` attaches afresh once a manager runs again; until
-            // then it returns the old net.
-            match Net::global() {
-                Ok(n) if n.id() != old.net().id() => match n.listen(f.addr) {
-                    Ok(l) => {
-                        ensure_driver(&l.net())?;
-                        tracing::info!(addr = %f.addr, "listening again, on the restarted manager");
-                        *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(l);
-                        retry.waiters.drain(..).for_each(std::task::Waker::wake);
-                        return Poll::Ready(Ok(()));
-                    }
-                    Err(e) => {
-                        tracing::warn!(addr = %f.addr, error = %e, "could not bind again on the restarted manager; trying again");
-                    }
-                },
-                Ok(_) => tracing::debug!(addr = %f.addr, "manager gone, none runs yet"),
-                Err(e) => {
-                    tracing::debug!(addr = %f.addr, error = %e, "manager gone, none runs yet")
+            Err(at) => {
+                let at = tokio::time::Instant::from_std(at);
+                match retry.timer.as_mut() {
+                    Some(t) if t.deadline() == at => {}
+                    _ => retry.timer = Some(Box::pin(tokio::time::sleep_until(at))),
+                }
+                let t = retry.timer.as_mut().expect("just set");
+                if std::future::Future::poll(t.as_mut(), cx).is_ready() {
+                    // Due: every waiting task looks again (the one that
+                    // polled the timer may have gone away).
+                    retry.timer = None;
+                    retry.waiters.drain(..).for_each(std::task::Waker::wake);
+                    cx.waker().wake_by_ref();
+                } else if !retry.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                    retry.waiters.push(cx.waker().clone());
                 }
             }
-            retry.timer = Some(Box::pin(tokio::time::sleep(FOLLOW_RETRY)));
         }
+        Ok(())
     }
 
-    /// The current core listener (another one after following a restart).
-    pub fn as_core(&self) -> Arc<xio_core::net::XioListener> {
-        self.core()
-    }
-
-    fn core(&self) -> Arc<xio_core::net::XioListener> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// The core listener (which swaps its net when it follows a restart).
+    pub fn as_core(&self) -> &xio_core::net::XioListener {
+        &self.inner
     }
 }
 

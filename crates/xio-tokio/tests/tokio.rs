@@ -568,6 +568,9 @@ fn a_global_listener_binds_again_on_a_restarted_manager() {
         first.kill().unwrap();
         first.wait().unwrap();
     });
+    // A while with no manager at all: the service's accept keeps trying
+    // (its timer), and accepts on the new manager once one runs.
+    std::thread::sleep(Duration::from_millis(700));
     let mut second = spawn_child("manager", &p);
     rt(1).block_on(async {
         let net = Net::attach(&p).unwrap();
