@@ -890,7 +890,9 @@ fn xio_loop_client(
                     break;
                 }
                 s.seq += 1;
-                s.sent_at = Instant::now();
+                // The reply's time stamps the next request, as the kernel
+                // sockets' client does: one clock read per request each.
+                s.sent_at = t;
                 (&*c).write_all(&msg(i, s.seq)).context("request")?;
             }
         }
