@@ -972,6 +972,18 @@ impl<B: Chunk> Table<B> {
         Ok(())
     }
 
+    /// Every connection the program has not closed (accepted or not).
+    pub fn open_ids(&self) -> Vec<ConnId> {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| {
+                let e = e.as_ref()?;
+                (!e.closed).then_some(ConnId(e.gen << INDEX_BITS | i as u32))
+            })
+            .collect()
+    }
+
     /// Closes `c`: a FIN if everything received was read, else a RST (as
     /// TCP does when unread data is discarded). The id is dead afterwards.
     pub fn close(&mut self, c: ConnId) {

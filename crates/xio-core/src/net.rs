@@ -61,6 +61,15 @@
 //! already finished sending (Linux's `EPIPE` in close-wait); after that
 //! reads return end of stream and writes `BrokenPipe`. A refused connect
 //! stays `ConnectionRefused`.
+//!
+//! **Exiting.** A process that exits (returning from `main`, or
+//! `std::process::exit`, or C's `exit`) with connections still open closes
+//! them as a socket's would be closed at exit: a FIN each (a RST where
+//! received data was left unread), so its peers read end of stream after
+//! its last bytes, not a reset. This runs from an `atexit` handler and is
+//! best effort (a net whose lock another thread keeps for 50 ms is left
+//! to the manager). A process killed by a signal runs no handler: its
+//! peers get a reset (the manager announces the death) after what it sent.
 
 use std::collections::VecDeque;
 
@@ -165,7 +174,7 @@ impl NetBuilder {
             .min(u32::MAX as usize / 2);
         let waking = Arc::new(AtomicUsize::new(0));
         let seg = stack.__segment().clone();
-        Ok(Net {
+        let net = Net {
             shared: Arc::new(Shared {
                 core: Mutex::new(Core {
                     waking: waking.clone(),
@@ -204,8 +213,66 @@ impl NetBuilder {
                 waking,
                 seg,
             }),
-        })
+        };
+        close_at_exit_register(&net);
+        Ok(net)
     }
+}
+
+/// How long the exit handler tries for a net's lock before leaving that
+/// net's connections to the manager (another thread may be stopped for
+/// good while it holds it).
+const EXIT_LOCK_WAIT: Duration = Duration::from_millis(50);
+
+/// Every net this process attached, with the process (fork generation)
+/// that attached it, for [`close_at_exit`].
+static LIVE: Mutex<Vec<(crate::fork::Birth, WeakNet)>> = Mutex::new(Vec::new());
+
+/// Notes `net` for the exit handler, installing that at the first call.
+fn close_at_exit_register(net: &Net) {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        // SAFETY: `atexit` only records the address of a function that
+        // lives as long as the process (this library is not unloaded).
+        if unsafe { libc::atexit(close_at_exit) } != 0 {
+            tracing::debug!("atexit refused: connections open at exit will be reset");
+        }
+    });
+    let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    live.retain(|(born, w)| !born.forked() && w.0.strong_count() > 0);
+    live.push((crate::fork::Birth::now(), net.downgrade()));
+}
+
+/// At exit, closes every connection still open, as the kernel closes a
+/// process's sockets: peers then read end of stream, not a reset. Other
+/// threads still run while `exit` calls this, so it only tries each lock
+/// for a while; nothing here may unwind into C.
+extern "C" fn close_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let deadline = Instant::now() + EXIT_LOCK_WAIT;
+        let nets: Vec<Net> = loop {
+            match LIVE.try_lock() {
+                Ok(live) => break live_nets(&live),
+                Err(std::sync::TryLockError::Poisoned(e)) => break live_nets(&e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::yield_now();
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            }
+        };
+        for n in nets {
+            n.close_all(deadline.max(Instant::now() + EXIT_LOCK_WAIT));
+        }
+    });
+}
+
+/// The nets of [`LIVE`] still alive and attached by this process (a
+/// forked child's inherited ones are its parent's).
+fn live_nets(live: &[(crate::fork::Birth, WeakNet)]) -> Vec<Net> {
+    live.iter()
+        .filter(|(born, _)| !born.forked())
+        .filter_map(|(_, w)| w.upgrade())
+        .collect()
 }
 
 /// A process's attachment for sockets: one stack shared by all the
@@ -1183,6 +1250,35 @@ impl Net {
 
     /// Whether the manager's liveness word says it is gone (one load; the
     /// stack itself learns it at its next look at the control socket).
+    /// Closes every connection of this net as dropping its stream would
+    /// (a FIN, or a RST where data was left unread): what the exit handler
+    /// does. Gives up if the lock stays taken until `deadline`.
+    fn close_all(&self, deadline: Instant) {
+        let mut g = loop {
+            match self.shared.core.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::yield_now();
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            }
+        };
+        if g.stack.forked() {
+            return;
+        }
+        // What arrived and was not read is unread data too (a RST), as it
+        // would be in a socket's kernel buffer.
+        let mut wake = Vec::new();
+        let _ = g.drain(&mut wake);
+        for c in g.table.open_ids() {
+            g.table.close(c);
+        }
+        g.run_actions(&mut wake);
+        drop(g);
+        wake_all(&mut wake);
+    }
+
     fn manager_died_now(&self) -> bool {
         crate::liveness::died(self.shared.seg.manager_alive())
     }

@@ -40,6 +40,7 @@ fn child_main() {
         "connect_without_manager" => connect_without_manager(),
         "global_client" => global_client(a[0].parse().unwrap()),
         "echo_and_hold" => echo_and_hold(&a[0], a[1].parse().unwrap()),
+        "exits_holding" => exits_holding(&a[0], a[1].parse().unwrap()),
         r => panic!("unknown role {r}"),
     }
 }
@@ -59,6 +60,64 @@ fn manager_restarts_in_process() -> bool {
         eprintln!("skipped on the DPDK backend: the manager cannot restart in-process");
     }
     ok
+}
+
+/// Role of `a_process_exiting_with_open_streams_closes_them`: opens two
+/// connections, writes on both, and exits (when told) without closing
+/// either, as a program calling `std::process::exit` does.
+fn exits_holding(prefix: &str, addr: SocketAddr) {
+    let net = Net::attach(prefix).unwrap();
+    let mut a = net.connect(addr).unwrap();
+    a.write_all(b"last words").unwrap();
+    let mut b = net.connect(addr).unwrap();
+    b.write_all(b"b").unwrap();
+    println!("XIO:connected");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    // No destructor runs from here: `a`, `b` and `net` stay open.
+    std::process::exit(0);
+}
+
+/// A process that exits with connections open closes them as its sockets
+/// would be closed: the peer reads everything and then end of stream (not
+/// a reset), and a connection with data the process never read is reset.
+#[test]
+fn a_process_exiting_with_open_streams_closes_them() {
+    let (mgr, p) = start("exitclose");
+    let addr: SocketAddr = "10.61.0.9:80".parse().unwrap();
+    let net = Net::attach(&p).unwrap();
+    let l = net.listen(addr).unwrap();
+    let mut child = ChildProc::spawn(
+        "child_main",
+        "exits_holding",
+        &[p.clone(), addr.to_string()],
+    );
+    child.expect("connected");
+    let (mut a, mut b) = (accept_soon(&l), accept_soon(&l));
+    for s in [&a, &b] {
+        s.set_read_timeout(Some(WATCHDOG)).unwrap();
+    }
+    let mut first = [0u8; 1];
+    a.read_exact(&mut first).unwrap();
+    if first[0] == b'b' {
+        std::mem::swap(&mut a, &mut b);
+        a.read_exact(&mut first).unwrap();
+    } else {
+        b.read_exact(&mut [0u8; 1]).unwrap();
+    }
+    assert_eq!(first[0], b'l');
+    // Data the child will never read.
+    b.write_all(b"unread").unwrap();
+    child.tell("exit");
+    let mut rest = Vec::new();
+    a.read_to_end(&mut rest)
+        .expect("end of stream, not a reset");
+    assert_eq!(rest, b"ast words");
+    let err = b.read(&mut [0u8; 8]).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    child.wait_success();
+    drop((a, b, l, net));
+    wait_pool_whole(&mgr);
 }
 
 /// A thread-per-connection echo server, as a std user would write it.
