@@ -144,7 +144,7 @@ pub fn run(a: &TokioArgs) -> Result<()> {
             &mut failures,
             |t| run_one(t, &prefix, n, warm, per_round),
         );
-        let line = table_row(n, acc, true);
+        let line = table_row(n, acc);
         lines.push(line);
     }
     println!("{head}\n{rule}");
@@ -270,20 +270,21 @@ fn measure_row(
     acc
 }
 
-/// A markdown row: requests/s and p50 (and p99) per transport.
-fn table_row(n: usize, cells: Vec<Option<Outcome>>, p99: bool) -> String {
+/// A markdown row: requests/s, p50 and p99 per transport.
+fn table_row(n: usize, cells: Vec<Option<Outcome>>) -> String {
     let mut line = format!("| {n} |");
     for c in cells {
         match c {
             Some(mut o) => {
                 let s = summarize(&mut o.samples);
                 let rate = o.ops as f64 / o.wall.as_secs_f64().max(1e-9);
-                line.push_str(&format!(" {rate:.0} | {} |", fmt_us(s.p50_ns)));
-                if p99 {
-                    line.push_str(&format!(" {} |", fmt_us(s.p99_ns)));
-                }
+                line.push_str(&format!(
+                    " {rate:.0} | {} | {} |",
+                    fmt_us(s.p50_ns),
+                    fmt_us(s.p99_ns)
+                ));
             }
-            None => line.push_str(if p99 { " failed | | |" } else { " failed | |" }),
+            None => line.push_str(" failed | | |"),
         }
     }
     line
@@ -621,8 +622,8 @@ pub fn run_http(a: &HttpArgs) -> Result<()> {
             let mut rule = String::from("|---:|");
             for t in &transports {
                 let l = t.label().replace("tokio ", "");
-                head.push_str(&format!(" {l} req/s | {l} p50 |"));
-                rule.push_str("---:|---:|");
+                head.push_str(&format!(" {l} req/s | {l} p50 | {l} p99 |"));
+                rule.push_str("---:|---:|---:|");
             }
             println!("{head}\n{rule}");
             for &n in &conns {
@@ -630,7 +631,7 @@ pub fn run_http(a: &HttpArgs) -> Result<()> {
                 let acc = measure_row(&transports, rounds, &what, &mut failures, |t| {
                     run_http_one(t, v, &prefix, n, size, warm, per_round)
                 });
-                let line = table_row(n, acc, false);
+                let line = table_row(n, acc);
                 println!("{line}");
             }
             println!();
