@@ -316,6 +316,11 @@ pub struct Manager {
     stacks: HashMap<u16, StackEntry>,
     /// Dead stacks whose slot waits for their peers to release channels.
     dead: HashMap<u16, BTreeSet<u32>>,
+    /// The stack id given last: the next one is looked for after it, so
+    /// an id comes back only after every other was used (as pids do). A
+    /// peer's id reused at once would make what its peers still hold of
+    /// the dead one (a queued reset, a route) look like the new one's.
+    last_id: u16,
     bindings: HashMap<SocketAddr, u16>,
     channels: Vec<Option<ChanEntry>>,
     snapshot: Arc<Mutex<Snapshot>>,
@@ -421,6 +426,7 @@ impl Manager {
             pending: Vec::new(),
             stacks: HashMap::new(),
             dead: HashMap::new(),
+            last_id: 0,
             bindings: HashMap::new(),
             snapshot: Arc::new(Mutex::new(Snapshot::default())),
             uid: rustix::process::geteuid().as_raw(),
@@ -636,11 +642,14 @@ impl Manager {
             .and_then(|p| {
                 rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
             });
-        let free = (1..=self.seg.max_stacks() as u16).find(|&id| {
-            !self.stacks.contains_key(&id)
-                && !self.dead.contains_key(&id)
-                && self.seg.stack_slot(id).state.load(Ordering::Acquire) == slot_state::FREE
-        });
+        let max = u32::from(self.seg.max_stacks() as u16);
+        let free = (1..=max)
+            .map(|k| ((u32::from(self.last_id) + k - 1) % max + 1) as u16)
+            .find(|&id| {
+                !self.stacks.contains_key(&id)
+                    && !self.dead.contains_key(&id)
+                    && self.seg.stack_slot(id).state.load(Ordering::Acquire) == slot_state::FREE
+            });
         let Some(id) = free else {
             let _ = ctrl::send(
                 sock.as_fd(),
@@ -676,6 +685,7 @@ impl Manager {
             return;
         }
         tracing::info!(stack = id, pid, name = %name, "stack registered");
+        self.last_id = id;
         self.stacks.insert(
             id,
             StackEntry {

@@ -133,3 +133,40 @@ fn second_manager_on_a_prefix_is_refused() {
     let e = Manager::builder("bad/prefix").bind().unwrap_err();
     assert!(e.to_string().contains("invalid pool prefix"), "{e}");
 }
+
+/// A stack that leaves does not hand its id to the next one at once (ids
+/// are given round-robin, as pids are): a peer still holding news of the
+/// old one, a reset queued for its `recv`, must not take the newcomer for
+/// it.
+#[test]
+fn a_departed_stacks_id_is_not_given_to_the_next_one() {
+    setup();
+    let p = prefix("idreuse");
+    let mgr = manager_builder(&p).spawn().unwrap();
+    let addr: std::net::SocketAddr = "10.62.0.1:9".parse().unwrap();
+    let mut first = Stack::attach(&p).unwrap();
+    first.bind(addr).unwrap();
+    let mut client = Stack::attach(&p).unwrap();
+    let old = client.connect(addr).unwrap();
+    drop(first);
+    // The client hears of the departure at a send (and its recv will too).
+    wait_until("the departure reaches the client", || {
+        let b = client.alloc(8).unwrap();
+        matches!(client.send(old, b), Err(Error::Reset(p)) if p == old)
+    });
+    // Its slot is free again once the client let go of the channel.
+    wait_until("the manager frees the slot", || {
+        let s = mgr.snapshot();
+        s.stacks.len() == 1 && s.channels.is_empty()
+    });
+    let mut second = Stack::attach(&p).unwrap();
+    second.bind(addr).unwrap();
+    let new = client.connect(addr).unwrap();
+    assert_ne!(new, old, "the newcomer got the departed stack's id");
+    // The reset still queued is the old peer's, and names it.
+    match client.recv_timeout(std::time::Duration::from_secs(5)) {
+        Err(Error::Reset(p)) => assert_eq!(p, old),
+        other => panic!("expected the old peer's reset, got {other:?}"),
+    }
+    drop((client, second));
+}
