@@ -1248,8 +1248,6 @@ impl Net {
         }
     }
 
-    /// Whether the manager's liveness word says it is gone (one load; the
-    /// stack itself learns it at its next look at the control socket).
     /// Closes every connection of this net as dropping its stream would
     /// (a FIN, or a RST where data was left unread): what the exit handler
     /// does. Gives up if the lock stays taken until `deadline`.
@@ -1279,6 +1277,8 @@ impl Net {
         wake_all(&mut wake);
     }
 
+    /// Whether the manager's liveness word says it is gone (one load; the
+    /// stack itself learns it at its next look at the control socket).
     fn manager_died_now(&self) -> bool {
         crate::liveness::died(self.shared.seg.manager_alive())
     }
@@ -1554,13 +1554,15 @@ impl Net {
     }
 
     /// Connects to `addr`, which some process (this one included) listens
-    /// on. Fails with `ConnectionRefused` if nobody does.
+    /// on. Fails with `ConnectionRefused` if nobody does, or if the address
+    /// needs the manager to resolve and it is gone (the source error says
+    /// so: [`Error::ManagerGone`]).
     pub fn connect(&self, addr: impl ToSocketAddrs) -> io::Result<XioStream> {
         let mut last = None;
         for a in addr.to_socket_addrs()? {
             match self.connect_one(a, None) {
                 Ok(s) => return Ok(s),
-                Err(e) => last = Some(e),
+                Err(e) => last = Some(no_manager_refuses(e)),
             }
         }
         Err(last.unwrap_or_else(|| {
@@ -1571,6 +1573,7 @@ impl Net {
     /// Connects, waiting at most `timeout`.
     pub fn connect_timeout(&self, addr: &SocketAddr, timeout: Duration) -> io::Result<XioStream> {
         self.connect_one(*addr, Some(Instant::now() + timeout))
+            .map_err(no_manager_refuses)
     }
 
     fn connect_one(&self, addr: SocketAddr, deadline: Option<Instant>) -> io::Result<XioStream> {
@@ -1696,6 +1699,9 @@ impl Net {
                     let still = match g.stack.connect(addr) {
                         Ok(p) => p == peer,
                         Err(Error::Refused { .. }) => false,
+                        // Nobody to ask: wait on while the process lives
+                        // (it answers when it next looks at its rings).
+                        Err(Error::ManagerGone) => g.stack.peer_alive(peer),
                         Err(e) => return Err(stack_err(e)),
                     };
                     if !still {
@@ -2364,7 +2370,7 @@ impl std::fmt::Debug for XioStream {
     }
 }
 
-/// A connect on the process-wide net that found no manager (none ran, or
+/// A connect that found no manager to resolve its address (none ran, or
 /// it went away and none runs again): refused, as a TCP connect to a port
 /// nobody listens on (the stack's error, which says what happened, stays
 /// its source).

@@ -612,6 +612,18 @@ impl Stack {
     /// Fails with `Refused { code: ConnectionRefused }` if nobody bound it.
     pub fn connect(&mut self, addr: SocketAddr) -> Result<PeerId, Error> {
         self.check_not_forked()?;
+        // Deaths first: a peer the manager announced dead (or, with no
+        // manager, whose pidfd says so) loses its channel and with it its
+        // routes, so a service restarted on its address is asked for
+        // instead of the corpse (a stack that made no call since the death
+        // has not read the announcement yet).
+        match self.poll_ctrl_if_bumped() {
+            Ok(()) | Err(Error::ManagerGone) => {}
+            Err(e) => return Err(e),
+        }
+        if self.manager_gone || crate::liveness::died(self.seg.manager_alive()) {
+            self.reap_dead_peers();
+        }
         if let Some(&p) = self.resolved.get(&addr) {
             if self.by_peer.contains_key(&p) {
                 return Ok(PeerId(p));
@@ -914,8 +926,14 @@ impl Stack {
         }
     }
 
-    /// Moves whatever the rings hold into the inbox. Returns how many
-    /// descriptors were taken.
+    /// Whether `peer` still has a channel here, after closing those of
+    /// peers whose process exited (their pidfds): what a stack without a
+    /// manager can know of a peer.
+    pub(crate) fn peer_alive(&mut self, peer: PeerId) -> bool {
+        self.reap_dead_peers();
+        self.by_peer.contains_key(&peer.0)
+    }
+
     /// Handles control messages if the manager queued any.
     fn poll_ctrl_if_bumped(&mut self) -> Result<(), Error> {
         let seq = self.slot().ctrl_seq.load(Ordering::Acquire);
@@ -926,6 +944,8 @@ impl Stack {
         Ok(())
     }
 
+    /// Moves whatever the rings hold into the inbox. Returns how many
+    /// descriptors were taken.
     fn poll_rings(&mut self) -> Result<usize, Error> {
         self.check_not_forked()?;
         self.poll_ctrl_if_bumped()?;

@@ -41,6 +41,7 @@ fn child_main() {
         "global_client" => global_client(a[0].parse().unwrap()),
         "echo_and_hold" => echo_and_hold(&a[0], a[1].parse().unwrap()),
         "exits_holding" => exits_holding(&a[0], a[1].parse().unwrap()),
+        "echo_rebinding" => echo_rebinding(&a[0], a[1].parse().unwrap()),
         r => panic!("unknown role {r}"),
     }
 }
@@ -448,6 +449,92 @@ fn a_peer_dying_with_the_manager_still_resets() {
     let err = reader.join().unwrap().unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
     assert!(net.manager_gone());
+}
+
+/// With the manager dead, a connect to a service that died with it is
+/// refused at once (the service's pidfd says it exited), not taken over
+/// the dead channel and failed at the first read.
+#[test]
+fn a_connect_to_a_service_dead_with_the_manager_is_refused() {
+    if test_backend() == xio_core::manager::Backend::Dpdk {
+        eprintln!("skipped on the DPDK backend: the manager runs in the test process there");
+        return;
+    }
+    setup();
+    let p = prefix("deadsvc");
+    let addr: SocketAddr = "10.61.0.11:80".parse().unwrap();
+    let mut server = ChildProc::spawn(
+        "child_main",
+        "server_with_its_manager",
+        &[p.clone(), addr.to_string()],
+    );
+    server.expect("ready");
+    let net = Net::attach(&p).unwrap();
+    let mut held = net.connect(addr).unwrap();
+    held.write_all(b"hello").unwrap();
+    held.read_exact(&mut [0u8; 5]).unwrap();
+    server.kill9();
+    // The channel to the dead service is still here: nobody announced it.
+    let err = net.connect(addr).map(drop).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+}
+
+/// Role of `the_first_connect_after_a_service_restart_reaches_it`: binds
+/// `addr` as soon as the manager lets it (the previous holder's death may
+/// not be handled yet), then echoes one exchange per connection.
+fn echo_rebinding(prefix: &str, addr: SocketAddr) {
+    let net = Net::attach(prefix).unwrap();
+    let l = loop {
+        match net.listen(addr) {
+            Ok(l) => break l,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("listen: {e}"),
+        }
+    };
+    println!("XIO:ready");
+    for s in l.incoming() {
+        echo_one(s.unwrap());
+    }
+}
+
+fn echo_one(mut s: XioStream) {
+    let mut b = [0u8; 5];
+    if s.read_exact(&mut b).is_ok() {
+        let _ = s.write_all(&b);
+    }
+}
+
+/// A service is killed and started again on its address while a client
+/// makes no X-IO call: the client's first connect afterwards reaches the
+/// new process (its stack reads the manager's news of the death before it
+/// trusts its route), where it used to be refused once.
+#[test]
+fn the_first_connect_after_a_service_restart_reaches_it() {
+    let (mgr, p) = start("svcrestart");
+    let addr: SocketAddr = "10.61.0.12:80".parse().unwrap();
+    let args = [p.clone(), addr.to_string()];
+    let net = Net::attach(&p).unwrap();
+    let echo = |net: &Net| {
+        let mut s = net.connect(addr)?;
+        s.set_read_timeout(Some(WATCHDOG))?;
+        s.write_all(b"hello")?;
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b)?;
+        assert_eq!(&b, b"hello");
+        Ok::<_, std::io::Error>(())
+    };
+    let mut first = ChildProc::spawn("child_main", "echo_rebinding", &args);
+    first.expect("ready");
+    echo(&net).unwrap();
+    first.kill9();
+    let mut second = ChildProc::spawn("child_main", "echo_rebinding", &args);
+    second.expect("ready");
+    echo(&net).expect("the restarted service answers the first connect");
+    second.kill9();
+    drop(net);
+    wait_pool_whole(&mgr);
 }
 
 /// Role of `connect_with_no_manager_is_refused`: the process-wide net, on
