@@ -61,6 +61,28 @@ pub enum ManagerError {
     },
 }
 
+/// So `Manager::builder(..).spawn()?` works in a function returning
+/// `io::Result` (a `main`, say): the kind says what went wrong, the
+/// manager's error is the source.
+///
+/// ```no_run
+/// fn main() -> std::io::Result<()> {
+///     let _manager = xio_core::Manager::builder("xio").spawn()?;
+///     Ok(())
+/// }
+/// ```
+impl From<ManagerError> for io::Error {
+    fn from(e: ManagerError) -> io::Error {
+        let kind = match &e {
+            ManagerError::AlreadyRunning { .. } => io::ErrorKind::AddrInUse,
+            ManagerError::BadPrefix(_) => io::ErrorKind::InvalidInput,
+            ManagerError::Io { err, .. } => err.kind(),
+            ManagerError::Segment(_) | ManagerError::Dpdk(_) => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ManagerError {
     let what = what.into();
     move |err| ManagerError::Io { what, err }
