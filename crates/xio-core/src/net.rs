@@ -1962,6 +1962,29 @@ impl Net {
                         Err(e) => return Try::Done(Err(stack_err(e))),
                     }
                 }
+                if buf.is_none() {
+                    // Every class from the wanted one down is empty:
+                    // readers that do not read may hold them for good. A
+                    // larger buffer, as credit allows, rather than a wait
+                    // on them (a small class must not be a way for one
+                    // stalled service to stop every other's writes).
+                    let credit = core.table.credit_left(c);
+                    let above = self.class_for(want);
+                    for &s in self.shared.classes.iter() {
+                        if s <= above || s > credit {
+                            continue;
+                        }
+                        match core.stack.try_alloc(s) {
+                            Ok(b) => {
+                                buf = Some(b);
+                                len = want;
+                                break;
+                            }
+                            Err(Error::WouldBlock) => {}
+                            Err(e) => return Try::Done(Err(stack_err(e))),
+                        }
+                    }
+                }
                 let Some(mut buf) = buf else {
                     return park(core, &mut peer_used, Try::Retry);
                 };

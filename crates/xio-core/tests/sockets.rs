@@ -1584,6 +1584,53 @@ fn event_loop_server_sees_every_reset_of_a_killed_client() {
 /// A pool far smaller than the window: writers wait for buffers (falling
 /// back to smaller classes first) while the reader is slow, and every byte
 /// arrives once it reads.
+/// A connection whose reader stopped reading can hold a whole buffer
+/// class (its window of unread data is larger than the class): another
+/// connection's small writes then take buffers of a larger class instead
+/// of waiting for a reader that may never read.
+#[test]
+fn a_stalled_reader_holding_a_class_does_not_stop_other_writes() {
+    setup();
+    let p = prefix("stalled");
+    let mgr = manager_builder(&p)
+        .pool(xio_core::layout::PoolConfig {
+            classes: vec![(2 << 10, 64), (64 << 10, 64)],
+            ..Default::default()
+        })
+        .spawn()
+        .unwrap();
+    let srv = Net::attach(&p).unwrap();
+    let cli = Net::attach(&p).unwrap();
+    let stalled = srv.listen("10.3.0.10:80").unwrap();
+    let c = cli.connect("10.3.0.10:80").unwrap();
+    let never_read = accept_soon(&stalled);
+    c.set_nonblocking(true).unwrap();
+    let chunk = [7u8; 2048];
+    let mut unread = 0;
+    loop {
+        match (&c).write(&chunk) {
+            Ok(n) => unread += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+    assert_eq!(mgr.usage()[0].free, 0, "the small class is held unread");
+    assert!(unread > 64 * 2048, "writes went on in larger buffers");
+    let echo = srv.listen("10.3.0.11:80").unwrap();
+    let server = std::thread::spawn(move || echo_one(echo.accept().unwrap().0));
+    let mut s = cli.connect("10.3.0.11:80").unwrap();
+    s.set_read_timeout(Some(WATCHDOG)).unwrap();
+    s.set_write_timeout(Some(WATCHDOG)).unwrap();
+    s.write_all(b"hello").unwrap();
+    let mut b = [0u8; 5];
+    s.read_exact(&mut b)
+        .expect("an echo while the small class is held");
+    assert_eq!(&b, b"hello");
+    server.join().unwrap();
+    drop((s, c, never_read, stalled, cli, srv));
+    wait_pool_whole(&mgr);
+}
+
 #[test]
 fn pool_exhaustion_is_a_wait_not_an_error() {
     setup();
