@@ -205,6 +205,30 @@ impl Buf {
         self.len == 0
     }
 
+    /// Appends `bytes` in the buffer's spare capacity if they fit; false
+    /// (and nothing written) if not. The socket layer packs small received
+    /// chunks this way while a reader lags.
+    pub(crate) fn append(&mut self, bytes: &[u8]) -> bool {
+        let used = self.off + self.len;
+        if self.cap - used < bytes.len() {
+            return false;
+        }
+        // SAFETY: we hold the buffer (state HELD, owner us): nobody else
+        // reads or writes it, and `&mut self` means no slice of ours is
+        // borrowed either. `used + bytes.len() <= cap` keeps the copy
+        // inside the buffer; `bytes` is not in it (it is borrowed while
+        // we are mutably borrowed).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.ptr.add(self.len).cast_mut(),
+                bytes.len(),
+            );
+        }
+        self.len += bytes.len();
+        true
+    }
+
     /// Makes the buffer writable again without a new allocation: the
     /// L2-forwarder pattern (receive, rewrite a header, send on).
     pub fn into_mut(self) -> BufMut {

@@ -46,6 +46,12 @@ pub(crate) fn as_uninit(out: &mut [u8]) -> &mut [std::mem::MaybeUninit<u8>] {
 pub trait Chunk: AsRef<[u8]> {
     /// Bytes of pool memory this chunk holds.
     fn footprint(&self) -> usize;
+    /// Appends `other`'s bytes to this chunk's if they fit in the memory
+    /// it already holds (then `other` can go). Never, by default.
+    fn absorb(&mut self, other: &Self) -> bool {
+        let _ = other;
+        false
+    }
 }
 
 impl Chunk for Vec<u8> {
@@ -57,6 +63,9 @@ impl Chunk for Vec<u8> {
 impl Chunk for crate::buf::Buf {
     fn footprint(&self) -> usize {
         self.capacity()
+    }
+    fn absorb(&mut self, other: &Self) -> bool {
+        self.append(other)
     }
 }
 
@@ -560,6 +569,20 @@ impl<B: Chunk> Table<B> {
             // A sender that ignores its window only hurts itself: its
             // excess waits here, and `unacked` is capped when credited.
             let _ = window;
+            // A reader that lags: pack the bytes into the last chunk's
+            // spare room and let this buffer go (credited now), so the
+            // window counts bytes rather than buffers. Otherwise a
+            // thousand 10-byte writes hold a thousand 2 KiB buffers, fill
+            // the window, and a pipelining peer that reads only after it
+            // has written deadlocks with its server.
+            if let Some(last) = e.rx.back_mut() {
+                if last.absorb(&buf) {
+                    let n = buf.footprint();
+                    drop(buf);
+                    self.consumed(local, n);
+                    return;
+                }
+            }
             e.rx.push_back(buf);
             self.actions.push_back(Action::Readable(local));
         } else if e.state == State::Established {
@@ -1057,6 +1080,10 @@ mod tests {
 
     /// Two tables wired back to back: `c` on stack 1, `s` on stack 2.
     fn handshake() -> (Table<Vec<u8>>, Table<Vec<u8>>, ConnId, ConnId) {
+        handshake_of()
+    }
+
+    fn handshake_of<B: Chunk>() -> (Table<B>, Table<B>, ConnId, ConnId) {
         let mut c = Table::new(64);
         let mut s = Table::new(64);
         s.listen(a(80), 16).unwrap();
@@ -1121,6 +1148,73 @@ mod tests {
         assert_eq!(s.read(sid, &mut buf), Ok(0), "end of stream");
         // Half-close: the server can still write back.
         assert!(s.send_target(sid).is_ok());
+    }
+
+    /// A chunk with room to spare, as a pool buffer has.
+    struct Roomy(Vec<u8>);
+
+    impl AsRef<[u8]> for Roomy {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+
+    impl Chunk for Roomy {
+        fn footprint(&self) -> usize {
+            16
+        }
+        fn absorb(&mut self, other: &Self) -> bool {
+            let fits = self.0.len() + other.0.len() <= 16;
+            if fits {
+                self.0.extend_from_slice(&other.0);
+            }
+            fits
+        }
+    }
+
+    /// Chunks that arrive while others wait unread are packed into them
+    /// and credited back at once; the bytes read come out in order, and
+    /// every footprint is credited exactly once.
+    #[test]
+    fn queued_small_chunks_are_packed_and_credited() {
+        let (mut c, mut s, cid, sid) = handshake_of::<Roomy>();
+        let w = c.window();
+        let mut sent = Vec::new();
+        // Unpacked, the window (64) holds 4 chunks; packed five to a
+        // chunk (each packed one credited back at once), 16 get through.
+        assert_eq!(w, 64);
+        for i in 0..16u8 {
+            c.take_credit(cid, 16).unwrap();
+            s.on_data(PeerId(1), sid, Roomy(vec![i; 3]));
+            sent.extend([i; 3]);
+            for act in actions(&mut s) {
+                if let Action::Control {
+                    kind: kind::CREDIT,
+                    arg,
+                    ..
+                } = act
+                {
+                    c.on_credit(PeerId(2), cid, arg);
+                }
+            }
+        }
+        let mut got = Vec::new();
+        let mut out = [0u8; 7];
+        while let Ok(n) = s.read(sid, &mut out) {
+            got.extend_from_slice(&out[..n]);
+        }
+        assert_eq!(got, sent);
+        for act in actions(&mut s) {
+            if let Action::Control {
+                kind: kind::CREDIT,
+                arg,
+                ..
+            } = act
+            {
+                c.on_credit(PeerId(2), cid, arg);
+            }
+        }
+        assert_eq!(c.credit_left(cid), w, "every footprint credited back");
     }
 
     #[test]

@@ -1631,6 +1631,49 @@ fn a_stalled_reader_holding_a_class_does_not_stop_other_writes() {
     wait_pool_whole(&mgr);
 }
 
+/// A client pipelines many small requests and reads the replies only
+/// after writing them all (a Redis pipeline, `Framed::send` in a loop).
+/// Each write takes a buffer, and a window counts buffer capacity: the
+/// replies the client has not read yet are packed into the buffers
+/// already queued, or a thousand 10-byte replies would fill its window,
+/// the server would stop reading, and both would wait for ever.
+#[test]
+fn pipelined_small_writes_do_not_fill_the_window() {
+    setup();
+    let p = prefix("pipeline");
+    let mgr = manager_builder(&p).spawn().unwrap();
+    const N: usize = 20_000;
+    let srv = Net::attach(&p).unwrap();
+    let cli = Net::attach(&p).unwrap();
+    let l = srv.listen("10.3.0.12:80").unwrap();
+    let server = std::thread::spawn(move || {
+        let mut s = l.accept().unwrap().0;
+        s.set_write_timeout(Some(WATCHDOG)).unwrap();
+        let mut req = [0u8; 10];
+        for _ in 0..N {
+            s.read_exact(&mut req).unwrap();
+            s.write_all(&req).unwrap();
+        }
+    });
+    let mut c = cli.connect("10.3.0.12:80").unwrap();
+    c.set_write_timeout(Some(WATCHDOG)).unwrap();
+    c.set_read_timeout(Some(WATCHDOG)).unwrap();
+    for i in 0..N {
+        let mut m = [b'.'; 10];
+        m[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        c.write_all(&m)
+            .expect("the window filled with unread replies");
+    }
+    let mut got = vec![0u8; 10 * N];
+    c.read_exact(&mut got).unwrap();
+    for (i, m) in got.chunks(10).enumerate() {
+        assert_eq!(m[..8], (i as u64).to_le_bytes(), "reply {i}");
+    }
+    server.join().unwrap();
+    drop((c, cli, srv));
+    wait_pool_whole(&mgr);
+}
+
 #[test]
 fn pool_exhaustion_is_a_wait_not_an_error() {
     setup();
