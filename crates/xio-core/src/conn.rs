@@ -1187,16 +1187,7 @@ mod tests {
             c.take_credit(cid, 16).unwrap();
             s.on_data(PeerId(1), sid, Roomy(vec![i; 3]));
             sent.extend([i; 3]);
-            for act in actions(&mut s) {
-                if let Action::Control {
-                    kind: kind::CREDIT,
-                    arg,
-                    ..
-                } = act
-                {
-                    c.on_credit(PeerId(2), cid, arg);
-                }
-            }
+            pass_credits(&mut s, &mut c, cid);
         }
         let mut got = Vec::new();
         let mut out = [0u8; 7];
@@ -1204,7 +1195,13 @@ mod tests {
             got.extend_from_slice(&out[..n]);
         }
         assert_eq!(got, sent);
-        for act in actions(&mut s) {
+        pass_credits(&mut s, &mut c, cid);
+        assert_eq!(c.credit_left(cid), w, "every footprint credited back");
+    }
+
+    /// Hands the credits `s` (stack 2) owes to `c` (stack 1) for `cid`.
+    fn pass_credits<B: Chunk>(s: &mut Table<B>, c: &mut Table<B>, cid: ConnId) {
+        for act in actions(s) {
             if let Action::Control {
                 kind: kind::CREDIT,
                 arg,
@@ -1214,7 +1211,6 @@ mod tests {
                 c.on_credit(PeerId(2), cid, arg);
             }
         }
-        assert_eq!(c.credit_left(cid), w, "every footprint credited back");
     }
 
     #[test]

@@ -416,19 +416,16 @@ fn server_with_its_manager(prefix: &str, addr: SocketAddr) {
     }
 }
 
-/// A service with its manager embedded is killed -9: the manager dies with
-/// it, so none is left to announce the death. The client, blocked in a
-/// read, still gets a reset (it looks at the peer's pidfd on its liveness
-/// tick) instead of waiting forever.
-#[test]
-fn a_peer_dying_with_the_manager_still_resets() {
+/// A `server_with_its_manager` child on `addr`, and a net of this process
+/// with one connection to it that has echoed once (a read timeout as its
+/// watchdog). None on DPDK, where the manager runs in the test process.
+fn service_with_its_manager(test: &str, addr: SocketAddr) -> Option<(ChildProc, Net, XioStream)> {
     if test_backend() == xio_core::manager::Backend::Dpdk {
         eprintln!("skipped on the DPDK backend: the manager runs in the test process there");
-        return;
+        return None;
     }
     setup();
-    let p = prefix("withmgr");
-    let addr: SocketAddr = "10.61.0.6:80".parse().unwrap();
+    let p = prefix(test);
     let mut server = ChildProc::spawn(
         "child_main",
         "server_with_its_manager",
@@ -443,6 +440,19 @@ fn a_peer_dying_with_the_manager_still_resets() {
     let mut b = [0u8; 5];
     s.read_exact(&mut b).unwrap();
     assert_eq!(&b, b"hello");
+    Some((server, net, s))
+}
+
+/// A service with its manager embedded is killed -9: the manager dies with
+/// it, so none is left to announce the death. The client, blocked in a
+/// read, still gets a reset (it looks at the peer's pidfd on its liveness
+/// tick) instead of waiting forever.
+#[test]
+fn a_peer_dying_with_the_manager_still_resets() {
+    let addr: SocketAddr = "10.61.0.6:80".parse().unwrap();
+    let Some((mut server, net, mut s)) = service_with_its_manager("withmgr", addr) else {
+        return;
+    };
     let reader = std::thread::spawn(move || s.read(&mut [0u8; 8]));
     std::thread::sleep(Duration::from_millis(20)); // let it block (either way)
     server.kill9();
@@ -456,23 +466,10 @@ fn a_peer_dying_with_the_manager_still_resets() {
 /// the dead channel and failed at the first read.
 #[test]
 fn a_connect_to_a_service_dead_with_the_manager_is_refused() {
-    if test_backend() == xio_core::manager::Backend::Dpdk {
-        eprintln!("skipped on the DPDK backend: the manager runs in the test process there");
-        return;
-    }
-    setup();
-    let p = prefix("deadsvc");
     let addr: SocketAddr = "10.61.0.11:80".parse().unwrap();
-    let mut server = ChildProc::spawn(
-        "child_main",
-        "server_with_its_manager",
-        &[p.clone(), addr.to_string()],
-    );
-    server.expect("ready");
-    let net = Net::attach(&p).unwrap();
-    let mut held = net.connect(addr).unwrap();
-    held.write_all(b"hello").unwrap();
-    held.read_exact(&mut [0u8; 5]).unwrap();
+    let Some((mut server, net, _held)) = service_with_its_manager("deadsvc", addr) else {
+        return;
+    };
     server.kill9();
     // The channel to the dead service is still here: nobody announced it.
     let err = net.connect(addr).map(drop).unwrap_err();
