@@ -3082,6 +3082,14 @@ impl XioStream {
         self.poll_read_op(cx, |core, wake, c| core.read_step(wake, c, out))
     }
 
+    /// Peeks if bytes (or end of stream, or an error) are there, else
+    /// registers the task: [`XioStream::peek`] for adapters. What it
+    /// copies stays to be read, and an error it reports (a reset) is
+    /// reported again by the next read.
+    pub fn poll_peek(&self, cx: &mut Context<'_>, out: &mut [u8]) -> Poll<io::Result<usize>> {
+        self.poll_read_op(cx, |core, wake, c| core.peek_step(wake, c, out))
+    }
+
     /// [`Net::poll_op`] for a read, returning `Pending` without the lock
     /// when the task's waker is still registered (see [`ReadSignal`]).
     fn poll_read_op<R>(

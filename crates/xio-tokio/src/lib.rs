@@ -545,6 +545,53 @@ impl XioStream {
         Ok(())
     }
 
+    /// Always true: nothing is ever delayed.
+    pub fn nodelay(&self) -> io::Result<bool> {
+        Ok(true)
+    }
+
+    /// Always `None`: errors are reported by the calls they concern.
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        Ok(None)
+    }
+
+    /// Receives into `buf` without taking the bytes off the stream (as
+    /// `TcpStream::peek`): the next read returns them again. Waits for
+    /// data; `Ok(0)` is end of stream.
+    pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        std::future::poll_fn(|cx| self.poll_peek(cx, buf)).await
+    }
+
+    /// Polls [`XioStream::peek`].
+    pub fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+        pending_needs_driver(self.inner.net(), self.inner.poll_peek(cx, buf))
+    }
+
+    /// Waits until a read would not wait: bytes, end of stream or an
+    /// error are there (as `TcpStream::readable`; then use
+    /// [`XioStream::try_read`]).
+    pub async fn readable(&self) -> io::Result<()> {
+        let mut one = [0u8; 1];
+        match std::future::poll_fn(|cx| self.poll_peek(cx, &mut one)).await {
+            // The error itself is the next read's to report.
+            Ok(_) | Err(_) => Ok(()),
+        }
+    }
+
+    /// Reads what is there without waiting: `WouldBlock` if nothing is
+    /// (as `TcpStream::try_read`), `Ok(0)` at end of stream.
+    pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::io::Read;
+        (&self.inner).read(buf)
+    }
+
+    /// Writes what the window and the pool take now, without waiting:
+    /// `WouldBlock` if nothing can go (as `TcpStream::try_write`).
+    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        use std::io::Write;
+        (&self.inner).write(buf)
+    }
+
     /// The next received pool buffer itself, without a copy (`None`: end
     /// of stream). Cancellation safe.
     pub async fn recv_buf(&self) -> io::Result<Option<Buf>> {

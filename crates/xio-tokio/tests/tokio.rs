@@ -734,3 +734,58 @@ fn listener_from_std_keeps_its_backlog() {
         .expect("watchdog");
     });
 }
+
+/// The readiness style of tokio's `TcpStream`: wait with `readable`, take
+/// what is there with `try_read` until `WouldBlock`; `peek` leaves bytes
+/// for the next read; `try_write` writes without waiting. A reset seen by
+/// `readable` is the next read's to report.
+#[test]
+fn readable_try_read_peek_and_try_write() {
+    let (_mgr, p) = setup("readiness");
+    rt(1).block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, "10.4.0.9:80").unwrap();
+        let c = XioStream::connect_with(&cli, "10.4.0.9:80").await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let mut buf = [0u8; 64];
+        assert_eq!(
+            s.try_read(&mut buf).unwrap_err().kind(),
+            std::io::ErrorKind::WouldBlock
+        );
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 3];
+            while got.len() < 11 {
+                s.readable().await.unwrap();
+                loop {
+                    match s.try_read(&mut buf) {
+                        Ok(0) => panic!("end of stream too early"),
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                        Err(e) => panic!("try_read: {e}"),
+                    }
+                }
+            }
+            assert_eq!(got, b"hello world");
+            // Peeked bytes are read again.
+            let mut two = [0u8; 2];
+            assert_eq!(s.peek(&mut two).await.unwrap(), 2);
+            assert_eq!(&two, b"!!");
+            let mut all = [0u8; 8];
+            assert_eq!(s.try_read(&mut all).unwrap(), 2);
+            assert_eq!(&all[..2], b"!!");
+            s
+        });
+        assert_eq!(c.try_write(b"hello ").unwrap(), 6);
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        assert_eq!(c.try_write(b"world").unwrap(), 5);
+        // Most likely after the reader began to wait in `peek`: it must
+        // wake (and if not, the bytes are simply there when it looks).
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        assert_eq!(c.try_write(b"!!").unwrap(), 2);
+        let s = reader.await.unwrap();
+        drop(s);
+        drop(c);
+    });
+}
