@@ -1700,8 +1700,15 @@ impl Net {
                         Ok(p) => p == peer,
                         Err(Error::Refused { .. }) => false,
                         // Nobody to ask: wait on while the process lives
-                        // (it answers when it next looks at its rings).
-                        Err(Error::ManagerGone) => g.stack.peer_alive(peer),
+                        // (it answers when it next looks at its rings),
+                        // and keep the route, the only one there is.
+                        Err(Error::ManagerGone) => {
+                            let alive = g.stack.peer_alive(peer);
+                            if alive {
+                                g.stack.remember_resolution(addr, peer);
+                            }
+                            alive
+                        }
                         Err(e) => return Err(stack_err(e)),
                     };
                     if !still {

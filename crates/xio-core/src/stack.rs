@@ -619,7 +619,9 @@ impl Stack {
         // has not read the announcement yet).
         match self.poll_ctrl_if_bumped() {
             Ok(()) | Err(Error::ManagerGone) => {}
-            Err(e) => return Err(e),
+            // Trouble with some other message is no reason to fail this
+            // connect (it would have succeeded before looking).
+            Err(e) => tracing::warn!(error = %e, "control message from the manager not handled"),
         }
         if self.manager_gone || crate::liveness::died(self.seg.manager_alive()) {
             self.reap_dead_peers();
@@ -932,6 +934,12 @@ impl Stack {
     pub(crate) fn peer_alive(&mut self, peer: PeerId) -> bool {
         self.reap_dead_peers();
         self.by_peer.contains_key(&peer.0)
+    }
+
+    /// Records that `addr` resolves to `peer` (a route the caller forgot
+    /// but found still good).
+    pub(crate) fn remember_resolution(&mut self, addr: SocketAddr, peer: PeerId) {
+        self.resolved.insert(addr, peer.0);
     }
 
     /// Handles control messages if the manager queued any.

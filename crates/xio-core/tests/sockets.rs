@@ -42,6 +42,7 @@ fn child_main() {
         "echo_and_hold" => echo_and_hold(&a[0], a[1].parse().unwrap()),
         "exits_holding" => exits_holding(&a[0], a[1].parse().unwrap()),
         "echo_rebinding" => echo_rebinding(&a[0], a[1].parse().unwrap()),
+        "slow_acceptor" => slow_acceptor(&a[0], a[1].parse().unwrap()),
         r => panic!("unknown role {r}"),
     }
 }
@@ -496,6 +497,66 @@ fn echo_rebinding(prefix: &str, addr: SocketAddr) {
     }
 }
 
+/// One 5-byte exchange with an `echo_one` server at `addr`.
+fn echo_via(net: &Net, addr: SocketAddr) -> std::io::Result<()> {
+    let mut s = net.connect(addr)?;
+    s.set_read_timeout(Some(WATCHDOG))?;
+    s.write_all(b"hello")?;
+    let mut b = [0u8; 5];
+    s.read_exact(&mut b)?;
+    assert_eq!(&b, b"hello");
+    Ok(())
+}
+
+/// Role of `without_a_manager_a_slow_listener_keeps_its_route`: looks for
+/// connections only every 20 ms (so a SYN waits longer than a client's
+/// first check), echoing one exchange on each.
+fn slow_acceptor(prefix: &str, addr: SocketAddr) {
+    let net = Net::attach(prefix).unwrap();
+    let l = net.listen(addr).unwrap();
+    l.set_nonblocking(true).unwrap();
+    println!("XIO:ready");
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).unwrap();
+                echo_one(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
+/// With the manager gone, a client whose SYN waits on a live but slow
+/// listener cannot ask the manager whether the address still belongs to
+/// it; it waits on while the process lives, and keeps its route: every
+/// later connect reaches the listener too (it used to be refused, the
+/// route forgotten for an answer that never came).
+#[test]
+fn without_a_manager_a_slow_listener_keeps_its_route() {
+    if !manager_restarts_in_process() {
+        return;
+    }
+    let (mgr, p) = start("slowsyn");
+    let addr: SocketAddr = "10.61.0.13:80".parse().unwrap();
+    let mut server = ChildProc::spawn(
+        "child_main",
+        "slow_acceptor",
+        &[p.clone(), addr.to_string()],
+    );
+    server.expect("ready");
+    let net = Net::attach(&p).unwrap();
+    echo_via(&net, addr).unwrap();
+    mgr.stop();
+    wait_until("the client sees the manager gone", || net.manager_gone());
+    for i in 0..3 {
+        echo_via(&net, addr).unwrap_or_else(|e| panic!("connect {i} without a manager: {e}"));
+    }
+    server.kill9();
+}
+
 fn echo_one(mut s: XioStream) {
     let mut b = [0u8; 5];
     if s.read_exact(&mut b).is_ok() {
@@ -513,22 +574,13 @@ fn the_first_connect_after_a_service_restart_reaches_it() {
     let addr: SocketAddr = "10.61.0.12:80".parse().unwrap();
     let args = [p.clone(), addr.to_string()];
     let net = Net::attach(&p).unwrap();
-    let echo = |net: &Net| {
-        let mut s = net.connect(addr)?;
-        s.set_read_timeout(Some(WATCHDOG))?;
-        s.write_all(b"hello")?;
-        let mut b = [0u8; 5];
-        s.read_exact(&mut b)?;
-        assert_eq!(&b, b"hello");
-        Ok::<_, std::io::Error>(())
-    };
     let mut first = ChildProc::spawn("child_main", "echo_rebinding", &args);
     first.expect("ready");
-    echo(&net).unwrap();
+    echo_via(&net, addr).unwrap();
     first.kill9();
     let mut second = ChildProc::spawn("child_main", "echo_rebinding", &args);
     second.expect("ready");
-    echo(&net).expect("the restarted service answers the first connect");
+    echo_via(&net, addr).expect("the restarted service answers the first connect");
     second.kill9();
     drop(net);
     wait_pool_whole(&mgr);
