@@ -438,8 +438,8 @@ xio_result xio_dial(struct xio_net *net, const char *addr, struct xio_stream **o
  * Closes the stream and frees the handle (NULL is a no-op): the peer
  * reads end of stream after the data already written (or a reset, if
  * data sent to us was left unread). A process that calls `exit()` (or
- * returns from `main`) with streams open has them closed this way by an
- * `atexit` handler; one killed by a signal resets them.
+ * returns from `main`) with streams open has them closed this way, after
+ * its own `atexit` handlers ran; one killed by a signal resets them.
  *
  * # Safety
  * `stream` is NULL or a stream handle no other thread uses, not used after.

@@ -66,10 +66,13 @@
 //! `std::process::exit`, or C's `exit`) with connections still open closes
 //! them as a socket's would be closed at exit: a FIN each (a RST where
 //! received data was left unread), so its peers read end of stream after
-//! its last bytes, not a reset. This runs from an `atexit` handler and is
-//! best effort (a net whose lock another thread keeps for 50 ms is left
-//! to the manager). A process killed by a signal runs no handler: its
-//! peers get a reset (the manager announces the death) after what it sent.
+//! its last bytes, not a reset. This runs last at exit (after the
+//! program's `atexit` handlers and destructors, which still find their
+//! streams open) and is best effort (a net whose lock another thread keeps
+//! for 50 ms is left to the manager; other threads still running then see
+//! their streams closed). A process killed by a signal runs no handler:
+//! its peers get a reset (the manager announces the death) after what it
+//! sent.
 
 use std::collections::VecDeque;
 
@@ -219,51 +222,64 @@ impl NetBuilder {
     }
 }
 
-/// How long the exit handler tries for a net's lock before leaving that
-/// net's connections to the manager (another thread may be stopped for
-/// good while it holds it).
+/// How long the exit handler tries for a net's lock, and to push what
+/// waits for ring space, before leaving that net's connections to the
+/// manager (another thread may be stopped for good while it holds it).
 const EXIT_LOCK_WAIT: Duration = Duration::from_millis(50);
 
 /// Every net this process attached, with the process (fork generation)
 /// that attached it, for [`close_at_exit`].
 static LIVE: Mutex<Vec<(crate::fork::Birth, WeakNet)>> = Mutex::new(Vec::new());
 
-/// Notes `net` for the exit handler, installing that at the first call.
+/// Notes `net` for the exit handler.
 fn close_at_exit_register(net: &Net) {
-    static HOOK: std::sync::Once = std::sync::Once::new();
-    HOOK.call_once(|| {
-        // SAFETY: `atexit` only records the address of a function that
-        // lives as long as the process (this library is not unloaded).
-        if unsafe { libc::atexit(close_at_exit) } != 0 {
-            tracing::debug!("atexit refused: connections open at exit will be reset");
-        }
-    });
     let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
     live.retain(|(born, w)| !born.forked() && w.0.strong_count() > 0);
     live.push((crate::fork::Birth::now(), net.downgrade()));
 }
 
+/// [`close_at_exit`] as a `.fini_array` entry: `exit` runs those after
+/// every `atexit` handler and C++ destructor of the program (glibc's
+/// `_dl_fini`), so the program's own cleanup at exit still finds its
+/// connections open, as it would find its sockets. (An `atexit` handler
+/// registered at the first attach ran before the handlers registered
+/// earlier.)
+#[used]
+#[link_section = ".fini_array"]
+static CLOSE_AT_EXIT: extern "C" fn() = close_at_exit;
+
 /// At exit, closes every connection still open, as the kernel closes a
 /// process's sockets: peers then read end of stream, not a reset. Other
-/// threads still run while `exit` calls this, so it only tries each lock
-/// for a while; nothing here may unwind into C.
+/// threads still run while `exit` calls this (their calls on the closed
+/// streams fail from then on), so it only tries each lock for a while;
+/// nothing here may unwind into C.
 extern "C" fn close_at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let deadline = Instant::now() + EXIT_LOCK_WAIT;
-        let nets: Vec<Net> = loop {
-            match LIVE.try_lock() {
-                Ok(live) => break live_nets(&live),
-                Err(std::sync::TryLockError::Poisoned(e)) => break live_nets(&e.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
-                    std::thread::yield_now();
-                }
-                Err(std::sync::TryLockError::WouldBlock) => return,
-            }
+        let Some(live) = lock_until(&LIVE, deadline) else {
+            return;
         };
+        let nets = live_nets(&live);
+        drop(live);
         for n in nets {
             n.close_all(deadline.max(Instant::now() + EXIT_LOCK_WAIT));
         }
     });
+}
+
+/// `m` locked, trying until `deadline` (poisoned counts as locked: at
+/// exit, what a panicked thread left is still worth closing).
+fn lock_until<T>(m: &Mutex<T>, deadline: Instant) -> Option<MutexGuard<'_, T>> {
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::yield_now();
+            }
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        }
+    }
 }
 
 /// The nets of [`LIVE`] still alive and attached by this process (a
@@ -1250,17 +1266,11 @@ impl Net {
 
     /// Closes every connection of this net as dropping its stream would
     /// (a FIN, or a RST where data was left unread): what the exit handler
-    /// does. Gives up if the lock stays taken until `deadline`.
+    /// does. Gives up if the lock stays taken until `deadline`, and stops
+    /// pushing what waits for ring space then.
     fn close_all(&self, deadline: Instant) {
-        let mut g = loop {
-            match self.shared.core.try_lock() {
-                Ok(g) => break g,
-                Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
-                    std::thread::yield_now();
-                }
-                Err(std::sync::TryLockError::WouldBlock) => return,
-            }
+        let Some(mut g) = lock_until(&self.shared.core, deadline) else {
+            return;
         };
         if g.stack.forked() {
             return;
@@ -1273,6 +1283,11 @@ impl Net {
             g.table.close(c);
         }
         g.run_actions(&mut wake);
+        // FINs behind a full ring: give the peer a little time to make
+        // room, or it gets a reset (and loses what was queued before).
+        while !g.flush_pending() && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
         drop(g);
         wake_all(&mut wake);
     }

@@ -68,9 +68,20 @@ fn manager_restarts_in_process() -> bool {
 /// connections, writes on both, and exits (when told) without closing
 /// either, as a program calling `std::process::exit` does.
 fn exits_holding(prefix: &str, addr: SocketAddr) {
+    static BYE: std::sync::OnceLock<XioStream> = std::sync::OnceLock::new();
+    extern "C" fn say_bye() {
+        if let Some(s) = BYE.get() {
+            let _ = (&*s).write_all(b", bye");
+        }
+    }
+    // Registered before the first attach: exit runs it after the
+    // connection closing would have, were that an `atexit` handler too.
+    // SAFETY: registers a function that lives as long as the process.
+    assert_eq!(unsafe { libc::atexit(say_bye) }, 0);
     let net = Net::attach(prefix).unwrap();
     let mut a = net.connect(addr).unwrap();
     a.write_all(b"last words").unwrap();
+    BYE.set(a.try_clone().unwrap()).unwrap();
     let mut b = net.connect(addr).unwrap();
     b.write_all(b"b").unwrap();
     println!("XIO:connected");
@@ -114,7 +125,10 @@ fn a_process_exiting_with_open_streams_closes_them() {
     let mut rest = Vec::new();
     a.read_to_end(&mut rest)
         .expect("end of stream, not a reset");
-    assert_eq!(rest, b"ast words");
+    assert_eq!(
+        rest, b"ast words, bye",
+        "the program's own exit handler wrote first"
+    );
     let err = b.read(&mut [0u8; 8]).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
     child.wait_success();
