@@ -213,11 +213,15 @@ impl Buf {
         if self.cap - used < bytes.len() {
             return false;
         }
-        // SAFETY: we hold the buffer (state HELD, owner us): nobody else
-        // reads or writes it, and `&mut self` means no slice of ours is
-        // borrowed either. `used + bytes.len() <= cap` keeps the copy
-        // inside the buffer; `bytes` is not in it (it is borrowed while
-        // we are mutably borrowed).
+        // SAFETY: this `Buf` is the only handle to its buffer (the pool
+        // hands each buffer to one owner: `accept` takes a received one
+        // from INFLIGHT to HELD once, and a loopback one is a frozen
+        // `BufMut` of ours), so nobody else reads or writes it, and
+        // `&mut self` means no slice of it is borrowed. `self.ptr` is the
+        // buffer's start plus `off`, and `off + len + bytes.len() <= cap`
+        // (checked above) keeps the copy inside it. `bytes` is not in
+        // this buffer: no other handle to it exists to lend a slice, and
+        // `self` lends none while mutably borrowed.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 bytes.as_ptr(),

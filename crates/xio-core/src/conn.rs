@@ -579,6 +579,9 @@ impl<B: Chunk> Table<B> {
                 if last.absorb(&buf) {
                     let n = buf.footprint();
                     drop(buf);
+                    // New bytes, a new readiness event (as epoll's edge
+                    // triggering gives for every arrival).
+                    self.actions.push_back(Action::Readable(local));
                     self.consumed(local, n);
                     return;
                 }

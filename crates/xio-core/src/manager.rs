@@ -664,7 +664,7 @@ impl Manager {
             .and_then(|p| {
                 rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
             });
-        let max = u32::from(self.seg.max_stacks() as u16);
+        let max = self.seg.max_stacks();
         let free = (1..=max)
             .map(|k| ((u32::from(self.last_id) + k - 1) % max + 1) as u16)
             .find(|&id| {

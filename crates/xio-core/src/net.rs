@@ -1998,8 +1998,10 @@ impl Net {
                         }
                         match core.stack.try_alloc(s) {
                             Ok(b) => {
+                                // Fill it: one scarce large buffer, not
+                                // one per small piece.
                                 buf = Some(b);
-                                len = want;
+                                len = (total - written).min(s);
                                 break;
                             }
                             Err(Error::WouldBlock) => {}
