@@ -1678,12 +1678,15 @@ fn a_stalled_reader_holding_a_class_does_not_stop_other_writes() {
     assert!(unread > 64 * 2048, "writes went on in larger buffers");
     // A 10 KiB write now fills one large buffer, not five at 2 KiB each.
     // (The accept drains the server's rings first: what it packs there
-    // frees large buffers, so count only after.)
+    // frees large buffers, so count only after. DPDK's mempools take
+    // buffers into per-core caches in bulk: no exact count there.)
     let other = cli.connect("10.3.0.10:80").unwrap();
     let other_end = accept_soon(&stalled);
     let free_large = mgr.usage()[1].free;
     (&other).write_all(&[9u8; 10 << 10]).unwrap();
-    assert_eq!(mgr.usage()[1].free, free_large - 1, "one 64 KiB buffer");
+    if test_backend() == xio_core::manager::Backend::Shm {
+        assert_eq!(mgr.usage()[1].free, free_large - 1, "one 64 KiB buffer");
+    }
     drop((other, other_end));
     let echo = srv.listen("10.3.0.11:80").unwrap();
     let server = std::thread::spawn(move || echo_one(echo.accept().unwrap().0));
