@@ -2378,7 +2378,9 @@ impl Drop for StreamInner {
         // Wakers still registered for the stream (a read's, say) are
         // dropped after the lock is released: nothing will wake them.
         let mut orphans = Vec::new();
-        self.net.update(|g| {
+        let mut wake = Vec::new();
+        let queued_for = self.net.update(|g| {
+            let peer = g.table.peer_of(c);
             g.table.close(c);
             g.user_tokens.remove(&c.0);
             if let Some(slot) = g.signals.get_mut(c.index()) {
@@ -2394,10 +2396,34 @@ impl Drop for StreamInner {
                     g.recycle(ws);
                 }
             }
+            // The FIN (or RST) goes now, or waits behind a full ring.
+            g.run_actions(&mut wake);
+            peer.filter(|&p| g.pending_for(p))
         });
+        wake_all(&mut wake);
         drop(orphans);
+        if let Some(peer) = queued_for {
+            // Queued behind a full ring, it would leave at this process's
+            // next X-IO call, which may never come (a client that
+            // connects, writes, closes and then waits on other things):
+            // its peer would wait for the end of stream for good. A
+            // socket's FIN leaves with the kernel; give the peer a moment
+            // to make room. Bounded: one that does not drain keeps it
+            // queued, as before.
+            let deadline = Instant::now() + DROP_FLUSH_WAIT;
+            while self.net.update(|g| {
+                g.flush_pending();
+                g.pending_for(peer)
+            }) && Instant::now() < deadline
+            {
+                std::thread::yield_now();
+            }
+        }
     }
 }
+
+/// How long dropping a stream waits for ring space for its FIN.
+const DROP_FLUSH_WAIT: Duration = Duration::from_micros(500);
 
 /// A connected stream. Like `std::net::TcpStream`: `Read`, `Write`
 /// (also on `&XioStream`), shutdown, timeouts, non-blocking mode; plus
