@@ -629,6 +629,18 @@ impl Core {
         self.pending.values().all(VecDeque::is_empty)
     }
 
+    /// [`Core::flush_pending`] until nothing is left queued or `deadline`,
+    /// pausing between tries for peers to make room; true if all went.
+    fn flush_pending_until(&mut self, deadline: Instant) -> bool {
+        while !self.flush_pending() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        true
+    }
+
     fn has_pending(&self) -> bool {
         self.pending.values().any(|q| !q.is_empty())
     }
@@ -1151,11 +1163,7 @@ impl Drop for Core {
         if self.stack.forked() {
             return; // the parent's connections: nothing here to send
         }
-        let deadline = Instant::now() + Duration::from_secs(1);
-        while !self.flush_pending() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_micros(50));
-        }
-        if self.has_pending() {
+        if !self.flush_pending_until(Instant::now() + Duration::from_secs(1)) {
             tracing::warn!("closing with sends a peer never made room for");
         }
     }
@@ -1285,9 +1293,7 @@ impl Net {
         g.run_actions(&mut wake);
         // FINs behind a full ring: give the peer a little time to make
         // room, or it gets a reset (and loses what was queued before).
-        while !g.flush_pending() && Instant::now() < deadline {
-            std::thread::yield_now();
-        }
+        g.flush_pending_until(deadline);
         drop(g);
         wake_all(&mut wake);
     }
