@@ -85,8 +85,7 @@ fn exits_holding(prefix: &str, addr: SocketAddr) {
     let mut b = net.connect(addr).unwrap();
     b.write_all(b"b").unwrap();
     println!("XIO:connected");
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).unwrap();
+    wait_told("exit");
     // No destructor runs from here: `a`, `b` and `net` stay open.
     std::process::exit(0);
 }
@@ -181,9 +180,7 @@ fn global_user(first: SocketAddr, second: SocketAddr) {
     let l1 = xio_core::net::XioListener::bind(first).unwrap();
     println!("XIO:listening");
     echo_once(&l1);
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "restarted");
+    wait_told("restarted");
     // The old net finds its manager gone on this bind, and the bind is
     // retried on a net attached to the new manager.
     let l2 = xio_core::net::XioListener::bind(second).unwrap();
@@ -213,20 +210,13 @@ fn the_global_net_attaches_again_after_its_manager_restarts() {
         &[a1.to_string(), a2.to_string()],
         &[("XIO_PREFIX", p.as_str())],
     );
-    let exchange = |net: &Net, to: SocketAddr| {
-        let mut s = net.connect(to).unwrap();
-        s.write_all(b"hello").unwrap();
-        let mut b = [0u8; 5];
-        s.read_exact(&mut b).unwrap();
-        assert_eq!(&b, b"hello");
-    };
     child.expect("listening");
-    exchange(&Net::attach(&p).unwrap(), a1);
+    echo_via(&Net::attach(&p).unwrap(), a1).unwrap();
     drop(m1);
     let _m2 = manager_builder(&p).spawn().unwrap();
     child.tell("restarted");
     child.expect("listening");
-    exchange(&Net::attach(&p).unwrap(), a2);
+    echo_via(&Net::attach(&p).unwrap(), a2).unwrap();
     child.expect("done");
     child.wait_success();
 }
@@ -449,12 +439,8 @@ fn service_with_its_manager(test: &str, addr: SocketAddr) -> Option<(ChildProc, 
     server.expect("ready");
     let net = Net::attach(&p).unwrap();
     let mut s = net.connect(addr).unwrap();
-    // The watchdog: a hang would end in WouldBlock (the timeout).
-    s.set_read_timeout(Some(WATCHDOG)).unwrap();
-    s.write_all(b"hello").unwrap();
-    let mut b = [0u8; 5];
-    s.read_exact(&mut b).unwrap();
-    assert_eq!(&b, b"hello");
+    // The read timeout stays as the watchdog: a hang ends in WouldBlock.
+    hello_echo(&mut s).unwrap();
     Some((server, net, s))
 }
 
@@ -511,15 +497,27 @@ fn echo_rebinding(prefix: &str, addr: SocketAddr) {
     }
 }
 
-/// One 5-byte exchange with an `echo_one` server at `addr`.
+/// One 5-byte exchange with an echo server at `addr`.
 fn echo_via(net: &Net, addr: SocketAddr) -> std::io::Result<()> {
-    let mut s = net.connect(addr)?;
+    hello_echo(&mut net.connect(addr)?)
+}
+
+/// Writes "hello" on `s` and checks it comes back (a read timeout as the
+/// watchdog).
+fn hello_echo(s: &mut XioStream) -> std::io::Result<()> {
     s.set_read_timeout(Some(WATCHDOG))?;
     s.write_all(b"hello")?;
     let mut b = [0u8; 5];
     s.read_exact(&mut b)?;
     assert_eq!(&b, b"hello");
     Ok(())
+}
+
+/// In a child: waits until the test writes `what` on its stdin.
+fn wait_told(what: &str) {
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), what);
 }
 
 /// Role of `without_a_manager_a_slow_listener_keeps_its_route`: looks for
@@ -630,18 +628,10 @@ fn connect_with_no_manager_is_refused() {
 /// connects once, waits (idle, not touching its net) until told the
 /// manager was restarted, then connects again.
 fn global_client(addr: SocketAddr) {
-    let exchange = || {
-        let mut s = XioStream::connect(addr).unwrap();
-        s.write_all(b"hello").unwrap();
-        let mut b = [0u8; 5];
-        s.read_exact(&mut b).unwrap();
-        assert_eq!(&b, b"hello");
-    };
+    let exchange = || hello_echo(&mut XioStream::connect(addr).unwrap()).unwrap();
     exchange();
     println!("XIO:connected");
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "restarted");
+    wait_told("restarted");
     exchange();
     println!("XIO:done");
 }
@@ -668,12 +658,7 @@ fn a_client_reaches_a_service_that_followed_the_restart() {
     let _m2 = manager_builder(&p).spawn().unwrap();
     // Once the service answers on the new manager...
     let net = Net::attach(&p).unwrap();
-    wait_until("the service binds again", || {
-        let Ok(mut s) = net.connect(addr) else {
-            return false;
-        };
-        s.write_all(b"hello").is_ok() && s.read_exact(&mut [0u8; 5]).is_ok()
-    });
+    wait_until("the service binds again", || echo_via(&net, addr).is_ok());
     // ...the idle client reaches it too.
     client.tell("restarted");
     client.expect("done");
