@@ -140,6 +140,7 @@ fn stack_code(e: &StackError) -> XioResult {
         StackError::NotConnected(_) => XIO_ERR_NOT_CONNECTED,
         StackError::WouldBlock => XIO_ERR_WOULD_BLOCK,
         StackError::TimedOut => XIO_ERR_TIMED_OUT,
+        StackError::ManagerUnresponsive(_) => XIO_ERR_TIMED_OUT,
         StackError::TooLarge(_) => XIO_ERR_TOO_LARGE,
         StackError::ManagerGone => XIO_ERR_MANAGER_GONE,
         StackError::Protocol(_) => XIO_ERR_PROTOCOL,

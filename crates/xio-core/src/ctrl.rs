@@ -90,6 +90,36 @@ pub fn recv(sock: BorrowedFd<'_>, nonblocking: bool) -> Result<(Msg, Vec<OwnedFd
     Ok((Msg::decode(&b)?, fds))
 }
 
+/// Receives and decodes one message, waiting until `deadline` at most
+/// (`TimedOut` then). For replies from a manager that may have stopped
+/// answering (SIGSTOP, a debugger, a hang) without dying.
+pub fn recv_until(
+    sock: BorrowedFd<'_>,
+    deadline: std::time::Instant,
+) -> Result<(Msg, Vec<OwnedFd>), RecvError> {
+    use rustix::event::{poll, PollFd, PollFlags};
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::from(io::ErrorKind::TimedOut).into());
+        }
+        let ts = rustix::time::Timespec {
+            tv_sec: left.as_secs() as _,
+            tv_nsec: left.subsec_nanos() as _,
+        };
+        let mut p = [PollFd::new(&sock, PollFlags::IN)];
+        match poll(&mut p, Some(&ts)) {
+            Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+            Ok(_) => {}
+            Err(e) => return Err(io::Error::from(e).into()),
+        }
+        match recv(sock, true) {
+            Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            r => return r,
+        }
+    }
+}
+
 /// A new seqpacket socket.
 pub fn socket() -> io::Result<OwnedFd> {
     Ok(rustix::net::socket_with(

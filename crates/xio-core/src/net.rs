@@ -123,6 +123,7 @@ pub struct NetBuilder {
     mode: WaitMode,
     window: Option<usize>,
     batch: bool,
+    ctrl_timeout: Option<Duration>,
 }
 
 impl NetBuilder {
@@ -151,12 +152,23 @@ impl NetBuilder {
         self
     }
 
+    /// How long attaching, binding and connecting to an address not
+    /// resolved yet wait for the manager's answer before failing with
+    /// `TimedOut` (see [`crate::stack::StackBuilder::control_timeout`];
+    /// 5 s by default, or `$XIO_CONTROL_TIMEOUT_MS`). The net's other
+    /// users wait while one of its calls waits for the manager.
+    pub fn control_timeout(mut self, timeout: Duration) -> Self {
+        self.ctrl_timeout = Some(timeout);
+        self
+    }
+
     /// Attaches to the pool's manager.
     pub fn attach(self) -> io::Result<Net> {
-        let stack = Stack::builder(&self.prefix)
-            .wait_mode(self.mode)
-            .attach()
-            .map_err(io::Error::from)?;
+        let mut b = Stack::builder(&self.prefix).wait_mode(self.mode);
+        if let Some(t) = self.ctrl_timeout {
+            b = b.control_timeout(t);
+        }
+        let stack = b.attach().map_err(io::Error::from)?;
         let classes: Vec<usize> = stack
             .__segment()
             .classes()
@@ -1211,6 +1223,7 @@ impl Net {
             mode: WaitMode::default(),
             window: None,
             batch: true,
+            ctrl_timeout: None,
         }
     }
 
@@ -1614,7 +1627,7 @@ impl Net {
                 // also refuses one it resolves to us: then it found a
                 // wildcard listener of ours (see `crate::addr`), as no
                 // other stack binds the address exactly.
-                match g.stack.connect(addr) {
+                match g.stack.connect_until(addr, deadline) {
                     Ok(peer) => peer,
                     Err(Error::Refused {
                         code: crate::proto::ErrorCode::ConnectionRefused,
@@ -1717,7 +1730,7 @@ impl Net {
                 {
                     let mut g = self.lock();
                     g.stack.forget_resolution(&addr);
-                    let still = match g.stack.connect(addr) {
+                    let still = match g.stack.connect_until(addr, deadline) {
                         Ok(p) => p == peer,
                         Err(Error::Refused { .. }) => false,
                         // Nobody to ask: wait on while the process lives

@@ -135,6 +135,12 @@ pub enum Error {
     /// new stack in the child (see [`crate::fork`]).
     #[error("the X-IO stack was inherited across fork(); attach a new one in this process")]
     Forked,
+    /// The manager did not answer a request in time: it is stopped
+    /// (SIGSTOP, a debugger) or stuck, not dead (a dead one is
+    /// [`Error::ManagerGone`]). Its reply, if it comes later, is handled
+    /// then (a late channel is set up, a late bind given back).
+    #[error("the X-IO manager did not answer within {0:?}: is it stopped (SIGSTOP, a debugger) or stuck? See StackBuilder::control_timeout / $XIO_CONTROL_TIMEOUT_MS")]
+    ManagerUnresponsive(Duration),
     /// A system call failed.
     #[error(transparent)]
     Io(#[from] io::Error),
@@ -158,6 +164,7 @@ impl From<Error> for io::Error {
             Error::NotConnected(_) => io::ErrorKind::NotConnected,
             Error::WouldBlock => io::ErrorKind::WouldBlock,
             Error::TimedOut => io::ErrorKind::TimedOut,
+            Error::ManagerUnresponsive(_) => io::ErrorKind::TimedOut,
             Error::TooLarge(_) => io::ErrorKind::InvalidInput,
             Error::ManagerGone => io::ErrorKind::BrokenPipe,
             Error::Protocol(_) => io::ErrorKind::InvalidData,
@@ -177,6 +184,7 @@ pub struct StackBuilder {
     name: String,
     mode: WaitMode,
     backend: Option<crate::manager::Backend>,
+    ctrl_timeout: Duration,
 }
 
 impl StackBuilder {
@@ -189,6 +197,17 @@ impl StackBuilder {
     /// How blocking calls wait (default: [`WaitMode::Adaptive`]).
     pub fn wait_mode(mut self, mode: WaitMode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// How long a request to the manager (attach, bind, a connect to an
+    /// address not resolved yet) waits for its answer before failing with
+    /// [`Error::ManagerUnresponsive`] (`TimedOut`). Default 5 s, or
+    /// `$XIO_CONTROL_TIMEOUT_MS`. A manager answers in microseconds; this
+    /// bounds the wait on one that is stopped or stuck, during which the
+    /// caller (and, in the socket layer, its net) waits.
+    pub fn control_timeout(mut self, timeout: Duration) -> Self {
+        self.ctrl_timeout = timeout;
         self
     }
 
@@ -219,7 +238,13 @@ impl StackBuilder {
             },
             &[],
         )?;
-        let (msg, mut fds) = ctrl::recv(sock.as_fd(), false).map_err(recv_err)?;
+        let answer = ctrl::recv_until(sock.as_fd(), Instant::now() + self.ctrl_timeout);
+        let (msg, mut fds) = match answer {
+            Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
+                return Err(Error::ManagerUnresponsive(self.ctrl_timeout))
+            }
+            r => r.map_err(recv_err)?,
+        };
         let id = match msg {
             Msg::Welcome { stack_id } if fds.len() == 2 => stack_id,
             Msg::Error { code, message } => return Err(Error::Refused { code, message }),
@@ -281,6 +306,8 @@ impl StackBuilder {
             corrupt: 0,
             manager_gone: false,
             manager_here,
+            ctrl_timeout: self.ctrl_timeout,
+            unanswered: VecDeque::new(),
             epoch: Arc::new(AtomicU64::new(0)),
             born: crate::fork::Birth::now(),
         })
@@ -288,6 +315,14 @@ impl StackBuilder {
 }
 
 const BURST: usize = 32;
+
+/// The control timeout unless set: `$XIO_CONTROL_TIMEOUT_MS`, else 5 s.
+fn default_control_timeout() -> Duration {
+    std::env::var("XIO_CONTROL_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .map_or(Duration::from_secs(5), Duration::from_millis)
+}
 
 /// The stack's buffer pool: the shm backend's, or DPDK's mempools. An
 /// enum rather than a trait object, so the shm fast path stays inlined
@@ -454,6 +489,13 @@ pub struct Stack {
     /// passes the news on; one of ours would die with it, and the other
     /// processes would never learn. (Our own sleeps need no such news.)
     manager_here: bool,
+    /// How long a request waits for the manager's answer.
+    ctrl_timeout: Duration,
+    /// Requests that timed out, oldest first. The manager answers in
+    /// order, so the next replies it sends are theirs: each is matched
+    /// to its request and settled (see [`Stack::settle`]) instead of being
+    /// taken for the answer to a later one.
+    unanswered: VecDeque<Msg>,
     /// Bumped whenever the set of channels changes, so a [`Probe`] made
     /// earlier knows it may be missing a ring.
     epoch: Arc<AtomicU64>,
@@ -495,6 +537,7 @@ impl Stack {
             name,
             mode: WaitMode::default(),
             backend: None,
+            ctrl_timeout: default_control_timeout(),
         }
     }
 
@@ -556,8 +599,15 @@ impl Stack {
     }
 
     /// Sends a request and waits for its reply, handling the manager's
-    /// unprompted messages that arrive first.
-    fn request(&mut self, msg: &Msg) -> Result<(Msg, Vec<OwnedFd>), Error> {
+    /// unprompted messages (and late replies to requests that timed out)
+    /// that arrive first. Waits until `deadline` or the control timeout,
+    /// whichever is first: [`Error::TimedOut`] for the caller's deadline,
+    /// [`Error::ManagerUnresponsive`] for the manager's.
+    fn request(
+        &mut self,
+        msg: &Msg,
+        deadline: Option<Instant>,
+    ) -> Result<(Msg, Vec<OwnedFd>), Error> {
         self.check_not_forked()?;
         if self.manager_gone {
             return Err(Error::ManagerGone);
@@ -573,25 +623,74 @@ impl Stack {
             }
             return Err(Error::Io(e));
         }
+        let limit = Instant::now() + self.ctrl_timeout;
+        let until = deadline.map_or(limit, |d| d.min(limit));
         loop {
-            let r = ctrl::recv(self.ctrl_fd(), false);
+            let r = ctrl::recv_until(self.ctrl_fd(), until);
             let (m, fds) = match r {
                 Ok(x) => x,
                 Err(RecvError::Closed) => {
                     self.manager_gone = true;
                     return Err(Error::ManagerGone);
                 }
+                Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
+                    tracing::warn!(
+                        stack = self.id,
+                        request = ?msg,
+                        "the manager did not answer in time"
+                    );
+                    self.unanswered.push_back(msg.clone());
+                    return Err(if until < limit {
+                        Error::TimedOut
+                    } else {
+                        Error::ManagerUnresponsive(self.ctrl_timeout)
+                    });
+                }
                 Err(e) => return Err(recv_err(e)),
             };
             match m {
                 Msg::ChannelUp { .. } | Msg::PeerDown { .. } => self.handle_async(m, fds)?,
-                reply => return Ok((reply, fds)),
+                reply => match self.unanswered.pop_front() {
+                    Some(old) => self.settle(old, reply, fds)?,
+                    None => return Ok((reply, fds)),
+                },
             }
         }
     }
 
+    /// Acts on the late `reply` to `req`, whose caller was told it timed
+    /// out: a channel the manager set up is set up here too (its peer has
+    /// it already), and an address bound for us is given back.
+    fn settle(&mut self, req: Msg, reply: Msg, mut fds: Vec<OwnedFd>) -> Result<(), Error> {
+        tracing::info!(stack = self.id, request = ?req, ?reply, "late answer from the manager");
+        match (req, reply) {
+            (
+                Msg::Connect { addr },
+                Msg::Connected {
+                    channel, dir, peer, ..
+                },
+            ) => {
+                if !self.by_peer.contains_key(&peer) {
+                    let fd = fds
+                        .pop()
+                        .ok_or_else(|| Error::Protocol("Connected without doorbell".into()))?;
+                    self.add_channel(channel, dir, peer, fd, fds.pop())?;
+                }
+                self.resolved.insert(addr, peer);
+            }
+            (Msg::Bind { addr }, Msg::Ok) => {
+                let unbind = Msg::Unbind { addr };
+                if ctrl::send(self.ctrl_fd(), &unbind, &[]).is_ok() {
+                    self.unanswered.push_back(unbind);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     fn expect_ok(&mut self, msg: &Msg) -> Result<(), Error> {
-        match self.request(msg)?.0 {
+        match self.request(msg, None)?.0 {
             Msg::Ok => Ok(()),
             Msg::Error { code, message } => Err(Error::Refused { code, message }),
             other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
@@ -611,6 +710,16 @@ impl Stack {
     /// Opens (or reuses) the channel to the stack bound to `addr`.
     /// Fails with `Refused { code: ConnectionRefused }` if nobody bound it.
     pub fn connect(&mut self, addr: SocketAddr) -> Result<PeerId, Error> {
+        self.connect_until(addr, None)
+    }
+
+    /// [`Stack::connect`], waiting for the manager until `deadline` at
+    /// most (and the control timeout).
+    pub(crate) fn connect_until(
+        &mut self,
+        addr: SocketAddr,
+        deadline: Option<Instant>,
+    ) -> Result<PeerId, Error> {
         self.check_not_forked()?;
         // Deaths first: a peer the manager announced dead (or, with no
         // manager, whose pidfd says so) loses its channel and with it its
@@ -631,7 +740,7 @@ impl Stack {
                 return Ok(PeerId(p));
             }
         }
-        let (m, mut fds) = self.request(&Msg::Connect { addr })?;
+        let (m, mut fds) = self.request(&Msg::Connect { addr }, deadline)?;
         match m {
             Msg::Connected {
                 channel,
@@ -732,7 +841,10 @@ impl Stack {
                 self.close_channel(peer, Some(channel));
                 Ok(())
             }
-            _ => Ok(()),
+            reply => match self.unanswered.pop_front() {
+                Some(old) => self.settle(old, reply, fds),
+                None => Ok(()),
+            },
         }
     }
 

@@ -462,6 +462,58 @@ fn a_peer_dying_with_the_manager_still_resets() {
     assert!(net.manager_gone());
 }
 
+/// A manager that stops answering (SIGSTOP here; a debugger, a hang)
+/// without dying: an attach, or a connect that needs it, fails with
+/// `TimedOut` after the control timeout, where it used to wait forever
+/// (the connect holding the net). Once
+/// the manager runs again, its late answers are matched to the requests
+/// that timed out, not taken for the answers to the next ones: the late
+/// refusal does not fail the next bind, and the late channel to the
+/// service asked for serves the next connect to it.
+#[test]
+fn a_stopped_manager_times_requests_out_and_answers_them_late_in_order() {
+    if test_backend() == xio_core::manager::Backend::Dpdk {
+        eprintln!("skipped on the DPDK backend: the manager runs in the test process there");
+        return;
+    }
+    setup();
+    let p = prefix("stopped");
+    // An embedded manager, with a listener on 10.61.0.10:80 in a stack
+    // this test has no channel to yet.
+    let mut server = ChildProc::spawn(
+        "child_main",
+        "server_with_its_manager",
+        &[p.clone(), "10.61.0.20:80".into()],
+    );
+    server.expect("ready");
+    let net = Net::builder(&p)
+        .control_timeout(Duration::from_millis(200))
+        .attach()
+        .unwrap();
+    server.signal(rustix::process::Signal::STOP);
+    let err = Net::builder(&p)
+        .control_timeout(Duration::from_millis(200))
+        .attach()
+        .unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+    let listened = "10.61.0.10:80".parse::<SocketAddr>().unwrap();
+    let nobody = "10.61.0.21:80".parse::<SocketAddr>().unwrap();
+    let err = net.connect(listened).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+    let err = net.connect(nobody).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+    server.signal(rustix::process::Signal::CONT);
+    // The next request's reply comes after the two late ones.
+    let l = net.listen("10.61.0.22:80").unwrap();
+    drop(l);
+    let err = net.connect(nobody).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+    net.connect(listened).unwrap();
+    // And the data path to the service works as before.
+    let mut s = net.connect("10.61.0.20:80").unwrap();
+    hello_echo(&mut s).unwrap();
+}
+
 /// With the manager dead, a connect to a service that died with it is
 /// refused at once (the service's pidfd says it exited), not taken over
 /// the dead channel and failed at the first read.

@@ -142,6 +142,25 @@ impl ChildProc {
         w.flush().unwrap();
     }
 
+    /// Sends `sig` (SIGSTOP, SIGCONT...) to the child. After a SIGSTOP,
+    /// waits until every thread of it has stopped (the signal is
+    /// delivered asynchronously).
+    pub fn signal(&self, sig: rustix::process::Signal) {
+        let id = self.child.id();
+        let pid = rustix::process::Pid::from_raw(id as i32).unwrap();
+        rustix::process::kill_process(pid, sig).unwrap();
+        if sig == rustix::process::Signal::STOP {
+            wait_until("the child to stop", || {
+                let tasks = std::fs::read_dir(format!("/proc/{id}/task")).unwrap();
+                tasks.flatten().all(|t| {
+                    let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                    // The state follows the parenthesised command name.
+                    stat.rsplit(") ").next().is_some_and(|r| r.starts_with('T'))
+                })
+            });
+        }
+    }
+
     pub fn kill9(&mut self) {
         let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
         rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
