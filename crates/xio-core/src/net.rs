@@ -1988,6 +1988,12 @@ impl Net {
                 let mut len = want;
                 let mut buf = core.take_spare(len);
                 while buf.is_none() {
+                    // A spare (one `poll_write_ready` kept, say) once the
+                    // classes tried come down to its size.
+                    if let Some(b) = core.take_spare(len) {
+                        buf = Some(b);
+                        break;
+                    }
                     match core.stack.try_alloc(len) {
                         Ok(b) => {
                             buf = Some(b);
@@ -3227,6 +3233,43 @@ impl XioStream {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Pending,
             r => Poll::Ready(r),
         }
+    }
+
+    /// Ready when a write would not wait: it would take at least one byte
+    /// (the window has room for a buffer of the smallest class, the pool
+    /// has one, and nothing is backed up behind a full ring to the peer),
+    /// or it would fail (the connection is closed or reset; the write
+    /// reports the error). Otherwise registers the task where a write
+    /// would wait. The smallest buffer is taken here and kept for the
+    /// write, so pool exhaustion cannot make this ready and the write
+    /// then block.
+    pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let c = self.inner.id;
+        let net = &self.inner.net;
+        let smallest = net.shared.classes[0];
+        let mut g = net.lock();
+        let Ok((peer, ..)) = g.table.send_target(c) else {
+            return Poll::Ready(Ok(()));
+        };
+        if g.table.credit_left(c) < smallest {
+            g.add_waker(Key::Write(c), cx.waker());
+            return Poll::Pending;
+        }
+        if g.pending_for(peer) && !g.flush_pending() && g.pending_for(peer) {
+            g.add_retry(cx.waker());
+            return Poll::Pending;
+        }
+        if g.spare.is_empty() {
+            match g.stack.try_alloc(smallest) {
+                Ok(b) => g.spare.push(b),
+                Err(Error::WouldBlock) => {
+                    g.add_retry(cx.waker());
+                    return Poll::Pending;
+                }
+                Err(e) => return Poll::Ready(Err(stack_err(e))),
+            }
+        }
+        Poll::Ready(Ok(()))
     }
 
     /// Sends a pool buffer if there is credit and room, else registers the

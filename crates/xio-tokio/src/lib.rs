@@ -66,7 +66,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf, Ready};
 
 pub use xio_core as core;
 pub use xio_core::buf::{Buf, BufMut};
@@ -576,6 +576,72 @@ impl XioStream {
             // The error itself is the next read's to report.
             Ok(_) | Err(_) => Ok(()),
         }
+    }
+
+    /// Polls until a read would not wait (as
+    /// `TcpStream::poll_read_ready`).
+    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut one = [0u8; 1];
+        // An error is the next read's to report.
+        self.poll_peek(cx, &mut one).map(|_| Ok(()))
+    }
+
+    /// Waits until a write would not wait: it would take at least one
+    /// byte, or fail (as `TcpStream::writable`; then use
+    /// [`XioStream::try_write`]). The window, the pool and the ring to the
+    /// peer all have room, and a buffer is set aside for the write.
+    pub async fn writable(&self) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.poll_write_ready(cx)).await
+    }
+
+    /// Polls [`XioStream::writable`] (as `TcpStream::poll_write_ready`).
+    pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        pending_needs_driver(self.inner.net(), self.inner.poll_write_ready(cx))
+    }
+
+    /// Waits until any of `interest` is ready (as `TcpStream::ready`):
+    /// `READABLE` (with `READ_CLOSED` at end of stream), `WRITABLE`.
+    /// Readiness is a hint, as with a socket: `try_read`/`try_write` may
+    /// still say `WouldBlock` if another task got there first.
+    pub async fn ready(&self, interest: Interest) -> io::Result<Ready> {
+        std::future::poll_fn(|cx| {
+            let mut ready = Ready::EMPTY;
+            if interest.is_readable() {
+                let mut one = [0u8; 1];
+                match self.poll_peek(cx, &mut one) {
+                    Poll::Ready(Ok(0)) => ready |= Ready::READABLE | Ready::READ_CLOSED,
+                    Poll::Ready(_) => ready |= Ready::READABLE,
+                    Poll::Pending => {}
+                }
+            }
+            if interest.is_writable() {
+                match self.poll_write_ready(cx) {
+                    Poll::Ready(Ok(())) => ready |= Ready::WRITABLE,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => {}
+                }
+            }
+            if ready.is_empty() {
+                Poll::Pending
+            } else {
+                Poll::Ready(Ok(ready))
+            }
+        })
+        .await
+    }
+
+    /// [`XioStream::try_read`] into several buffers (as
+    /// `TcpStream::try_read_vectored`).
+    pub fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+        use std::io::Read;
+        (&self.inner).read_vectored(bufs)
+    }
+
+    /// [`XioStream::try_write`] from several buffers, in one descriptor
+    /// when they fit a buffer (as `TcpStream::try_write_vectored`).
+    pub fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        use std::io::Write;
+        (&self.inner).write_vectored(bufs)
     }
 
     /// Reads what is there without waiting: `WouldBlock` if nothing is

@@ -789,3 +789,91 @@ fn readable_try_read_peek_and_try_write() {
         drop(c);
     });
 }
+
+/// `writable` / `poll_write_ready` / `ready`, as tokio's `TcpStream` has
+/// them: a writer filling the window of a reader that does not read sees
+/// `poll_write_ready` pending (never ready with a write that then blocks),
+/// is woken once the reader reads, and every byte arrives, then end of
+/// stream as `READ_CLOSED`.
+#[test]
+fn writable_and_ready_wait_for_room_and_wake() {
+    use std::task::Poll;
+    use tokio::io::Interest;
+    let (_mgr, p) = setup("writable");
+    rt(1).block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, "10.4.0.10:80").unwrap();
+        let c = XioStream::connect_with(&cli, "10.4.0.10:80").await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let chunk: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
+        let mut sent = 0usize;
+        // Ready means a write takes something, until the window is full.
+        let poll_ready = || std::future::poll_fn(|cx| Poll::Ready(c.poll_write_ready(cx)));
+        while let Poll::Ready(r) = poll_ready().await {
+            r.unwrap();
+            let from = sent % chunk.len();
+            let n = c.try_write(&chunk[from..]).unwrap();
+            assert!(n > 0);
+            sent += n;
+        }
+        assert!(
+            sent >= chunk.len(),
+            "only {sent} bytes before the window filled"
+        );
+        assert_eq!(
+            c.try_write(&chunk).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        let reader = tokio::spawn(async move {
+            let mut got = 0usize;
+            let mut buf = vec![0u8; 16 * 1024];
+            // Nothing was written this way: writable at once.
+            let r = s
+                .ready(Interest::READABLE | Interest::WRITABLE)
+                .await
+                .unwrap();
+            assert!(r.is_writable(), "{r:?}");
+            loop {
+                let r = s.ready(Interest::READABLE).await.unwrap();
+                assert!(r.is_readable(), "{r:?}");
+                loop {
+                    match s.try_read(&mut buf) {
+                        Ok(0) => {
+                            let r = s.ready(Interest::READABLE).await.unwrap();
+                            assert!(r.is_read_closed(), "{r:?}");
+                            return got;
+                        }
+                        Ok(n) => {
+                            for (k, b) in buf[..n].iter().enumerate() {
+                                assert_eq!(*b, ((got + k) % chunk_len() % 251) as u8);
+                            }
+                            got += n;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => panic!("try_read: {e}"),
+                    }
+                }
+            }
+        });
+        // Another 4 MiB, each write after `writable`: the reader's reads
+        // must wake the writer.
+        let total = sent + (4 << 20);
+        while sent < total {
+            c.writable().await.unwrap();
+            let from = sent % chunk.len();
+            let end = chunk.len().min(from + total - sent);
+            match c.try_write(&chunk[from..end]) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("try_write: {e}"),
+            }
+        }
+        drop(c);
+        assert_eq!(reader.await.unwrap(), total);
+    });
+}
+
+fn chunk_len() -> usize {
+    64 * 1024
+}
