@@ -83,6 +83,52 @@ impl Birth {
     }
 }
 
+/// A process-wide value (a registry behind a lock, say) that a forked
+/// child gets afresh instead of inheriting. A lock that some other thread
+/// of the parent held at the `fork()` is never released in the child, so
+/// a child locking its copy would wait forever; this one's first use in
+/// the child makes a new value (the inherited copy is left alone, never
+/// freed: one per fork).
+pub(crate) struct PerProcess<T: 'static> {
+    current: std::sync::atomic::AtomicPtr<(u32, T)>,
+    make: fn() -> T,
+}
+
+impl<T: 'static> PerProcess<T> {
+    pub(crate) const fn new(make: fn() -> T) -> PerProcess<T> {
+        PerProcess {
+            current: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
+            make,
+        }
+    }
+
+    /// This process's value.
+    pub(crate) fn get(&self) -> &'static T {
+        let g = generation();
+        loop {
+            let p = self.current.load(Ordering::Acquire);
+            // SAFETY: a non-null pointer came from `Box::into_raw` below
+            // and is never freed once published.
+            if let Some(cur) = unsafe { p.as_ref() } {
+                if cur.0 == g {
+                    return &cur.1;
+                }
+            }
+            let fresh = Box::into_raw(Box::new((g, (self.make)())));
+            match self
+                .current
+                .compare_exchange(p, fresh, Ordering::AcqRel, Ordering::Acquire)
+            {
+                // SAFETY: published: lives (unfreed) for the program.
+                Ok(_) => return unsafe { &(*fresh).1 },
+                // Another thread of this process published first.
+                // SAFETY: `fresh` was never shared.
+                Err(_) => drop(unsafe { Box::from_raw(fresh) }),
+            }
+        }
+    }
+}
+
 /// Runs in the child right after `fork()`, with one thread: only atomics
 /// and system calls (async-signal-safe).
 unsafe extern "C" fn on_fork_child() {

@@ -239,15 +239,17 @@ impl NetBuilder {
 /// manager (another thread may be stopped for good while it holds it).
 const EXIT_LOCK_WAIT: Duration = Duration::from_millis(50);
 
-/// Every net this process attached, with the process (fork generation)
-/// that attached it, for [`close_at_exit`].
-static LIVE: Mutex<Vec<(crate::fork::Birth, WeakNet)>> = Mutex::new(Vec::new());
+/// Every net this process attached, for [`close_at_exit`]. Per process:
+/// a forked child starts with none (its inherited nets are the parent's)
+/// and with a lock no thread of the parent can still hold.
+static LIVE: crate::fork::PerProcess<Mutex<Vec<WeakNet>>> =
+    crate::fork::PerProcess::new(|| Mutex::new(Vec::new()));
 
 /// Notes `net` for the exit handler.
 fn close_at_exit_register(net: &Net) {
-    let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
-    live.retain(|(born, w)| !born.forked() && w.0.strong_count() > 0);
-    live.push((crate::fork::Birth::now(), net.downgrade()));
+    let mut live = LIVE.get().lock().unwrap_or_else(|e| e.into_inner());
+    live.retain(|w| w.0.strong_count() > 0);
+    live.push(net.downgrade());
 }
 
 /// [`close_at_exit`] as a `.fini_array` entry: `exit` runs those after
@@ -268,7 +270,7 @@ static CLOSE_AT_EXIT: extern "C" fn() = close_at_exit;
 extern "C" fn close_at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let deadline = Instant::now() + EXIT_LOCK_WAIT;
-        let Some(live) = lock_until(&LIVE, deadline) else {
+        let Some(live) = lock_until(LIVE.get(), deadline) else {
             return;
         };
         let nets = live_nets(&live);
@@ -294,13 +296,20 @@ fn lock_until<T>(m: &Mutex<T>, deadline: Instant) -> Option<MutexGuard<'_, T>> {
     }
 }
 
-/// The nets of [`LIVE`] still alive and attached by this process (a
-/// forked child's inherited ones are its parent's).
-fn live_nets(live: &[(crate::fork::Birth, WeakNet)]) -> Vec<Net> {
-    live.iter()
-        .filter(|(born, _)| !born.forked())
-        .filter_map(|(_, w)| w.upgrade())
-        .collect()
+/// Test hook: locks this process's registries of nets (the exit
+/// handler's and [`Net::global`]'s) until the returned guard drops, as
+/// another thread may hold them when the process forks. Not for
+/// applications.
+#[doc(hidden)]
+pub fn __hold_process_locks() -> Box<dyn std::any::Any> {
+    let live = LIVE.get().lock().unwrap_or_else(|e| e.into_inner());
+    let global = GLOBAL.get().lock().unwrap_or_else(|e| e.into_inner());
+    Box::new((live, global))
+}
+
+/// The nets of [`LIVE`] still alive.
+fn live_nets(live: &[WeakNet]) -> Vec<Net> {
+    live.iter().filter_map(WeakNet::upgrade).collect()
 }
 
 /// A process's attachment for sockets: one stack shared by all the
@@ -1246,7 +1255,7 @@ impl Net {
     /// the manager gone. A service that has not yet bound on the new
     /// manager is refused, as a TCP server that is restarting.
     pub fn global() -> io::Result<Net> {
-        let mut g = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = GLOBAL.get().lock().unwrap_or_else(|e| e.into_inner());
         if let Some((born, n)) = g.as_ref() {
             if !born.forked() {
                 if !n.manager_gone() {
@@ -2174,8 +2183,9 @@ struct ListenerInner {
 /// path that is not there).
 const FOLLOW_RETRY: Duration = Duration::from_millis(200);
 
-/// The process-wide net ([`Net::global`]).
-static GLOBAL: Mutex<Option<(crate::fork::Birth, Net)>> = Mutex::new(None);
+/// The process-wide net ([`Net::global`]); per process, as [`LIVE`].
+static GLOBAL: crate::fork::PerProcess<Mutex<Option<(crate::fork::Birth, Net)>>> =
+    crate::fork::PerProcess::new(|| Mutex::new(None));
 
 impl std::fmt::Debug for XioListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

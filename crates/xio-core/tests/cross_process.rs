@@ -26,6 +26,7 @@ fn child_main() {
         "hoarder" => hoarder(&a[0], a[1].parse().unwrap()),
         "forker" => forker(&a[0], a[1].parse().unwrap()),
         "manager_forker" => manager_forker(&a[0]),
+        "forks_holding_locks" => forks_holding_locks(&a[0]),
         "echo_until_reset" => echo_until_reset(&a[0], a[1].parse().unwrap()),
         "burst_sink" => burst_sink(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "echo_on_cpu0" => {
@@ -273,6 +274,57 @@ fn manager_forker(prefix: &str) {
     }
 }
 
+/// Forks while this thread holds X-IO's process-wide locks (as another
+/// thread of a real program may at any moment). The child, where nothing
+/// will ever release them, attaches a net and the global net, and reports
+/// through a pipe; the parent waits for that report (or its watchdog).
+fn forks_holding_locks(prefix: &str) {
+    let _net = xio_core::net::Net::attach(prefix).unwrap();
+    std::env::set_var("XIO_PREFIX", prefix);
+    let held = xio_core::net::__hold_process_locks();
+    let (rd, wr) = rustix::pipe::pipe().unwrap();
+    // SAFETY: the child only attaches (new fds, new mappings), writes to a
+    // pipe and `_exit`s; the other thread of this process (the test
+    // harness's) holds no lock X-IO uses.
+    let pid = unsafe { fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        drop(rd);
+        std::mem::forget(held);
+        // Dies with its parent if it hangs (the failure this tests).
+        let _ =
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+        let attached = xio_core::net::Net::attach(prefix).is_ok();
+        let global = xio_core::net::Net::global().is_ok();
+        let verdict = if attached && global { "ok" } else { "failed" };
+        rustix::io::write(&wr, verdict.as_bytes()).unwrap();
+        // SAFETY: ends the forked child without running the parent's exit
+        // handlers a second time.
+        unsafe { _exit(0) }
+    }
+    let _reap = Reap(pid);
+    drop(wr);
+    drop(held);
+    let mut p = [rustix::event::PollFd::new(
+        &rd,
+        rustix::event::PollFlags::IN,
+    )];
+    let ts = rustix::time::Timespec {
+        tv_sec: WATCHDOG.as_secs() as _,
+        tv_nsec: 0,
+    };
+    let n = rustix::event::poll(&mut p, Some(&ts)).unwrap();
+    assert_eq!(n, 1, "the forked child hung (watchdog)");
+    let mut verdict = [0u8; 16];
+    let n = rustix::io::read(&rd, &mut verdict).unwrap();
+    assert_eq!(
+        &verdict[..n],
+        b"ok",
+        "the forked child's attach (empty: it died)"
+    );
+    println!("XIO:ready");
+}
+
 /// A forked child's wait: until killed, or until `test_process` is gone
 /// (its test failed) or longer than its watchdog. Then `_exit`.
 fn linger_until_killed(test_process: rustix::process::Pid) -> ! {
@@ -316,6 +368,27 @@ fn wait_sole_holder(mgr: &xio_core::manager::ManagerHandle, me: &Stack) {
             .iter()
             .all(|u| u.by_owner.iter().all(|(o, _)| *o == me.id().0))
     });
+}
+
+/// A process forked while another thread held X-IO's process-wide locks
+/// (the nets' registry for the exit handler, the global net's) attaches
+/// in the child: those locks are per process, so the child's are new.
+/// Without that, the child's attach waits forever for a lock whose holder
+/// does not exist there.
+#[test]
+fn a_child_forked_while_x_io_locks_are_held_attaches() {
+    if skip_fork_on_dpdk() {
+        return;
+    }
+    setup();
+    let p = prefix("forklocks");
+    let _mgr = manager_builder(&p).spawn().unwrap();
+    let c = ChildProc::spawn(
+        "child_main",
+        "forks_holding_locks",
+        std::slice::from_ref(&p),
+    );
+    c.wait_success();
 }
 
 fn addr(port: u16) -> SocketAddr {
