@@ -32,6 +32,21 @@ pub enum RecvError {
 
 /// Sends `msg` with `fds`.
 pub fn send(sock: BorrowedFd<'_>, msg: &Msg, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    send_with(sock, msg, fds, SendFlags::NOSIGNAL)
+}
+
+/// [`send`], failing with `WouldBlock` instead of waiting for room in
+/// the socket's buffer (a peer that stopped reading).
+pub fn send_nowait(sock: BorrowedFd<'_>, msg: &Msg, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    send_with(sock, msg, fds, SendFlags::NOSIGNAL | SendFlags::DONTWAIT)
+}
+
+fn send_with(
+    sock: BorrowedFd<'_>,
+    msg: &Msg,
+    fds: &[BorrowedFd<'_>],
+    flags: SendFlags,
+) -> io::Result<()> {
     let bytes = msg.encode();
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut anc = SendAncillaryBuffer::new(&mut space);
@@ -39,7 +54,7 @@ pub fn send(sock: BorrowedFd<'_>, msg: &Msg, fds: &[BorrowedFd<'_>]) -> io::Resu
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many fds"));
     }
     let iov = [io::IoSlice::new(&bytes)];
-    let n = rustix::net::sendmsg(sock, &iov, &mut anc, SendFlags::NOSIGNAL)?;
+    let n = rustix::net::sendmsg(sock, &iov, &mut anc, flags)?;
     if n != bytes.len() {
         return Err(io::Error::new(
             io::ErrorKind::WriteZero,
@@ -91,24 +106,29 @@ pub fn recv(sock: BorrowedFd<'_>, nonblocking: bool) -> Result<(Msg, Vec<OwnedFd
 }
 
 /// Receives and decodes one message, waiting until `deadline` at most
-/// (`TimedOut` then). For replies from a manager that may have stopped
-/// answering (SIGSTOP, a debugger, a hang) without dying.
+/// (`TimedOut` then; `None`: no limit). For replies from a manager that
+/// may have stopped answering (SIGSTOP, a debugger, a hang) without dying.
 pub fn recv_until(
     sock: BorrowedFd<'_>,
-    deadline: std::time::Instant,
+    deadline: Option<std::time::Instant>,
 ) -> Result<(Msg, Vec<OwnedFd>), RecvError> {
     use rustix::event::{poll, PollFd, PollFlags};
     loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::from(io::ErrorKind::TimedOut).into());
-        }
-        let ts = rustix::time::Timespec {
-            tv_sec: left.as_secs() as _,
-            tv_nsec: left.subsec_nanos() as _,
+        let ts = match deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return Err(io::Error::from(io::ErrorKind::TimedOut).into());
+                }
+                Some(rustix::time::Timespec {
+                    tv_sec: left.as_secs().min(i64::MAX as u64) as _,
+                    tv_nsec: left.subsec_nanos() as _,
+                })
+            }
+            None => None,
         };
         let mut p = [PollFd::new(&sock, PollFlags::IN)];
-        match poll(&mut p, Some(&ts)) {
+        match poll(&mut p, ts.as_ref()) {
             Ok(0) | Err(rustix::io::Errno::INTR) => continue,
             Ok(_) => {}
             Err(e) => return Err(io::Error::from(e).into()),

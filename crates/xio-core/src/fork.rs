@@ -92,6 +92,8 @@ impl Birth {
 pub(crate) struct PerProcess<T: 'static> {
     current: std::sync::atomic::AtomicPtr<(u32, T)>,
     make: fn() -> T,
+    /// `Send`/`Sync` as a `T` would be (it is shared between threads).
+    _shared: std::marker::PhantomData<T>,
 }
 
 impl<T: 'static> PerProcess<T> {
@@ -99,11 +101,16 @@ impl<T: 'static> PerProcess<T> {
         PerProcess {
             current: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
             make,
+            _shared: std::marker::PhantomData,
         }
     }
 
     /// This process's value.
     pub(crate) fn get(&self) -> &'static T {
+        // A fork must bump the generation from the first use on (before
+        // any attach installs the handler, a thread may hold the value's
+        // lock already).
+        install();
         let g = generation();
         loop {
             let p = self.current.load(Ordering::Acquire);
@@ -165,19 +172,24 @@ pub(crate) struct CloseOnFork {
     slot: Option<usize>,
 }
 
+/// Registers the fork handler, once.
+fn install() {
+    INSTALL.call_once(|| {
+        // SAFETY: the handler is an `extern "C" fn` that lives for the
+        // whole program and does only async-signal-safe work.
+        let rc = unsafe { pthread_atfork(None, None, Some(on_fork_child)) };
+        if rc != 0 {
+            tracing::warn!(
+                rc,
+                "pthread_atfork failed: forked children keep X-IO's sockets"
+            );
+        }
+    });
+}
+
 impl CloseOnFork {
     pub(crate) fn new(fd: OwnedFd) -> CloseOnFork {
-        INSTALL.call_once(|| {
-            // SAFETY: the handler is an `extern "C" fn` that lives for the
-            // whole program and does only async-signal-safe work.
-            let rc = unsafe { pthread_atfork(None, None, Some(on_fork_child)) };
-            if rc != 0 {
-                tracing::warn!(
-                    rc,
-                    "pthread_atfork failed: forked children keep X-IO's sockets"
-                );
-            }
-        });
+        install();
         let raw = fd.as_raw_fd();
         let slot = REGISTERED.iter().position(|s| {
             s.compare_exchange(-1, raw, Ordering::Relaxed, Ordering::Relaxed)

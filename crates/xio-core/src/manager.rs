@@ -763,7 +763,10 @@ impl Manager {
                 }
                 Some(Msg::Ok)
             }
-            Msg::Connect { addr } => return self.connect(id, addr),
+            Msg::Connect { addr } => {
+                self.connect(id, addr);
+                return self.notify(id);
+            }
             Msg::ChannelReleased { channel } => {
                 self.released(id, channel);
                 None
@@ -782,6 +785,9 @@ impl Manager {
         };
         if let Some(m) = reply {
             let _ = ctrl::send(self.stacks[&id].sock.as_fd(), &m, &[]);
+            // A stack that stopped waiting for this reply (its request
+            // timed out) reads it when it sees the bump.
+            self.notify(id);
         }
     }
 

@@ -1275,7 +1275,8 @@ impl Net {
             }
         }
         let n = Net::attach(&crate::paths::default_prefix())?;
-        // A parent's net, in a forked child, drops inert.
+        // (A forked child has its own `GLOBAL`, empty at first: the
+        // parent's net is not its to use.)
         *g = Some((crate::fork::Birth::now(), n.clone()));
         Ok(n)
     }
@@ -1596,6 +1597,12 @@ impl Net {
         })
     }
 
+    /// Changes how long this net's calls wait for the manager's answer
+    /// (see [`NetBuilder::control_timeout`]).
+    pub fn set_control_timeout(&self, timeout: Duration) {
+        self.lock().stack.set_control_timeout(timeout);
+    }
+
     /// Connects to `addr`, which some process (this one included) listens
     /// on. Fails with `ConnectionRefused` if nobody does, or if the address
     /// needs the manager to resolve and it is gone (the source error says
@@ -1739,13 +1746,20 @@ impl Net {
                 {
                     let mut g = self.lock();
                     g.stack.forget_resolution(&addr);
-                    let still = match g.stack.connect_until(addr, deadline) {
+                    // A question, not the connect itself: a manager that
+                    // does not answer at once is not waited for (holding
+                    // the lock), and its late answer is settled later.
+                    let ask = Instant::now() + ROUTE_CHECK_WAIT;
+                    let ask = deadline.map_or(ask, |d| d.min(ask));
+                    let still = match g.stack.connect_until(addr, Some(ask)) {
                         Ok(p) => p == peer,
                         Err(Error::Refused { .. }) => false,
-                        // Nobody to ask: wait on while the process lives
-                        // (it answers when it next looks at its rings),
-                        // and keep the route, the only one there is.
-                        Err(Error::ManagerGone) => {
+                        // Nobody to ask, or nobody answering: wait on while
+                        // the process lives (it answers when it next looks
+                        // at its rings), and keep the route.
+                        Err(
+                            Error::ManagerGone | Error::ManagerUnresponsive(_) | Error::TimedOut,
+                        ) => {
                             let alive = g.stack.peer_alive(peer);
                             if alive {
                                 g.stack.remember_resolution(addr, peer);
@@ -2177,6 +2191,10 @@ struct ListenerInner {
     /// bind on a restarted manager.
     follow: Option<Mutex<Instant>>,
 }
+
+/// How long a connect waiting for its SYN's answer waits for the manager
+/// to say whether the address still belongs to the peer asked.
+const ROUTE_CHECK_WAIT: Duration = Duration::from_millis(100);
 
 /// How long a listener following its manager waits between attempts to
 /// bind on a restarted one (a failed attempt is one `connect` to a socket
@@ -3247,7 +3265,8 @@ impl XioStream {
 
     /// Ready when a write would not wait: it would take at least one byte
     /// (the window has room for a buffer of the smallest class, the pool
-    /// has one, and nothing is backed up behind a full ring to the peer),
+    /// has one, and the ring to the peer has room with nothing queued
+    /// behind it),
     /// or it would fail (the connection is closed or reset; the write
     /// reports the error). Otherwise registers the task where a write
     /// would wait. The smallest buffer is taken here and kept for the
@@ -3266,6 +3285,13 @@ impl XioStream {
             return Poll::Pending;
         }
         if g.pending_for(peer) && !g.flush_pending() && g.pending_for(peer) {
+            g.add_retry(cx.waker());
+            return Poll::Pending;
+        }
+        if !g.stack.tx_room(peer) {
+            // Full: the peer drains it when it runs (woken if asleep), and
+            // the retry looks again.
+            g.stack.wake_peer(peer);
             g.add_retry(cx.waker());
             return Poll::Pending;
         }

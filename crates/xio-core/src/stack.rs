@@ -238,7 +238,7 @@ impl StackBuilder {
             },
             &[],
         )?;
-        let answer = ctrl::recv_until(sock.as_fd(), Instant::now() + self.ctrl_timeout);
+        let answer = ctrl::recv_until(sock.as_fd(), Instant::now().checked_add(self.ctrl_timeout));
         let (msg, mut fds) = match answer {
             Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
                 return Err(Error::ManagerUnresponsive(self.ctrl_timeout))
@@ -308,6 +308,7 @@ impl StackBuilder {
             manager_here,
             ctrl_timeout: self.ctrl_timeout,
             unanswered: VecDeque::new(),
+            next_request: 0,
             epoch: Arc::new(AtomicU64::new(0)),
             born: crate::fork::Birth::now(),
         })
@@ -491,11 +492,14 @@ pub struct Stack {
     manager_here: bool,
     /// How long a request waits for the manager's answer.
     ctrl_timeout: Duration,
-    /// Requests that timed out, oldest first. The manager answers in
-    /// order, so the next replies it sends are theirs: each is matched
-    /// to its request and settled (see [`Stack::settle`]) instead of being
-    /// taken for the answer to a later one.
-    unanswered: VecDeque<Msg>,
+    /// Requests sent and not answered yet, oldest first, each with its
+    /// number: the one a caller waits for, and those whose callers were
+    /// told they timed out. The manager answers in order, so each reply
+    /// is the first entry's: a timed-out request's is settled (see
+    /// [`Stack::settle`]), not taken for the answer to a later one.
+    unanswered: VecDeque<(u64, Msg)>,
+    /// Number of the next request.
+    next_request: u64,
     /// Bumped whenever the set of channels changes, so a [`Probe`] made
     /// earlier knows it may be missing a ring.
     epoch: Arc<AtomicU64>,
@@ -582,6 +586,11 @@ impl Stack {
         Ok(())
     }
 
+    /// Changes the control timeout (see [`StackBuilder::control_timeout`]).
+    pub fn set_control_timeout(&mut self, timeout: Duration) {
+        self.ctrl_timeout = timeout;
+    }
+
     /// The doorbell fd: readable when the stack should look at its rings.
     pub fn doorbell_fd(&self) -> BorrowedFd<'_> {
         self.bell.fd()
@@ -612,22 +621,32 @@ impl Stack {
         if self.manager_gone {
             return Err(Error::ManagerGone);
         }
-        if let Err(e) = ctrl::send(self.ctrl_fd(), msg, &[]) {
-            // EPIPE, or ECONNRESET when it closed with our messages unread.
-            if matches!(
-                e.kind(),
-                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-            ) {
-                self.manager_gone = true;
-                return Err(Error::ManagerGone);
-            }
-            return Err(Error::Io(e));
+        let limit = Instant::now().checked_add(self.ctrl_timeout);
+        let until = match (deadline, limit) {
+            (Some(d), Some(l)) => Some(d.min(l)),
+            (d, l) => d.or(l),
+        };
+        // Not blocking: a manager stopped long enough for timed-out
+        // requests to fill the socket's buffer must not hang the sender.
+        if let Err(e) = ctrl::send_nowait(self.ctrl_fd(), msg, &[]) {
+            return Err(match e.kind() {
+                // EPIPE, or ECONNRESET when it closed with our messages
+                // unread.
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
+                    self.manager_gone = true;
+                    Error::ManagerGone
+                }
+                io::ErrorKind::WouldBlock => Error::ManagerUnresponsive(self.ctrl_timeout),
+                _ => Error::Io(e),
+            });
         }
-        let limit = Instant::now() + self.ctrl_timeout;
-        let until = deadline.map_or(limit, |d| d.min(limit));
+        let me = self.next_request;
+        self.next_request += 1;
+        // Queued at once: however this call ends, the reply that comes is
+        // this request's, and is settled as such.
+        self.unanswered.push_back((me, msg.clone()));
         loop {
-            let r = ctrl::recv_until(self.ctrl_fd(), until);
-            let (m, fds) = match r {
+            let (m, fds) = match ctrl::recv_until(self.ctrl_fd(), until) {
                 Ok(x) => x,
                 Err(RecvError::Closed) => {
                     self.manager_gone = true;
@@ -639,11 +658,10 @@ impl Stack {
                         request = ?msg,
                         "the manager did not answer in time"
                     );
-                    self.unanswered.push_back(msg.clone());
-                    return Err(if until < limit {
-                        Error::TimedOut
-                    } else {
+                    return Err(if until == limit {
                         Error::ManagerUnresponsive(self.ctrl_timeout)
+                    } else {
+                        Error::TimedOut
                     });
                 }
                 Err(e) => return Err(recv_err(e)),
@@ -651,8 +669,9 @@ impl Stack {
             match m {
                 Msg::ChannelUp { .. } | Msg::PeerDown { .. } => self.handle_async(m, fds)?,
                 reply => match self.unanswered.pop_front() {
-                    Some(old) => self.settle(old, reply, fds)?,
-                    None => return Ok((reply, fds)),
+                    Some((n, _)) if n == me => return Ok((reply, fds)),
+                    Some((_, old)) => self.settle(old, reply, fds),
+                    None => tracing::warn!(?reply, "reply to no request ignored"),
                 },
             }
         }
@@ -661,7 +680,8 @@ impl Stack {
     /// Acts on the late `reply` to `req`, whose caller was told it timed
     /// out: a channel the manager set up is set up here too (its peer has
     /// it already), and an address bound for us is given back.
-    fn settle(&mut self, req: Msg, reply: Msg, mut fds: Vec<OwnedFd>) -> Result<(), Error> {
+    /// Errors are logged: the request's caller is gone.
+    fn settle(&mut self, req: Msg, reply: Msg, mut fds: Vec<OwnedFd>) {
         tracing::info!(stack = self.id, request = ?req, ?reply, "late answer from the manager");
         match (req, reply) {
             (
@@ -671,22 +691,34 @@ impl Stack {
                 },
             ) => {
                 if !self.by_peer.contains_key(&peer) {
-                    let fd = fds
-                        .pop()
-                        .ok_or_else(|| Error::Protocol("Connected without doorbell".into()))?;
-                    self.add_channel(channel, dir, peer, fd, fds.pop())?;
+                    let Some(fd) = fds.pop() else {
+                        tracing::warn!("late Connected without doorbell ignored");
+                        return;
+                    };
+                    if let Err(e) = self.add_channel(channel, dir, peer, fd, fds.pop()) {
+                        tracing::warn!(error = %e, "late channel not set up");
+                        return;
+                    }
                 }
                 self.resolved.insert(addr, peer);
             }
-            (Msg::Bind { addr }, Msg::Ok) => {
+            // Unless the caller tried again: that request follows, and
+            // the address is then its to keep (it is told AddrInUse).
+            (Msg::Bind { addr }, Msg::Ok)
+                if !self
+                    .unanswered
+                    .iter()
+                    .any(|(_, m)| *m == Msg::Bind { addr }) =>
+            {
                 let unbind = Msg::Unbind { addr };
-                if ctrl::send(self.ctrl_fd(), &unbind, &[]).is_ok() {
-                    self.unanswered.push_back(unbind);
+                if ctrl::send_nowait(self.ctrl_fd(), &unbind, &[]).is_ok() {
+                    let n = self.next_request;
+                    self.next_request += 1;
+                    self.unanswered.push_back((n, unbind));
                 }
             }
             _ => {}
         }
-        Ok(())
     }
 
     fn expect_ok(&mut self, msg: &Msg) -> Result<(), Error> {
@@ -841,10 +873,14 @@ impl Stack {
                 self.close_channel(peer, Some(channel));
                 Ok(())
             }
-            reply => match self.unanswered.pop_front() {
-                Some(old) => self.settle(old, reply, fds),
-                None => Ok(()),
-            },
+            // Outside `request`, replies can only be late ones.
+            reply => {
+                match self.unanswered.pop_front() {
+                    Some((_, old)) => self.settle(old, reply, fds),
+                    None => tracing::warn!(?reply, "reply to no request ignored"),
+                }
+                Ok(())
+            }
         }
     }
 
@@ -1352,6 +1388,16 @@ impl Stack {
     pub(crate) fn prefetch_tx(&self, peer: PeerId) {
         if let Some(&ci) = self.by_peer.get(&peer.0) {
             self.channels[ci].tx.prefetch_next();
+        }
+    }
+
+    /// Whether the ring to `peer` has room for a descriptor (true when
+    /// there is no channel or it is broken: a send then fails at once, it
+    /// does not wait).
+    pub(crate) fn tx_room(&mut self, peer: PeerId) -> bool {
+        match self.by_peer.get(&peer.0) {
+            Some(&ci) => self.channels[ci].tx_space(1).map_or(true, |n| n > 0),
+            None => true,
         }
     }
 

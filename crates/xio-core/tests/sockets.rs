@@ -463,13 +463,18 @@ fn a_peer_dying_with_the_manager_still_resets() {
 }
 
 /// A manager that stops answering (SIGSTOP here; a debugger, a hang)
-/// without dying: an attach, or a connect that needs it, fails with
-/// `TimedOut` after the control timeout, where it used to wait forever
-/// (the connect holding the net). Once
-/// the manager runs again, its late answers are matched to the requests
-/// that timed out, not taken for the answers to the next ones: the late
-/// refusal does not fail the next bind, and the late channel to the
-/// service asked for serves the next connect to it.
+/// without dying: an attach, a bind, or a connect that needs it, fails
+/// with `TimedOut` after the control timeout, where it used to wait
+/// forever (the connect holding the net). Once the manager runs again,
+/// its late answers are matched to the requests that timed out, in order,
+/// never taken for the answers to the next ones:
+/// - the late channel to a service is set up here without any call of
+///   ours (the manager rings us), so that service's connection to us over
+///   it is accepted;
+/// - a late bind is given back, and when that happens inside the next
+///   request, that request's answer (refused: another process holds the
+///   address) is not mixed up with the give-back's;
+/// - the late refusal does not fail anything else.
 #[test]
 fn a_stopped_manager_times_requests_out_and_answers_them_late_in_order() {
     if test_backend() == xio_core::manager::Backend::Dpdk {
@@ -478,37 +483,65 @@ fn a_stopped_manager_times_requests_out_and_answers_them_late_in_order() {
     }
     setup();
     let p = prefix("stopped");
-    // An embedded manager, with a listener on 10.61.0.10:80 in a stack
-    // this test has no channel to yet.
+    // An embedded manager and a service on 10.61.0.20:80.
     let mut server = ChildProc::spawn(
         "child_main",
         "server_with_its_manager",
         &[p.clone(), "10.61.0.20:80".into()],
     );
     server.expect("ready");
-    let net = Net::builder(&p)
-        .control_timeout(Duration::from_millis(200))
-        .attach()
-        .unwrap();
+    let net = Net::attach(&p).unwrap();
+    let ours = net.listen("10.61.0.40:80").unwrap();
+    let other = Net::attach(&p).unwrap();
+    let _theirs = other.listen("10.61.0.41:80").unwrap();
     server.signal(rustix::process::Signal::STOP);
+    let short = Duration::from_millis(200);
     let err = Net::builder(&p)
-        .control_timeout(Duration::from_millis(200))
+        .control_timeout(short)
         .attach()
         .unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
-    let listened = "10.61.0.10:80".parse::<SocketAddr>().unwrap();
     let nobody = "10.61.0.21:80".parse::<SocketAddr>().unwrap();
-    let err = net.connect(listened).unwrap_err();
+    let err = net
+        .connect_timeout(&"10.61.0.41:80".parse().unwrap(), short)
+        .unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
-    let err = net.connect(nobody).unwrap_err();
+    let err = net.connect_timeout(&nobody, short).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+    net.set_control_timeout(short);
+    let err = net.listen("10.61.0.30:80").unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+    net.set_control_timeout(WATCHDOG);
     server.signal(rustix::process::Signal::CONT);
-    // The next request's reply comes after the two late ones.
-    let l = net.listen("10.61.0.22:80").unwrap();
-    drop(l);
+    // The other stack reaches ours over the channel the late connect made,
+    // which this net must pick up by itself.
+    let mut theirs = other.connect("10.61.0.40:80").unwrap();
+    theirs.write_all(b"late").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(ours.accept().map(|a| a.0)));
+    let mut s = rx
+        .recv_timeout(WATCHDOG)
+        .expect("the connection over the late channel was never accepted")
+        .unwrap();
+    let mut got = [0u8; 4];
+    s.set_read_timeout(Some(WATCHDOG)).unwrap();
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"late");
+    net.listen("10.61.0.30:80").unwrap();
+    // Once more, with the late answer read by the next request: the bind
+    // given back must not take that request's answer (the service's
+    // address is its own: refused, not the late bind's Ok).
+    server.signal(rustix::process::Signal::STOP);
+    net.set_control_timeout(short);
+    let err = net.listen("10.61.0.31:80").unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+    net.set_control_timeout(WATCHDOG);
+    server.signal(rustix::process::Signal::CONT);
+    let err = net.listen("10.61.0.20:80").unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+    net.listen("10.61.0.31:80").unwrap();
     let err = net.connect(nobody).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
-    net.connect(listened).unwrap();
     // And the data path to the service works as before.
     let mut s = net.connect("10.61.0.20:80").unwrap();
     hello_echo(&mut s).unwrap();

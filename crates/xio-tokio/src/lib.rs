@@ -600,9 +600,11 @@ impl XioStream {
     }
 
     /// Waits until any of `interest` is ready (as `TcpStream::ready`):
-    /// `READABLE` (with `READ_CLOSED` at end of stream), `WRITABLE`.
-    /// Readiness is a hint, as with a socket: `try_read`/`try_write` may
-    /// still say `WouldBlock` if another task got there first.
+    /// `READABLE` (with `READ_CLOSED` at end of stream), `WRITABLE` (also
+    /// when a write would fail: the write reports why; `WRITE_CLOSED` is
+    /// not reported). Readiness is a hint, as with a socket:
+    /// `try_read`/`try_write` may still say `WouldBlock` if another task
+    /// got there first.
     pub async fn ready(&self, interest: Interest) -> io::Result<Ready> {
         std::future::poll_fn(|cx| {
             let mut ready = Ready::EMPTY;
@@ -615,10 +617,9 @@ impl XioStream {
                 }
             }
             if interest.is_writable() {
-                match self.poll_write_ready(cx) {
-                    Poll::Ready(Ok(())) => ready |= Ready::WRITABLE,
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                    Poll::Pending => {}
+                // An error is the next write's to report.
+                if self.poll_write_ready(cx).is_ready() {
+                    ready |= Ready::WRITABLE;
                 }
             }
             if ready.is_empty() {

@@ -874,6 +874,52 @@ fn writable_and_ready_wait_for_room_and_wake() {
     });
 }
 
+/// `poll_write_ready` with the ring to the peer full but window left (two
+/// connections to a peer that does not drain: each has credit, the ring
+/// they share fills): pending, never ready with a `try_write` that then
+/// says `WouldBlock` (a `writable` + `try_write` loop would spin).
+#[test]
+fn write_readiness_waits_for_a_full_ring() {
+    use std::task::Poll;
+    let (_mgr, p) = setup("ringfull");
+    rt(1).block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = srv.listen("10.4.0.50:80").unwrap();
+        // Accepted on a plain thread, which then leaves the net alone: no
+        // one drains the client's ring.
+        let acc = std::thread::spawn(move || {
+            let a = l.accept().unwrap().0;
+            let b = l.accept().unwrap().0;
+            (l, a, b)
+        });
+        let c1 = XioStream::connect_with(&cli, "10.4.0.50:80").await.unwrap();
+        let c2 = XioStream::connect_with(&cli, "10.4.0.50:80").await.unwrap();
+        let kept = tokio::task::spawn_blocking(move || acc.join().unwrap())
+            .await
+            .unwrap();
+        let chunk = [7u8; 100];
+        let (mut written, mut pending) = (0u64, 0u64);
+        for i in 0..5000 {
+            let c = if i % 2 == 0 { &c1 } else { &c2 };
+            match std::future::poll_fn(|cx| Poll::Ready(c.poll_write_ready(cx))).await {
+                Poll::Ready(r) => {
+                    r.unwrap();
+                    let n = c.try_write(&chunk).expect("ready, so the write goes");
+                    assert!(n > 0);
+                    written += 1;
+                }
+                Poll::Pending => pending += 1,
+            }
+        }
+        assert!(
+            written > 0 && pending > 0,
+            "{written} written, {pending} pending"
+        );
+        drop(kept);
+    });
+}
+
 fn chunk_len() -> usize {
     64 * 1024
 }
