@@ -305,16 +305,7 @@ fn forks_holding_locks(prefix: &str) {
     let _reap = Reap(pid);
     drop(wr);
     drop(held);
-    let mut p = [rustix::event::PollFd::new(
-        &rd,
-        rustix::event::PollFlags::IN,
-    )];
-    let ts = rustix::time::Timespec {
-        tv_sec: WATCHDOG.as_secs() as _,
-        tv_nsec: 0,
-    };
-    let n = rustix::event::poll(&mut p, Some(&ts)).unwrap();
-    assert_eq!(n, 1, "the forked child hung (watchdog)");
+    wait_readable(&rd, "the forked child hung");
     let mut verdict = [0u8; 16];
     let n = rustix::io::read(&rd, &mut verdict).unwrap();
     assert_eq!(

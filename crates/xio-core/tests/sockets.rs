@@ -1236,19 +1236,7 @@ fn an_accept_with_data_waiting_rings_the_doorbell() {
     c.write_all(b"early").unwrap();
     // The loop: sleep on the fd, then take what is ready, until the
     // listener says a connection waits.
-    let sleep_on_bell = || {
-        let mut fds = [rustix::event::PollFd::new(
-            &bell,
-            rustix::event::PollFlags::IN,
-        )];
-        // A watchdog, not a time bound.
-        let timeout = rustix::event::Timespec {
-            tv_sec: WATCHDOG.as_secs() as i64,
-            tv_nsec: 0,
-        };
-        let n = rustix::event::poll(&mut fds, Some(&timeout)).unwrap();
-        assert_eq!(n, 1, "watchdog: the doorbell never rang");
-    };
+    let sleep_on_bell = || wait_readable(&bell, "the doorbell never rang");
     loop {
         events.clear();
         server.poll_nowait(&mut events).unwrap();

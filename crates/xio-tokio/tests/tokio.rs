@@ -41,6 +41,18 @@ fn stream_byte(seed: u64, i: u64) -> u8 {
     (x >> (8 * (i % 8))) as u8
 }
 
+/// A connection between two nets of pool `p` through a listener on
+/// `addr`: the client's end and the server's (the listener is dropped;
+/// the streams keep their nets).
+async fn connected(p: &str, addr: &str) -> (XioStream, XioStream) {
+    let srv = Net::attach(p).unwrap();
+    let cli = Net::attach(p).unwrap();
+    let l = XioListener::bind_with(&srv, addr).unwrap();
+    let c = XioStream::connect_with(&cli, addr).await.unwrap();
+    let (s, _) = l.accept().await.unwrap();
+    (c, s)
+}
+
 async fn echo_server(l: XioListener) {
     loop {
         let Ok((mut s, _)) = l.accept().await else {
@@ -231,11 +243,7 @@ fn current_thread_runtime_echo_and_zero_copy() {
 fn copy_and_copy_bidirectional_with_another_stream() {
     let (_mgr, p) = setup("copy");
     rt(2).block_on(async {
-        let srv = Net::attach(&p).unwrap();
-        let cli = Net::attach(&p).unwrap();
-        let l = XioListener::bind_with(&srv, "10.4.0.3:80").unwrap();
-        let mut c = XioStream::connect_with(&cli, "10.4.0.3:80").await.unwrap();
-        let (mut s, _) = l.accept().await.unwrap();
+        let (mut c, mut s) = connected(&p, "10.4.0.3:80").await;
         // X-IO <-> an in-memory duplex, both ways.
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
         let proxy =
@@ -352,11 +360,7 @@ fn flag_waker() -> (std::sync::Arc<Flag>, std::task::Waker) {
 fn every_task_polling_a_quiet_read_is_woken() {
     let (_mgr, p) = setup("wakers");
     rt(1).block_on(async {
-        let srv = Net::attach(&p).unwrap();
-        let cli = Net::attach(&p).unwrap();
-        let l = XioListener::bind_with(&srv, "10.4.0.9:80").unwrap();
-        let mut c = XioStream::connect_with(&cli, "10.4.0.9:80").await.unwrap();
-        let (s, _) = l.accept().await.unwrap();
+        let (mut c, s) = connected(&p, "10.4.0.9:80").await;
         let mut buf = [0u8; 16];
         for round in 0..2u8 {
             let (fa, wa) = flag_waker();
@@ -743,11 +747,7 @@ fn listener_from_std_keeps_its_backlog() {
 fn readable_try_read_peek_and_try_write() {
     let (_mgr, p) = setup("readiness");
     rt(1).block_on(async {
-        let srv = Net::attach(&p).unwrap();
-        let cli = Net::attach(&p).unwrap();
-        let l = XioListener::bind_with(&srv, "10.4.0.9:80").unwrap();
-        let c = XioStream::connect_with(&cli, "10.4.0.9:80").await.unwrap();
-        let (s, _) = l.accept().await.unwrap();
+        let (c, s) = connected(&p, "10.4.0.9:80").await;
         let mut buf = [0u8; 64];
         assert_eq!(
             s.try_read(&mut buf).unwrap_err().kind(),
@@ -801,11 +801,7 @@ fn writable_and_ready_wait_for_room_and_wake() {
     use tokio::io::Interest;
     let (_mgr, p) = setup("writable");
     rt(1).block_on(async {
-        let srv = Net::attach(&p).unwrap();
-        let cli = Net::attach(&p).unwrap();
-        let l = XioListener::bind_with(&srv, "10.4.0.10:80").unwrap();
-        let c = XioStream::connect_with(&cli, "10.4.0.10:80").await.unwrap();
-        let (s, _) = l.accept().await.unwrap();
+        let (c, s) = connected(&p, "10.4.0.10:80").await;
         let chunk: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
         let mut sent = 0usize;
         // Ready means a write takes something, until the window is full.

@@ -168,6 +168,21 @@ impl ChildProc {
     }
 }
 
+/// Waits until `fd` is readable; the watchdog fails the test with `what`
+/// (a hang guard, not a time bound).
+pub fn wait_readable(fd: impl std::os::fd::AsFd, what: &str) {
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    let timeout = rustix::event::Timespec {
+        tv_sec: WATCHDOG.as_secs() as i64,
+        tv_nsec: 0,
+    };
+    let n = rustix::event::poll(&mut fds, Some(&timeout)).unwrap();
+    assert_eq!(n, 1, "watchdog: {what}");
+}
+
 /// In a child: the role's arguments.
 pub fn child_args() -> Vec<String> {
     std::env::var("XIO_CHILD_ARGS")
