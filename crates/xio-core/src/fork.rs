@@ -33,8 +33,7 @@
 //! descriptors are close-on-exec.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
-use std::sync::Once;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 
 /// Bumped in every forked child.
 static GENERATION: AtomicU32 = AtomicU32::new(0);
@@ -46,7 +45,10 @@ static GENERATION: AtomicU32 = AtomicU32::new(0);
 const SLOTS: usize = 1024;
 static REGISTERED: [AtomicI32; SLOTS] = [const { AtomicI32::new(-1) }; SLOTS];
 
-static INSTALL: Once = Once::new();
+/// Whether the fork handler is registered (a flag, not a `Once`: a fork
+/// while another thread is inside a `Once` would leave the child's copy
+/// waiting for ever; two registrations would be harmless).
+static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 extern "C" {
     // POSIX; in glibc's and musl's libc.
@@ -174,17 +176,18 @@ pub(crate) struct CloseOnFork {
 
 /// Registers the fork handler, once.
 fn install() {
-    INSTALL.call_once(|| {
-        // SAFETY: the handler is an `extern "C" fn` that lives for the
-        // whole program and does only async-signal-safe work.
-        let rc = unsafe { pthread_atfork(None, None, Some(on_fork_child)) };
-        if rc != 0 {
-            tracing::warn!(
-                rc,
-                "pthread_atfork failed: forked children keep X-IO's sockets"
-            );
-        }
-    });
+    if INSTALLED.load(Ordering::Acquire) || INSTALLED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    // SAFETY: the handler is an `extern "C" fn` that lives for the whole
+    // program and does only async-signal-safe work.
+    let rc = unsafe { pthread_atfork(None, None, Some(on_fork_child)) };
+    if rc != 0 {
+        tracing::warn!(
+            rc,
+            "pthread_atfork failed: forked children keep X-IO's sockets"
+        );
+    }
 }
 
 impl CloseOnFork {

@@ -1749,9 +1749,16 @@ impl Net {
                     // A question, not the connect itself: a manager that
                     // does not answer at once is not waited for (holding
                     // the lock), and its late answer is settled later.
+                    // Asked already with no answer yet: not again (each
+                    // ask holds the lock while it waits).
                     let ask = Instant::now() + ROUTE_CHECK_WAIT;
                     let ask = deadline.map_or(ask, |d| d.min(ask));
-                    let still = match g.stack.connect_until(addr, Some(ask)) {
+                    let answer = if g.stack.asking(addr) {
+                        Err(Error::ManagerUnresponsive(ROUTE_CHECK_WAIT))
+                    } else {
+                        g.stack.connect_until(addr, Some(ask))
+                    };
+                    let still = match answer {
                         Ok(p) => p == peer,
                         Err(Error::Refused { .. }) => false,
                         // Nobody to ask, or nobody answering: wait on while

@@ -586,6 +586,13 @@ impl Stack {
         Ok(())
     }
 
+    /// Whether a connect to `addr` was sent and its answer has not come.
+    pub(crate) fn asking(&self, addr: SocketAddr) -> bool {
+        self.unanswered
+            .iter()
+            .any(|(_, m)| *m == Msg::Connect { addr })
+    }
+
     /// Changes the control timeout (see [`StackBuilder::control_timeout`]).
     pub fn set_control_timeout(&mut self, timeout: Duration) {
         self.ctrl_timeout = timeout;
@@ -664,10 +671,25 @@ impl Stack {
                         Error::TimedOut
                     });
                 }
+                // Taken as the reply it stands in place of (replies come
+                // in order): a request's own fails, a late one is dropped.
+                Err(RecvError::Proto(p)) => {
+                    tracing::warn!(error = %p, "malformed reply from the manager");
+                    match self.unanswered.pop_front() {
+                        Some((n, _)) if n == me => return Err(Error::Protocol(p.to_string())),
+                        _ => continue,
+                    }
+                }
                 Err(e) => return Err(recv_err(e)),
             };
             match m {
-                Msg::ChannelUp { .. } | Msg::PeerDown { .. } => self.handle_async(m, fds)?,
+                // A peer's channel that fails to come up is not this
+                // request's failure.
+                Msg::ChannelUp { .. } | Msg::PeerDown { .. } => {
+                    if let Err(e) = self.handle_async(m, fds) {
+                        tracing::warn!(error = %e, "control message from the manager not handled");
+                    }
+                }
                 reply => match self.unanswered.pop_front() {
                     Some((n, _)) if n == me => return Ok((reply, fds)),
                     Some((_, old)) => self.settle(old, reply, fds),
@@ -702,8 +724,9 @@ impl Stack {
                 }
                 self.resolved.insert(addr, peer);
             }
-            // Unless the caller tried again: that request follows, and
-            // the address is then its to keep (it is told AddrInUse).
+            // Unless the caller tried again: that request follows, and the
+            // address is then its to keep (the manager answers Ok to a
+            // stack binding what it holds).
             (Msg::Bind { addr }, Msg::Ok)
                 if !self
                     .unanswered
@@ -1043,6 +1066,10 @@ impl Stack {
                 }
                 Err(RecvError::Proto(p)) => {
                     tracing::warn!(error = %p, "malformed message from the manager ignored");
+                    // If it stood for a late reply, the next is the next
+                    // request's: keep them in step. (An unprompted message
+                    // malformed this way costs a late reply's settling.)
+                    self.unanswered.pop_front();
                 }
                 Err(e) => return Err(recv_err(e)),
             }

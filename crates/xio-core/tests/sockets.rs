@@ -513,8 +513,12 @@ fn a_stopped_manager_times_requests_out_and_answers_them_late_in_order() {
     assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
     net.set_control_timeout(WATCHDOG);
     server.signal(rustix::process::Signal::CONT);
-    // The other stack reaches ours over the channel the late connect made,
-    // which this net must pick up by itself.
+    // The manager answers our queued requests in order (the bind last)
+    // before the other stack connects: so the channel between the two is
+    // the late connect's, which this net must pick up by itself.
+    wait_until("the manager to answer the queued requests", || {
+        xio_core::manager::query_status(&p).is_ok_and(|t| t.contains("10.61.0.30:80"))
+    });
     let mut theirs = other.connect("10.61.0.40:80").unwrap();
     theirs.write_all(b"late").unwrap();
     let (tx, rx) = std::sync::mpsc::channel();

@@ -617,9 +617,16 @@ impl XioStream {
                 }
             }
             if interest.is_writable() {
-                // An error is the next write's to report.
-                if self.poll_write_ready(cx).is_ready() {
-                    ready |= Ready::WRITABLE;
+                // A write's error is the next write's to report (a
+                // missing driver is this call's).
+                let w = pending_needs_driver(
+                    self.inner.net(),
+                    self.inner.poll_write_ready(cx).map(|_| Ok(())),
+                );
+                match w {
+                    Poll::Ready(Ok(())) => ready |= Ready::WRITABLE,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => {}
                 }
             }
             if ready.is_empty() {
