@@ -2016,10 +2016,11 @@ impl Net {
                 }
                 // The best buffer; a smaller one if that class is exhausted.
                 let mut len = want;
-                let mut buf = core.take_spare(len);
+                let mut buf = None;
                 while buf.is_none() {
-                    // A spare (one `poll_write_ready` kept, say) once the
-                    // classes tried come down to its size.
+                    // A spare (emptied by a read, or kept by
+                    // `poll_write_ready`) once the classes tried come down
+                    // to its size.
                     if let Some(b) = core.take_spare(len) {
                         buf = Some(b);
                         break;
