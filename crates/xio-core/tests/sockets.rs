@@ -47,6 +47,14 @@ fn child_main() {
     }
 }
 
+/// A child process in `role`, serving on `addr` in pool `p`, once it
+/// says it is ready.
+fn serving(role: &str, p: &str, addr: SocketAddr) -> ChildProc {
+    let mut c = ChildProc::spawn("child_main", role, &[p.to_owned(), addr.to_string()]);
+    c.expect("ready");
+    c
+}
+
 fn start(test: &str) -> (ManagerHandle, String) {
     setup();
     let p = prefix(test);
@@ -311,12 +319,7 @@ fn reads_one_byte(prefix: &str, addr: SocketAddr) {
 fn writing_to_a_closed_connection_fails_instead_of_hanging() {
     let (mgr, p) = start("closedwrite");
     let addr: SocketAddr = "10.61.0.4:80".parse().unwrap();
-    let mut server = ChildProc::spawn(
-        "child_main",
-        "reads_one_byte",
-        &[p.clone(), addr.to_string()],
-    );
-    server.expect("ready");
+    let mut server = serving("reads_one_byte", &p, addr);
     {
         let net = Net::attach(&p).unwrap();
         let mut c = net.connect(addr).unwrap();
@@ -431,12 +434,7 @@ fn service_with_its_manager(test: &str, addr: SocketAddr) -> Option<(ChildProc, 
     }
     setup();
     let p = prefix(test);
-    let mut server = ChildProc::spawn(
-        "child_main",
-        "server_with_its_manager",
-        &[p.clone(), addr.to_string()],
-    );
-    server.expect("ready");
+    let server = serving("server_with_its_manager", &p, addr);
     let net = Net::attach(&p).unwrap();
     let mut s = net.connect(addr).unwrap();
     // The read timeout stays as the watchdog: a hang ends in WouldBlock.
@@ -484,12 +482,11 @@ fn a_stopped_manager_times_requests_out_and_answers_them_late_in_order() {
     setup();
     let p = prefix("stopped");
     // An embedded manager and a service on 10.61.0.20:80.
-    let mut server = ChildProc::spawn(
-        "child_main",
+    let server = serving(
         "server_with_its_manager",
-        &[p.clone(), "10.61.0.20:80".into()],
+        &p,
+        "10.61.0.20:80".parse().unwrap(),
     );
-    server.expect("ready");
     let net = Net::attach(&p).unwrap();
     let ours = net.listen("10.61.0.40:80").unwrap();
     let other = Net::attach(&p).unwrap();
@@ -642,12 +639,7 @@ fn without_a_manager_a_slow_listener_keeps_its_route() {
     }
     let (mgr, p) = start("slowsyn");
     let addr: SocketAddr = "10.61.0.13:80".parse().unwrap();
-    let mut server = ChildProc::spawn(
-        "child_main",
-        "slow_acceptor",
-        &[p.clone(), addr.to_string()],
-    );
-    server.expect("ready");
+    let mut server = serving("slow_acceptor", &p, addr);
     let net = Net::attach(&p).unwrap();
     echo_via(&net, addr).unwrap();
     mgr.stop();
@@ -781,12 +773,7 @@ fn a_reader_in_the_managers_process_hears_of_its_stop() {
     }
     let (m1, p) = start("herestop");
     let addr: SocketAddr = "10.61.0.11:80".parse().unwrap();
-    let mut server = ChildProc::spawn(
-        "child_main",
-        "echo_and_hold",
-        &[p.clone(), addr.to_string()],
-    );
-    server.expect("ready");
+    let mut server = serving("echo_and_hold", &p, addr);
     let net = Net::attach(&p).unwrap();
     let mut s = net.connect(addr).unwrap();
     // The watchdog: a hang would end in WouldBlock.
@@ -880,8 +867,7 @@ fn stream_clients(prefix: &str, addr: SocketAddr, conns: u64, bytes: u64, seed0:
 fn run_echo(test: &str, port: u16, procs: u64, conns: u64, bytes: u64) {
     let (mgr, p) = start(test);
     let addr: SocketAddr = format!("10.3.0.1:{port}").parse().unwrap();
-    let mut server = ChildProc::spawn("child_main", "echo_server", &[p.clone(), addr.to_string()]);
-    server.expect("ready");
+    let mut server = serving("echo_server", &p, addr);
     let clients: Vec<_> = (0..procs)
         .map(|k| {
             ChildProc::spawn(
@@ -1350,12 +1336,7 @@ fn writer_forever(prefix: &str, addr: SocketAddr) {
 fn peer_killed_mid_stream_gives_reset_and_pool_is_whole() {
     let (mgr, p) = start("kill");
     let addr: SocketAddr = "10.3.0.4:80".parse().unwrap();
-    let mut server = ChildProc::spawn(
-        "child_main",
-        "writer_forever",
-        &[p.clone(), addr.to_string()],
-    );
-    server.expect("ready");
+    let mut server = serving("writer_forever", &p, addr);
     {
         let net = Net::attach(&p).unwrap();
         let mut s = net.connect(addr).unwrap();
@@ -1459,12 +1440,7 @@ fn slow_reader_server(prefix: &str, addr: SocketAddr) {
 fn slow_reader_does_not_starve_others_and_loses_nothing() {
     let (mgr, p) = start("slow");
     let addr: SocketAddr = "10.3.0.6:80".parse().unwrap();
-    let mut server = ChildProc::spawn(
-        "child_main",
-        "slow_reader_server",
-        &[p.clone(), addr.to_string()],
-    );
-    server.expect("ready");
+    let server = serving("slow_reader_server", &p, addr);
     let total: u64 = 32 << 20;
     {
         let net = Net::attach(&p).unwrap();
@@ -2032,8 +2008,7 @@ fn hostile_descriptors_hurt_no_other_connection() {
 
     let (mgr, p) = start("hostile");
     let addr: SocketAddr = "10.3.9.1:7000".parse().unwrap();
-    let mut server = ChildProc::spawn("child_main", "echo_server", &[p.clone(), addr.to_string()]);
-    server.expect("ready");
+    let mut server = serving("echo_server", &p, addr);
     let net = Net::attach(&p).unwrap();
     let s = net.connect(addr).unwrap();
     echo_check(&s, b"before the attack");
