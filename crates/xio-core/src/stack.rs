@@ -308,6 +308,7 @@ impl StackBuilder {
             manager_here,
             ctrl_timeout: self.ctrl_timeout,
             unanswered: VecDeque::new(),
+            unreleased: Vec::new(),
             next_request: 0,
             epoch: Arc::new(AtomicU64::new(0)),
             born: crate::fork::Birth::now(),
@@ -500,6 +501,11 @@ pub struct Stack {
     unanswered: VecDeque<(u64, Msg)>,
     /// Number of the next request.
     next_request: u64,
+    /// Channels whose release the control socket had no room for (the
+    /// manager is not reading this stack's messages: stopped, or busy
+    /// sending it news it has not read yet). Sent before anything else is
+    /// read; never waited for, since the manager may be waiting for us.
+    unreleased: Vec<u32>,
     /// Bumped whenever the set of channels changes, so a [`Probe`] made
     /// earlier knows it may be missing a ring.
     epoch: Arc<AtomicU64>,
@@ -628,6 +634,7 @@ impl Stack {
         if self.manager_gone {
             return Err(Error::ManagerGone);
         }
+        self.send_releases();
         let limit = Instant::now().checked_add(self.ctrl_timeout);
         let until = match (deadline, limit) {
             (Some(d), Some(l)) => Some(d.min(l)),
@@ -914,7 +921,7 @@ impl Stack {
             // Already closed here (a corrupt ring); the manager still waits
             // for our release before it frees the dead peer's slot.
             if let Some(ch) = announced {
-                let _ = ctrl::send(self.ctrl_fd(), &Msg::ChannelReleased { channel: ch }, &[]);
+                self.release(ch);
             }
             return;
         };
@@ -936,13 +943,31 @@ impl Stack {
         if announced.is_some()
             || self.seg.channel(ch.id).state.load(Ordering::Acquire) != chan_state::ACTIVE
         {
-            let _ = ctrl::send(
-                self.ctrl_fd(),
-                &Msg::ChannelReleased { channel: ch.id },
-                &[],
-            );
+            self.release(ch.id);
         }
         tracing::debug!(stack = self.id, channel = ch.id, peer, "channel closed");
+    }
+
+    /// Tells the manager this stack is done with channel `ch`, now or, if
+    /// the socket is full, at the next look at the control socket.
+    fn release(&mut self, ch: u32) {
+        self.unreleased.push(ch);
+        self.send_releases();
+    }
+
+    /// Sends the releases that wait, as far as the socket has room.
+    fn send_releases(&mut self) {
+        while let Some(&ch) = self.unreleased.first() {
+            let msg = Msg::ChannelReleased { channel: ch };
+            match ctrl::send_nowait(self.ctrl_fd(), &msg, &[]) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // Sent, or no manager to tell.
+                _ => {
+                    self.unreleased.remove(0);
+                }
+            }
+        }
     }
 
     /// Checks one received descriptor and takes its buffer; a rejected
@@ -1045,6 +1070,7 @@ impl Stack {
             self.reap_dead_peers();
             return Ok(());
         }
+        self.send_releases();
         loop {
             match ctrl::recv(self.ctrl_fd(), true) {
                 Ok((m, fds)) => self.handle_async(m, fds)?,
