@@ -8,7 +8,7 @@
 //! control socket, which the kernel delivers the moment a process dies,
 //! however it dies.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -199,6 +199,10 @@ pub struct StackInfo {
     pub name: String,
     /// Bound addresses.
     pub addrs: Vec<SocketAddr>,
+    /// Control messages waiting in the manager for room in the stack's
+    /// socket: more than zero means it is not reading it (stopped or
+    /// stuck), and the manager takes no requests from it meanwhile.
+    pub queued: usize,
 }
 
 /// A manager running on a thread of this process. Stops (and removes its
@@ -313,6 +317,11 @@ struct StackEntry {
     addrs: BTreeSet<SocketAddr>,
     /// peer id -> channel slot
     peers: HashMap<u16, u32>,
+    /// Messages its socket had no room for, oldest first, with their fds.
+    /// While any wait, the manager reads no requests from this stack (so
+    /// a stack that never reads cannot grow it by asking) and polls its
+    /// socket for room instead: the manager never blocks on one stack.
+    outbox: VecDeque<(Msg, Vec<OwnedFd>)>,
 }
 
 struct ChanEntry {
@@ -345,6 +354,9 @@ pub struct Manager {
     last_id: u16,
     bindings: HashMap<SocketAddr, u16>,
     channels: Vec<Option<ChanEntry>>,
+    /// Stacks to drop at the end of this turn of the loop (see
+    /// [`Self::deliver`]).
+    doomed: Vec<u16>,
     snapshot: Arc<Mutex<Snapshot>>,
     uid: u32,
 }
@@ -359,6 +371,12 @@ impl std::fmt::Debug for Manager {
 }
 
 const MAX_PENDING: usize = 256;
+
+/// Most messages queued for a stack that does not read its control socket
+/// (stopped, or stuck) beyond what the socket's buffer holds. Only news it
+/// did not ask for (a peer's channel, a peer's death) can pile up there,
+/// a few per peer; past this, the stack is dropped as if it had died.
+const MAX_OUTBOX: usize = 4096;
 
 impl Manager {
     /// Options for a manager of pool `prefix`.
@@ -450,6 +468,7 @@ impl Manager {
             dead: HashMap::new(),
             last_id: 0,
             bindings: HashMap::new(),
+            doomed: Vec::new(),
             snapshot: Arc::new(Mutex::new(Snapshot::default())),
             uid: rustix::process::geteuid().as_raw(),
         })
@@ -546,7 +565,15 @@ impl Manager {
                     fds.push(PollFd::new(p, PollFlags::IN));
                 }
                 for id in &ids {
-                    fds.push(PollFd::new(&self.stacks[id].sock, PollFlags::IN));
+                    let e = &self.stacks[id];
+                    // A stack with messages waiting for room: only room
+                    // (or its hang-up) is of interest until they are out.
+                    let want = if e.outbox.is_empty() {
+                        PollFlags::IN
+                    } else {
+                        PollFlags::OUT
+                    };
+                    fds.push(PollFd::new(&e.sock, want));
                 }
                 match rustix::event::poll(&mut fds, None) {
                     Ok(_) | Err(rustix::io::Errno::INTR) => {}
@@ -566,10 +593,13 @@ impl Manager {
             }
             // Registered stacks first (ids were captured before polling).
             for (id, r) in ids.iter().zip(stack_r) {
-                if r && self.stacks.contains_key(id) {
-                    self.on_stack_readable(*id);
+                match self.stacks.get(id) {
+                    Some(e) if r && !e.outbox.is_empty() => self.flush(*id),
+                    Some(_) if r => self.on_stack_readable(*id),
+                    _ => {}
                 }
             }
+            self.drop_doomed();
             // Pending connections, from the back so removal keeps indices.
             for i in (0..pend_r.len()).rev() {
                 if pend_r[i] {
@@ -592,7 +622,7 @@ impl Manager {
                     match rustix::net::sockopt::socket_peercred(&s) {
                         Ok(c) if c.uid.as_raw() == self.uid || c.uid.is_root() => {}
                         _ => {
-                            let _ = ctrl::send(
+                            let _ = ctrl::send_nowait(
                                 s.as_fd(),
                                 &Msg::Error {
                                     code: ErrorCode::Unexpected,
@@ -625,7 +655,7 @@ impl Manager {
             .unwrap_or_else(|e| e.into_inner())
             .bad_messages += 1;
         tracing::warn!(reason = %why, "bad control message; closing the connection");
-        let _ = ctrl::send(
+        let _ = ctrl::send_nowait(
             sock.as_fd(),
             &Msg::Error {
                 code: ErrorCode::BadMessage,
@@ -649,7 +679,7 @@ impl Manager {
             Msg::Hello { pid, name } => self.register(sock, pid, name),
             Msg::Status => {
                 let text = self.status_text();
-                let _ = ctrl::send(sock.as_fd(), &Msg::StatusReply { text }, &[]);
+                let _ = ctrl::send_nowait(sock.as_fd(), &Msg::StatusReply { text }, &[]);
             }
             other => self.bad_message(&sock, format!("expected Hello, got {other:?}")),
         }
@@ -673,7 +703,7 @@ impl Manager {
                     && self.seg.stack_slot(id).state.load(Ordering::Acquire) == slot_state::FREE
             });
         let Some(id) = free else {
-            let _ = ctrl::send(
+            let _ = ctrl::send_nowait(
                 sock.as_fd(),
                 &Msg::Error {
                     code: ErrorCode::NoSpace,
@@ -697,7 +727,8 @@ impl Manager {
         slot.pid.store(pid, Ordering::Relaxed);
         slot.state.store(slot_state::ACTIVE, Ordering::Release);
         let seg_fd = self.seg.region().fd().expect("manager segments are memfds");
-        if let Err(e) = ctrl::send(
+        // A new socket's buffer is empty: this does not find it full.
+        if let Err(e) = ctrl::send_nowait(
             sock.as_fd(),
             &Msg::Welcome { stack_id: id },
             &[seg_fd, bell.fd()],
@@ -718,6 +749,7 @@ impl Manager {
                 pidfd,
                 addrs: BTreeSet::new(),
                 peers: HashMap::new(),
+                outbox: VecDeque::new(),
             },
         );
     }
@@ -765,7 +797,7 @@ impl Manager {
             }
             Msg::Connect { addr } => {
                 self.connect(id, addr);
-                return self.notify(id);
+                return;
             }
             Msg::ChannelReleased { channel } => {
                 self.released(id, channel);
@@ -784,10 +816,88 @@ impl Manager {
             }
         };
         if let Some(m) = reply {
-            let _ = ctrl::send(self.stacks[&id].sock.as_fd(), &m, &[]);
-            // A stack that stopped waiting for this reply (its request
-            // timed out) reads it when it sees the bump.
+            self.deliver(id, m, None);
+        }
+    }
+
+    /// Sends `msg` to stack `to` without waiting, with the fds of stack
+    /// `fds_of` (a channel's peer) if any, then rings it: a stack that
+    /// stopped waiting for a reply (its request timed out) reads it when it
+    /// sees the bump. If the socket is full, or older messages wait, the
+    /// message joins the stack's outbox, its fds duplicated, and goes when
+    /// the socket has room ([`Self::flush`]).
+    fn deliver(&mut self, to: u16, msg: Msg, fds_of: Option<u16>) {
+        let Some(e) = self.stacks.get(&to) else {
+            return;
+        };
+        let fds = fds_of.map(|p| self.peer_fds(p)).unwrap_or_default();
+        if e.outbox.is_empty() {
+            match ctrl::send_nowait(e.sock.as_fd(), &msg, &fds) {
+                Ok(()) => return self.notify(to),
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+                // A stack that is gone: the loop reads its end of file.
+                Err(_) => return,
+            }
+        }
+        let owned: io::Result<Vec<OwnedFd>> = fds.iter().map(|f| f.try_clone_to_owned()).collect();
+        let Ok(owned) = owned else {
+            // Out of fds: the message cannot wait, and a stack that misses
+            // one is out of step with the manager.
+            tracing::error!(stack = to, "no fd left to queue a control message");
+            return self.doomed.push(to);
+        };
+        let e = self.stacks.get_mut(&to).expect("present");
+        e.outbox.push_back((msg, owned));
+        if e.outbox.len() == 1 {
+            tracing::debug!(stack = to, "control socket full; queueing");
+        }
+        if e.outbox.len() > MAX_OUTBOX {
+            tracing::warn!(
+                stack = to,
+                pid = e.pid,
+                name = %e.name,
+                queued = e.outbox.len(),
+                "the stack has not read its control socket for too long; dropping it"
+            );
+            self.doomed.push(to);
+        }
+    }
+
+    /// Sends what waits in stack `id`'s outbox, as far as its socket has
+    /// room, and rings it if anything went.
+    fn flush(&mut self, id: u16) {
+        let Some(e) = self.stacks.get_mut(&id) else {
+            return;
+        };
+        let mut sent = false;
+        while let Some((msg, fds)) = e.outbox.front() {
+            let fds: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+            match ctrl::send_nowait(e.sock.as_fd(), msg, &fds) {
+                Ok(()) => {
+                    e.outbox.pop_front();
+                    sent = true;
+                }
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    // Hung up: gone, with whatever it had not read.
+                    let e = self.stacks.remove(&id).expect("present");
+                    return self.on_death(id, e);
+                }
+            }
+        }
+        if sent {
             self.notify(id);
+        }
+    }
+
+    /// Drops the stacks marked for it (see [`Self::deliver`]) as if they
+    /// had died: their socket closes, their buffers are reclaimed.
+    fn drop_doomed(&mut self) {
+        while let Some(id) = self.doomed.pop() {
+            if let Some(e) = self.stacks.remove(&id) {
+                self.on_death(id, e);
+            }
         }
     }
 
@@ -843,22 +953,20 @@ impl Manager {
     }
 
     fn connect(&mut self, a: u16, addr: SocketAddr) {
-        let reply = |m: &mut Self, msg: Msg, fds: &[std::os::fd::BorrowedFd<'_>]| {
-            let _ = ctrl::send(m.stacks[&a].sock.as_fd(), &msg, fds);
-        };
+        let reply = |m: &mut Self, msg: Msg| m.deliver(a, msg, None);
         let Some(b) = self.lookup(addr) else {
             let msg = Msg::Error {
                 code: ErrorCode::ConnectionRefused,
                 message: format!("nothing is bound to {addr}"),
             };
-            return reply(self, msg, &[]);
+            return reply(self, msg);
         };
         if b == a {
             let msg = Msg::Error {
                 code: ErrorCode::ConnectionRefused,
                 message: format!("{addr} is bound by this same stack"),
             };
-            return reply(self, msg, &[]);
+            return reply(self, msg);
         }
         if let Some(&ch) = self.stacks[&a].peers.get(&b) {
             let (dir, _) = self.dir_of(ch, a);
@@ -868,15 +976,14 @@ impl Manager {
                 peer: b,
                 existing: true,
             };
-            let _ = ctrl::send(self.stacks[&a].sock.as_fd(), &msg, &self.peer_fds(b));
-            return;
+            return self.deliver(a, msg, Some(b));
         }
         let Some(ch) = self.channels.iter().position(|c| c.is_none()) else {
             let msg = Msg::Error {
                 code: ErrorCode::NoSpace,
                 message: "no free channel slot".into(),
             };
-            return reply(self, msg, &[]);
+            return reply(self, msg);
         };
         let ch = ch as u32;
         self.seg.reset_channel_rings(ch);
@@ -912,15 +1019,14 @@ impl Manager {
             dir: 1,
             peer: a,
         };
-        let _ = ctrl::send(self.stacks[&b].sock.as_fd(), &up, &self.peer_fds(a));
-        self.notify(b);
+        self.deliver(b, up, Some(a));
         let msg = Msg::Connected {
             channel: ch,
             dir: 0,
             peer: b,
             existing: false,
         };
-        let _ = ctrl::send(self.stacks[&a].sock.as_fd(), &msg, &self.peer_fds(b));
+        self.deliver(a, msg, Some(b));
         tracing::info!(channel = ch, a, b, %addr, "channel up");
     }
 
@@ -952,19 +1058,15 @@ impl Manager {
                 .store(chan_state::CLOSED, Ordering::Release);
             if let Some(p) = self.stacks.get_mut(&peer) {
                 p.peers.remove(&id);
-                let _ = ctrl::send(
-                    p.sock.as_fd(),
-                    &Msg::PeerDown {
-                        channel: ch,
-                        peer: id,
-                    },
-                    &[],
-                );
+                let down = Msg::PeerDown {
+                    channel: ch,
+                    peer: id,
+                };
+                self.deliver(peer, down, None);
                 if let Some(c) = self.channels[ch as usize].as_mut() {
                     c.closing = Some((peer, id));
                 }
                 waiting.insert(ch);
-                self.notify(peer);
             } else {
                 self.free_channel(ch);
             }
@@ -1078,6 +1180,7 @@ impl Manager {
                 pid: e.pid,
                 name: e.name.clone(),
                 addrs: e.addrs.iter().copied().collect(),
+                queued: e.outbox.len(),
             })
             .collect();
         s.stacks.sort_by_key(|s| s.id);
@@ -1130,6 +1233,13 @@ impl Manager {
                 slot.corrupt.load(Ordering::Relaxed),
                 addrs.join(", ")
             );
+            if !e.outbox.is_empty() {
+                let _ = writeln!(
+                    t,
+                    "             not reading its control socket: {} messages wait",
+                    e.outbox.len()
+                );
+            }
         }
         let _ = writeln!(t, "channels:");
         for (i, c) in self.channels.iter().enumerate() {

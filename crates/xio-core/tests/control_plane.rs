@@ -170,3 +170,65 @@ fn a_departed_stacks_id_is_not_given_to_the_next_one() {
     }
     drop((client, second));
 }
+
+/// A stack that stops reading its control socket (stopped, stuck, or
+/// hostile) does not stop the manager: what does not fit in its socket
+/// waits in the manager, which takes no more of its requests meanwhile and
+/// goes on serving everyone else; once it reads again, every reply arrives,
+/// in order.
+#[test]
+fn a_stack_that_does_not_read_its_replies_does_not_stall_the_manager() {
+    setup();
+    let p = prefix("deaf");
+    let mgr = Manager::builder(&p).spawn().unwrap();
+    let deaf = raw_conn(&p);
+    let hello = Msg::Hello {
+        pid: 1,
+        name: "deaf".into(),
+    };
+    ctrl::send(deaf.as_fd(), &hello, &[]).unwrap();
+    let (m, _fds) = ctrl::recv(deaf.as_fd(), false).unwrap();
+    let Msg::Welcome { stack_id } = m else {
+        panic!("expected Welcome, got {m:?}")
+    };
+    // Ask for the status without reading, until the manager holds replies
+    // our socket has no room for.
+    let queued = |mgr: &xio_core::manager::ManagerHandle| {
+        let s = mgr.snapshot();
+        s.stacks.iter().find(|s| s.id == stack_id).map(|s| s.queued)
+    };
+    let mut asked = 0usize;
+    wait_until("the manager queues replies for the deaf stack", || {
+        loop {
+            match ctrl::send_nowait(deaf.as_fd(), &Msg::Status, &[]) {
+                Ok(()) => asked += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+        queued(&mgr).unwrap_or(0) > 0
+    });
+    // Everyone else is still served.
+    let status = xio_core::manager::query_status(&p).unwrap();
+    assert!(
+        status.contains("not reading its control socket"),
+        "{status}"
+    );
+    let mut other = Stack::attach(&p).unwrap();
+    other.bind("10.63.0.1:1".parse().unwrap()).unwrap();
+    // Every request gets its reply once the deaf stack reads, nothing
+    // more; the manager then has nothing left waiting.
+    for i in 0..asked {
+        match ctrl::recv_until(deaf.as_fd(), Some(std::time::Instant::now() + WATCHDOG)) {
+            Ok((Msg::StatusReply { .. }, _)) => {}
+            other => panic!("reply {i} of {asked}: {other:?}"),
+        }
+    }
+    wait_until("the queue empties", || queued(&mgr) == Some(0));
+    assert!(matches!(
+        ctrl::recv(deaf.as_fd(), true),
+        Err(ctrl::RecvError::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock
+    ));
+    drop((deaf, other));
+    wait_pool_whole(&mgr);
+}
