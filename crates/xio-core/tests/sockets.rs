@@ -519,7 +519,14 @@ fn a_stopped_manager_times_requests_out_and_answers_them_late_in_order() {
     let mut theirs = other.connect("10.61.0.40:80").unwrap();
     theirs.write_all(b"late").unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || tx.send(ours.accept().map(|a| a.0)));
+    std::thread::spawn(move || {
+        let r = ours.accept().map(|a| a.0);
+        // Unbound before the stream is handed over: an unbind still in
+        // flight at the next SIGSTOP would wait out the timeout holding
+        // the net.
+        drop(ours);
+        tx.send(r)
+    });
     let mut s = rx
         .recv_timeout(WATCHDOG)
         .expect("the connection over the late channel was never accepted")
