@@ -2407,6 +2407,10 @@ impl Iterator for Incoming<'_> {
     }
 }
 
+/// How long a closing listener waits for the manager to confirm its
+/// unbind (it answers in microseconds when it runs).
+const UNBIND_WAIT: Duration = Duration::from_millis(100);
+
 impl Drop for ListenerInner {
     fn drop(&mut self) {
         let addr = self.addr;
@@ -2415,7 +2419,9 @@ impl Drop for ListenerInner {
             .unwrap_or_else(|e| e.into_inner())
             .update(|g| {
                 g.table.unlisten(addr);
-                if let Err(e) = g.stack.unbind(addr) {
+                // Holding the net: every stream of the process waits as
+                // long as this does, so not the whole control timeout.
+                if let Err(e) = g.stack.unbind_within(addr, UNBIND_WAIT) {
                     tracing::debug!(addr = %addr, error = %e, "unbind failed");
                 }
             });

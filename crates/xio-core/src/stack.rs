@@ -769,6 +769,20 @@ impl Stack {
         self.expect_ok(&Msg::Unbind { addr })
     }
 
+    /// [`Stack::unbind`], waiting for the manager's answer `wait` at most
+    /// (and the control timeout). An answer that comes later is read and
+    /// settled then: the unbind is done either way once the manager runs.
+    /// For a closing listener, which must not hold its net for the whole
+    /// control timeout when the manager is stopped.
+    pub fn unbind_within(&mut self, addr: SocketAddr, wait: Duration) -> Result<(), Error> {
+        let msg = Msg::Unbind { addr };
+        match self.request(&msg, Instant::now().checked_add(wait))?.0 {
+            Msg::Ok => Ok(()),
+            Msg::Error { code, message } => Err(Error::Refused { code, message }),
+            other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
+        }
+    }
+
     /// Opens (or reuses) the channel to the stack bound to `addr`.
     /// Fails with `Refused { code: ConnectionRefused }` if nobody bound it.
     pub fn connect(&mut self, addr: SocketAddr) -> Result<PeerId, Error> {

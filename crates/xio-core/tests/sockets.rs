@@ -555,6 +555,50 @@ fn a_stopped_manager_times_requests_out_and_answers_them_late_in_order() {
     hello_echo(&mut s).unwrap();
 }
 
+/// A listener closed while the manager is stopped waits a moment for its
+/// unbind's answer, not the whole control timeout holding its net (every
+/// stream of the process waited with it); the unbind is done once the
+/// manager runs again.
+#[test]
+fn a_listener_closed_while_the_manager_is_stopped_does_not_hold_the_net() {
+    if test_backend() == xio_core::manager::Backend::Dpdk {
+        eprintln!("skipped on the DPDK backend: the manager runs in the test process there");
+        return;
+    }
+    setup();
+    let p = prefix("stopclose");
+    let addr: SocketAddr = "10.61.0.50:80".parse().unwrap();
+    let server = serving("server_with_its_manager", &p, addr);
+    // An echo service in this process: the stopped one holds the manager.
+    let echo = Net::attach(&p).unwrap();
+    let echo_l = echo.listen("10.61.0.52:80").unwrap();
+    std::thread::spawn(move || echo_one(echo_l.accept().unwrap().0));
+    let net = Net::attach(&p).unwrap();
+    net.set_control_timeout(WATCHDOG);
+    let mut s = net.connect("10.61.0.52:80").unwrap();
+    let ours: SocketAddr = "10.61.0.51:80".parse().unwrap();
+    let l = net.listen(ours).unwrap();
+    server.signal(rustix::process::Signal::STOP);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(l);
+        tx.send(())
+    });
+    rx.recv_timeout(WATCHDOG / 2)
+        .expect("closing the listener held the net for the control timeout");
+    // The data path needs no manager.
+    hello_echo(&mut s).unwrap();
+    server.signal(rustix::process::Signal::CONT);
+    wait_until("the late unbind", || {
+        xio_core::manager::query_status(&p).is_ok_and(|t| !t.contains("10.61.0.51:80"))
+    });
+    let other = Net::attach(&p).unwrap();
+    other.listen(ours).unwrap();
+    // The late answer is settled, not taken for the next request's.
+    let err = net.listen(addr).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+}
+
 /// With the manager dead, a connect to a service that died with it is
 /// refused at once (the service's pidfd says it exited), not taken over
 /// the dead channel and failed at the first read.
