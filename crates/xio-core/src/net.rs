@@ -207,8 +207,9 @@ impl NetBuilder {
                     batch: self.batch,
                     ready: Vec::new(),
                     track_ready: false,
-                    ready_seen: HashMap::default(),
-                    user_tokens: HashMap::default(),
+                    ready_conn: Vec::new(),
+                    ready_seen: Vec::new(),
+                    user_tokens: Vec::new(),
                     syn_buf: None,
                     spare: Vec::with_capacity(SPARE_MAX),
                     spare_size: classes[0],
@@ -417,11 +418,16 @@ struct Core {
     force_ctrl: bool,
     batch: bool,
     ready: Vec<Event>,
+    /// The connection of each entry of `ready` (none for accepts).
+    ready_conn: Vec<Option<u32>>,
     track_ready: bool,
-    /// Index in `ready` of each stream already listed (dedup).
-    ready_seen: HashMap<u32, usize>,
-    /// Tokens chosen with [`XioStream::set_token`], by connection.
-    user_tokens: HashMap<u32, u64>,
+    /// By connection index: the connection and its entry's index in
+    /// `ready` when last listed; current only if `ready_conn` there still
+    /// names it (dedup without a map, and without clearing per poll).
+    ready_seen: Vec<(u32, u32)>,
+    /// Tokens chosen with [`XioStream::set_token`], by connection index,
+    /// with the connection they were chosen for.
+    user_tokens: Vec<Option<(u32, u64)>>,
     /// The buffer the next IPv6 SYN travels in (allocated before taking
     /// the lock; an IPv4 SYN needs none).
     syn_buf: Option<BufMut>,
@@ -937,6 +943,7 @@ impl Core {
                 Action::Acceptable(addr) => {
                     if self.track_ready && !self.ready.contains(&Event::Accept(addr)) {
                         self.ready.push(Event::Accept(addr));
+                        self.ready_conn.push(None);
                         kick |= self.wake_key(Key::Poll, wake);
                     }
                     Key::Accept(addr)
@@ -1011,10 +1018,26 @@ impl Core {
     /// The token `poll` reports `c` under: the one chosen with
     /// [`XioStream::set_token`], else the connection's id.
     fn token_of(&self, c: ConnId) -> u64 {
-        self.user_tokens
-            .get(&c.0)
-            .copied()
-            .unwrap_or(u64::from(c.0))
+        match self.user_tokens.get(c.index()) {
+            Some(&Some((id, token))) if id == c.0 => token,
+            _ => u64::from(c.0),
+        }
+    }
+
+    /// Where `c` is listed in `ready`, if it is.
+    fn ready_index(&self, c: ConnId) -> Option<usize> {
+        let &(id, i) = self.ready_seen.get(c.index())?;
+        (id == c.0 && self.ready_conn.get(i as usize) == Some(&Some(c.0))).then_some(i as usize)
+    }
+
+    /// Lists the remaining entries of `ready` afresh in `ready_seen`
+    /// after the first ones were taken.
+    fn reindex_ready(&mut self) {
+        for (i, id) in self.ready_conn.iter().enumerate() {
+            if let &Some(id) = id {
+                self.ready_seen[ConnId(id).index()] = (id, i as u32);
+            }
+        }
     }
 
     fn note_ready(&mut self, c: ConnId, r: bool, w: bool) {
@@ -1023,8 +1046,8 @@ impl Core {
         if !self.track_ready || self.table.is_unaccepted(c) {
             return;
         }
-        match self.ready_seen.get(&c.0) {
-            Some(&i) => {
+        match self.ready_index(c) {
+            Some(i) => {
                 if let Event::Stream {
                     readable, writable, ..
                 } = &mut self.ready[i]
@@ -1034,7 +1057,12 @@ impl Core {
                 }
             }
             None => {
-                self.ready_seen.insert(c.0, self.ready.len());
+                let i = c.index();
+                if self.ready_seen.len() <= i {
+                    self.ready_seen.resize(i + 1, (0, u32::MAX));
+                }
+                self.ready_seen[i] = (c.0, self.ready.len() as u32);
+                self.ready_conn.push(Some(c.0));
                 self.ready.push(Event::Stream {
                     token: self.token_of(c),
                     readable: r,
@@ -1852,19 +1880,22 @@ impl Net {
                 for c in conns {
                     core.note_ready(c, true, true);
                 }
-                core.ready.extend(accepts.into_iter().map(Event::Accept));
+                for a in accepts {
+                    core.ready.push(Event::Accept(a));
+                    core.ready_conn.push(None);
+                }
             }
             core.ripe_retries();
             if core.ready.is_empty() {
                 return Try::Wait;
             }
             if core.ready.len() <= cap {
-                core.ready_seen.clear();
+                core.ready_conn.clear();
                 events.append(&mut core.ready);
             } else {
                 events.extend(core.ready.drain(..cap));
-                core.ready_seen.retain(|_, i| *i >= cap);
-                core.ready_seen.values_mut().for_each(|i| *i -= cap);
+                core.ready_conn.drain(..cap);
+                core.reindex_ready();
                 // Bring a loop that sleeps on the doorbell's fd back for
                 // the rest.
                 let _ = core.stack.ring_self();
@@ -2449,7 +2480,9 @@ impl Drop for StreamInner {
         let queued_for = self.net.update(|g| {
             let peer = g.table.peer_of(c);
             g.table.close(c);
-            g.user_tokens.remove(&c.0);
+            if let Some(t) = g.user_tokens.get_mut(c.index()) {
+                *t = None;
+            }
             if let Some(slot) = g.signals.get_mut(c.index()) {
                 if slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, &self.sig)) {
                     *slot = None;
@@ -2618,8 +2651,12 @@ impl XioStream {
     pub fn set_token(&self, token: u64) {
         let c = self.inner.id;
         self.inner.net.update(|g| {
-            g.user_tokens.insert(c.0, token);
-            if let Some(&i) = g.ready_seen.get(&c.0) {
+            let i = c.index();
+            if g.user_tokens.len() <= i {
+                g.user_tokens.resize(i + 1, None);
+            }
+            g.user_tokens[i] = Some((c.0, token));
+            if let Some(i) = g.ready_index(c) {
                 if let Event::Stream { token: t, .. } = &mut g.ready[i] {
                     *t = token;
                 }
