@@ -967,6 +967,11 @@ impl Core {
                 s.bump();
             }
         }
+        // An event loop (`poll`) parks nobody on its streams: skip the
+        // lookup that every readiness would pay.
+        if self.waiters.is_empty() {
+            return true;
+        }
         match self.waiters.remove(&key) {
             Some(mut ws) => {
                 let threads = ws.iter().filter(|w| matches!(w, Waiter::Thread(_))).count();
