@@ -59,9 +59,12 @@ extern "C" {
     ) -> i32;
 }
 
-/// The fork generation of this process.
+/// The fork generation of this process: bumped in every child forked
+/// once X-IO's fork handler is installed (at the first attach, manager
+/// start or [`PerProcess::get`]). A cache of per-process facts keyed by it
+/// is not mistaken in a child for the parent's.
 #[inline]
-fn generation() -> u32 {
+pub fn generation() -> u32 {
     GENERATION.load(Ordering::Relaxed)
 }
 
@@ -91,7 +94,15 @@ impl Birth {
 /// a child locking its copy would wait forever; this one's first use in
 /// the child makes a new value (the inherited copy is left alone, never
 /// freed: one per fork).
-pub(crate) struct PerProcess<T: 'static> {
+///
+/// ```
+/// use std::sync::Mutex;
+/// use xio_core::fork::PerProcess;
+///
+/// static NAMES: PerProcess<Mutex<Vec<String>>> = PerProcess::new(|| Mutex::new(Vec::new()));
+/// NAMES.get().lock().unwrap().push("x".into());
+/// ```
+pub struct PerProcess<T: 'static> {
     current: std::sync::atomic::AtomicPtr<(u32, T)>,
     make: fn() -> T,
     /// `Send`/`Sync` as a `T` would be (it is shared between threads).
@@ -99,7 +110,8 @@ pub(crate) struct PerProcess<T: 'static> {
 }
 
 impl<T: 'static> PerProcess<T> {
-    pub(crate) const fn new(make: fn() -> T) -> PerProcess<T> {
+    /// A value made by `make` at its first use in each process.
+    pub const fn new(make: fn() -> T) -> PerProcess<T> {
         PerProcess {
             current: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
             make,
@@ -108,7 +120,7 @@ impl<T: 'static> PerProcess<T> {
     }
 
     /// This process's value.
-    pub(crate) fn get(&self) -> &'static T {
+    pub fn get(&self) -> &'static T {
         // A fork must bump the generation from the first use on (before
         // any attach installs the handler, a thread may hold the value's
         // lock already).

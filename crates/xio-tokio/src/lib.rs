@@ -60,7 +60,7 @@ use std::io::{self, IoSlice};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -94,19 +94,32 @@ impl Drop for Alive {
 }
 
 thread_local! {
-    /// The net this thread last found a live driver for: every poll that
-    /// returns `Pending` checks its driver, and one atomic load is all
-    /// that check costs in the common case (one net per service).
-    static LAST_DRIVER: RefCell<Option<(usize, Arc<AtomicBool>)>> = const { RefCell::new(None) };
+    /// The net this thread last found a live driver for, and the process
+    /// (fork generation) it was found in: every poll that returns
+    /// `Pending` checks its driver, and one atomic load is all that check
+    /// costs in the common case (one net per service).
+    static LAST_DRIVER: RefCell<Option<(u32, usize, Arc<AtomicBool>)>> = const { RefCell::new(None) };
 }
 
-fn registry() -> &'static Mutex<Registry> {
-    static R: OnceLock<Mutex<Registry>> = OnceLock::new();
-    R.get_or_init(|| {
+/// Per process: a child forked while another thread held the lock gets
+/// its own registry instead of a lock nobody will release.
+static REGISTRY: xio_core::fork::PerProcess<Mutex<Registry>> =
+    xio_core::fork::PerProcess::new(|| {
         Mutex::new(Registry {
             drivers: HashMap::new(),
         })
-    })
+    });
+
+fn registry() -> &'static Mutex<Registry> {
+    REGISTRY.get()
+}
+
+/// Test hook: holds this process's driver registry locked until the
+/// returned guard drops, as another thread may hold it when the process
+/// forks. Not for applications.
+#[doc(hidden)]
+pub fn __hold_registry() -> Box<dyn std::any::Any> {
+    Box::new(registry().lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// Makes sure `net` has a driver task on a live runtime (the current one
@@ -115,10 +128,11 @@ fn ensure_driver(net: &Net) -> io::Result<()> {
     let id = net.id();
     // A net's id cannot be reused while its driver lives (the driver's
     // weak reference keeps the address), so a cached live flag is proof.
+    let gen = xio_core::fork::generation();
     let cached = LAST_DRIVER.with(|l| {
         l.borrow()
             .as_ref()
-            .is_some_and(|(i, a)| *i == id && a.load(Ordering::Acquire))
+            .is_some_and(|(g, i, a)| *g == gen && *i == id && a.load(Ordering::Acquire))
     });
     if cached {
         return Ok(());
@@ -127,7 +141,7 @@ fn ensure_driver(net: &Net) -> io::Result<()> {
     if let Some(a) = r.drivers.get(&id) {
         if a.load(Ordering::Acquire) {
             let a = a.clone();
-            LAST_DRIVER.with(|l| *l.borrow_mut() = Some((id, a)));
+            LAST_DRIVER.with(|l| *l.borrow_mut() = Some((gen, id, a)));
             return Ok(());
         }
     }
@@ -157,7 +171,7 @@ fn ensure_driver(net: &Net) -> io::Result<()> {
         drive(weak, fd, manager).await
     });
     r.drivers.insert(id, alive.clone());
-    LAST_DRIVER.with(|l| *l.borrow_mut() = Some((id, alive)));
+    LAST_DRIVER.with(|l| *l.borrow_mut() = Some((gen, id, alive)));
     Ok(())
 }
 

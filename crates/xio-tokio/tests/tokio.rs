@@ -440,6 +440,9 @@ fn child_main() {
             std::future::pending::<()>().await;
         });
     }
+    if role == "forker" {
+        return fork_holding_the_registry(&prefix);
+    }
     assert_eq!(role, "writer");
     // A plain blocking X-IO server in the child: accepts, then writes.
     let net = Net::attach(&prefix).unwrap();
@@ -449,6 +452,83 @@ fn child_main() {
     let (mut s, _) = l.accept().unwrap();
     let chunk = vec![0x5au8; 50_000];
     while s.write_all(&chunk).is_ok() {}
+}
+
+extern "C" {
+    fn fork() -> i32;
+    fn _exit(code: i32) -> !;
+}
+
+/// One 4-byte exchange between two nets of pool `p` in a runtime of its
+/// own, under `addr`.
+fn exchange_in_a_new_runtime(p: &str, addr: &str) {
+    rt(1).block_on(async {
+        let (mut c, mut s) = connected(p, addr).await;
+        c.write_all(b"ping").await.unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"ping");
+    });
+}
+
+/// Role of `a_child_forked_while_the_driver_registry_is_locked_drives_its_nets`:
+/// uses xio-tokio (so the registry exists), then forks while holding the
+/// registry's lock, as another thread of a service may when it forks. The
+/// child makes a runtime and nets of its own and talks over them; it used
+/// to wait forever for the lock.
+fn fork_holding_the_registry(prefix: &str) {
+    exchange_in_a_new_runtime(prefix, "10.4.0.30:80");
+    let held = xio_tokio::__hold_registry();
+    let (rd, wr) = rustix::pipe::pipe().unwrap();
+    // SAFETY: the child makes a runtime and nets (new threads, fds and
+    // mappings), writes to a pipe and `_exit`s; this process's other
+    // threads (an idle runtime's) hold no lock the child takes.
+    let pid = unsafe { fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        drop(rd);
+        std::mem::forget(held);
+        let _ =
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+        let ok = std::panic::catch_unwind(|| exchange_in_a_new_runtime(prefix, "10.4.0.31:80"));
+        let verdict = if ok.is_ok() { "ok" } else { "failed" };
+        rustix::io::write(&wr, verdict.as_bytes()).unwrap();
+        // SAFETY: ends the forked child without running the parent's exit
+        // handlers a second time.
+        unsafe { _exit(0) }
+    }
+    drop(wr);
+    drop(held);
+    let mut p = [rustix::event::PollFd::new(
+        &rd,
+        rustix::event::PollFlags::IN,
+    )];
+    let limit = rustix::event::Timespec {
+        tv_sec: WATCHDOG.as_secs() as _,
+        tv_nsec: 0,
+    };
+    assert_eq!(
+        rustix::event::poll(&mut p, Some(&limit)).unwrap(),
+        1,
+        "watchdog: the forked child hung"
+    );
+    let mut verdict = [0u8; 16];
+    let n = rustix::io::read(&rd, &mut verdict).unwrap();
+    assert_eq!(&verdict[..n], b"ok", "the forked child's exchange");
+    let _ = rustix::process::waitpid(
+        rustix::process::Pid::from_raw(pid),
+        rustix::process::WaitOptions::empty(),
+    );
+    println!("ready");
+    std::io::stdout().flush().unwrap();
+}
+
+#[test]
+fn a_child_forked_while_the_driver_registry_is_locked_drives_its_nets() {
+    let (_mgr, p) = setup("forkreg");
+    let mut child = spawn_child("forker", &p);
+    child.kill().unwrap();
+    child.wait().unwrap();
 }
 
 /// Runs `child_main` in a child process as `role` on pool `prefix`, and
