@@ -322,6 +322,8 @@ struct StackEntry {
     /// a stack that never reads cannot grow it by asking) and polls its
     /// socket for room instead: the manager never blocks on one stack.
     outbox: VecDeque<(Msg, Vec<OwnedFd>)>,
+    /// The fds the outbox holds.
+    outbox_fds: usize,
 }
 
 struct ChanEntry {
@@ -377,6 +379,9 @@ const MAX_PENDING: usize = 256;
 /// did not ask for (a peer's channel, a peer's death) can pile up there,
 /// a few per peer; past this, the stack is dropped as if it had died.
 const MAX_OUTBOX: usize = 4096;
+/// Most fds those messages may hold (a new peer's channel carries two):
+/// the manager's fds are for every stack.
+const MAX_OUTBOX_FDS: usize = 256;
 
 impl Manager {
     /// Options for a manager of pool `prefix`.
@@ -750,6 +755,7 @@ impl Manager {
                 addrs: BTreeSet::new(),
                 peers: HashMap::new(),
                 outbox: VecDeque::new(),
+                outbox_fds: 0,
             },
         );
     }
@@ -847,16 +853,18 @@ impl Manager {
             return self.doomed.push(to);
         };
         let e = self.stacks.get_mut(&to).expect("present");
+        e.outbox_fds += owned.len();
         e.outbox.push_back((msg, owned));
         if e.outbox.len() == 1 {
             tracing::debug!(stack = to, "control socket full; queueing");
         }
-        if e.outbox.len() > MAX_OUTBOX {
+        if e.outbox.len() > MAX_OUTBOX || e.outbox_fds > MAX_OUTBOX_FDS {
             tracing::warn!(
                 stack = to,
                 pid = e.pid,
                 name = %e.name,
                 queued = e.outbox.len(),
+                fds = e.outbox_fds,
                 "the stack has not read its control socket for too long; dropping it"
             );
             self.doomed.push(to);
@@ -874,7 +882,9 @@ impl Manager {
             let fds: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
             match ctrl::send_nowait(e.sock.as_fd(), msg, &fds) {
                 Ok(()) => {
-                    e.outbox.pop_front();
+                    if let Some((_, fds)) = e.outbox.pop_front() {
+                        e.outbox_fds -= fds.len();
+                    }
                     sent = true;
                 }
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => {}

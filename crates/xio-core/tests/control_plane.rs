@@ -232,3 +232,82 @@ fn a_stack_that_does_not_read_its_replies_does_not_stall_the_manager() {
     drop((deaf, other));
     wait_pool_whole(&mgr);
 }
+
+/// A stack that does not read its control socket while ever more peers
+/// open channels to it (each hands it two fds) is dropped once those fds
+/// pass the manager's limit, instead of taking every fd the manager has.
+/// Everyone else goes on.
+#[test]
+fn a_deaf_stack_that_piles_up_fds_is_dropped() {
+    setup();
+    let p = prefix("deaffds");
+    let mgr = Manager::builder(&p)
+        .pool(PoolConfig {
+            classes: vec![(2 << 10, 256)],
+            max_stacks: 200,
+            max_channels: 200,
+            ring_capacity: 16,
+        })
+        .spawn()
+        .unwrap();
+    let deaf = raw_conn(&p);
+    let hello = Msg::Hello {
+        pid: 1,
+        name: "deaf".into(),
+    };
+    ctrl::send(deaf.as_fd(), &hello, &[]).unwrap();
+    let (m, _fds) = ctrl::recv(deaf.as_fd(), false).unwrap();
+    let Msg::Welcome { stack_id } = m else {
+        panic!("expected Welcome, got {m:?}")
+    };
+    let addr: std::net::SocketAddr = "10.64.0.1:1".parse().unwrap();
+    ctrl::send(deaf.as_fd(), &Msg::Bind { addr }, &[]).unwrap();
+    assert!(matches!(
+        ctrl::recv(deaf.as_fd(), false).unwrap().0,
+        Msg::Ok
+    ));
+    // Its socket full of unread status replies, so what follows queues.
+    let listed = |mgr: &xio_core::manager::ManagerHandle| {
+        mgr.snapshot().stacks.iter().any(|s| s.id == stack_id)
+    };
+    let queued = |mgr: &xio_core::manager::ManagerHandle| {
+        let s = mgr.snapshot();
+        s.stacks.iter().find(|s| s.id == stack_id).map(|s| s.queued)
+    };
+    wait_until("the manager queues for the deaf stack", || {
+        while ctrl::send_nowait(deaf.as_fd(), &Msg::Status, &[]).is_ok() {}
+        queued(&mgr).unwrap_or(0) > 0
+    });
+    // Peers connect: each new channel queues two fds for it.
+    let mut peers = Vec::new();
+    while listed(&mgr) {
+        assert!(peers.len() < 190, "the deaf stack was never dropped");
+        let mut s = Stack::attach(&p).unwrap();
+        match s.connect(addr) {
+            Ok(_) => peers.push(s),
+            // Dropped already (the snapshot lags a turn of the manager).
+            Err(Error::Refused { .. }) => break,
+            Err(e) => panic!("connect: {e}"),
+        }
+    }
+    assert!(peers.len() > 64, "dropped after {} peers", peers.len());
+    // Closed: what it had read room for, then end of file.
+    loop {
+        match ctrl::recv_until(deaf.as_fd(), Some(std::time::Instant::now() + WATCHDOG)) {
+            Ok(_) => {}
+            Err(ctrl::RecvError::Closed) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // The others are served, and talk.
+    let mut a = Stack::attach(&p).unwrap();
+    a.bind(addr).unwrap();
+    let b = peers.last_mut().unwrap();
+    let to = b.connect(addr).unwrap();
+    let mut buf = b.alloc(3).unwrap();
+    buf.copy_from(b"abc");
+    b.send(to, buf).unwrap();
+    assert_eq!(&a.recv_timeout(WATCHDOG).unwrap().buf[..], b"abc");
+    drop((a, peers));
+    wait_pool_whole(&mgr);
+}
