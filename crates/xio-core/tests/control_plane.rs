@@ -171,6 +171,46 @@ fn a_departed_stacks_id_is_not_given_to_the_next_one() {
     drop((client, second));
 }
 
+/// A raw client registered as a stack ("deaf": the tests decide when it
+/// reads); its socket and stack id.
+fn deaf_stack(prefix: &str) -> (std::os::fd::OwnedFd, u16) {
+    let deaf = raw_conn(prefix);
+    let hello = Msg::Hello {
+        pid: 1,
+        name: "deaf".into(),
+    };
+    ctrl::send(deaf.as_fd(), &hello, &[]).unwrap();
+    let (m, _fds) = ctrl::recv(deaf.as_fd(), false).unwrap();
+    let Msg::Welcome { stack_id } = m else {
+        panic!("expected Welcome, got {m:?}")
+    };
+    (deaf, stack_id)
+}
+
+/// The control messages the manager holds for stack `id` (None: not
+/// registered).
+fn queued_for(mgr: &xio_core::manager::ManagerHandle, id: u16) -> Option<usize> {
+    let s = mgr.snapshot();
+    s.stacks.iter().find(|s| s.id == id).map(|s| s.queued)
+}
+
+/// Asks for the status on `deaf` without reading, until the manager holds
+/// replies its socket has no room for. Returns how many were asked.
+fn fill_until_queued(mgr: &xio_core::manager::ManagerHandle, deaf: &impl AsFd, id: u16) -> usize {
+    let mut asked = 0usize;
+    wait_until("the manager queues replies for the deaf stack", || {
+        loop {
+            match ctrl::send_nowait(deaf.as_fd(), &Msg::Status, &[]) {
+                Ok(()) => asked += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+        queued_for(mgr, id).unwrap_or(0) > 0
+    });
+    asked
+}
+
 /// A stack that stops reading its control socket (stopped, stuck, or
 /// hostile) does not stop the manager: what does not fit in its socket
 /// waits in the manager, which takes no more of its requests meanwhile and
@@ -181,33 +221,8 @@ fn a_stack_that_does_not_read_its_replies_does_not_stall_the_manager() {
     setup();
     let p = prefix("deaf");
     let mgr = Manager::builder(&p).spawn().unwrap();
-    let deaf = raw_conn(&p);
-    let hello = Msg::Hello {
-        pid: 1,
-        name: "deaf".into(),
-    };
-    ctrl::send(deaf.as_fd(), &hello, &[]).unwrap();
-    let (m, _fds) = ctrl::recv(deaf.as_fd(), false).unwrap();
-    let Msg::Welcome { stack_id } = m else {
-        panic!("expected Welcome, got {m:?}")
-    };
-    // Ask for the status without reading, until the manager holds replies
-    // our socket has no room for.
-    let queued = |mgr: &xio_core::manager::ManagerHandle| {
-        let s = mgr.snapshot();
-        s.stacks.iter().find(|s| s.id == stack_id).map(|s| s.queued)
-    };
-    let mut asked = 0usize;
-    wait_until("the manager queues replies for the deaf stack", || {
-        loop {
-            match ctrl::send_nowait(deaf.as_fd(), &Msg::Status, &[]) {
-                Ok(()) => asked += 1,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => panic!("send: {e}"),
-            }
-        }
-        queued(&mgr).unwrap_or(0) > 0
-    });
+    let (deaf, stack_id) = deaf_stack(&p);
+    let asked = fill_until_queued(&mgr, &deaf, stack_id);
     // Everyone else is still served.
     let status = xio_core::manager::query_status(&p).unwrap();
     assert!(
@@ -224,7 +239,9 @@ fn a_stack_that_does_not_read_its_replies_does_not_stall_the_manager() {
             other => panic!("reply {i} of {asked}: {other:?}"),
         }
     }
-    wait_until("the queue empties", || queued(&mgr) == Some(0));
+    wait_until("the queue empties", || {
+        queued_for(&mgr, stack_id) == Some(0)
+    });
     assert!(matches!(
         ctrl::recv(deaf.as_fd(), true),
         Err(ctrl::RecvError::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock
@@ -250,16 +267,7 @@ fn a_deaf_stack_that_piles_up_fds_is_dropped() {
         })
         .spawn()
         .unwrap();
-    let deaf = raw_conn(&p);
-    let hello = Msg::Hello {
-        pid: 1,
-        name: "deaf".into(),
-    };
-    ctrl::send(deaf.as_fd(), &hello, &[]).unwrap();
-    let (m, _fds) = ctrl::recv(deaf.as_fd(), false).unwrap();
-    let Msg::Welcome { stack_id } = m else {
-        panic!("expected Welcome, got {m:?}")
-    };
+    let (deaf, stack_id) = deaf_stack(&p);
     let addr: std::net::SocketAddr = "10.64.0.1:1".parse().unwrap();
     ctrl::send(deaf.as_fd(), &Msg::Bind { addr }, &[]).unwrap();
     assert!(matches!(
@@ -267,20 +275,10 @@ fn a_deaf_stack_that_piles_up_fds_is_dropped() {
         Msg::Ok
     ));
     // Its socket full of unread status replies, so what follows queues.
-    let listed = |mgr: &xio_core::manager::ManagerHandle| {
-        mgr.snapshot().stacks.iter().any(|s| s.id == stack_id)
-    };
-    let queued = |mgr: &xio_core::manager::ManagerHandle| {
-        let s = mgr.snapshot();
-        s.stacks.iter().find(|s| s.id == stack_id).map(|s| s.queued)
-    };
-    wait_until("the manager queues for the deaf stack", || {
-        while ctrl::send_nowait(deaf.as_fd(), &Msg::Status, &[]).is_ok() {}
-        queued(&mgr).unwrap_or(0) > 0
-    });
+    fill_until_queued(&mgr, &deaf, stack_id);
     // Peers connect: each new channel queues two fds for it.
     let mut peers = Vec::new();
-    while listed(&mgr) {
+    while queued_for(&mgr, stack_id).is_some() {
         assert!(peers.len() < 190, "the deaf stack was never dropped");
         let mut s = Stack::attach(&p).unwrap();
         match s.connect(addr) {
