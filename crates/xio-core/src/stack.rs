@@ -1159,6 +1159,11 @@ impl Stack {
 
     /// Handles control messages if the manager queued any.
     fn poll_ctrl_if_bumped(&mut self) -> Result<(), Error> {
+        // Releases that found the socket full wait for room, not for news
+        // (a manager reading them answers nothing, so rings nobody).
+        if !self.unreleased.is_empty() && !self.manager_gone {
+            self.send_releases();
+        }
         let seq = self.slot().ctrl_seq.load(Ordering::Acquire);
         if seq != self.ctrl_seen {
             self.ctrl_seen = seq;
