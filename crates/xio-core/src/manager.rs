@@ -324,6 +324,9 @@ struct StackEntry {
     outbox: VecDeque<(Msg, Vec<OwnedFd>)>,
     /// The fds the outbox holds.
     outbox_fds: usize,
+    /// The outbox's first message was refused for a reason poll does not
+    /// signal the end of: it is tried again every [`RETRY_STALLED`].
+    stalled: bool,
 }
 
 struct ChanEntry {
@@ -356,9 +359,6 @@ pub struct Manager {
     last_id: u16,
     bindings: HashMap<SocketAddr, u16>,
     channels: Vec<Option<ChanEntry>>,
-    /// Stacks to drop at the end of this turn of the loop (see
-    /// [`Self::deliver`]).
-    doomed: Vec<u16>,
     snapshot: Arc<Mutex<Snapshot>>,
     uid: u32,
 }
@@ -374,14 +374,27 @@ impl std::fmt::Debug for Manager {
 
 const MAX_PENDING: usize = 256;
 
-/// Most messages queued for a stack that does not read its control socket
-/// (stopped, or stuck) beyond what the socket's buffer holds. Only news it
-/// did not ask for (a peer's channel, a peer's death) can pile up there,
-/// a few per peer; past this, the stack is dropped as if it had died.
-const MAX_OUTBOX: usize = 4096;
-/// Most fds those messages may hold (a new peer's channel carries two):
-/// the manager's fds are for every stack.
+/// Most fds the messages queued for a stack that does not read its control
+/// socket (stopped, or stuck) may hold: a new peer's channel carries two,
+/// and the manager's fds are for every stack. Past this, connections to
+/// that stack are refused until it reads. The rest of what can queue is
+/// bounded without a limit: one reply (its requests are not read while
+/// anything waits) and one peer's death per channel (a dead peer's
+/// channel is not reused before this stack lets it go).
 const MAX_OUTBOX_FDS: usize = 256;
+
+/// Whether a send's error says the stack's end is closed.
+fn hung_up(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::NotConnected
+    )
+}
+
+/// How often a message the kernel refused for a reason other than a full
+/// socket (`ETOOMANYREFS`: too many fds in flight for the user) is tried
+/// again: no poll event says when it would pass.
+const RETRY_STALLED: std::time::Duration = std::time::Duration::from_millis(20);
 
 impl Manager {
     /// Options for a manager of pool `prefix`.
@@ -473,7 +486,6 @@ impl Manager {
             dead: HashMap::new(),
             last_id: 0,
             bindings: HashMap::new(),
-            doomed: Vec::new(),
             snapshot: Arc::new(Mutex::new(Snapshot::default())),
             uid: rustix::process::geteuid().as_raw(),
         })
@@ -575,12 +587,21 @@ impl Manager {
                     // (or its hang-up) is of interest until they are out.
                     let want = if e.outbox.is_empty() {
                         PollFlags::IN
+                    } else if e.stalled {
+                        // Room is not what it waits for (a hang-up is
+                        // still reported).
+                        PollFlags::empty()
                     } else {
                         PollFlags::OUT
                     };
                     fds.push(PollFd::new(&e.sock, want));
                 }
-                match rustix::event::poll(&mut fds, None) {
+                let stalled = ids.iter().any(|id| self.stacks[id].stalled);
+                let limit = stalled.then(|| rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: RETRY_STALLED.as_nanos() as _,
+                });
+                match rustix::event::poll(&mut fds, limit.as_ref()) {
                     Ok(_) | Err(rustix::io::Errno::INTR) => {}
                     Err(e) => return Err(io_err("poll")(e.into())),
                 }
@@ -599,12 +620,11 @@ impl Manager {
             // Registered stacks first (ids were captured before polling).
             for (id, r) in ids.iter().zip(stack_r) {
                 match self.stacks.get(id) {
-                    Some(e) if r && !e.outbox.is_empty() => self.flush(*id),
+                    Some(e) if (r || e.stalled) && !e.outbox.is_empty() => self.flush(*id),
                     Some(_) if r => self.on_stack_readable(*id),
                     _ => {}
                 }
             }
-            self.drop_doomed();
             // Pending connections, from the back so removal keeps indices.
             for i in (0..pend_r.len()).rev() {
                 if pend_r[i] {
@@ -756,6 +776,7 @@ impl Manager {
                 peers: HashMap::new(),
                 outbox: VecDeque::new(),
                 outbox_fds: 0,
+                stalled: false,
             },
         );
     }
@@ -837,38 +858,42 @@ impl Manager {
             return;
         };
         let fds = fds_of.map(|p| self.peer_fds(p)).unwrap_or_default();
+        let mut stalled = false;
         if e.outbox.is_empty() {
             match ctrl::send_nowait(e.sock.as_fd(), &msg, &fds) {
                 Ok(()) => return self.notify(to),
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
                 // A stack that is gone: the loop reads its end of file.
-                Err(_) => return,
+                Err(err) if hung_up(&err) => return,
+                Err(err) => {
+                    tracing::debug!(stack = to, error = %err, "control message refused; retrying");
+                    stalled = true;
+                }
             }
         }
         let owned: io::Result<Vec<OwnedFd>> = fds.iter().map(|f| f.try_clone_to_owned()).collect();
-        let Ok(owned) = owned else {
-            // Out of fds: the message cannot wait, and a stack that misses
-            // one is out of step with the manager.
-            tracing::error!(stack = to, "no fd left to queue a control message");
-            return self.doomed.push(to);
-        };
+        let owned = owned.unwrap_or_else(|err| {
+            // Out of fds. It goes without them (the stack then fails the
+            // channel, or the request, for want of them) rather than not
+            // at all, which would put its replies out of step.
+            tracing::error!(stack = to, error = %err, ?msg, "no fd left to queue a control message's fds");
+            Vec::new()
+        });
         let e = self.stacks.get_mut(&to).expect("present");
         e.outbox_fds += owned.len();
         e.outbox.push_back((msg, owned));
+        e.stalled |= stalled;
         if e.outbox.len() == 1 {
             tracing::debug!(stack = to, "control socket full; queueing");
         }
-        if e.outbox.len() > MAX_OUTBOX || e.outbox_fds > MAX_OUTBOX_FDS {
-            tracing::warn!(
-                stack = to,
-                pid = e.pid,
-                name = %e.name,
-                queued = e.outbox.len(),
-                fds = e.outbox_fds,
-                "the stack has not read its control socket for too long; dropping it"
-            );
-            self.doomed.push(to);
-        }
+    }
+
+    /// Whether the messages queued for stack `id` hold as many fds as
+    /// they may: it gets no new channel until it reads.
+    fn outbox_full(&self, id: u16) -> bool {
+        self.stacks
+            .get(&id)
+            .is_some_and(|e| e.outbox_fds + 2 > MAX_OUTBOX_FDS)
     }
 
     /// Sends what waits in stack `id`'s outbox, as far as its socket has
@@ -878,6 +903,7 @@ impl Manager {
             return;
         };
         let mut sent = false;
+        e.stalled = false;
         while let Some((msg, fds)) = e.outbox.front() {
             let fds: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
             match ctrl::send_nowait(e.sock.as_fd(), msg, &fds) {
@@ -889,25 +915,20 @@ impl Manager {
                 }
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
-                Err(_) => {
-                    // Hung up: gone, with whatever it had not read.
+                Err(err) if hung_up(&err) => {
+                    // Gone, with whatever it had not read.
                     let e = self.stacks.remove(&id).expect("present");
                     return self.on_death(id, e);
+                }
+                Err(err) => {
+                    tracing::debug!(stack = id, error = %err, "control message refused; retrying");
+                    e.stalled = true;
+                    break;
                 }
             }
         }
         if sent {
             self.notify(id);
-        }
-    }
-
-    /// Drops the stacks marked for it (see [`Self::deliver`]) as if they
-    /// had died: their socket closes, their buffers are reclaimed.
-    fn drop_doomed(&mut self) {
-        while let Some(id) = self.doomed.pop() {
-            if let Some(e) = self.stacks.remove(&id) {
-                self.on_death(id, e);
-            }
         }
     }
 
@@ -975,6 +996,18 @@ impl Manager {
             let msg = Msg::Error {
                 code: ErrorCode::ConnectionRefused,
                 message: format!("{addr} is bound by this same stack"),
+            };
+            return reply(self, msg);
+        }
+        if !self.stacks[&a].peers.contains_key(&b) && self.outbox_full(b) {
+            let e = &self.stacks[&b];
+            tracing::warn!(stack = b, pid = e.pid, name = %e.name, %addr, "a new channel refused: the stack is not reading its control socket");
+            let msg = Msg::Error {
+                code: ErrorCode::ConnectionRefused,
+                message: format!(
+                    "{addr} is bound by process {} ({}), which is not reading its control socket",
+                    e.pid, e.name
+                ),
             };
             return reply(self, msg);
         }

@@ -251,12 +251,25 @@ fn a_stack_that_does_not_read_its_replies_does_not_stall_the_manager() {
 }
 
 /// A stack that does not read its control socket while ever more peers
-/// open channels to it (each hands it two fds) is dropped once those fds
-/// pass the manager's limit, instead of taking every fd the manager has.
-/// Everyone else goes on.
+/// open channels to it (each hands it two fds, which the manager holds
+/// for it) gets no new channel once those fds reach the manager's limit:
+/// connecting to it is refused, and it is not dropped (it may only be
+/// stopped, and dropping a live process's stack would hand its buffers to
+/// others). Once it reads, it gets every message, and new channels again.
 #[test]
-fn a_deaf_stack_that_piles_up_fds_is_dropped() {
+fn connects_to_a_stack_that_does_not_read_are_refused_past_the_fd_limit() {
     setup();
+    // ~130 stacks in this process with the manager: more fds than the
+    // usual soft limit of 1024.
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let want = lim.maximum.map_or(1 << 16, |h| h.min(1 << 16));
+    let _ = rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(want),
+            maximum: lim.maximum,
+        },
+    );
     let p = prefix("deaffds");
     let mgr = Manager::builder(&p)
         .pool(PoolConfig {
@@ -275,37 +288,54 @@ fn a_deaf_stack_that_piles_up_fds_is_dropped() {
         Msg::Ok
     ));
     // Its socket full of unread status replies, so what follows queues.
-    fill_until_queued(&mgr, &deaf, stack_id);
-    // Peers connect: each new channel queues two fds for it.
+    let asked = fill_until_queued(&mgr, &deaf, stack_id);
+    // Peers connect: each new channel queues two fds for it, until the
+    // manager refuses.
     let mut peers = Vec::new();
-    while queued_for(&mgr, stack_id).is_some() {
-        assert!(peers.len() < 190, "the deaf stack was never dropped");
+    let refusal = loop {
+        assert!(peers.len() < 190, "connections were never refused");
         let mut s = Stack::attach(&p).unwrap();
         match s.connect(addr) {
             Ok(_) => peers.push(s),
-            // Dropped already (the snapshot lags a turn of the manager).
-            Err(Error::Refused { .. }) => break,
-            Err(e) => panic!("connect: {e}"),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        refusal
+            .to_string()
+            .contains("not reading its control socket"),
+        "{refusal}"
+    );
+    assert!(peers.len() > 64, "refused after {} peers", peers.len());
+    assert!(
+        queued_for(&mgr, stack_id).is_some(),
+        "the stack was dropped"
+    );
+    // It reads: every reply, and a channel per peer, with its fds.
+    let (mut replies, mut channels) = (0, 0);
+    while replies < asked || channels < peers.len() {
+        let deadline = Some(std::time::Instant::now() + WATCHDOG);
+        match ctrl::recv_until(deaf.as_fd(), deadline).unwrap() {
+            (Msg::StatusReply { .. }, _) => replies += 1,
+            (Msg::ChannelUp { .. }, fds) => {
+                assert!(!fds.is_empty(), "a channel without its fds");
+                channels += 1;
+            }
+            (other, _) => panic!("unexpected {other:?}"),
         }
     }
-    assert!(peers.len() > 64, "dropped after {} peers", peers.len());
-    // Closed: what it had read room for, then end of file.
-    loop {
-        match ctrl::recv_until(deaf.as_fd(), Some(std::time::Instant::now() + WATCHDOG)) {
-            Ok(_) => {}
-            Err(ctrl::RecvError::Closed) => break,
-            Err(e) => panic!("{e}"),
-        }
-    }
-    // The others are served, and talk.
-    let mut a = Stack::attach(&p).unwrap();
-    a.bind(addr).unwrap();
-    let b = peers.last_mut().unwrap();
-    let to = b.connect(addr).unwrap();
-    let mut buf = b.alloc(3).unwrap();
-    buf.copy_from(b"abc");
-    b.send(to, buf).unwrap();
-    assert_eq!(&a.recv_timeout(WATCHDOG).unwrap().buf[..], b"abc");
-    drop((a, peers));
+    assert_eq!((replies, channels), (asked, peers.len()));
+    wait_until("the queue empties", || {
+        queued_for(&mgr, stack_id) == Some(0)
+    });
+    // A new peer gets its channel again.
+    let mut late = Stack::attach(&p).unwrap();
+    late.connect(addr).unwrap();
+    let deadline = Some(std::time::Instant::now() + WATCHDOG);
+    assert!(matches!(
+        ctrl::recv_until(deaf.as_fd(), deadline).unwrap().0,
+        Msg::ChannelUp { .. }
+    ));
+    drop((deaf, late, peers));
     wait_pool_whole(&mgr);
 }
