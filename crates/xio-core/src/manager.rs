@@ -359,6 +359,9 @@ pub struct Manager {
     last_id: u16,
     bindings: HashMap<SocketAddr, u16>,
     channels: Vec<Option<ChanEntry>>,
+    /// Most fds all outboxes may hold together (a share of the fd limit
+    /// at start).
+    outbox_fd_budget: usize,
     snapshot: Arc<Mutex<Snapshot>>,
     uid: u32,
 }
@@ -382,12 +385,19 @@ const MAX_PENDING: usize = 256;
 /// anything waits) and one peer's death per channel (a dead peer's
 /// channel is not reused before this stack lets it go).
 const MAX_OUTBOX_FDS: usize = 256;
+/// The share of the manager's fd limit the outboxes of all stacks may hold
+/// together: a few stopped stacks must not take the fds every stack needs
+/// (accepting, channels).
+const OUTBOX_FDS_SHARE: u64 = 4;
 
 /// Whether a send's error says the stack's end is closed.
 fn hung_up(e: &io::Error) -> bool {
     matches!(
         e.kind(),
-        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::NotConnected
+        io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::NotConnected
+            | io::ErrorKind::ConnectionRefused
     )
 }
 
@@ -486,6 +496,10 @@ impl Manager {
             dead: HashMap::new(),
             last_id: 0,
             bindings: HashMap::new(),
+            outbox_fd_budget: {
+                let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+                (lim.current.unwrap_or(1 << 20) / OUTBOX_FDS_SHARE) as usize
+            },
             snapshot: Arc::new(Mutex::new(Snapshot::default())),
             uid: rustix::process::geteuid().as_raw(),
         })
@@ -611,15 +625,27 @@ impl Manager {
                     ready(&fds[0]),
                     ready(&fds[1]),
                     fds[2..2 + np].iter().map(ready).collect::<Vec<_>>(),
-                    fds[2 + np..].iter().map(ready).collect::<Vec<_>>(),
+                    fds[2 + np..]
+                        .iter()
+                        .map(|f| f.revents())
+                        .collect::<Vec<_>>(),
                 )
             };
             if stop_r {
                 return Ok(());
             }
             // Registered stacks first (ids were captured before polling).
-            for (id, r) in ids.iter().zip(stack_r) {
+            for (id, ev) in ids.iter().zip(stack_r) {
+                let r = !ev.is_empty();
+                let hup = ev.intersects(PollFlags::HUP | PollFlags::ERR);
                 match self.stacks.get(id) {
+                    // Hung up with messages waiting: gone (a send to it may
+                    // fail for another reason first, `ETOOMANYREFS`, and
+                    // would be retried for ever).
+                    Some(e) if hup && !e.outbox.is_empty() => {
+                        let e = self.stacks.remove(id).expect("present");
+                        self.on_death(*id, e);
+                    }
                     Some(e) if (r || e.stalled) && !e.outbox.is_empty() => self.flush(*id),
                     Some(_) if r => self.on_stack_readable(*id),
                     _ => {}
@@ -889,11 +915,14 @@ impl Manager {
     }
 
     /// Whether the messages queued for stack `id` hold as many fds as
-    /// they may: it gets no new channel until it reads.
+    /// they may (its own share, or all stacks' together): it gets no new
+    /// channel until it reads.
     fn outbox_full(&self, id: u16) -> bool {
-        self.stacks
-            .get(&id)
-            .is_some_and(|e| e.outbox_fds + 2 > MAX_OUTBOX_FDS)
+        let total: usize = self.stacks.values().map(|e| e.outbox_fds).sum();
+        self.stacks.get(&id).is_some_and(|e| {
+            !e.outbox.is_empty()
+                && (e.outbox_fds + 2 > MAX_OUTBOX_FDS || total + 2 > self.outbox_fd_budget)
+        })
     }
 
     /// Sends what waits in stack `id`'s outbox, as far as its socket has

@@ -309,6 +309,7 @@ impl StackBuilder {
             ctrl_timeout: self.ctrl_timeout,
             unanswered: VecDeque::new(),
             unreleased: Vec::new(),
+            releases_due: None,
             next_request: 0,
             epoch: Arc::new(AtomicU64::new(0)),
             born: crate::fork::Birth::now(),
@@ -317,6 +318,9 @@ impl StackBuilder {
 }
 
 const BURST: usize = 32;
+/// How often releases the control socket had no room for are tried again
+/// from the ring path.
+const RELEASE_RETRY: Duration = Duration::from_millis(1);
 
 /// The control timeout unless set: `$XIO_CONTROL_TIMEOUT_MS`, else 5 s.
 fn default_control_timeout() -> Duration {
@@ -506,6 +510,8 @@ pub struct Stack {
     /// sending it news it has not read yet). Sent before anything else is
     /// read; never waited for, since the manager may be waiting for us.
     unreleased: Vec<u32>,
+    /// When the releases left over are tried again from the ring path.
+    releases_due: Option<Instant>,
     /// Bumped whenever the set of channels changes, so a [`Probe`] made
     /// earlier knows it may be missing a ring.
     epoch: Arc<AtomicU64>,
@@ -1161,8 +1167,13 @@ impl Stack {
     fn poll_ctrl_if_bumped(&mut self) -> Result<(), Error> {
         // Releases that found the socket full wait for room, not for news
         // (a manager reading them answers nothing, so rings nobody).
+        // Once a millisecond at most: a stopped manager fails each try.
         if !self.unreleased.is_empty() && !self.manager_gone {
-            self.send_releases();
+            let now = Instant::now();
+            if self.releases_due.is_none_or(|t| now >= t) {
+                self.send_releases();
+                self.releases_due = (!self.unreleased.is_empty()).then(|| now + RELEASE_RETRY);
+            }
         }
         let seq = self.slot().ctrl_seq.load(Ordering::Acquire);
         if seq != self.ctrl_seen {

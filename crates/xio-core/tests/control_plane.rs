@@ -274,8 +274,8 @@ fn connects_to_a_stack_that_does_not_read_are_refused_past_the_fd_limit() {
     let mgr = Manager::builder(&p)
         .pool(PoolConfig {
             classes: vec![(2 << 10, 256)],
-            max_stacks: 200,
-            max_channels: 200,
+            max_stacks: 300,
+            max_channels: 300,
             ring_capacity: 16,
         })
         .spawn()
@@ -287,17 +287,39 @@ fn connects_to_a_stack_that_does_not_read_are_refused_past_the_fd_limit() {
         ctrl::recv(deaf.as_fd(), false).unwrap().0,
         Msg::Ok
     ));
+    // A peer with a channel already (raw: a stack answers a second
+    // connect from its own routes without asking).
+    let (early, _) = deaf_stack(&p);
+    let connect = |s: &std::os::fd::OwnedFd| {
+        ctrl::send(s.as_fd(), &Msg::Connect { addr }, &[]).unwrap();
+        let deadline = Some(std::time::Instant::now() + WATCHDOG);
+        ctrl::recv_until(s.as_fd(), deadline).unwrap().0
+    };
+    assert!(matches!(
+        connect(&early),
+        Msg::Connected {
+            existing: false,
+            ..
+        }
+    ));
     // Its socket full of unread status replies, so what follows queues.
     let asked = fill_until_queued(&mgr, &deaf, stack_id);
     // Peers connect: each new channel queues two fds for it, until the
     // manager refuses.
+    // (One fd each where the kernel has no pidfds.)
     let mut peers = Vec::new();
     let refusal = loop {
-        assert!(peers.len() < 190, "connections were never refused");
+        assert!(peers.len() < 290, "connections were never refused");
         let mut s = Stack::attach(&p).unwrap();
         match s.connect(addr) {
             Ok(_) => peers.push(s),
-            Err(e) => break e,
+            Err(
+                e @ Error::Refused {
+                    code: xio_core::proto::ErrorCode::ConnectionRefused,
+                    ..
+                },
+            ) => break e,
+            Err(e) => panic!("connect {}: {e}", peers.len()),
         }
     };
     assert!(
@@ -311,9 +333,15 @@ fn connects_to_a_stack_that_does_not_read_are_refused_past_the_fd_limit() {
         queued_for(&mgr, stack_id).is_some(),
         "the stack was dropped"
     );
-    // It reads: every reply, and a channel per peer, with its fds.
+    // A peer whose channel exists still gets it.
+    assert!(matches!(
+        connect(&early),
+        Msg::Connected { existing: true, .. }
+    ));
+    // It reads: every reply, and a channel per peer (the early one's
+    // too), with its fds.
     let (mut replies, mut channels) = (0, 0);
-    while replies < asked || channels < peers.len() {
+    while replies < asked || channels < peers.len() + 1 {
         let deadline = Some(std::time::Instant::now() + WATCHDOG);
         match ctrl::recv_until(deaf.as_fd(), deadline).unwrap() {
             (Msg::StatusReply { .. }, _) => replies += 1,
@@ -324,7 +352,7 @@ fn connects_to_a_stack_that_does_not_read_are_refused_past_the_fd_limit() {
             (other, _) => panic!("unexpected {other:?}"),
         }
     }
-    assert_eq!((replies, channels), (asked, peers.len()));
+    assert_eq!((replies, channels), (asked, peers.len() + 1));
     wait_until("the queue empties", || {
         queued_for(&mgr, stack_id) == Some(0)
     });
@@ -336,6 +364,6 @@ fn connects_to_a_stack_that_does_not_read_are_refused_past_the_fd_limit() {
         ctrl::recv_until(deaf.as_fd(), deadline).unwrap().0,
         Msg::ChannelUp { .. }
     ));
-    drop((deaf, late, peers));
+    drop((deaf, early, late, peers));
     wait_pool_whole(&mgr);
 }

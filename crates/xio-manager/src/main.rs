@@ -104,6 +104,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .collect::<anyhow::Result<_>>()?;
         pool.classes.sort_unstable();
     }
+    raise_fd_limit();
     let manager = Manager::builder(&prefix)
         .pool(pool)
         .backend(cli.backend)
@@ -122,6 +123,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     });
     manager.run()?;
     Ok(())
+}
+
+/// Raises this process's soft fd limit to its hard one, as servers do:
+/// the manager holds fds for every stack (a socket, a doorbell and a
+/// pidfd each, and those it queues for stacks that are not reading), and
+/// the usual soft limit of 1024 is below what 64 stacks can need.
+fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let lim = getrlimit(Resource::Nofile);
+    if lim.current == lim.maximum {
+        return;
+    }
+    let raised = Rlimit {
+        current: lim.maximum,
+        maximum: lim.maximum,
+    };
+    match setrlimit(Resource::Nofile, raised) {
+        Ok(()) => tracing::debug!(limit = ?lim.maximum, "fd limit raised"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the fd limit"),
+    }
 }
 
 fn main() -> ExitCode {
