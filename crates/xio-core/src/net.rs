@@ -1592,14 +1592,13 @@ impl Net {
     }
 
     fn listen_one(&self, addr: SocketAddr, backlog: usize) -> io::Result<XioListener> {
-        let mut g = self.lock();
         let mut a = addr;
         let mut tries = 0;
         loop {
             if a.port() == 0 || tries > 0 {
                 a.set_port(49152 + (fastrand(tries) % 16384) as u16);
             }
-            if g.table.is_listening(&a) {
+            if self.lock().table.is_listening(&a) {
                 if addr.port() != 0 {
                     return Err(io::Error::new(
                         io::ErrorKind::AddrInUse,
@@ -1607,7 +1606,10 @@ impl Net {
                     ));
                 }
             } else {
-                match g.stack.bind(a) {
+                let bound = self
+                    .ask(&crate::proto::Msg::Bind { addr: a }, None)
+                    .and_then(|(m, _)| expect_ok(m));
+                match bound {
                     Ok(()) => break,
                     Err(e) => {
                         let e = stack_err(e);
@@ -1619,6 +1621,7 @@ impl Net {
             }
             tries += 1;
         }
+        let mut g = self.lock();
         g.table.listen(a, backlog).map_err(io::Error::from)?;
         Ok(XioListener {
             inner: Arc::new(ListenerInner {
@@ -1628,6 +1631,69 @@ impl Net {
                 follow: None,
             }),
         })
+    }
+
+    /// Sends `msg` to the manager and waits for its answer until
+    /// `deadline` or the control timeout, without holding the net: a
+    /// stopped or slow manager stops this call only, not every stream of
+    /// the process. Whoever reads the control socket meanwhile keeps the
+    /// answer for it; the wait wakes when the socket has news, or every
+    /// millisecond to look for an answer another thread read.
+    fn ask(
+        &self,
+        msg: &crate::proto::Msg,
+        deadline: Option<Instant>,
+    ) -> Result<(crate::proto::Msg, Vec<std::os::fd::OwnedFd>), Error> {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        let (n, fd, timeout) = {
+            let mut g = self.lock();
+            let n = g.stack.begin_request(msg)?;
+            let fd = match g.stack.ctrl_fd_owned() {
+                Ok(fd) => fd,
+                Err(e) => {
+                    g.stack.give_up(n);
+                    return Err(Error::Io(e));
+                }
+            };
+            (n, fd, g.stack.control_timeout())
+        };
+        let limit = Instant::now().checked_add(timeout);
+        let until = match (deadline, limit) {
+            (Some(d), Some(l)) => Some(d.min(l)),
+            (d, l) => d.or(l),
+        };
+        loop {
+            {
+                let mut g = self.lock();
+                if let Some(answer) = g.stack.take_answer(n)? {
+                    return Ok(answer);
+                }
+                if until.is_some_and(|u| Instant::now() >= u) {
+                    g.stack.give_up(n);
+                    tracing::warn!(request = ?msg, "the manager did not answer in time");
+                    return Err(if until == limit {
+                        Error::ManagerUnresponsive(timeout)
+                    } else {
+                        Error::TimedOut
+                    });
+                }
+            }
+            let slice = until.map_or(ASK_SLICE, |u| {
+                u.saturating_duration_since(Instant::now()).min(ASK_SLICE)
+            });
+            let ts = Timespec {
+                tv_sec: 0,
+                tv_nsec: slice.as_nanos() as _,
+            };
+            let mut p = [PollFd::new(&fd, PollFlags::IN)];
+            match poll(&mut p, Some(&ts)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => {
+                    self.lock().stack.give_up(n);
+                    return Err(Error::Io(e.into()));
+                }
+            }
+        }
     }
 
     /// Changes how long this net's calls wait for the manager's answer
@@ -1666,6 +1732,15 @@ impl Net {
             SocketAddr::V6(_) => Some(self.alloc_wait(SYN_LEN, deadline)?),
             SocketAddr::V4(_) => None,
         };
+        // An address this net has no route for is asked of the manager
+        // without holding the net (see `Net::ask`).
+        let answer = {
+            let mut g = self.lock();
+            let known = g.table.is_listening(&addr)
+                || g.stack.resolve_known(addr).map_err(stack_err)?.is_some();
+            (!known).then_some(())
+        };
+        let answer = answer.map(|()| self.ask(&crate::proto::Msg::Connect { addr }, deadline));
         let (c, local, drained) = {
             let mut g = self.lock();
             let me = g.me();
@@ -1675,8 +1750,14 @@ impl Net {
                 // The manager refuses an address nobody binds, at once. It
                 // also refuses one it resolves to us: then it found a
                 // wildcard listener of ours (see `crate::addr`), as no
-                // other stack binds the address exactly.
-                match g.stack.connect_until(addr, deadline) {
+                // other stack binds the address exactly. (A route known
+                // above but lost since is asked for here, holding the net,
+                // as it is rare.)
+                let resolved = match answer {
+                    Some(a) => a.and_then(|(m, fds)| g.stack.connected(addr, m, fds)),
+                    None => g.stack.connect_until(addr, deadline),
+                };
+                match resolved {
                     Ok(peer) => peer,
                     Err(Error::Refused {
                         code: crate::proto::ErrorCode::ConnectionRefused,
@@ -2443,6 +2524,19 @@ impl Iterator for Incoming<'_> {
     }
 }
 
+/// Longest sleep of a thread waiting for the manager's answer outside the
+/// net (see `Net::ask`) before it looks whether another thread read it.
+const ASK_SLICE: Duration = Duration::from_millis(1);
+
+/// The manager's answer to a bind or unbind as a result.
+fn expect_ok(m: crate::proto::Msg) -> Result<(), Error> {
+    match m {
+        crate::proto::Msg::Ok => Ok(()),
+        crate::proto::Msg::Error { code, message } => Err(Error::Refused { code, message }),
+        other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
+    }
+}
+
 /// How long a closing listener waits for the manager to confirm its
 /// unbind (it answers in microseconds when it runs).
 const UNBIND_WAIT: Duration = Duration::from_millis(100);
@@ -2450,17 +2544,19 @@ const UNBIND_WAIT: Duration = Duration::from_millis(100);
 impl Drop for ListenerInner {
     fn drop(&mut self) {
         let addr = self.addr;
-        self.net
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .update(|g| {
-                g.table.unlisten(addr);
-                // Holding the net: every stream of the process waits as
-                // long as this does, so not the whole control timeout.
-                if let Err(e) = g.stack.unbind_within(addr, UNBIND_WAIT) {
-                    tracing::debug!(addr = %addr, error = %e, "unbind failed");
-                }
-            });
+        let net = self.net.get_mut().unwrap_or_else(|e| e.into_inner());
+        net.update(|g| g.table.unlisten(addr));
+        // Not the whole control timeout: a drop should not wait long. A
+        // later answer is settled when it comes.
+        let unbound = net
+            .ask(
+                &crate::proto::Msg::Unbind { addr },
+                Instant::now().checked_add(UNBIND_WAIT),
+            )
+            .and_then(|(m, _)| expect_ok(m));
+        if let Err(e) = unbound {
+            tracing::debug!(addr = %addr, error = %e, "unbind failed");
+        }
     }
 }
 

@@ -308,6 +308,8 @@ impl StackBuilder {
             manager_here,
             ctrl_timeout: self.ctrl_timeout,
             unanswered: VecDeque::new(),
+            awaited: Vec::new(),
+            answered: Vec::new(),
             unreleased: Vec::new(),
             releases_due: None,
             next_request: 0,
@@ -318,6 +320,10 @@ impl StackBuilder {
 }
 
 const BURST: usize = 32;
+
+/// The manager's answer to a request (`Err`: a malformed one), with the
+/// fds it carried.
+type Answer = Result<(Msg, Vec<OwnedFd>), Error>;
 /// How often releases the control socket had no room for are tried again
 /// from the ring path.
 const RELEASE_RETRY: Duration = Duration::from_millis(1);
@@ -505,6 +511,13 @@ pub struct Stack {
     unanswered: VecDeque<(u64, Msg)>,
     /// Number of the next request.
     next_request: u64,
+    /// Requests whose callers wait for the answer without holding this
+    /// stack (see [`Stack::begin_request`]): whoever reads their replies
+    /// keeps them in `answered` instead of settling them.
+    awaited: Vec<u64>,
+    /// Replies kept for `awaited` requests: number, request, reply (an
+    /// error for a malformed one).
+    answered: Vec<(u64, Msg, Answer)>,
     /// Channels whose release the control socket had no room for (the
     /// manager is not reading this stack's messages: stopped, or busy
     /// sending it news it has not read yet). Sent before anything else is
@@ -636,35 +649,12 @@ impl Stack {
         msg: &Msg,
         deadline: Option<Instant>,
     ) -> Result<(Msg, Vec<OwnedFd>), Error> {
-        self.check_not_forked()?;
-        if self.manager_gone {
-            return Err(Error::ManagerGone);
-        }
-        self.send_releases();
         let limit = Instant::now().checked_add(self.ctrl_timeout);
         let until = match (deadline, limit) {
             (Some(d), Some(l)) => Some(d.min(l)),
             (d, l) => d.or(l),
         };
-        // Not blocking: a manager stopped long enough for timed-out
-        // requests to fill the socket's buffer must not hang the sender.
-        if let Err(e) = ctrl::send_nowait(self.ctrl_fd(), msg, &[]) {
-            return Err(match e.kind() {
-                // EPIPE, or ECONNRESET when it closed with our messages
-                // unread.
-                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
-                    self.manager_gone = true;
-                    Error::ManagerGone
-                }
-                io::ErrorKind::WouldBlock => Error::ManagerUnresponsive(self.ctrl_timeout),
-                _ => Error::Io(e),
-            });
-        }
-        let me = self.next_request;
-        self.next_request += 1;
-        // Queued at once: however this call ends, the reply that comes is
-        // this request's, and is settled as such.
-        self.unanswered.push_back((me, msg.clone()));
+        let me = self.send_request(msg)?;
         loop {
             let (m, fds) = match ctrl::recv_until(self.ctrl_fd(), until) {
                 Ok(x) => x,
@@ -688,10 +678,12 @@ impl Stack {
                 // in order): a request's own fails, a late one is dropped.
                 Err(RecvError::Proto(p)) => {
                     tracing::warn!(error = %p, "malformed reply from the manager");
-                    match self.unanswered.pop_front() {
-                        Some((n, _)) if n == me => return Err(Error::Protocol(p.to_string())),
-                        _ => continue,
+                    if self.unanswered.front().is_some_and(|&(n, _)| n == me) {
+                        self.unanswered.pop_front();
+                        return Err(Error::Protocol(p.to_string()));
                     }
+                    self.on_reply(Err(Error::Protocol(p.to_string())));
+                    continue;
                 }
                 Err(e) => return Err(recv_err(e)),
             };
@@ -703,13 +695,117 @@ impl Stack {
                         tracing::warn!(error = %e, "control message from the manager not handled");
                     }
                 }
-                reply => match self.unanswered.pop_front() {
-                    Some((n, _)) if n == me => return Ok((reply, fds)),
-                    Some((_, old)) => self.settle(old, reply, fds),
-                    None => tracing::warn!(?reply, "reply to no request ignored"),
-                },
+                reply => {
+                    if self.unanswered.front().is_some_and(|&(n, _)| n == me) {
+                        self.unanswered.pop_front();
+                        return Ok((reply, fds));
+                    }
+                    self.on_reply(Ok((reply, fds)));
+                }
             }
         }
+    }
+
+    /// Sends request `msg` and queues it as unanswered; its number.
+    fn send_request(&mut self, msg: &Msg) -> Result<u64, Error> {
+        self.check_not_forked()?;
+        if self.manager_gone {
+            return Err(Error::ManagerGone);
+        }
+        self.send_releases();
+        // Not blocking: a manager stopped long enough for timed-out
+        // requests to fill the socket's buffer must not hang the sender.
+        if let Err(e) = ctrl::send_nowait(self.ctrl_fd(), msg, &[]) {
+            return Err(match e.kind() {
+                // EPIPE, or ECONNRESET when it closed with our messages
+                // unread.
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
+                    self.manager_gone = true;
+                    Error::ManagerGone
+                }
+                io::ErrorKind::WouldBlock => Error::ManagerUnresponsive(self.ctrl_timeout),
+                _ => Error::Io(e),
+            });
+        }
+        let me = self.next_request;
+        self.next_request += 1;
+        // Queued at once: however this call ends, the reply that comes is
+        // this request's, and is settled as such.
+        self.unanswered.push_back((me, msg.clone()));
+        Ok(me)
+    }
+
+    /// A reply (`Err`: a malformed one) to the oldest unanswered request
+    /// that is not the reader's own: kept for a caller waiting outside the
+    /// stack, else settled (its caller gave up).
+    fn on_reply(&mut self, reply: Answer) {
+        match self.unanswered.pop_front() {
+            Some((n, req)) if self.awaited.contains(&n) => self.answered.push((n, req, reply)),
+            Some((_, req)) => {
+                if let Ok((m, fds)) = reply {
+                    self.settle(req, m, fds);
+                }
+            }
+            None => tracing::warn!(?reply, "reply to no request ignored"),
+        }
+    }
+
+    /// Sends request `msg` for a caller that waits for the answer without
+    /// holding this stack (so other threads can use it meanwhile): it asks
+    /// [`Stack::take_answer`] when the control socket has news, and calls
+    /// [`Stack::give_up`] if it stops waiting. Returns the request's number.
+    pub(crate) fn begin_request(&mut self, msg: &Msg) -> Result<u64, Error> {
+        let n = self.send_request(msg)?;
+        self.awaited.push(n);
+        Ok(n)
+    }
+
+    /// The answer to request `n` (of [`Stack::begin_request`]) if it has
+    /// come, reading what the control socket holds.
+    pub(crate) fn take_answer(&mut self, n: u64) -> Result<Option<(Msg, Vec<OwnedFd>)>, Error> {
+        if !self.answered.iter().any(|(k, ..)| *k == n) {
+            match self.poll_ctrl() {
+                Ok(()) | Err(Error::ManagerGone) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "control message from the manager not handled")
+                }
+            }
+        }
+        match self.answered.iter().position(|(k, ..)| *k == n) {
+            Some(i) => {
+                let (_, _, r) = self.answered.swap_remove(i);
+                self.awaited.retain(|&k| k != n);
+                r.map(Some)
+            }
+            None if self.manager_gone => {
+                self.give_up(n);
+                Err(Error::ManagerGone)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The caller of request `n` stopped waiting: its answer, now or when
+    /// it comes, is settled as a late one.
+    pub(crate) fn give_up(&mut self, n: u64) {
+        self.awaited.retain(|&k| k != n);
+        if let Some(i) = self.answered.iter().position(|(k, ..)| *k == n) {
+            let (_, req, r) = self.answered.swap_remove(i);
+            if let Ok((m, fds)) = r {
+                self.settle(req, m, fds);
+            }
+        }
+    }
+
+    /// The control socket, duplicated: for a thread that waits for it
+    /// without holding the stack.
+    pub(crate) fn ctrl_fd_owned(&self) -> io::Result<OwnedFd> {
+        self.ctrl_fd().try_clone_to_owned()
+    }
+
+    /// How long requests wait for the manager.
+    pub(crate) fn control_timeout(&self) -> Duration {
+        self.ctrl_timeout
     }
 
     /// Acts on the late `reply` to `req`, whose caller was told it timed
@@ -775,20 +871,6 @@ impl Stack {
         self.expect_ok(&Msg::Unbind { addr })
     }
 
-    /// [`Stack::unbind`], waiting for the manager's answer `wait` at most
-    /// (and the control timeout). An answer that comes later is read and
-    /// settled then: the unbind is done either way once the manager runs.
-    /// For a closing listener, which must not hold its net for the whole
-    /// control timeout when the manager is stopped.
-    pub fn unbind_within(&mut self, addr: SocketAddr, wait: Duration) -> Result<(), Error> {
-        let msg = Msg::Unbind { addr };
-        match self.request(&msg, Instant::now().checked_add(wait))?.0 {
-            Msg::Ok => Ok(()),
-            Msg::Error { code, message } => Err(Error::Refused { code, message }),
-            other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
-        }
-    }
-
     /// Opens (or reuses) the channel to the stack bound to `addr`.
     /// Fails with `Refused { code: ConnectionRefused }` if nobody bound it.
     pub fn connect(&mut self, addr: SocketAddr) -> Result<PeerId, Error> {
@@ -802,6 +884,16 @@ impl Stack {
         addr: SocketAddr,
         deadline: Option<Instant>,
     ) -> Result<PeerId, Error> {
+        if let Some(p) = self.resolve_known(addr)? {
+            return Ok(p);
+        }
+        let (m, fds) = self.request(&Msg::Connect { addr }, deadline)?;
+        self.connected(addr, m, fds)
+    }
+
+    /// The peer `addr` resolves to, if this stack knows it without asking
+    /// the manager (after reading the news of deaths).
+    pub(crate) fn resolve_known(&mut self, addr: SocketAddr) -> Result<Option<PeerId>, Error> {
         self.check_not_forked()?;
         // Deaths first: a peer the manager announced dead (or, with no
         // manager, whose pidfd says so) loses its channel and with it its
@@ -819,10 +911,20 @@ impl Stack {
         }
         if let Some(&p) = self.resolved.get(&addr) {
             if self.by_peer.contains_key(&p) {
-                return Ok(PeerId(p));
+                return Ok(Some(PeerId(p)));
             }
         }
-        let (m, mut fds) = self.request(&Msg::Connect { addr }, deadline)?;
+        Ok(None)
+    }
+
+    /// Acts on the manager's answer `m` to a `Connect` to `addr`: the
+    /// channel to the peer, set up if new.
+    pub(crate) fn connected(
+        &mut self,
+        addr: SocketAddr,
+        m: Msg,
+        mut fds: Vec<OwnedFd>,
+    ) -> Result<PeerId, Error> {
         match m {
             Msg::Connected {
                 channel,
@@ -923,12 +1025,10 @@ impl Stack {
                 self.close_channel(peer, Some(channel));
                 Ok(())
             }
-            // Outside `request`, replies can only be late ones.
+            // Outside `request`, replies are late ones, or answers for
+            // callers waiting outside the stack.
             reply => {
-                match self.unanswered.pop_front() {
-                    Some((_, old)) => self.settle(old, reply, fds),
-                    None => tracing::warn!(?reply, "reply to no request ignored"),
-                }
+                self.on_reply(Ok((reply, fds)));
                 Ok(())
             }
         }
@@ -1112,10 +1212,12 @@ impl Stack {
                 }
                 Err(RecvError::Proto(p)) => {
                     tracing::warn!(error = %p, "malformed message from the manager ignored");
-                    // If it stood for a late reply, the next is the next
+                    // If it stood for a reply, the next is the next
                     // request's: keep them in step. (An unprompted message
                     // malformed this way costs a late reply's settling.)
-                    self.unanswered.pop_front();
+                    if !self.unanswered.is_empty() {
+                        self.on_reply(Err(Error::Protocol(p.to_string())));
+                    }
                 }
                 Err(e) => return Err(recv_err(e)),
             }

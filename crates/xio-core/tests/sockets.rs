@@ -599,6 +599,60 @@ fn a_listener_closed_while_the_manager_is_stopped_does_not_hold_the_net() {
     assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
 }
 
+/// A connect the manager must resolve, and a bind, wait for its answer
+/// without holding the net: with the manager stopped, the process's other
+/// streams go on (they used to wait up to the control timeout), and once
+/// it runs again both complete.
+#[test]
+fn requests_waiting_for_a_stopped_manager_do_not_hold_the_net() {
+    if test_backend() == xio_core::manager::Backend::Dpdk {
+        eprintln!("skipped on the DPDK backend: the manager runs in the test process there");
+        return;
+    }
+    setup();
+    let p = prefix("stopask");
+    let addr: SocketAddr = "10.61.0.60:80".parse().unwrap();
+    let server = serving("server_with_its_manager", &p, addr);
+    // An echo service in this process: the stopped one holds the manager.
+    let echo = Net::attach(&p).unwrap();
+    let echo_l = echo.listen("10.61.0.62:80").unwrap();
+    std::thread::spawn(move || {
+        for s in echo_l.incoming() {
+            echo_one(s.unwrap());
+        }
+    });
+    let net = Net::attach(&p).unwrap();
+    net.set_control_timeout(WATCHDOG);
+    let s1 = net.connect("10.61.0.62:80").unwrap();
+    let s2 = net.connect("10.61.0.62:80").unwrap();
+    server.signal(rustix::process::Signal::STOP);
+    // Echoes on `s` from another thread; fails if it waits for the net.
+    let echo_meanwhile = |mut s: XioStream| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(hello_echo(&mut s)));
+        rx.recv_timeout(WATCHDOG / 2)
+            .expect("a stream waited for a request to the stopped manager")
+            .unwrap();
+    };
+    let (tx, connected) = std::sync::mpsc::channel();
+    let n = net.clone();
+    std::thread::spawn(move || tx.send(n.connect(addr)));
+    std::thread::sleep(Duration::from_millis(100)); // let it wait
+    echo_meanwhile(s1);
+    let (tx, bound) = std::sync::mpsc::channel();
+    let n = net.clone();
+    std::thread::spawn(move || tx.send(n.listen("10.61.0.63:80").map(drop)));
+    std::thread::sleep(Duration::from_millis(100)); // let it wait
+    echo_meanwhile(s2);
+    server.signal(rustix::process::Signal::CONT);
+    let mut s = connected.recv_timeout(WATCHDOG).unwrap().unwrap();
+    hello_echo(&mut s).unwrap();
+    bound.recv_timeout(WATCHDOG).unwrap().unwrap();
+    // The manager answered both in order: what follows is answered right.
+    let err = net.listen(addr).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+}
+
 /// With the manager dead, a connect to a service that died with it is
 /// refused at once (the service's pidfd says it exited), not taken over
 /// the dead channel and failed at the first read.
