@@ -89,7 +89,7 @@ use std::time::{Duration, Instant};
 use crate::buf::{Buf, BufMut};
 use crate::conn::{Action, ConnError, ConnId, Table};
 use crate::layout::kind;
-use crate::stack::{Error, Incoming as StackInput, PeerId, Probe, Stack};
+use crate::stack::{Error, Incoming as StackInput, Kept, PeerId, Probe, Stack};
 use crate::wait::WaitMode;
 
 /// Connections a listener holds before it is accepted from, unless
@@ -210,6 +210,7 @@ impl NetBuilder {
                     ready_conn: Vec::new(),
                     ready_seen: Vec::new(),
                     user_tokens: Vec::new(),
+                    binding: Vec::new(),
                     syn_buf: None,
                     spare: Vec::with_capacity(SPARE_MAX),
                     spare_size: classes[0],
@@ -428,6 +429,8 @@ struct Core {
     /// Tokens chosen with [`XioStream::set_token`], by connection index,
     /// with the connection they were chosen for.
     user_tokens: Vec<Option<(u32, u64)>>,
+    /// Addresses whose bind is awaited (see `Net::listen_one`).
+    binding: Vec<SocketAddr>,
     /// The buffer the next IPv6 SYN travels in (allocated before taking
     /// the lock; an IPv4 SYN needs none).
     syn_buf: Option<BufMut>,
@@ -546,6 +549,28 @@ fn stack_err(e: Error) -> io::Error {
 }
 
 impl Core {
+    /// Sends request `msg` to the manager for a caller that waits for
+    /// the answer without holding the net ([`Net::wait_answer`]).
+    fn ask(&mut self, msg: &crate::proto::Msg) -> Result<Asked, Error> {
+        let n = self.stack.begin_request(msg)?;
+        match self.stack.ctrl_fd_owned() {
+            Ok(fd) => {
+                let timeout = self.stack.control_timeout();
+                Ok(Asked {
+                    n,
+                    fd,
+                    timeout,
+                    limit: Instant::now().checked_add(timeout),
+                    what: msg.clone(),
+                })
+            }
+            Err(e) => {
+                self.stack.give_up(n);
+                Err(Error::Io(e))
+            }
+        }
+    }
+
     fn me(&self) -> PeerId {
         self.stack.id()
     }
@@ -1598,19 +1623,37 @@ impl Net {
             if a.port() == 0 || tries > 0 {
                 a.set_port(49152 + (fastrand(tries) % 16384) as u16);
             }
-            if self.lock().table.is_listening(&a) {
-                if addr.port() != 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::AddrInUse,
-                        format!("{a} is already listened on by this net"),
-                    ));
+            // The table's look and the request in one step, so a listener
+            // of this net closing (its unbind) and this bind reach the
+            // manager in the order the table saw them; `binding` holds the
+            // address while the answer is awaited.
+            let asked = {
+                let mut g = self.lock();
+                if g.table.is_listening(&a) || g.binding.contains(&a) {
+                    if addr.port() != 0 {
+                        return Err(io::Error::new(
+                            io::ErrorKind::AddrInUse,
+                            format!("{a} is already listened on by this net"),
+                        ));
+                    }
+                    None
+                } else {
+                    let asked = g
+                        .ask(&crate::proto::Msg::Bind { addr: a })
+                        .map_err(stack_err)?;
+                    g.binding.push(a);
+                    Some(asked)
                 }
-            } else {
-                let bound = self
-                    .ask(&crate::proto::Msg::Bind { addr: a }, None)
-                    .and_then(|(m, _)| expect_ok(m));
+            };
+            if let Some(asked) = asked {
+                let bound = self.wait_answer(asked, None).and_then(kept_ok);
+                let mut g = self.lock();
+                g.binding.retain(|b| *b != a);
                 match bound {
-                    Ok(()) => break,
+                    Ok(()) => {
+                        g.table.listen(a, backlog).map_err(io::Error::from)?;
+                        break;
+                    }
                     Err(e) => {
                         let e = stack_err(e);
                         if addr.port() != 0 || e.kind() != io::ErrorKind::AddrInUse || tries > 64 {
@@ -1621,8 +1664,6 @@ impl Net {
             }
             tries += 1;
         }
-        let mut g = self.lock();
-        g.table.listen(a, backlog).map_err(io::Error::from)?;
         Ok(XioListener {
             inner: Arc::new(ListenerInner {
                 net: Mutex::new(self.clone()),
@@ -1633,31 +1674,21 @@ impl Net {
         })
     }
 
-    /// Sends `msg` to the manager and waits for its answer until
+    /// Waits for the answer to `asked` (see [`Core::ask`]) until
     /// `deadline` or the control timeout, without holding the net: a
     /// stopped or slow manager stops this call only, not every stream of
     /// the process. Whoever reads the control socket meanwhile keeps the
     /// answer for it; the wait wakes when the socket has news, or every
     /// millisecond to look for an answer another thread read.
-    fn ask(
-        &self,
-        msg: &crate::proto::Msg,
-        deadline: Option<Instant>,
-    ) -> Result<(crate::proto::Msg, Vec<std::os::fd::OwnedFd>), Error> {
+    fn wait_answer(&self, asked: Asked, deadline: Option<Instant>) -> Result<Kept, Error> {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
-        let (n, fd, timeout) = {
-            let mut g = self.lock();
-            let n = g.stack.begin_request(msg)?;
-            let fd = match g.stack.ctrl_fd_owned() {
-                Ok(fd) => fd,
-                Err(e) => {
-                    g.stack.give_up(n);
-                    return Err(Error::Io(e));
-                }
-            };
-            (n, fd, g.stack.control_timeout())
-        };
-        let limit = Instant::now().checked_add(timeout);
+        let Asked {
+            n,
+            fd,
+            timeout,
+            limit,
+            what,
+        } = asked;
         let until = match (deadline, limit) {
             (Some(d), Some(l)) => Some(d.min(l)),
             (d, l) => d.or(l),
@@ -1665,12 +1696,12 @@ impl Net {
         loop {
             {
                 let mut g = self.lock();
-                if let Some(answer) = g.stack.take_answer(n)? {
-                    return Ok(answer);
+                if let Some(kept) = g.stack.take_answer(n)? {
+                    return Ok(kept);
                 }
                 if until.is_some_and(|u| Instant::now() >= u) {
                     g.stack.give_up(n);
-                    tracing::warn!(request = ?msg, "the manager did not answer in time");
+                    tracing::warn!(request = ?what, "the manager did not answer in time");
                     return Err(if until == limit {
                         Error::ManagerUnresponsive(timeout)
                     } else {
@@ -1694,6 +1725,13 @@ impl Net {
                 }
             }
         }
+    }
+
+    /// Test hook: how many requests of this net wait for the manager's
+    /// answer outside its lock. Not for applications.
+    #[doc(hidden)]
+    pub fn __requests_awaited(&self) -> usize {
+        self.lock().stack.awaited()
     }
 
     /// Changes how long this net's calls wait for the manager's answer
@@ -1734,13 +1772,19 @@ impl Net {
         };
         // An address this net has no route for is asked of the manager
         // without holding the net (see `Net::ask`).
-        let answer = {
+        let asked = {
             let mut g = self.lock();
             let known = g.table.is_listening(&addr)
                 || g.stack.resolve_known(addr).map_err(stack_err)?.is_some();
-            (!known).then_some(())
+            match known {
+                true => None,
+                false => Some(
+                    g.ask(&crate::proto::Msg::Connect { addr })
+                        .map_err(stack_err)?,
+                ),
+            }
         };
-        let answer = answer.map(|()| self.ask(&crate::proto::Msg::Connect { addr }, deadline));
+        let answer = asked.map(|a| self.wait_answer(a, deadline));
         let (c, local, drained) = {
             let mut g = self.lock();
             let me = g.me();
@@ -1754,7 +1798,10 @@ impl Net {
                 // above but lost since is asked for here, holding the net,
                 // as it is rare.)
                 let resolved = match answer {
-                    Some(a) => a.and_then(|(m, fds)| g.stack.connected(addr, m, fds)),
+                    // Acted on when it was read (see `Kept::Route`).
+                    Some(Ok(Kept::Route(r))) => r,
+                    Some(Ok(Kept::Reply(Ok((m, fds))))) => g.stack.connected(addr, m, fds),
+                    Some(Ok(Kept::Reply(Err(e)))) | Some(Err(e)) => Err(e),
                     None => g.stack.connect_until(addr, deadline),
                 };
                 match resolved {
@@ -2529,12 +2576,27 @@ impl Iterator for Incoming<'_> {
 const ASK_SLICE: Duration = Duration::from_millis(1);
 
 /// The manager's answer to a bind or unbind as a result.
-fn expect_ok(m: crate::proto::Msg) -> Result<(), Error> {
-    match m {
-        crate::proto::Msg::Ok => Ok(()),
-        crate::proto::Msg::Error { code, message } => Err(Error::Refused { code, message }),
+fn kept_ok(k: Kept) -> Result<(), Error> {
+    match k {
+        Kept::Reply(Ok((crate::proto::Msg::Ok, _))) => Ok(()),
+        Kept::Reply(Ok((crate::proto::Msg::Error { code, message }, _))) => {
+            Err(Error::Refused { code, message })
+        }
+        Kept::Reply(Err(e)) => Err(e),
         other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
     }
+}
+
+/// A request sent to the manager whose answer is awaited outside the net
+/// (see [`Net::wait_answer`]).
+struct Asked {
+    n: u64,
+    /// The control socket, duplicated, to wait on.
+    fd: std::os::fd::OwnedFd,
+    timeout: Duration,
+    /// When the control timeout ends for it.
+    limit: Option<Instant>,
+    what: crate::proto::Msg,
 }
 
 /// How long a closing listener waits for the manager to confirm its
@@ -2545,15 +2607,17 @@ impl Drop for ListenerInner {
     fn drop(&mut self) {
         let addr = self.addr;
         let net = self.net.get_mut().unwrap_or_else(|e| e.into_inner());
-        net.update(|g| g.table.unlisten(addr));
+        // The table and the request in one step (see `Net::listen_one`).
+        let asked = net.update(|g| {
+            g.table.unlisten(addr);
+            g.ask(&crate::proto::Msg::Unbind { addr })
+        });
         // Not the whole control timeout: a drop should not wait long. A
         // later answer is settled when it comes.
-        let unbound = net
-            .ask(
-                &crate::proto::Msg::Unbind { addr },
-                Instant::now().checked_add(UNBIND_WAIT),
-            )
-            .and_then(|(m, _)| expect_ok(m));
+        let unbound = asked.and_then(|a| {
+            net.wait_answer(a, Instant::now().checked_add(UNBIND_WAIT))
+                .and_then(kept_ok)
+        });
         if let Err(e) = unbound {
             tracing::debug!(addr = %addr, error = %e, "unbind failed");
         }

@@ -324,6 +324,18 @@ const BURST: usize = 32;
 /// The manager's answer to a request (`Err`: a malformed one), with the
 /// fds it carried.
 type Answer = Result<(Msg, Vec<OwnedFd>), Error>;
+
+/// An answer kept for a caller waiting outside the stack (see
+/// [`Stack::begin_request`]).
+#[derive(Debug)]
+pub(crate) enum Kept {
+    /// The reply as it came.
+    Reply(Answer),
+    /// A `Connect`'s reply, acted on when it was read (the channel set up,
+    /// the route recorded), so a peer's death read after it closes that
+    /// channel as it should: the peer, or why not.
+    Route(Result<PeerId, Error>),
+}
 /// How often releases the control socket had no room for are tried again
 /// from the ring path.
 const RELEASE_RETRY: Duration = Duration::from_millis(1);
@@ -515,9 +527,8 @@ pub struct Stack {
     /// stack (see [`Stack::begin_request`]): whoever reads their replies
     /// keeps them in `answered` instead of settling them.
     awaited: Vec<u64>,
-    /// Replies kept for `awaited` requests: number, request, reply (an
-    /// error for a malformed one).
-    answered: Vec<(u64, Msg, Answer)>,
+    /// Answers kept for `awaited` requests: number, request, answer.
+    answered: Vec<(u64, Msg, Kept)>,
     /// Channels whose release the control socket had no room for (the
     /// manager is not reading this stack's messages: stopped, or busy
     /// sending it news it has not read yet). Sent before anything else is
@@ -740,7 +751,15 @@ impl Stack {
     /// stack, else settled (its caller gave up).
     fn on_reply(&mut self, reply: Answer) {
         match self.unanswered.pop_front() {
-            Some((n, req)) if self.awaited.contains(&n) => self.answered.push((n, req, reply)),
+            Some((n, req)) if self.awaited.contains(&n) => {
+                let kept = match (&req, reply) {
+                    (Msg::Connect { addr }, Ok((m, fds))) => {
+                        Kept::Route(self.connected(*addr, m, fds))
+                    }
+                    (_, reply) => Kept::Reply(reply),
+                };
+                self.answered.push((n, req, kept));
+            }
             Some((_, req)) => {
                 if let Ok((m, fds)) = reply {
                     self.settle(req, m, fds);
@@ -762,7 +781,7 @@ impl Stack {
 
     /// The answer to request `n` (of [`Stack::begin_request`]) if it has
     /// come, reading what the control socket holds.
-    pub(crate) fn take_answer(&mut self, n: u64) -> Result<Option<(Msg, Vec<OwnedFd>)>, Error> {
+    pub(crate) fn take_answer(&mut self, n: u64) -> Result<Option<Kept>, Error> {
         if !self.answered.iter().any(|(k, ..)| *k == n) {
             match self.poll_ctrl() {
                 Ok(()) | Err(Error::ManagerGone) => {}
@@ -773,9 +792,9 @@ impl Stack {
         }
         match self.answered.iter().position(|(k, ..)| *k == n) {
             Some(i) => {
-                let (_, _, r) = self.answered.swap_remove(i);
+                let (_, _, kept) = self.answered.swap_remove(i);
                 self.awaited.retain(|&k| k != n);
-                r.map(Some)
+                Ok(Some(kept))
             }
             None if self.manager_gone => {
                 self.give_up(n);
@@ -790,8 +809,8 @@ impl Stack {
     pub(crate) fn give_up(&mut self, n: u64) {
         self.awaited.retain(|&k| k != n);
         if let Some(i) = self.answered.iter().position(|(k, ..)| *k == n) {
-            let (_, req, r) = self.answered.swap_remove(i);
-            if let Ok((m, fds)) = r {
+            // A route was acted on already, as settling would.
+            if let (_, req, Kept::Reply(Ok((m, fds)))) = self.answered.swap_remove(i) {
                 self.settle(req, m, fds);
             }
         }
@@ -806,6 +825,11 @@ impl Stack {
     /// How long requests wait for the manager.
     pub(crate) fn control_timeout(&self) -> Duration {
         self.ctrl_timeout
+    }
+
+    /// How many requests' callers wait for answers outside the stack.
+    pub(crate) fn awaited(&self) -> usize {
+        self.awaited.len()
     }
 
     /// Acts on the late `reply` to `req`, whose caller was told it timed

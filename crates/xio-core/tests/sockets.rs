@@ -637,12 +637,12 @@ fn requests_waiting_for_a_stopped_manager_do_not_hold_the_net() {
     let (tx, connected) = std::sync::mpsc::channel();
     let n = net.clone();
     std::thread::spawn(move || tx.send(n.connect(addr)));
-    std::thread::sleep(Duration::from_millis(100)); // let it wait
+    wait_until("the connect waits", || net.__requests_awaited() == 1);
     echo_meanwhile(s1);
     let (tx, bound) = std::sync::mpsc::channel();
     let n = net.clone();
     std::thread::spawn(move || tx.send(n.listen("10.61.0.63:80").map(drop)));
-    std::thread::sleep(Duration::from_millis(100)); // let it wait
+    wait_until("the bind waits", || net.__requests_awaited() == 2);
     echo_meanwhile(s2);
     server.signal(rustix::process::Signal::CONT);
     let mut s = connected.recv_timeout(WATCHDOG).unwrap().unwrap();
