@@ -1772,21 +1772,21 @@ impl Net {
         };
         // An address this net has no route for is asked of the manager
         // without holding the net (see `Net::ask`).
-        let asked = {
-            let mut g = self.lock();
-            let known = g.table.is_listening(&addr)
-                || g.stack.resolve_known(addr).map_err(stack_err)?.is_some();
-            match known {
-                true => None,
-                false => Some(
-                    g.ask(&crate::proto::Msg::Connect { addr })
-                        .map_err(stack_err)?,
-                ),
-            }
+        let mut g = self.lock();
+        let known = g.table.is_listening(&addr)
+            || g.stack.resolve_known(addr).map_err(stack_err)?.is_some();
+        let answer = if known {
+            None
+        } else {
+            let asked = g
+                .ask(&crate::proto::Msg::Connect { addr })
+                .map_err(stack_err)?;
+            drop(g);
+            let answer = self.wait_answer(asked, deadline);
+            g = self.lock();
+            Some(answer)
         };
-        let answer = asked.map(|a| self.wait_answer(a, deadline));
         let (c, local, drained) = {
-            let mut g = self.lock();
             let me = g.me();
             let peer = if g.table.is_listening(&addr) {
                 me // our own listener
