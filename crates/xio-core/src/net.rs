@@ -1771,7 +1771,7 @@ impl Net {
             SocketAddr::V4(_) => None,
         };
         // An address this net has no route for is asked of the manager
-        // without holding the net (see `Net::ask`).
+        // without holding the net (see `Net::wait_answer`).
         let mut g = self.lock();
         let known = g.table.is_listening(&addr)
             || g.stack.resolve_known(addr).map_err(stack_err)?.is_some();
@@ -1794,14 +1794,23 @@ impl Net {
                 // The manager refuses an address nobody binds, at once. It
                 // also refuses one it resolves to us: then it found a
                 // wildcard listener of ours (see `crate::addr`), as no
-                // other stack binds the address exactly. (A route known
-                // above but lost since is asked for here, holding the net,
-                // as it is rare.)
+                // other stack binds the address exactly.
                 let resolved = match answer {
-                    // Acted on when it was read (see `Kept::Route`).
+                    // Acted on when it was read (see `Kept::Route`); the
+                    // peer may have died since, its death read by another
+                    // thread: its reset found no connection to reset yet,
+                    // so refuse here rather than send a SYN nowhere.
+                    Some(Ok(Kept::Route(Ok(p)))) if !g.stack.peer_alive(p) => Err(Error::Refused {
+                        code: crate::proto::ErrorCode::ConnectionRefused,
+                        message: format!("the process bound to {addr} exited"),
+                    }),
                     Some(Ok(Kept::Route(r))) => r,
-                    Some(Ok(Kept::Reply(Ok((m, fds))))) => g.stack.connected(addr, m, fds),
+                    Some(Ok(Kept::Reply(Ok((m, _))))) => {
+                        Err(Error::Protocol(format!("unexpected reply {m:?}")))
+                    }
                     Some(Ok(Kept::Reply(Err(e)))) | Some(Err(e)) => Err(e),
+                    // A known route (asked for under the lock if it was
+                    // lost meanwhile: it cannot be, the lock was held).
                     None => g.stack.connect_until(addr, deadline),
                 };
                 match resolved {
@@ -2572,7 +2581,8 @@ impl Iterator for Incoming<'_> {
 }
 
 /// Longest sleep of a thread waiting for the manager's answer outside the
-/// net (see `Net::ask`) before it looks whether another thread read it.
+/// net (see `Net::wait_answer`) before it looks whether another thread
+/// read it.
 const ASK_SLICE: Duration = Duration::from_millis(1);
 
 /// The manager's answer to a bind or unbind as a result.
