@@ -555,26 +555,40 @@ fn a_stopped_manager_times_requests_out_and_answers_them_late_in_order() {
     hello_echo(&mut s).unwrap();
 }
 
+/// For tests of a stopped manager: a `server_with_its_manager` child on
+/// `addr` (the manager to stop), an echo service in this process on
+/// `echo` (the stopped child cannot answer), and a net of this process
+/// whose requests wait as long as the watchdog; and the pool's prefix.
+/// None on DPDK, where the manager runs in the test process.
+fn stoppable_manager(test: &str, addr: SocketAddr, echo: &str) -> Option<(String, ChildProc, Net)> {
+    if test_backend() == xio_core::manager::Backend::Dpdk {
+        eprintln!("skipped on the DPDK backend: the manager runs in the test process there");
+        return None;
+    }
+    setup();
+    let p = prefix(test);
+    let server = serving("server_with_its_manager", &p, addr);
+    let echo_l = Net::attach(&p).unwrap().listen(echo).unwrap();
+    std::thread::spawn(move || {
+        for s in echo_l.incoming() {
+            echo_one(s.unwrap());
+        }
+    });
+    let net = Net::attach(&p).unwrap();
+    net.set_control_timeout(WATCHDOG);
+    Some((p, server, net))
+}
+
 /// A listener closed while the manager is stopped waits a moment for its
 /// unbind's answer, not the whole control timeout holding its net (every
 /// stream of the process waited with it); the unbind is done once the
 /// manager runs again.
 #[test]
 fn a_listener_closed_while_the_manager_is_stopped_does_not_hold_the_net() {
-    if test_backend() == xio_core::manager::Backend::Dpdk {
-        eprintln!("skipped on the DPDK backend: the manager runs in the test process there");
-        return;
-    }
-    setup();
-    let p = prefix("stopclose");
     let addr: SocketAddr = "10.61.0.50:80".parse().unwrap();
-    let server = serving("server_with_its_manager", &p, addr);
-    // An echo service in this process: the stopped one holds the manager.
-    let echo = Net::attach(&p).unwrap();
-    let echo_l = echo.listen("10.61.0.52:80").unwrap();
-    std::thread::spawn(move || echo_one(echo_l.accept().unwrap().0));
-    let net = Net::attach(&p).unwrap();
-    net.set_control_timeout(WATCHDOG);
+    let Some((p, server, net)) = stoppable_manager("stopclose", addr, "10.61.0.52:80") else {
+        return;
+    };
     let mut s = net.connect("10.61.0.52:80").unwrap();
     let ours: SocketAddr = "10.61.0.51:80".parse().unwrap();
     let l = net.listen(ours).unwrap();
@@ -605,24 +619,10 @@ fn a_listener_closed_while_the_manager_is_stopped_does_not_hold_the_net() {
 /// it runs again both complete.
 #[test]
 fn requests_waiting_for_a_stopped_manager_do_not_hold_the_net() {
-    if test_backend() == xio_core::manager::Backend::Dpdk {
-        eprintln!("skipped on the DPDK backend: the manager runs in the test process there");
-        return;
-    }
-    setup();
-    let p = prefix("stopask");
     let addr: SocketAddr = "10.61.0.60:80".parse().unwrap();
-    let server = serving("server_with_its_manager", &p, addr);
-    // An echo service in this process: the stopped one holds the manager.
-    let echo = Net::attach(&p).unwrap();
-    let echo_l = echo.listen("10.61.0.62:80").unwrap();
-    std::thread::spawn(move || {
-        for s in echo_l.incoming() {
-            echo_one(s.unwrap());
-        }
-    });
-    let net = Net::attach(&p).unwrap();
-    net.set_control_timeout(WATCHDOG);
+    let Some((_p, server, net)) = stoppable_manager("stopask", addr, "10.61.0.62:80") else {
+        return;
+    };
     let s1 = net.connect("10.61.0.62:80").unwrap();
     let s2 = net.connect("10.61.0.62:80").unwrap();
     server.signal(rustix::process::Signal::STOP);
