@@ -1773,10 +1773,11 @@ impl Net {
         // An address this net has no route for is asked of the manager
         // without holding the net (see `Net::wait_answer`).
         let mut g = self.lock();
-        let known = g.table.is_listening(&addr)
-            || g.stack.resolve_known(addr).map_err(stack_err)?.is_some();
-        let answer = if known {
-            None
+        let me = g.me();
+        let resolved = if g.table.is_listening(&addr) {
+            Ok(me) // our own listener
+        } else if let Some(p) = g.stack.resolve_known(addr).map_err(stack_err)? {
+            Ok(p)
         } else {
             let asked = g
                 .ask(&crate::proto::Msg::Connect { addr })
@@ -1784,47 +1785,40 @@ impl Net {
             drop(g);
             let answer = self.wait_answer(asked, deadline);
             g = self.lock();
-            Some(answer)
+            match answer {
+                // Listening on it ourselves since.
+                _ if g.table.is_listening(&addr) => Ok(me),
+                // Acted on when it was read (see `Kept::Route`); the
+                // peer may have died since, its death read by another
+                // thread: its reset found no connection to reset yet,
+                // so refuse here rather than send a SYN nowhere.
+                Ok(Kept::Route(Ok(p))) if !g.stack.peer_alive(p) => Err(Error::Refused {
+                    code: crate::proto::ErrorCode::ConnectionRefused,
+                    message: format!("the process bound to {addr} exited"),
+                }),
+                Ok(Kept::Route(r)) => r,
+                Ok(Kept::Reply(Ok((m, _)))) => {
+                    Err(Error::Protocol(format!("unexpected reply {m:?}")))
+                }
+                Ok(Kept::Reply(Err(e))) | Err(e) => Err(e),
+            }
         };
         let (c, local, drained) = {
-            let me = g.me();
-            let peer = if g.table.is_listening(&addr) {
-                me // our own listener
-            } else {
-                // The manager refuses an address nobody binds, at once. It
-                // also refuses one it resolves to us: then it found a
-                // wildcard listener of ours (see `crate::addr`), as no
-                // other stack binds the address exactly.
-                let resolved = match answer {
-                    // Acted on when it was read (see `Kept::Route`); the
-                    // peer may have died since, its death read by another
-                    // thread: its reset found no connection to reset yet,
-                    // so refuse here rather than send a SYN nowhere.
-                    Some(Ok(Kept::Route(Ok(p)))) if !g.stack.peer_alive(p) => Err(Error::Refused {
-                        code: crate::proto::ErrorCode::ConnectionRefused,
-                        message: format!("the process bound to {addr} exited"),
-                    }),
-                    Some(Ok(Kept::Route(r))) => r,
-                    Some(Ok(Kept::Reply(Ok((m, _))))) => {
-                        Err(Error::Protocol(format!("unexpected reply {m:?}")))
-                    }
-                    Some(Ok(Kept::Reply(Err(e)))) | Some(Err(e)) => Err(e),
-                    // A known route (asked for under the lock if it was
-                    // lost meanwhile: it cannot be, the lock was held).
-                    None => g.stack.connect_until(addr, deadline),
-                };
-                match resolved {
-                    Ok(peer) => peer,
-                    Err(Error::Refused {
-                        code: crate::proto::ErrorCode::ConnectionRefused,
-                        ..
-                    }) if g.table.listener_for(&addr).is_some()
-                        && crate::addr::is_this_node(addr.ip()) =>
-                    {
-                        me
-                    }
-                    Err(e) => return Err(stack_err(e)),
+            // The manager refuses an address nobody binds, at once. It
+            // also refuses one it resolves to us: then it found a
+            // wildcard listener of ours (see `crate::addr`), as no other
+            // stack binds the address exactly.
+            let peer = match resolved {
+                Ok(peer) => peer,
+                Err(Error::Refused {
+                    code: crate::proto::ErrorCode::ConnectionRefused,
+                    ..
+                }) if g.table.listener_for(&addr).is_some()
+                    && crate::addr::is_this_node(addr.ip()) =>
+                {
+                    me
                 }
+                Err(e) => return Err(stack_err(e)),
             };
             let local = peer == me;
             // The source address depends on the id: reserve it, then fix.
