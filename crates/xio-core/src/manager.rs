@@ -918,10 +918,10 @@ impl Manager {
     /// they may (its own share, or all stacks' together): it gets no new
     /// channel until it reads.
     fn outbox_full(&self, id: u16) -> bool {
-        let total: usize = self.stacks.values().map(|e| e.outbox_fds).sum();
+        let total = || -> usize { self.stacks.values().map(|e| e.outbox_fds).sum() };
         self.stacks.get(&id).is_some_and(|e| {
             !e.outbox.is_empty()
-                && (e.outbox_fds + 2 > MAX_OUTBOX_FDS || total + 2 > self.outbox_fd_budget)
+                && (e.outbox_fds + 2 > MAX_OUTBOX_FDS || total() + 2 > self.outbox_fd_budget)
         })
     }
 
