@@ -424,10 +424,10 @@ fn server_with_its_manager(prefix: &str, addr: SocketAddr) {
     }
 }
 
-/// A `server_with_its_manager` child on `addr`, and a net of this process
-/// with one connection to it that has echoed once (a read timeout as its
-/// watchdog). None on DPDK, where the manager runs in the test process.
-fn service_with_its_manager(test: &str, addr: SocketAddr) -> Option<(ChildProc, Net, XioStream)> {
+/// A pool for `test` whose manager runs in a `server_with_its_manager`
+/// child serving `addr`: its prefix and the child. None on DPDK, where the
+/// manager runs in the test process.
+fn manager_in_a_child(test: &str, addr: SocketAddr) -> Option<(String, ChildProc)> {
     if test_backend() == xio_core::manager::Backend::Dpdk {
         eprintln!("skipped on the DPDK backend: the manager runs in the test process there");
         return None;
@@ -435,6 +435,14 @@ fn service_with_its_manager(test: &str, addr: SocketAddr) -> Option<(ChildProc, 
     setup();
     let p = prefix(test);
     let server = serving("server_with_its_manager", &p, addr);
+    Some((p, server))
+}
+
+/// A `server_with_its_manager` child on `addr`, and a net of this process
+/// with one connection to it that has echoed once (a read timeout as its
+/// watchdog). None on DPDK, where the manager runs in the test process.
+fn service_with_its_manager(test: &str, addr: SocketAddr) -> Option<(ChildProc, Net, XioStream)> {
+    let (p, server) = manager_in_a_child(test, addr)?;
     let net = Net::attach(&p).unwrap();
     let mut s = net.connect(addr).unwrap();
     // The read timeout stays as the watchdog: a hang ends in WouldBlock.
@@ -475,18 +483,10 @@ fn a_peer_dying_with_the_manager_still_resets() {
 /// - the late refusal does not fail anything else.
 #[test]
 fn a_stopped_manager_times_requests_out_and_answers_them_late_in_order() {
-    if test_backend() == xio_core::manager::Backend::Dpdk {
-        eprintln!("skipped on the DPDK backend: the manager runs in the test process there");
-        return;
-    }
-    setup();
-    let p = prefix("stopped");
     // An embedded manager and a service on 10.61.0.20:80.
-    let server = serving(
-        "server_with_its_manager",
-        &p,
-        "10.61.0.20:80".parse().unwrap(),
-    );
+    let Some((p, server)) = manager_in_a_child("stopped", "10.61.0.20:80".parse().unwrap()) else {
+        return;
+    };
     let net = Net::attach(&p).unwrap();
     let ours = net.listen("10.61.0.40:80").unwrap();
     let other = Net::attach(&p).unwrap();
@@ -561,13 +561,7 @@ fn a_stopped_manager_times_requests_out_and_answers_them_late_in_order() {
 /// whose requests wait as long as the watchdog; and the pool's prefix.
 /// None on DPDK, where the manager runs in the test process.
 fn stoppable_manager(test: &str, addr: SocketAddr, echo: &str) -> Option<(String, ChildProc, Net)> {
-    if test_backend() == xio_core::manager::Backend::Dpdk {
-        eprintln!("skipped on the DPDK backend: the manager runs in the test process there");
-        return None;
-    }
-    setup();
-    let p = prefix(test);
-    let server = serving("server_with_its_manager", &p, addr);
+    let (p, server) = manager_in_a_child(test, addr)?;
     let echo_l = Net::attach(&p).unwrap().listen(echo).unwrap();
     std::thread::spawn(move || {
         for s in echo_l.incoming() {
