@@ -1339,6 +1339,16 @@ impl Net {
         Ok(n)
     }
 
+    /// [`Net::global`] if this process has attached it already and its
+    /// manager runs: never attaches, so never waits on a manager.
+    pub fn global_if_attached() -> Option<Net> {
+        let g = GLOBAL.get().lock().unwrap_or_else(|e| e.into_inner());
+        match g.as_ref() {
+            Some((born, n)) if !born.forked() && !n.manager_gone() => Some(n.clone()),
+            _ => None,
+        }
+    }
+
     /// Runs `f` on [`Net::global`]; if that fails because the net's
     /// manager is gone, once more on the net `global` attaches afresh (when
     /// a manager runs again).
@@ -1747,8 +1757,9 @@ impl Net {
     pub fn connect(&self, addr: impl ToSocketAddrs) -> io::Result<XioStream> {
         let mut last = None;
         for a in addr.to_socket_addrs()? {
-            match self.connect_one(a, None) {
-                Ok(s) => return Ok(s),
+            match self.connect_one(a, None, true) {
+                Ok(Some(s)) => return Ok(s),
+                Ok(None) => unreachable!("a connect that may ask always answers"),
                 Err(e) => last = Some(no_manager_refuses(e)),
             }
         }
@@ -1759,15 +1770,39 @@ impl Net {
 
     /// Connects, waiting at most `timeout`.
     pub fn connect_timeout(&self, addr: &SocketAddr, timeout: Duration) -> io::Result<XioStream> {
-        self.connect_one(*addr, Some(Instant::now() + timeout))
+        self.connect_one(*addr, Some(Instant::now() + timeout), true)
+            .map(|s| s.expect("a connect that may ask always answers"))
             .map_err(no_manager_refuses)
     }
 
-    fn connect_one(&self, addr: SocketAddr, deadline: Option<Instant>) -> io::Result<XioStream> {
+    /// Connects to `addr` if that needs no wait: the address is one of
+    /// this net's listeners, or its process is one this net already has a
+    /// channel to. `Ok(None)` otherwise (the manager would have to resolve
+    /// it, or an IPv6 SYN's buffer is not to be had at once), and nothing
+    /// was sent: [`Net::connect`] then, where blocking is fine (an async
+    /// adapter calls it on a blocking thread).
+    pub fn connect_known(&self, addr: SocketAddr) -> io::Result<Option<XioStream>> {
+        self.connect_one(addr, None, false)
+    }
+
+    /// `may_ask`: whether to ask the manager for a route this net does
+    /// not know and wait for a SYN's buffer; without it, such a connect
+    /// returns `Ok(None)` having done nothing.
+    fn connect_one(
+        &self,
+        addr: SocketAddr,
+        deadline: Option<Instant>,
+        may_ask: bool,
+    ) -> io::Result<Option<XioStream>> {
         // An IPv6 SYN's buffer, taken before the lock (it may have to
         // wait). An IPv4 SYN needs none (see `kind::SYN4`).
         let syn = match addr {
-            SocketAddr::V6(_) => Some(self.alloc_wait(SYN_LEN, deadline)?),
+            SocketAddr::V6(_) if may_ask => Some(self.alloc_wait(SYN_LEN, deadline)?),
+            SocketAddr::V6(_) => match self.lock().stack.try_alloc(SYN_LEN) {
+                Ok(b) => Some(b),
+                Err(Error::WouldBlock) => return Ok(None),
+                Err(e) => return Err(stack_err(e)),
+            },
             SocketAddr::V4(_) => None,
         };
         // An address this net has no route for is asked of the manager
@@ -1778,6 +1813,8 @@ impl Net {
             Ok(me) // our own listener
         } else if let Some(p) = g.stack.resolve_known(addr).map_err(stack_err)? {
             Ok(p)
+        } else if !may_ask {
+            return Ok(None);
         } else {
             let asked = g
                 .ask(&crate::proto::Msg::Connect { addr })
@@ -1857,7 +1894,7 @@ impl Net {
         // Otherwise the stream is usable at once: writes go out behind the
         // SYN (addressed by our id until the SYN-ACK tells us the
         // listener's), and the first read waits for the answer.
-        Ok(s)
+        Ok(Some(s))
     }
 
     /// Waits until `c`'s SYN is answered (at once if it was). A refusal is

@@ -226,6 +226,48 @@ enum Woke {
     Tick,
 }
 
+/// The addresses `addr` names (a name is looked up here, as std's
+/// sockets do).
+fn socket_addrs(addr: impl ToSocketAddrs) -> io::Result<Vec<SocketAddr>> {
+    let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+    if addrs.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the address names no socket address",
+        ));
+    }
+    Ok(addrs)
+}
+
+/// Connects to the first of `addrs` that connects without a wait on the
+/// manager ([`Net::connect_known`]), trying them in order as
+/// [`Net::connect`] does. `None` when one of them needs the manager
+/// before any connected: the caller connects to the rest on a blocking
+/// thread. (An error on an earlier address is then superseded, as
+/// [`Net::connect`] reports the last.)
+fn connect_known(net: &Net, addrs: &[SocketAddr]) -> Option<io::Result<xio_core::net::XioStream>> {
+    let mut last = None;
+    for a in addrs {
+        match net.connect_known(*a) {
+            Ok(Some(s)) => return Some(Ok(s)),
+            Ok(None) => return None,
+            Err(e) => last = Some(e),
+        }
+    }
+    last.map(Err)
+}
+
+/// Runs `f`, which may wait on the manager, on tokio's blocking threads.
+async fn on_blocking_thread<T: Send + 'static>(
+    f: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(io::Error::other(e)),
+    }
+}
+
 /// The driver task of one net (see the crate docs). `manager`: the net's
 /// [`Net::manager_watch`], polled beside the doorbell while the driver
 /// sleeps, so a sleeping driver needs no timer to notice a dead manager.
@@ -422,12 +464,20 @@ impl XioListener {
     /// Binds `addr` on the process-wide pool ([`Net::global`], attached
     /// again if its manager was restarted). The listener follows the pool's
     /// manager across restarts (see [`XioListener`]).
+    ///
+    /// Binding is a request to the manager, made on tokio's blocking
+    /// threads: a slow or stopped manager does not hold up this runtime.
     pub async fn bind(addr: impl ToSocketAddrs) -> io::Result<XioListener> {
-        Self::from_std(xio_core::net::XioListener::bind(addr)?)
+        let addrs = socket_addrs(addr)?;
+        Self::from_std(
+            on_blocking_thread(move || xio_core::net::XioListener::bind(&addrs[..])).await?,
+        )
     }
 
     /// Binds `addr` on `net`. (Not async: binding is one request to the
-    /// local manager.)
+    /// local manager, answered in microseconds, made on this thread; with
+    /// a manager that may be slow, [`XioListener::bind`] or
+    /// `spawn_blocking` keep the runtime's workers free.)
     pub fn bind_with(net: &Net, addr: impl ToSocketAddrs) -> io::Result<XioListener> {
         Self::from_std(net.listen(addr)?)
     }
@@ -522,13 +572,32 @@ impl XioStream {
     /// the listening process shows as `ConnectionRefused` on the first
     /// read (an address nobody binds is refused here, by the manager).
     /// The pool's net is attached again if its manager was restarted.
+    ///
+    /// A connect to a process this one already has a channel to is made
+    /// here at once; one the manager must resolve (the first to each
+    /// process) waits for it on tokio's blocking threads, so a slow or
+    /// stopped manager does not hold up this runtime.
     pub async fn connect(addr: impl ToSocketAddrs) -> io::Result<XioStream> {
-        Self::from_core(xio_core::net::XioStream::connect(addr)?)
+        let addrs = socket_addrs(addr)?;
+        if let Some(net) = Net::global_if_attached() {
+            if let Some(r) = connect_known(&net, &addrs) {
+                return Self::from_core(r?);
+            }
+        }
+        Self::from_core(
+            on_blocking_thread(move || xio_core::net::XioStream::connect(&addrs[..])).await?,
+        )
     }
 
-    /// Connects on `net`.
+    /// Connects on `net` (as [`XioStream::connect`]: a connect that needs
+    /// the manager waits for it on tokio's blocking threads).
     pub async fn connect_with(net: &Net, addr: impl ToSocketAddrs) -> io::Result<XioStream> {
-        Self::from_core(net.connect(addr)?)
+        let addrs = socket_addrs(addr)?;
+        if let Some(r) = connect_known(net, &addrs) {
+            return Self::from_core(r?);
+        }
+        let net = net.clone();
+        Self::from_core(on_blocking_thread(move || net.connect(&addrs[..])).await?)
     }
 
     fn from_core(inner: xio_core::net::XioStream) -> io::Result<XioStream> {

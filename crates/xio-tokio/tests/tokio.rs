@@ -999,3 +999,72 @@ fn write_readiness_waits_for_a_full_ring() {
 fn chunk_len() -> usize {
     64 * 1024
 }
+
+/// Sends `sig` to `child`.
+fn signal(child: &std::process::Child, sig: rustix::process::Signal) {
+    rustix::process::kill_process(rustix::process::Pid::from_child(child), sig).unwrap();
+}
+
+/// A connect the manager must resolve waits for it off the runtime's
+/// threads: with the manager stopped (SIGSTOP; a debugger, a hang), a
+/// current-thread runtime still runs its other tasks while the connect
+/// waits, and the connect completes once the manager runs again. A
+/// connect to a process already reached needs no manager at all.
+#[test]
+fn a_connect_waiting_for_a_stopped_manager_does_not_hold_the_runtime() {
+    // Only the run directory: this test's manager runs in a child.
+    drop(setup("stopmgr"));
+    let p = format!("tt-stopmgr-child-{}", std::process::id());
+    let mut child = spawn_child("manager", &p);
+    let addr = "10.4.0.31:80";
+    let srv = Net::attach(&p).unwrap();
+    let cli = Net::attach(&p).unwrap();
+    // Long enough never to end a passing run; a failing one (the connect
+    // waiting on the runtime's thread) ends when it does.
+    cli.set_control_timeout(Duration::from_secs(20));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let l = XioListener::bind_with(&srv, addr).unwrap();
+        signal(&child, rustix::process::Signal::STOP);
+        let c = {
+            let cli = cli.clone();
+            tokio::spawn(async move { XioStream::connect_with(&cli, addr).await })
+        };
+        // The runtime's one thread is free: this task runs, and the
+        // connect has not completed (it cannot without the manager).
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(
+            !c.is_finished(),
+            "the connect waited for the manager on the runtime's thread"
+        );
+        signal(&child, rustix::process::Signal::CONT);
+        let mut c = tokio::time::timeout(WATCHDOG, c)
+            .await
+            .expect("watchdog: the connect never completed")
+            .unwrap()
+            .unwrap();
+        let (mut s, _) = l.accept().await.unwrap();
+        c.write_all(b"ping").await.unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"ping");
+        // The route is known now: connecting again needs no manager.
+        signal(&child, rustix::process::Signal::STOP);
+        let mut c2 = tokio::time::timeout(WATCHDOG, XioStream::connect_with(&cli, addr))
+            .await
+            .expect("watchdog: a connect over a known route waited")
+            .unwrap();
+        let (mut s2, _) = l.accept().await.unwrap();
+        c2.write_all(b"pong").await.unwrap();
+        s2.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"pong");
+        signal(&child, rustix::process::Signal::CONT);
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
