@@ -63,22 +63,23 @@ fn lib_dir() -> PathBuf {
     .clone()
 }
 
-/// The compile and link flags from our pkg-config file (xio.pc.in filled
-/// in for this build tree, as scripts/capi.sh does).
-fn pkg_config_flags() -> Vec<String> {
+/// The compile and link flags from our pkg-config file `pkg` (`xio` or
+/// `xio-static`: its `.pc.in` filled in for this build tree, as
+/// scripts/capi.sh does).
+fn pkg_config_flags(pkg: &str) -> Vec<String> {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let pc_dir = run_dir().join("pkgconfig");
     std::fs::create_dir_all(&pc_dir).unwrap();
     let lib = lib_dir();
-    let pc = std::fs::read_to_string(crate_dir.join("xio.pc.in"))
+    let pc = std::fs::read_to_string(crate_dir.join(format!("{pkg}.pc.in")))
         .unwrap()
         .replace("@PREFIX@", crate_dir.to_str().unwrap())
         .replace("@LIBDIR@", lib.to_str().unwrap())
         .replace("@INCLUDEDIR@", crate_dir.join("include").to_str().unwrap())
         .replace("@VERSION@", env!("CARGO_PKG_VERSION"));
-    std::fs::write(pc_dir.join("xio.pc"), pc).unwrap();
+    std::fs::write(pc_dir.join(format!("{pkg}.pc")), pc).unwrap();
     let out = Command::new("pkg-config")
-        .args(["--cflags", "--libs", "xio"])
+        .args(["--cflags", "--libs", pkg])
         .env("PKG_CONFIG_PATH", &pc_dir)
         .output()
         .expect("pkg-config is installed (apt-get install pkg-config)");
@@ -115,8 +116,15 @@ fn asan() -> bool {
     })
 }
 
-/// Compiles one C program (once per test process); returns its path.
+/// Compiles one C program (once per test process) against libxio.so;
+/// returns its path.
 fn build(name: &str) -> PathBuf {
+    build_with(name, "xio", name)
+}
+
+/// Compiles C program `name` linked through pkg-config package `pkg` as
+/// `exe_name` (once per test process); returns its path.
+fn build_with(name: &str, pkg: &str, exe_name: &str) -> PathBuf {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -127,7 +135,7 @@ fn build(name: &str) -> PathBuf {
     .into_iter()
     .find(|p| p.exists())
     .unwrap_or_else(|| panic!("no C source for {name}"));
-    let exe = run_dir().join(name);
+    let exe = run_dir().join(exe_name);
     if exe.exists() {
         return exe;
     }
@@ -136,7 +144,10 @@ fn build(name: &str) -> PathBuf {
     if asan() {
         cmd.arg("-fsanitize=address");
     }
-    cmd.arg("-o").arg(&exe).arg(&src).args(pkg_config_flags());
+    cmd.arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .args(pkg_config_flags(pkg));
     let out = cmd.output().expect("a C compiler (cc)");
     assert!(
         out.status.success(),
@@ -155,7 +166,11 @@ struct CProc {
 
 impl CProc {
     fn spawn(name: &str, args: &[&str]) -> CProc {
-        let exe = build(name);
+        Self::spawn_exe(build(name), name, args)
+    }
+
+    /// Runs the already built `exe` (of program `name`).
+    fn spawn_exe(exe: PathBuf, name: &str, args: &[&str]) -> CProc {
         let mut child = Command::new(exe)
             .args(args)
             .env("XIO_RUN_DIR", run_dir())
@@ -263,6 +278,30 @@ fn field(line: &str, key: &str) -> u64 {
 fn api_contract_from_c() {
     let (mgr, p) = manager("api");
     let mut t = CProc::spawn("api_test", &[&p]);
+    t.expect("ok");
+    t.wait_success();
+    wait_pool_whole(&mgr);
+}
+
+/// Linked through `xio-static.pc`: the program carries libxio in itself
+/// (no libxio.so among its needed libraries, no run path to one) and
+/// passes the same API contract.
+#[test]
+fn a_c_program_linked_statically_passes_the_api_contract() {
+    let (mgr, p) = manager("static");
+    let exe = build_with("api_test", "xio-static", "api_test_static");
+    let out = Command::new("readelf")
+        .arg("-d")
+        .arg(&exe)
+        .output()
+        .expect("readelf (binutils, installed with the C compiler)");
+    assert!(out.status.success(), "readelf: {out:?}");
+    let dynamic = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !dynamic.contains("libxio") && !dynamic.contains("RUNPATH") && !dynamic.contains("RPATH"),
+        "linked against the shared libxio:\n{dynamic}"
+    );
+    let mut t = CProc::spawn_exe(exe, "api_test", &[&p]);
     t.expect("ok");
     t.wait_success();
     wait_pool_whole(&mgr);
