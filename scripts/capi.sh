@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds libxio (X-IO's C ABI) and writes a pkg-config file for it.
+# Builds libxio (X-IO's C ABI) and writes its pkg-config files (xio.pc
+# for the shared library, xio-static.pc for libxio.a).
 #
 #   ./scripts/capi.sh                  # build in place: target/release/pkgconfig/xio.pc
 #   ./scripts/capi.sh --install /usr/local   # copy lib, header and xio.pc there

@@ -1340,9 +1340,15 @@ impl Net {
     }
 
     /// [`Net::global`] if this process has attached it already and its
-    /// manager runs: never attaches, so never waits on a manager.
+    /// manager runs: never attaches, so never waits on a manager. `None`
+    /// too while another thread holds the global net's slot (it may be
+    /// attaching, which waits on the manager).
     pub fn global_if_attached() -> Option<Net> {
-        let g = GLOBAL.get().lock().unwrap_or_else(|e| e.into_inner());
+        let g = match GLOBAL.get().try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
         match g.as_ref() {
             Some((born, n)) if !born.forked() && !n.manager_gone() => Some(n.clone()),
             _ => None,
@@ -1776,8 +1782,9 @@ impl Net {
     }
 
     /// Connects to `addr` if that needs no wait: the address is one of
-    /// this net's listeners, or its process is one this net already has a
-    /// channel to. `Ok(None)` otherwise (the manager would have to resolve
+    /// this net's listeners, or one this net has connected to before
+    /// (resolved already, to a process still attached). `Ok(None)`
+    /// otherwise (the manager would have to resolve
     /// it, or an IPv6 SYN's buffer is not to be had at once), and nothing
     /// was sent: [`Net::connect`] then, where blocking is fine (an async
     /// adapter calls it on a blocking thread).

@@ -48,8 +48,13 @@
 //! it keeps one worker busy).
 //!
 //! # Cancellation
-//! `accept`, `read` (and every `AsyncRead` use), `recv_buf`/`recv_bytes`
-//! and `connect` are cancellation safe: a dropped future loses nothing.
+//! `accept`, `read` (and every `AsyncRead` use) and `recv_buf`/`recv_bytes`
+//! are cancellation safe: a dropped future loses nothing. So is `connect`
+//! to an address connected to before; one that waits for the manager
+//! (on a blocking thread) runs to its end when its future is dropped, and
+//! the connection it made is closed at once (the listener may accept it
+//! and read end-of-file). A dropped `XioListener::bind` likewise binds
+//! and then unbinds; [`XioListener::bind_with`] leaves nothing behind.
 //! `write` is as `AsyncWrite` always is (bytes reported written are sent;
 //! a dropped future wrote nothing or a reported prefix). `send_buf` is not:
 //! dropping its future drops the buffer unsent.
@@ -145,9 +150,7 @@ fn ensure_driver(net: &Net) -> io::Result<()> {
             return Ok(());
         }
     }
-    let handle = tokio::runtime::Handle::try_current().map_err(|_| {
-        io::Error::other("xio-tokio needs a tokio runtime (call it from within one)")
-    })?;
+    let handle = tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
     let bell = net.doorbell()?;
     // SAFETY: an `OwnedFd` is open and names the same eventfd for as long
     // as it lives, and the `AsyncFd` owns it.
@@ -226,6 +229,11 @@ enum Woke {
     Tick,
 }
 
+/// The error of a call made outside a tokio runtime.
+fn no_runtime() -> io::Error {
+    io::Error::other("xio-tokio needs a tokio runtime (call it from within one)")
+}
+
 /// The addresses `addr` names (a name is looked up here, as std's
 /// sockets do).
 fn socket_addrs(addr: impl ToSocketAddrs) -> io::Result<Vec<SocketAddr>> {
@@ -261,7 +269,8 @@ fn connect_known(net: &Net, addrs: &[SocketAddr]) -> Option<io::Result<xio_core:
 async fn on_blocking_thread<T: Send + 'static>(
     f: impl FnOnce() -> io::Result<T> + Send + 'static,
 ) -> io::Result<T> {
-    match tokio::task::spawn_blocking(f).await {
+    let rt = tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
+    match rt.spawn_blocking(f).await {
         Ok(r) => r,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         Err(e) => Err(io::Error::other(e)),
@@ -573,10 +582,11 @@ impl XioStream {
     /// read (an address nobody binds is refused here, by the manager).
     /// The pool's net is attached again if its manager was restarted.
     ///
-    /// A connect to a process this one already has a channel to is made
-    /// here at once; one the manager must resolve (the first to each
-    /// process) waits for it on tokio's blocking threads, so a slow or
-    /// stopped manager does not hold up this runtime.
+    /// A connect to an address connected to before is made here at once;
+    /// one the manager must resolve (the first to each address) waits for
+    /// it on tokio's blocking threads, so a slow or stopped manager does
+    /// not hold up this runtime. (A host name, not an `ip:port`, is
+    /// looked up here, blocking, as std's sockets do.)
     pub async fn connect(addr: impl ToSocketAddrs) -> io::Result<XioStream> {
         let addrs = socket_addrs(addr)?;
         if let Some(net) = Net::global_if_attached() {

@@ -2,6 +2,7 @@
 //! shared-memory channels between them) in the test process, and a real
 //! child process where a test kills its peer.
 
+use std::future::Future;
 use std::io::{self, Write};
 use std::time::Duration;
 
@@ -1005,6 +1006,17 @@ fn signal(child: &std::process::Child, sig: rustix::process::Signal) {
     rustix::process::kill_process(rustix::process::Pid::from_child(child), sig).unwrap();
 }
 
+/// A child killed (-9, which ends a stopped process too) and reaped when
+/// dropped, a failing test included.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A connect the manager must resolve waits for it off the runtime's
 /// threads: with the manager stopped (SIGSTOP; a debugger, a hang), a
 /// current-thread runtime still runs its other tasks while the connect
@@ -1015,7 +1027,8 @@ fn a_connect_waiting_for_a_stopped_manager_does_not_hold_the_runtime() {
     // Only the run directory: this test's manager runs in a child.
     drop(setup("stopmgr"));
     let p = format!("tt-stopmgr-child-{}", std::process::id());
-    let mut child = spawn_child("manager", &p);
+    let child = KillOnDrop(spawn_child("manager", &p));
+    let child = &child.0;
     let addr = "10.4.0.31:80";
     let srv = Net::attach(&p).unwrap();
     let cli = Net::attach(&p).unwrap();
@@ -1028,7 +1041,7 @@ fn a_connect_waiting_for_a_stopped_manager_does_not_hold_the_runtime() {
         .unwrap();
     rt.block_on(async {
         let l = XioListener::bind_with(&srv, addr).unwrap();
-        signal(&child, rustix::process::Signal::STOP);
+        signal(child, rustix::process::Signal::STOP);
         let c = {
             let cli = cli.clone();
             tokio::spawn(async move { XioStream::connect_with(&cli, addr).await })
@@ -1042,7 +1055,7 @@ fn a_connect_waiting_for_a_stopped_manager_does_not_hold_the_runtime() {
             !c.is_finished(),
             "the connect waited for the manager on the runtime's thread"
         );
-        signal(&child, rustix::process::Signal::CONT);
+        signal(child, rustix::process::Signal::CONT);
         let mut c = tokio::time::timeout(WATCHDOG, c)
             .await
             .expect("watchdog: the connect never completed")
@@ -1054,7 +1067,7 @@ fn a_connect_waiting_for_a_stopped_manager_does_not_hold_the_runtime() {
         s.read_exact(&mut b).await.unwrap();
         assert_eq!(&b, b"ping");
         // The route is known now: connecting again needs no manager.
-        signal(&child, rustix::process::Signal::STOP);
+        signal(child, rustix::process::Signal::STOP);
         let mut c2 = tokio::time::timeout(WATCHDOG, XioStream::connect_with(&cli, addr))
             .await
             .expect("watchdog: a connect over a known route waited")
@@ -1063,8 +1076,26 @@ fn a_connect_waiting_for_a_stopped_manager_does_not_hold_the_runtime() {
         c2.write_all(b"pong").await.unwrap();
         s2.read_exact(&mut b).await.unwrap();
         assert_eq!(&b, b"pong");
-        signal(&child, rustix::process::Signal::CONT);
+        signal(child, rustix::process::Signal::CONT);
     });
-    child.kill().unwrap();
-    child.wait().unwrap();
+}
+
+/// Outside a tokio runtime, a bind and a connect that would wait on a
+/// blocking thread fail with an error that says so (they used to panic
+/// in `spawn_blocking`).
+#[test]
+fn a_bind_or_connect_outside_a_runtime_is_an_error() {
+    let (_mgr, p) = setup("nort");
+    let net = Net::attach(&p).unwrap();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut bind = std::pin::pin!(XioListener::bind("10.4.0.33:80"));
+    let std::task::Poll::Ready(Err(e)) = bind.as_mut().poll(&mut cx) else {
+        panic!("a bind outside a runtime did not fail at once");
+    };
+    assert!(e.to_string().contains("tokio runtime"), "{e}");
+    let mut connect = std::pin::pin!(XioStream::connect_with(&net, "10.4.0.34:80"));
+    let std::task::Poll::Ready(Err(e)) = connect.as_mut().poll(&mut cx) else {
+        panic!("a connect outside a runtime did not fail at once");
+    };
+    assert!(e.to_string().contains("tokio runtime"), "{e}");
 }
