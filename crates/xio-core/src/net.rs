@@ -1784,10 +1784,10 @@ impl Net {
     /// Connects to `addr` if that needs no wait: the address is one of
     /// this net's listeners, or one this net has connected to before
     /// (resolved already, to a process still attached). `Ok(None)`
-    /// otherwise (the manager would have to resolve
-    /// it, or an IPv6 SYN's buffer is not to be had at once), and nothing
-    /// was sent: [`Net::connect`] then, where blocking is fine (an async
-    /// adapter calls it on a blocking thread).
+    /// otherwise (the manager would have to resolve it, or an IPv6 SYN's
+    /// buffer is not to be had at once), and nothing was sent: then
+    /// [`Net::connect`], where blocking is fine (an async adapter calls it
+    /// on a blocking thread).
     pub fn connect_known(&self, addr: SocketAddr) -> io::Result<Option<XioStream>> {
         self.connect_one(addr, None, false)
     }
