@@ -68,6 +68,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
+use tokio::net::ToSocketAddrs as AsyncToSocketAddrs;
 
 use bytes::Bytes;
 use tokio::io::unix::AsyncFd;
@@ -234,10 +235,14 @@ fn no_runtime() -> io::Error {
     io::Error::other("xio-tokio needs a tokio runtime (call it from within one)")
 }
 
-/// The addresses `addr` names (a name is looked up here, as std's
-/// sockets do).
-fn socket_addrs(addr: impl ToSocketAddrs) -> io::Result<Vec<SocketAddr>> {
-    let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+/// The addresses `addr` names, as `tokio::net::TcpStream::connect` finds
+/// them: an `ip:port` at once, a host name looked up on tokio's blocking
+/// threads (`tokio::net::lookup_host`), so a slow resolver does not hold
+/// up the runtime.
+async fn socket_addrs(addr: impl AsyncToSocketAddrs) -> io::Result<Vec<SocketAddr>> {
+    // tokio's lookup panics outside a runtime; ours is an error.
+    tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(addr).await?.collect();
     if addrs.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -476,8 +481,10 @@ impl XioListener {
     ///
     /// Binding is a request to the manager, made on tokio's blocking
     /// threads: a slow or stopped manager does not hold up this runtime.
-    pub async fn bind(addr: impl ToSocketAddrs) -> io::Result<XioListener> {
-        let addrs = socket_addrs(addr)?;
+    /// `addr` is what `tokio::net::TcpListener::bind` takes (a host name
+    /// is looked up there too).
+    pub async fn bind(addr: impl AsyncToSocketAddrs) -> io::Result<XioListener> {
+        let addrs = socket_addrs(addr).await?;
         Self::from_std(
             on_blocking_thread(move || xio_core::net::XioListener::bind(&addrs[..])).await?,
         )
@@ -585,10 +592,12 @@ impl XioStream {
     /// A connect to an address connected to before is made here at once;
     /// one the manager must resolve (the first to each address) waits for
     /// it on tokio's blocking threads, so a slow or stopped manager does
-    /// not hold up this runtime. (A host name, not an `ip:port`, is
-    /// looked up here, blocking, as std's sockets do.)
-    pub async fn connect(addr: impl ToSocketAddrs) -> io::Result<XioStream> {
-        let addrs = socket_addrs(addr)?;
+    /// not hold up this runtime. A host name is looked up on those
+    /// threads too, as `tokio::net::TcpStream::connect` does (`addr` takes
+    /// what it takes: `"10.0.0.1:80"`, `("localhost", 80)`, a
+    /// `SocketAddr`, ...).
+    pub async fn connect(addr: impl AsyncToSocketAddrs) -> io::Result<XioStream> {
+        let addrs = socket_addrs(addr).await?;
         if let Some(net) = Net::global_if_attached() {
             if let Some(r) = connect_known(&net, &addrs) {
                 return Self::from_core(r?);
@@ -601,8 +610,8 @@ impl XioStream {
 
     /// Connects on `net` (as [`XioStream::connect`]: a connect that needs
     /// the manager waits for it on tokio's blocking threads).
-    pub async fn connect_with(net: &Net, addr: impl ToSocketAddrs) -> io::Result<XioStream> {
-        let addrs = socket_addrs(addr)?;
+    pub async fn connect_with(net: &Net, addr: impl AsyncToSocketAddrs) -> io::Result<XioStream> {
+        let addrs = socket_addrs(addr).await?;
         if let Some(r) = connect_known(net, &addrs) {
             return Self::from_core(r?);
         }

@@ -1099,3 +1099,37 @@ fn a_bind_or_connect_outside_a_runtime_is_an_error() {
     };
     assert!(e.to_string().contains("tokio runtime"), "{e}");
 }
+
+/// `connect` takes what `tokio::net::TcpStream::connect` takes: a host
+/// name with a port, as a string or a tuple, looked up without holding the
+/// runtime (on a current-thread runtime here, whose one thread must not
+/// block); every address it names is tried in order.
+#[test]
+fn a_connect_takes_a_host_name() {
+    let (_mgr, p) = setup("hostname");
+    current_thread_runtime().block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, "127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(echo_server(l));
+        let name = format!("localhost:{port}");
+        for c in [
+            XioStream::connect_with(&cli, name.as_str()).await,
+            XioStream::connect_with(&cli, ("localhost", port)).await,
+            // Known by now: connected in the task, not on a blocking thread.
+            XioStream::connect_with(&cli, name.clone()).await,
+        ] {
+            let mut c = c.unwrap();
+            assert_eq!(c.peer_addr().unwrap().port(), port);
+            c.write_all(b"named").await.unwrap();
+            let mut b = [0u8; 5];
+            c.read_exact(&mut b).await.unwrap();
+            assert_eq!(&b, b"named");
+        }
+        let e = XioStream::connect_with(&cli, "localhost")
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+    });
+}
