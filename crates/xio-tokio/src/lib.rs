@@ -592,10 +592,10 @@ impl XioStream {
     /// A connect to an address connected to before is made here at once;
     /// one the manager must resolve (the first to each address) waits for
     /// it on tokio's blocking threads, so a slow or stopped manager does
-    /// not hold up this runtime. A host name is looked up on those
-    /// threads too, as `tokio::net::TcpStream::connect` does (`addr` takes
-    /// what it takes: `"10.0.0.1:80"`, `("localhost", 80)`, a
-    /// `SocketAddr`, ...).
+    /// not hold up this runtime. `addr` is anything
+    /// `tokio::net::TcpStream::connect` takes (`"10.0.0.1:80"`,
+    /// `("localhost", 80)`, a `SocketAddr`, ...); a host name is looked up
+    /// on the blocking threads too, as tokio does.
     pub async fn connect(addr: impl AsyncToSocketAddrs) -> io::Result<XioStream> {
         let addrs = socket_addrs(addr).await?;
         if let Some(net) = Net::global_if_attached() {

@@ -1101,9 +1101,9 @@ fn a_bind_or_connect_outside_a_runtime_is_an_error() {
 }
 
 /// `connect` takes what `tokio::net::TcpStream::connect` takes: a host
-/// name with a port, as a string or a tuple, looked up without holding the
-/// runtime (on a current-thread runtime here, whose one thread must not
-/// block); every address it names is tried in order.
+/// name with a port, as a string or a tuple (looked up by tokio); every
+/// address the name stands for is tried in order, so `localhost` reaches
+/// a listener on 127.0.0.1 also where it resolves to `::1` first.
 #[test]
 fn a_connect_takes_a_host_name() {
     let (_mgr, p) = setup("hostname");
@@ -1117,7 +1117,6 @@ fn a_connect_takes_a_host_name() {
         for c in [
             XioStream::connect_with(&cli, name.as_str()).await,
             XioStream::connect_with(&cli, ("localhost", port)).await,
-            // Known by now: connected in the task, not on a blocking thread.
             XioStream::connect_with(&cli, name.clone()).await,
         ] {
             let mut c = c.unwrap();
