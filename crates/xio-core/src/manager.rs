@@ -406,6 +406,29 @@ fn hung_up(e: &io::Error) -> bool {
 /// again: no poll event says when it would pass.
 const RETRY_STALLED: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// A listening socket's temporary path: removed if the manager fails to
+/// start, renamed to the real path once it has.
+struct Staged(std::path::PathBuf);
+
+impl Staged {
+    fn publish(self, to: &std::path::Path) -> Result<(), ManagerError> {
+        let r = std::fs::rename(&self.0, to).map_err(io_err(format!(
+            "rename {} to {}",
+            self.0.display(),
+            to.display()
+        )));
+        // Renamed, the drop finds nothing to remove; failed, it cleans up.
+        drop(self);
+        r
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 impl Manager {
     /// Options for a manager of pool `prefix`.
     pub fn builder(prefix: &str) -> ManagerBuilder {
@@ -441,10 +464,17 @@ impl Manager {
         let _ = rustix::fs::ftruncate(&lock, 0);
         let _ = rustix::io::pwrite(&lock, format!("{}\n", std::process::id()).as_bytes(), 0);
         let sock_path = paths::socket_path(&b.prefix);
-        // We hold the lock, so a socket file left here is a dead manager's.
+        // We hold the lock, so socket files left here are a dead manager's.
         let _ = std::fs::remove_file(&sock_path);
-        let listener = ctrl::listen(&sock_path)
-            .map_err(io_err(format!("listen on {}", sock_path.display())))?;
+        // The socket is bound under a temporary name and renamed into place
+        // once it listens and the pool exists: whoever waits for the file
+        // to appear (a script, a test, a stack retrying) can connect as
+        // soon as it does, never in the gap between bind and listen, where
+        // a connect is refused.
+        let staged = Staged(sock_path.with_extension("sock.new"));
+        let _ = std::fs::remove_file(&staged.0);
+        let listener =
+            ctrl::listen(&staged.0).map_err(io_err(format!("listen on {}", staged.0.display())))?;
         ctrl::set_nonblocking(&listener, true).map_err(io_err("set listener non-blocking"))?;
         #[cfg(feature = "dpdk")]
         let mut rings = Vec::new();
@@ -472,6 +502,7 @@ impl Manager {
             }
         };
         let stop = Arc::new(EventFdDoorbell::new().map_err(io_err("eventfd"))?);
+        staged.publish(&sock_path)?;
         tracing::info!(
             prefix = %b.prefix,
             socket = %sock_path.display(),

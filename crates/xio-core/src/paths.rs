@@ -2,7 +2,9 @@
 //!
 //! A pool is named by its *prefix* (like DPDK's `--file-prefix`: one pool per
 //! security domain). Its manager listens on `<run dir>/<prefix>.sock` and
-//! holds `<run dir>/<prefix>.lock`. The run dir is `$XIO_RUN_DIR` if set,
+//! holds `<run dir>/<prefix>.lock`. The socket file appears only once the
+//! manager accepts on it (it listens under `<prefix>.sock.new` first), so
+//! waiting for the file is waiting for the manager. The run dir is `$XIO_RUN_DIR` if set,
 //! else `$XDG_RUNTIME_DIR/xio`, else `/tmp/xio-<uid>`.
 
 use std::path::PathBuf;

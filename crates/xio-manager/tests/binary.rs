@@ -81,3 +81,54 @@ fn run_status_refuse_second_and_stop_on_signals() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no X-IO manager"));
 }
+
+/// The control socket's file appears only once the manager accepts on it:
+/// whoever waits for the file connects at once and is never refused (the
+/// socket is bound under a temporary name and renamed when it listens).
+#[test]
+fn the_socket_appears_only_when_it_listens() {
+    let dir = std::env::temp_dir().join(format!("xio-bin-appear-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("appear-test.sock");
+    /// Kills the manager if an assertion fails first.
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    // The gap this closes is a few microseconds: catching it takes tries.
+    for _ in 0..50 {
+        let mut m = Reap(
+            Command::new(BIN)
+                .args(["--prefix", "appear-test", "--class", "2K:16"])
+                .env("XIO_RUN_DIR", &dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        // Poll without sleeping, to catch the file the moment it appears.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !sock.exists() {
+            assert!(Instant::now() < deadline, "watchdog: manager socket");
+            std::thread::yield_now();
+        }
+        // The control socket is a seqpacket one.
+        use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
+        let c = rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None).unwrap();
+        let r = rustix::net::connect(&c, &SocketAddrUnix::new(&sock).unwrap());
+        assert!(r.is_ok(), "connect as the socket appeared: {r:?}");
+        drop(c);
+        signal(&m.0, rustix::process::Signal::TERM);
+        assert!(m.0.wait().unwrap().success());
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().contains(".sock"))
+            .collect();
+        assert!(left.is_empty(), "socket files left behind: {left:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
