@@ -105,16 +105,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         pool.classes.sort_unstable();
     }
     raise_fd_limit();
-    let manager = Manager::builder(&prefix)
-        .pool(pool)
-        .backend(cli.backend)
-        .bind()?;
-    let stopper = manager.stopper();
+    // Handlers first: a signal that arrives while the manager starts (its
+    // socket may already be visible) waits for it, instead of killing the
+    // process and leaving the socket file behind.
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
     ])
     .context("install signal handlers")?;
+    let manager = Manager::builder(&prefix)
+        .pool(pool)
+        .backend(cli.backend)
+        .bind()?;
+    let stopper = manager.stopper();
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
             tracing::info!(signal = sig, "stopping");
