@@ -834,6 +834,9 @@ fn readable_try_read_peek_and_try_write() {
             s.try_read(&mut buf).unwrap_err().kind(),
             std::io::ErrorKind::WouldBlock
         );
+        // The reader says when it has "hello world", so "!!" cannot join
+        // it in one drain however the threads are scheduled.
+        let (have_11, got_11) = tokio::sync::oneshot::channel();
         let reader = tokio::spawn(async move {
             let mut got = Vec::new();
             let mut buf = [0u8; 3];
@@ -849,6 +852,7 @@ fn readable_try_read_peek_and_try_write() {
                 }
             }
             assert_eq!(got, b"hello world");
+            have_11.send(()).unwrap();
             // Peeked bytes are read again.
             let mut two = [0u8; 2];
             assert_eq!(s.peek(&mut two).await.unwrap(), 2);
@@ -861,6 +865,7 @@ fn readable_try_read_peek_and_try_write() {
         assert_eq!(c.try_write(b"hello ").unwrap(), 6);
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         assert_eq!(c.try_write(b"world").unwrap(), 5);
+        got_11.await.unwrap();
         // Most likely after the reader began to wait in `peek`: it must
         // wake (and if not, the bytes are simply there when it looks).
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
