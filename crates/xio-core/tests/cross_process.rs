@@ -751,7 +751,12 @@ fn a_sleeping_stack_is_woken_by_its_peer_leaving() {
         let r = server.recv();
         (r.map(|_| ()), server.spin_policy().sleeps)
     });
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Leave only once the server sleeps (not merely "after a while": a
+    // starved thread may still be spinning then).
+    let slot = client.__segment().stack_slot(peer.0);
+    wait_until("the server sleeps", || {
+        slot.sleeping.load(std::sync::atomic::Ordering::Relaxed) != 0
+    });
     drop(client);
     wait_until("the sleeping server returned", || t.is_finished());
     let (r, sleeps) = t.join().unwrap();
@@ -779,8 +784,11 @@ fn an_idle_service_process_exits_when_its_client_leaves() {
         c.send(peer, b).unwrap();
         drop(c.recv_timeout(WATCHDOG).unwrap());
     }
-    // Long enough for the service's spin budget to run out: it sleeps.
-    std::thread::sleep(std::time::Duration::from_millis(1000));
+    // Leave only once the service sleeps.
+    let slot = c.__segment().stack_slot(peer.0);
+    wait_until("the service sleeps", || {
+        slot.sleeping.load(std::sync::atomic::Ordering::Relaxed) != 0
+    });
     drop(c);
     let sleeps: u64 = server.expect("reset").parse().unwrap();
     assert!(sleeps >= 1);
@@ -822,6 +830,12 @@ fn adaptive_waiters_sharing_one_core_do_not_spin() {
         rustix::thread::sched_setaffinity(None, &set).unwrap();
         let mut c = Stack::attach(&p).unwrap();
         let peer = c.connect(a).unwrap();
+        // Start once the server sleeps: it has published its CPU then,
+        // however late the scheduler ran it.
+        let slot = c.__segment().stack_slot(peer.0);
+        wait_until("the server sleeps", || {
+            slot.sleeping.load(std::sync::atomic::Ordering::Relaxed) != 0
+        });
         for i in 0..2000u32 {
             let mut b = c.alloc(4).unwrap();
             b.copy_from(&i.to_le_bytes());
