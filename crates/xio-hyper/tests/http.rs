@@ -464,10 +464,11 @@ fn one_server_on_xio_and_tcp() {
             assert_eq!(body_string(r).await, uri);
         }
         // Neither way: the error says both were tried.
-        let nowhere: std::net::SocketAddr = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap() // closed again: nothing listens there
-        };
+        // Bound but not listening: connects are refused, and no other test
+        // can be given the port while this one holds it.
+        let held = tokio::net::TcpSocket::new_v4().unwrap();
+        held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let nowhere = held.local_addr().unwrap();
         let mut connector = XioConnector::with_net(cli.clone()).with_tcp_fallback();
         let e = tower_service::Service::call(
             &mut connector,
@@ -478,6 +479,7 @@ fn one_server_on_xio_and_tcp() {
         assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
         let msg = e.to_string();
         assert!(msg.contains("X-IO") && msg.contains("TCP"), "{msg}");
+        drop(held);
         drop(c);
         stop.shutdown();
         tokio::time::timeout(WATCHDOG, server)
