@@ -7,6 +7,11 @@
 # runtime directories of the test prefixes are removed after each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A manager answers in microseconds, but on a loaded 2-core machine its
+# thread can be kept off the CPU for seconds: tests wait longer than the
+# 5 s default before calling it unresponsive (tests of the timeout itself
+# set theirs).
+export XIO_CONTROL_TIMEOUT_MS="${XIO_CONTROL_TIMEOUT_MS:-60000}"
 
 cleanup() {
     rm -f /dev/hugepages/t-* /dev/hugepages/xt* 2>/dev/null || true
