@@ -4,8 +4,8 @@
 //! security domain). Its manager listens on `<run dir>/<prefix>.sock` and
 //! holds `<run dir>/<prefix>.lock`. The socket file appears only once the
 //! manager accepts on it (it listens under `<prefix>.sock.new` first), so
-//! waiting for the file is waiting for the manager. The run dir is `$XIO_RUN_DIR` if set,
-//! else `$XDG_RUNTIME_DIR/xio`, else `/tmp/xio-<uid>`.
+//! waiting for the file is waiting for the manager. The run dir is
+//! `$XIO_RUN_DIR` if set, else `$XDG_RUNTIME_DIR/xio`, else `/tmp/xio-<uid>`.
 
 use std::path::PathBuf;
 

@@ -1006,7 +1006,6 @@ fn chunk_len() -> usize {
     64 * 1024
 }
 
-/// Sends `sig` to `child`.
 /// Sends `sig` to the child. After a SIGSTOP, waits until every thread of
 /// it has stopped: the signal is delivered asynchronously, and a thread
 /// running at the time can still answer a request sent right after.
