@@ -739,6 +739,15 @@ fn waiting_modes_all_deliver() {
     wait_pool_whole(&mgr);
 }
 
+/// Waits until stack `peer` (seen from `s`, which shares its segment)
+/// sleeps: its slot's `sleeping` word is set only on the way into a sleep.
+fn wait_asleep(s: &Stack, peer: PeerId, what: &str) {
+    let slot = s.__segment().stack_slot(peer.0);
+    wait_until(what, || {
+        slot.sleeping.load(std::sync::atomic::Ordering::Relaxed) != 0
+    });
+}
+
 #[test]
 fn a_sleeping_stack_is_woken_by_its_peer_leaving() {
     let (mgr, mut server, mut client, peer) = manager_and_pair("sleepreset", addr(11));
@@ -753,10 +762,7 @@ fn a_sleeping_stack_is_woken_by_its_peer_leaving() {
     });
     // Leave only once the server sleeps (not merely "after a while": a
     // starved thread may still be spinning then).
-    let slot = client.__segment().stack_slot(peer.0);
-    wait_until("the server sleeps", || {
-        slot.sleeping.load(std::sync::atomic::Ordering::Relaxed) != 0
-    });
+    wait_asleep(&client, peer, "the server sleeps");
     drop(client);
     wait_until("the sleeping server returned", || t.is_finished());
     let (r, sleeps) = t.join().unwrap();
@@ -785,10 +791,7 @@ fn an_idle_service_process_exits_when_its_client_leaves() {
         drop(c.recv_timeout(WATCHDOG).unwrap());
     }
     // Leave only once the service sleeps.
-    let slot = c.__segment().stack_slot(peer.0);
-    wait_until("the service sleeps", || {
-        slot.sleeping.load(std::sync::atomic::Ordering::Relaxed) != 0
-    });
+    wait_asleep(&c, peer, "the service sleeps");
     drop(c);
     let sleeps: u64 = server.expect("reset").parse().unwrap();
     assert!(sleeps >= 1);
@@ -832,10 +835,7 @@ fn adaptive_waiters_sharing_one_core_do_not_spin() {
         let peer = c.connect(a).unwrap();
         // Start once the server sleeps: it has published its CPU then,
         // however late the scheduler ran it.
-        let slot = c.__segment().stack_slot(peer.0);
-        wait_until("the server sleeps", || {
-            slot.sleeping.load(std::sync::atomic::Ordering::Relaxed) != 0
-        });
+        wait_asleep(&c, peer, "the server sleeps");
         for i in 0..2000u32 {
             let mut b = c.alloc(4).unwrap();
             b.copy_from(&i.to_le_bytes());
