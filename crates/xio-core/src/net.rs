@@ -188,11 +188,13 @@ impl NetBuilder {
             .max(2 * max_buf)
             .min(u32::MAX as usize / 2);
         let waking = Arc::new(AtomicUsize::new(0));
+        let batch_owner = Arc::new(AtomicUsize::new(0));
         let seg = stack.__segment().clone();
         let net = Net {
             shared: Arc::new(Shared {
                 core: Mutex::new(Core {
                     waking: waking.clone(),
+                    batch_owner: batch_owner.clone(),
                     threads_woken: 0,
                     stack,
                     table: Table::new(window),
@@ -215,6 +217,7 @@ impl NetBuilder {
                     spare: Vec::with_capacity(SPARE_MAX),
                     spare_size: classes[0],
                     unrung: Vec::new(),
+                    held: Vec::new(),
                     refused_peers: Vec::new(),
                     rst_dropped: 0,
                     retry_waiters: Vec::new(),
@@ -229,6 +232,7 @@ impl NetBuilder {
                 classes,
                 waking,
                 seg,
+                batch_owner,
             }),
         };
         close_at_exit_register(&net);
@@ -347,6 +351,9 @@ struct Shared {
     /// The stack's segment, for its manager's liveness word (read without
     /// the lock).
     seg: crate::segment::Segment,
+    /// The thread ([`thread_key`]) whose stream writes a [`WriteBatch`]
+    /// holds, 0 for none. Also in `Core`.
+    batch_owner: Arc<AtomicUsize>,
 }
 
 /// What waits for a key: a blocked thread, or a task's waker.
@@ -416,6 +423,12 @@ struct Core {
     spare_lists: Vec<Vec<Waiter>>,
     parked: usize,
     pending: HashMap<u16, VecDeque<Pending>>,
+    /// [`Shared::batch_owner`]: set and cleared by a [`WriteBatch`]
+    /// (cleared with the lock held, after the held writes left).
+    batch_owner: Arc<AtomicUsize>,
+    /// Stream writes held by a write batch: peer, kind, receiver's
+    /// connection, buffer; in the order they were made.
+    held: Vec<(PeerId, u8, u32, BufMut)>,
     force_ctrl: bool,
     batch: bool,
     ready: Vec<Event>,
@@ -465,6 +478,58 @@ struct Core {
     data_drains: u64,
     /// ...as of the last watch end, and when that count last moved (ns).
     data_seen: (u64, u64),
+}
+
+/// A batch of stream writes (see [`Net::batch_writes`]): what this thread
+/// wrote while it lives leaves together when it drops. Bound to the thread
+/// that took it.
+#[must_use = "writes are held only while the guard lives"]
+pub struct WriteBatch<'a> {
+    net: &'a Net,
+    /// Whether this guard counts in the batch (false when another thread
+    /// held one when it was taken).
+    owned: bool,
+    /// Not `Send`: the batch belongs to the thread that took it.
+    _thread: std::marker::PhantomData<*const ()>,
+}
+
+impl std::fmt::Debug for WriteBatch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteBatch")
+            .field("owned", &self.owned)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for WriteBatch<'_> {
+    fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
+        let mut wake = Vec::new();
+        let mut g = self.net.lock();
+        // Under the lock: no write of ours is between its check and its
+        // hold (writes of this thread cannot be, and others do not hold).
+        self.net
+            .shared
+            .batch_owner
+            .store(0, AtomicOrdering::Relaxed);
+        g.release_held();
+        // Rings the peers sent to, and settles peers found gone.
+        g.run_actions(&mut wake);
+        drop(g);
+        wake_all(&mut wake);
+    }
+}
+
+/// Most stream writes a write batch holds before it sends them anyway.
+const HELD_MAX: usize = 256;
+
+/// This thread, as a number (the address of a thread-local: unique among
+/// live threads, and cheap to read on every write).
+fn thread_key() -> usize {
+    thread_local!(static KEY: u8 = const { 0 });
+    KEY.with(|k| k as *const u8 as usize)
 }
 
 /// Most emptied buffers a net keeps for its next writes.
@@ -579,6 +644,9 @@ impl Core {
     /// descriptor. A peer whose channel is gone is reset by the drain that
     /// follows; what was queued for it is dropped (buffers back to the pool).
     fn send_or_queue(&mut self, peer: PeerId, p: Pending) {
+        // What a write batch holds goes first (pushed, or queued ahead):
+        // a FIN or reset must not overtake a connection's data.
+        self.release_held();
         let q = self.pending.entry(peer.0).or_default();
         if !q.is_empty() {
             if q.len() >= RST_QUEUE_MAX
@@ -644,6 +712,67 @@ impl Core {
         }
     }
 
+    /// Whether this thread's stream writes are held by a write batch.
+    fn holds_writes(&self) -> bool {
+        let owner = self.batch_owner.load(AtomicOrdering::Relaxed);
+        owner != 0 && owner == thread_key()
+    }
+
+    /// Sends what a write batch held, in order: each peer's share in one
+    /// run of ring stores (see [`Stack::push_bufs`]); what its ring has no
+    /// room for waits in `pending`, behind anything already there, as any
+    /// send does. A peer whose channel is gone gets nothing (its
+    /// connections are reset by the drain, as for a direct write).
+    fn release_held(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        let mut held = std::mem::take(&mut self.held);
+        let mut rest = Vec::new();
+        let mut run: Vec<(u8, u32, BufMut)> = Vec::with_capacity(held.len());
+        while !held.is_empty() {
+            // The first peer's writes, in order; the others' wait for the
+            // next round (between connections of different peers order
+            // does not matter; within one it is kept).
+            let peer = held[0].0;
+            for (p, kind, to, b) in held.drain(..) {
+                if p == peer {
+                    run.push((kind, to, b));
+                } else {
+                    rest.push((p, kind, to, b));
+                }
+            }
+            std::mem::swap(&mut held, &mut rest);
+            if !self.pending_for(peer) {
+                match self.stack.push_bufs(peer, &mut run) {
+                    Ok(n) if n > 0 => {
+                        if !self.unrung.contains(&peer) {
+                            self.unrung.push(peer);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        run.clear();
+                        self.refused_peers.push(peer);
+                    }
+                }
+            }
+            if !run.is_empty() {
+                let q = self.pending.entry(peer.0).or_default();
+                q.extend(
+                    run.drain(..)
+                        .map(|(kind, to, buf)| Pending::Buf { kind, to, buf }),
+                );
+                // Rung now: the reader must drain for room to come.
+                if !self.unrung.contains(&peer) {
+                    self.unrung.push(peer);
+                }
+            }
+        }
+        // Keep the allocation for the next batch.
+        self.held = held;
+    }
+
     /// Wakes (if asleep) every peer [`Core::push`] sent to since the last
     /// call.
     fn ring_unrung(&mut self) {
@@ -654,6 +783,9 @@ impl Core {
 
     /// Pushes queued sends in order; true if nothing is left queued.
     fn flush_pending(&mut self) -> bool {
+        // Held writes join their peers' queues first, in order (taking a
+        // queue out below and putting it back must not lose them).
+        self.release_held();
         if self.pending.values().all(VecDeque::is_empty) {
             return true;
         }
@@ -1515,6 +1647,10 @@ impl Net {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 break Err(io::ErrorKind::TimedOut.into());
             }
+            // About to wait: what a write batch holds must not wait with
+            // us (it may be what the peer needs to answer).
+            g.release_held();
+            g.ring_unrung();
             if retry {
                 // Nothing will ring for a full ring or an empty pool; drain
                 // (our own rings may be what the peer waits on) and pause.
@@ -2023,6 +2159,70 @@ impl Net {
         }
     }
 
+    /// Holds this thread's stream writes on this net's streams until the
+    /// returned guard drops, then sends them together: for an event loop,
+    /// around its handling of one [`Net::poll`]'s events when there are
+    /// several.
+    ///
+    /// Each write still copies its bytes and counts against the
+    /// connection's window at once, and returns as usual; what waits is
+    /// the descriptor. Sent together, the descriptors' ring stores overlap
+    /// their trips to the reader's core, where one write at a time waits
+    /// for each (a locked instruction after a store to a line the reader
+    /// holds waits for that line). In the section-c benchmark (one thread
+    /// per side, 64 B requests) that was 10–38% more requests a second at
+    /// 64 connections and 11–19% at 256; with a single event per poll
+    /// there is nothing to batch, and the guard only costs its lock.
+    ///
+    /// ```no_run
+    /// # fn main() -> std::io::Result<()> {
+    /// # let net = xio_core::net::Net::attach("xio")?;
+    /// let mut events = Vec::new();
+    /// loop {
+    ///     events.clear();
+    ///     net.poll(&mut events, None)?;
+    ///     let _batch = (events.len() > 1).then(|| net.batch_writes());
+    ///     for ev in &events {
+    ///         // read requests, write replies: the replies leave together
+    ///         // when `_batch` drops, at the end of this pass
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// Held writes also leave, in order, at the next `poll`, before this
+    /// thread waits in any call of this net, before anything else is sent
+    /// (a FIN, a reset, a zero-copy `send_buf`, another thread's write:
+    /// the bytes of one connection never change order), and when 256 are
+    /// held. What the reader's ring has no room for then waits in the
+    /// net's queue, as any write's descriptors that find the ring full,
+    /// and leaves at the net's next call (a later write on that
+    /// connection says `WouldBlock` until it has, as a full socket
+    /// buffer would). Do not hold a guard across work that does not come
+    /// back to the net soon: the bytes wait for it, as with `TCP_CORK`.
+    /// Writes of other threads are not held; a guard taken while another
+    /// thread's is alive holds nothing. Guards nest.
+    pub fn batch_writes(&self) -> WriteBatch<'_> {
+        // Only this thread's writes look for its own key, so no lock is
+        // needed to start holding them; an inner guard of the same thread
+        // finds the key set and leaves the ending to the outer one.
+        let owned = self
+            .shared
+            .batch_owner
+            .compare_exchange(
+                0,
+                thread_key(),
+                AtomicOrdering::Relaxed,
+                AtomicOrdering::Relaxed,
+            )
+            .is_ok();
+        WriteBatch {
+            net: self,
+            owned,
+            _thread: std::marker::PhantomData,
+        }
+    }
+
     /// Waits for readiness events of streams in non-blocking mode (an
     /// `epoll_wait` for X-IO sockets): appends to `events` what became
     /// readable, writable or acceptable since the last call, waiting up to
@@ -2052,6 +2252,9 @@ impl Net {
         let cap = cap.max(1);
         let start = events.len();
         let mut collect = |core: &mut Core, _: &mut Vec<Waiter>| {
+            // A poll ends any write batch's run (see `Net::batch_writes`).
+            core.release_held();
+            core.ring_unrung();
             if !core.track_ready {
                 // From now on readiness is recorded; what is ready already
                 // is reported first.
@@ -2195,6 +2398,12 @@ impl Net {
         let mut written = 0usize;
         let mut peer_used = None;
         let r = self.block(Key::Write(c), nonblocking, deadline, |core, wake| {
+            // Not held: what a write batch holds goes first (the pending
+            // check below then keeps the order if it had to queue).
+            let hold = core.holds_writes();
+            if !hold {
+                core.release_held();
+            }
             while written < total {
                 let (peer, to, flag) = match core.table.send_target(c) {
                     Ok(t) => t,
@@ -2300,6 +2509,16 @@ impl Net {
                 if peer == me {
                     core.table.on_data(me, ConnId(to), buf.freeze());
                     written += len;
+                    continue;
+                }
+                if hold {
+                    // A write batch: sent when it ends (nothing to ring now).
+                    core.held.push((peer, kind::STREAM | flag, to, buf));
+                    written += len;
+                    peer_used = None;
+                    if core.held.len() >= HELD_MAX {
+                        core.release_held();
+                    }
                     continue;
                 }
                 match core
@@ -3089,6 +3308,10 @@ impl XioStream {
                 if let Err(e) = core.stack.check_ours(slot.as_ref().expect("until sent")) {
                     return Try::Done(Err(e.into()));
                 }
+                // After what a write batch holds (it may hold this
+                // connection's earlier bytes; queued, the check below
+                // keeps the order).
+                core.release_held();
                 let (peer, to, flag) = match core.table.send_target(c) {
                     Ok(t) => t,
                     Err(e) => return Try::Done(Err(e.into())),

@@ -302,6 +302,7 @@ impl StackBuilder {
             spin: AdaptiveSpin::default(),
             inbox: VecDeque::new(),
             scratch: [Descriptor::default(); BURST],
+            burst_raws: Vec::new(),
             rr: 0,
             corrupt: 0,
             manager_gone: false,
@@ -504,6 +505,8 @@ pub struct Stack {
     spin: AdaptiveSpin,
     inbox: VecDeque<Event>,
     scratch: [Descriptor; BURST],
+    /// Kept between calls of [`Stack::push_bufs`] (no allocation per burst).
+    burst_raws: Vec<(u8, u32, crate::pool::RawBuf, usize)>,
     rr: usize,
     corrupt: u64,
     manager_gone: bool,
@@ -1588,6 +1591,46 @@ impl Stack {
                 Err((Error::Reset(peer), buf))
             }
         }
+    }
+
+    /// Pushes to `peer`, in order, as many of `bufs` (kind, receiver's
+    /// connection, buffer) as its ring has room for, without ringing it;
+    /// removes those from `bufs` and returns how many. The references are
+    /// released first (locked decrements) and the ring written after, with
+    /// no locked instruction between the ring's stores: each store's line
+    /// comes over from the consumer's core, and a locked instruction after
+    /// one would wait for it, where a run of plain stores overlaps them.
+    /// Buffers of another pool must not be passed (the socket layer only
+    /// sends its own).
+    pub(crate) fn push_bufs(
+        &mut self,
+        peer: PeerId,
+        bufs: &mut Vec<(u8, u32, BufMut)>,
+    ) -> Result<usize, Error> {
+        let ci = *self.by_peer.get(&peer.0).ok_or(Error::Reset(peer))?;
+        self.check_open(ci, peer)?;
+        let ch = &mut self.channels[ci];
+        let room = match ch.tx_space(bufs.len()) {
+            Ok(n) => n.min(bufs.len()),
+            Err(()) => {
+                self.close_channel(peer.0, None);
+                return Err(Error::Reset(peer));
+            }
+        };
+        let mut raws = std::mem::take(&mut self.burst_raws);
+        raws.extend(bufs.drain(..room).map(|(kind, conn, b)| {
+            let (raw, len) = b.into_raw();
+            (kind, conn, raw, len)
+        }));
+        let ch = &mut self.channels[ci];
+        for &(kind, conn, raw, len) in &raws {
+            let d = self.pool.prepare_send(raw, len as u32, peer.0, conn, kind);
+            let n = ch.tx.push_burst(&[d]).unwrap_or(0);
+            debug_assert_eq!(n, 1, "we are the only producer and saw room");
+        }
+        raws.clear();
+        self.burst_raws = raws;
+        Ok(room)
     }
 
     /// Starts taking the line of the next slot toward `peer` in exclusive

@@ -2445,3 +2445,165 @@ fn the_manager_watch_goes_quiet_when_a_request_finds_the_manager_gone() {
         "readable after the poll"
     );
 }
+
+/// Reads exactly `n` bytes from `s` (blocking, with a watchdog timeout).
+fn read_n(s: &XioStream, n: usize) -> Vec<u8> {
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(WATCHDOG)).unwrap();
+    let mut got = vec![0u8; n];
+    (&*s).read_exact(&mut got).unwrap();
+    got
+}
+
+fn would_block(s: &XioStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 1];
+    matches!((&*s).read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+/// `Net::batch_writes` holds this thread's stream writes until the guard
+/// drops and then sends them in order; what must not wait for it does not:
+/// a FIN goes after the held bytes, a blocking call of the same thread
+/// sends them before it waits, 256 held writes leave at once, and another
+/// thread's writes are never held.
+#[test]
+fn a_write_batch_holds_writes_until_it_ends_and_keeps_their_order() {
+    let (_mgr, p) = start("batch");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let l = server.listen("10.3.0.30:80").unwrap();
+    let mut cs = Vec::new();
+    let mut ss = Vec::new();
+    for _ in 0..4 {
+        cs.push(client.connect("10.3.0.30:80").unwrap());
+        ss.push(l.accept().unwrap().0);
+    }
+
+    // Several connections, several writes each: nothing leaves while the
+    // guard lives (the server's non-blocking reads drain its rings first,
+    // so `WouldBlock` means nothing came), all of it when it drops.
+    {
+        let _batch = client.batch_writes();
+        let _inner = client.batch_writes(); // guards nest
+        for round in 0..3u8 {
+            for (i, c) in cs.iter().enumerate() {
+                (&*c).write_all(&[i as u8, round]).unwrap();
+            }
+        }
+        for s in &ss {
+            assert!(would_block(s), "a held write arrived");
+        }
+    }
+    for (i, s) in ss.iter().enumerate() {
+        let i = i as u8;
+        assert_eq!(read_n(s, 6), [i, 0, i, 1, i, 2]);
+    }
+
+    {
+        let _batch = client.batch_writes();
+        // Another thread's writes are not held.
+        std::thread::scope(|sc| {
+            sc.spawn(|| (&cs[1]).write_all(b"other thread").unwrap());
+        });
+        assert_eq!(read_n(&ss[1], 12), b"other thread");
+
+        // 256 held writes leave without waiting for the guard.
+        for k in 0..300u32 {
+            (&cs[2]).write_all(&[k as u8]).unwrap();
+        }
+        let first: Vec<u8> = (0..256u32).map(|k| k as u8).collect();
+        assert_eq!(read_n(&ss[2], 256), first);
+        assert!(would_block(&ss[2]), "more than 256 held writes left");
+
+        // A blocking read of this thread sends what is held before it
+        // waits (the answer it waits for may depend on it).
+        (&cs[3]).write_all(b"ping").unwrap();
+        let s3 = &ss[3];
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                let got = read_n(s3, 4);
+                (&*s3).write_all(&got).unwrap();
+            });
+            assert_eq!(read_n(&cs[3], 4), b"ping");
+        });
+
+        // A FIN comes after the bytes held before it.
+        (&cs[0]).write_all(b"last words").unwrap();
+        drop(cs.remove(0));
+        let mut rest = Vec::new();
+        ss[0].set_nonblocking(false).unwrap();
+        ss[0].set_read_timeout(Some(WATCHDOG)).unwrap();
+        (&ss[0]).read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, b"last words");
+    }
+    let rest: Vec<u8> = (256..300u32).map(|k| k as u8).collect();
+    assert_eq!(read_n(&ss[2], 44), rest);
+}
+
+/// Held writes that find the reader's ring full wait in the net's queue
+/// and leave as the reader makes room (at the writer's next poll): none is
+/// lost or reordered, and the FIN of a stream closed in the batch comes
+/// after all of them.
+#[test]
+fn a_write_batch_larger_than_the_ring_loses_nothing() {
+    setup();
+    let p = prefix("batchfull");
+    let _mgr = manager_builder(&p)
+        .pool(xio_core::layout::PoolConfig {
+            ring_capacity: 64,
+            ..Default::default()
+        })
+        .spawn()
+        .unwrap();
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let l = server.listen("10.3.0.31:80").unwrap();
+    let c = client.connect("10.3.0.31:80").unwrap();
+    let (s, _) = l.accept().unwrap();
+    c.set_nonblocking(true).unwrap();
+    let mut events = Vec::new();
+    client.poll(&mut events, Some(Duration::ZERO)).unwrap();
+    let n = 250u32;
+    {
+        // Over three rings' worth, under the 256 a batch holds: at the
+        // end the ring takes 64 and the rest queue.
+        let _batch = client.batch_writes();
+        for k in 0..200 {
+            (&c).write_all(&[k as u8]).unwrap();
+        }
+    }
+    std::thread::scope(|sc| {
+        let reader = sc.spawn(|| {
+            s.set_read_timeout(Some(WATCHDOG)).unwrap();
+            let mut all = Vec::new();
+            (&s).read_to_end(&mut all).unwrap();
+            all
+        });
+        // The next batch, while those wait: a write finds the queue and
+        // says `WouldBlock` (what a full socket buffer says); the event
+        // loop polls (which pushes what waits) and writes again.
+        {
+            let _batch = client.batch_writes();
+            for k in 200..n {
+                while let Err(e) = (&c).write_all(&[k as u8]) {
+                    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+                    events.clear();
+                    client
+                        .poll(&mut events, Some(Duration::from_millis(10)))
+                        .unwrap();
+                }
+            }
+            // The FIN goes behind the held bytes and whatever still waits.
+            drop(c);
+        }
+        // The writer's event loop goes on: its polls push what waits.
+        while !reader.is_finished() {
+            events.clear();
+            client
+                .poll(&mut events, Some(Duration::from_millis(10)))
+                .unwrap();
+        }
+        let want: Vec<u8> = (0..n).map(|k| k as u8).collect();
+        assert_eq!(reader.join().unwrap(), want);
+    });
+}
