@@ -116,6 +116,10 @@ pub enum Transport {
     /// X-IO with batch wake-up off (one descriptor per drain), as the
     /// paper's X-IO-no-batch.
     XioNoBatch,
+    /// X-IO whose section-c event loops hold their writes while they
+    /// handle one poll's events (`Net::batch_writes`), so the requests or
+    /// replies of a pass leave together. Other sections: as `xio`.
+    XioBatchWrites,
     /// X-IO streams through the zero-copy calls (section a only): the
     /// client sends pool buffers (`alloc` + `send_buf`) and takes replies
     /// with `recv_buf`; the server forwards each received buffer back in
@@ -131,6 +135,7 @@ impl Transport {
             Transport::Tcp => "TCP",
             Transport::Xio => "X-IO",
             Transport::XioNoBatch => "X-IO no-batch",
+            Transport::XioBatchWrites => "X-IO batched writes",
             Transport::XioZc => "X-IO zero-copy",
         }
     }
@@ -440,6 +445,7 @@ fn print_failures(plan: &Plan, row: &str, cells: &[Result<Cell, String>]) {
 }
 
 fn section_a(plan: &Plan, place: Placement, sizes: &[usize]) {
+    let plan = &plan_for(plan, Section::A);
     let (cc, sc) = place.cpus();
     let rows: Vec<(usize, Vec<Result<Cell, String>>)> = sizes
         .iter()
@@ -501,15 +507,21 @@ fn section_a(plan: &Plan, place: Placement, sizes: &[usize]) {
 /// A row of section b's table: name, and how to print it from a cell.
 type Metric = (&'static str, fn(&Cell) -> String);
 
-/// `plan` without the transports that only take part in section a.
-fn copy_transports(plan: &Plan) -> Plan {
+/// `plan` without the transports that do not take part in `section`: the
+/// zero-copy calls are section a's, batched writes section c's (an event
+/// loop's).
+fn plan_for(plan: &Plan, section: Section) -> Plan {
     let mut p = plan.clone();
-    p.transports.retain(|&t| t != Transport::XioZc);
+    p.transports.retain(|&t| match t {
+        Transport::XioZc => section == Section::A,
+        Transport::XioBatchWrites => section == Section::C,
+        _ => true,
+    });
     p
 }
 
 fn section_b(plan: &Plan, place: Placement) {
-    let plan = &copy_transports(plan);
+    let plan = &plan_for(plan, Section::B);
     let (cc, sc) = place.cpus();
     let what = format!("b {}", value_name(&place));
     let cells = measure(plan, &what, |round| {
@@ -561,7 +573,7 @@ fn section_b(plan: &Plan, place: Placement) {
 }
 
 fn section_c(plan: &Plan, place: Placement, conns: &[usize], section: Section) {
-    let plan = &copy_transports(plan);
+    let plan = &plan_for(plan, section);
     let (cc, sc) = place.cpus();
     let per_round = plan.duration / plan.rounds as u32;
     let warm = (per_round / 4).max(Duration::from_millis(50));
@@ -678,7 +690,7 @@ fn spawn_server(t: Transport, job: &Job) -> Result<(ServerChild, String, Option<
             let port = read_port_line(stdout, &mut child)?;
             Ok((child, format!("127.0.0.1:{port}"), None))
         }
-        Transport::Xio | Transport::XioNoBatch | Transport::XioZc => {
+        Transport::Xio | Transport::XioNoBatch | Transport::XioBatchWrites | Transport::XioZc => {
             let prefix = std::env::var("XIO_BENCH_PREFIX")
                 .context("X-IO needs the embedded manager (XIO_BENCH_PREFIX)")?;
             let endpoint = format!("{prefix}/{}", fresh_xio_addr());
@@ -711,7 +723,7 @@ fn client(t: Transport, job: &Job, endpoint: &str, child: &mut ServerChild) -> R
                 _ => blocking_client(connect, Some(child), job),
             }
         }
-        Transport::Xio | Transport::XioNoBatch | Transport::XioZc => {
+        Transport::Xio | Transport::XioNoBatch | Transport::XioBatchWrites | Transport::XioZc => {
             let (prefix, addr) = split_xio(endpoint)?;
             let net = Net::builder(prefix)
                 .batch_wakeup(t != Transport::XioNoBatch)
@@ -719,7 +731,13 @@ fn client(t: Transport, job: &Job, endpoint: &str, child: &mut ServerChild) -> R
                 .context("attaching the client")?;
             let connect = || net.connect(addr);
             match job.section {
-                Section::C => xio_loop_client(&net, connect, Some(child), job),
+                Section::C => xio_loop_client(
+                    &net,
+                    connect,
+                    Some(child),
+                    job,
+                    t == Transport::XioBatchWrites,
+                ),
                 Section::A if t == Transport::XioZc => {
                     let s = retry_connect(connect, Some(child), READY_TIMEOUT)?;
                     zc_rtt_client(&s, job.size, job.warmup, job.iters)
@@ -799,6 +817,7 @@ fn xio_loop_client(
     mut connect: impl FnMut() -> io::Result<XioStream>,
     child: Option<&mut ServerChild>,
     job: &Job,
+    batch_writes: bool,
 ) -> Result<Outcome> {
     let n = job.conns;
     let first = retry_connect(&mut connect, child, READY_TIMEOUT)?;
@@ -852,6 +871,9 @@ fn xio_loop_client(
         }
         events.clear();
         net.poll(&mut events, Some(Duration::from_millis(100)))?;
+        // With `batch_writes`, the pass's requests leave together when it
+        // ends (the guard drops at the end of the loop body).
+        let _batch = (batch_writes && events.len() > 1).then(|| net.batch_writes());
         for ev in &events {
             let xio_core::net::Event::Stream {
                 token,
@@ -963,7 +985,7 @@ fn zc_echo_server(l: &XioListener) -> Result<()> {
 
 /// Section c's server over X-IO: accepts `n` connections, then echoes with
 /// [`Net::poll`] as the event loop.
-fn xio_loop_server(net: &Net, l: &XioListener, n: usize) -> Result<()> {
+fn xio_loop_server(net: &Net, l: &XioListener, n: usize, batch_writes: bool) -> Result<()> {
     // Tokens are indices into `conns`, as the epoll loops' are.
     let mut conns = Vec::with_capacity(n);
     for i in 0..n {
@@ -977,6 +999,7 @@ fn xio_loop_server(net: &Net, l: &XioListener, n: usize) -> Result<()> {
     while open > 0 {
         events.clear();
         net.poll(&mut events, None)?;
+        let _batch = (batch_writes && events.len() > 1).then(|| net.batch_writes());
         for ev in &events {
             let xio_core::net::Event::Stream {
                 token,
@@ -1048,7 +1071,7 @@ pub fn serve(
                 _ => serve_blocking(&l, section, size, conns),
             }
         }
-        Transport::Xio | Transport::XioNoBatch | Transport::XioZc => {
+        Transport::Xio | Transport::XioNoBatch | Transport::XioBatchWrites | Transport::XioZc => {
             let (prefix, addr) = split_xio(endpoint)?;
             let net = Net::builder(prefix)
                 .batch_wakeup(t != Transport::XioNoBatch)
@@ -1056,7 +1079,7 @@ pub fn serve(
                 .context("attaching the server")?;
             let l = net.listen(addr)?;
             match section {
-                Section::C => xio_loop_server(&net, &l, conns),
+                Section::C => xio_loop_server(&net, &l, conns, t == Transport::XioBatchWrites),
                 Section::A if t == Transport::XioZc => zc_echo_server(&l),
                 _ => serve_blocking(&l, section, size, conns),
             }
