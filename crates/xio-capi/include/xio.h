@@ -232,7 +232,8 @@ typedef uint16_t xio_peer;
 
 /**
  * Another thread owns this stack (a stack is used by one thread at a
- * time: see `xio_stack_attach` and `xio_stack_release`).
+ * time: see `xio_stack_attach` and `xio_stack_release`), or has a write
+ * batch under way on this net (see `xio_net_batch_begin`).
  */
 #define XIO_ERR_BUSY 14
 
@@ -360,6 +361,39 @@ xio_result xio_net_poll(struct xio_net *net,
                         size_t cap,
                         int32_t timeout_ms,
                         size_t *n_out);
+
+/**
+ * Holds the stream writes this thread makes on `net`'s streams until
+ * [`xio_net_batch_end`], which sends them together: for an event loop,
+ * around its handling of one `xio_net_poll`'s events when there are
+ * several (15-20% more requests a second at 64-256 connections in the
+ * project's benchmark). Each write still copies its bytes, takes its
+ * window and returns as usual; only the descriptors wait.
+ *
+ * Held writes also leave at the next `xio_net_poll`, before this thread
+ * waits in any call on `net`, before anything else is sent (a close,
+ * a zero-copy send, another thread's write: a stream's bytes never
+ * change order), and when 256 are held. Do not keep a batch open across
+ * work that does not return to `net` soon: the bytes wait for it, as
+ * with `TCP_CORK`. Calls do not nest (the first `xio_net_batch_end`
+ * ends the batch). Streams to the same process are never held.
+ *
+ * `XIO_ERR_BUSY` if another thread's batch is under way on `net` (this
+ * thread's writes then go out as usual).
+ *
+ * # Safety
+ * `net` is a live net handle or NULL.
+ */
+xio_result xio_net_batch_begin(struct xio_net *net);
+
+/**
+ * Ends this thread's write batch on `net` (see [`xio_net_batch_begin`]):
+ * sends what it holds, together. A no-op without one.
+ *
+ * # Safety
+ * `net` is a live net handle or NULL.
+ */
+xio_result xio_net_batch_end(struct xio_net *net);
 
 /**
  * Listens on `"ip:port"` (`XIO_ERR_ADDR_IN_USE` if another service has it),

@@ -55,7 +55,8 @@ pub const XIO_ERR_PROTOCOL: XioResult = 12;
 /// A system call failed (see `xio_last_error`).
 pub const XIO_ERR_IO: XioResult = 13;
 /// Another thread owns this stack (a stack is used by one thread at a
-/// time: see `xio_stack_attach` and `xio_stack_release`).
+/// time: see `xio_stack_attach` and `xio_stack_release`), or has a write
+/// batch under way on this net (see `xio_net_batch_begin`).
 pub const XIO_ERR_BUSY: XioResult = 14;
 /// Writing after this side shut down writes, to a peer that closed and
 /// answered with a reset, or after a reset was reported.
@@ -208,7 +209,7 @@ pub extern "C" fn xio_strerror(code: XioResult) -> *const c_char {
         XIO_ERR_MANAGER_GONE => c"the X-IO manager went away",
         XIO_ERR_PROTOCOL => c"protocol error",
         XIO_ERR_IO => c"system call failed",
-        XIO_ERR_BUSY => c"stack in use by another thread",
+        XIO_ERR_BUSY => c"in use by another thread",
         XIO_ERR_BROKEN_PIPE => c"broken pipe",
         XIO_ERR_READ_ONLY => c"buffer is read-only",
         XIO_ERR_INTERNAL => c"internal error",

@@ -284,6 +284,57 @@ pub unsafe extern "C" fn xio_net_poll(
     })
 }
 
+/// Holds the stream writes this thread makes on `net`'s streams until
+/// [`xio_net_batch_end`], which sends them together: for an event loop,
+/// around its handling of one `xio_net_poll`'s events when there are
+/// several (15-20% more requests a second at 64-256 connections in the
+/// project's benchmark). Each write still copies its bytes, takes its
+/// window and returns as usual; only the descriptors wait.
+///
+/// Held writes also leave at the next `xio_net_poll`, before this thread
+/// waits in any call on `net`, before anything else is sent (a close,
+/// a zero-copy send, another thread's write: a stream's bytes never
+/// change order), and when 256 are held. Do not keep a batch open across
+/// work that does not return to `net` soon: the bytes wait for it, as
+/// with `TCP_CORK`. Calls do not nest (the first `xio_net_batch_end`
+/// ends the batch). Streams to the same process are never held.
+///
+/// `XIO_ERR_BUSY` if another thread's batch is under way on `net` (this
+/// thread's writes then go out as usual).
+///
+/// # Safety
+/// `net` is a live net handle or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn xio_net_batch_begin(net: *mut XioNet) -> XioResult {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let n = unsafe { borrow(net) }?;
+        if n.net.begin_write_batch() {
+            Ok(())
+        } else {
+            Err(Fail::new(
+                XIO_ERR_BUSY,
+                "another thread's write batch is under way on this net",
+            ))
+        }
+    })
+}
+
+/// Ends this thread's write batch on `net` (see [`xio_net_batch_begin`]):
+/// sends what it holds, together. A no-op without one.
+///
+/// # Safety
+/// `net` is a live net handle or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn xio_net_batch_end(net: *mut XioNet) -> XioResult {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let n = unsafe { borrow(net) }?;
+        n.net.end_write_batch();
+        Ok(())
+    })
+}
+
 /// Listens on `"ip:port"` (`XIO_ERR_ADDR_IN_USE` if another service has it),
 /// holding up to 4096 connections not yet accepted (see
 /// [`xio_listen_backlog`]).

@@ -503,22 +503,9 @@ impl std::fmt::Debug for WriteBatch<'_> {
 
 impl Drop for WriteBatch<'_> {
     fn drop(&mut self) {
-        if !self.owned {
-            return;
+        if self.owned {
+            self.net.end_write_batch();
         }
-        let mut wake = Vec::new();
-        let mut g = self.net.lock();
-        // Under the lock: no write of ours is between its check and its
-        // hold (writes of this thread cannot be, and others do not hold).
-        self.net
-            .shared
-            .batch_owner
-            .store(0, AtomicOrdering::Relaxed);
-        g.release_held();
-        // Rings the peers sent to, and settles peers found gone.
-        g.run_actions(&mut wake);
-        drop(g);
-        wake_all(&mut wake);
     }
 }
 
@@ -2203,23 +2190,68 @@ impl Net {
     /// Writes of other threads are not held; a guard taken while another
     /// thread's is alive holds nothing. Guards nest.
     pub fn batch_writes(&self) -> WriteBatch<'_> {
-        // Only this thread's writes look for its own key, so no lock is
-        // needed to start holding them; an inner guard of the same thread
-        // finds the key set and leaves the ending to the outer one.
-        let owned = self
+        WriteBatch {
+            net: self,
+            // An inner guard of the same thread finds its batch begun and
+            // leaves the ending to the outer one.
+            owned: self.start_batch() == Some(true),
+            _thread: std::marker::PhantomData,
+        }
+    }
+
+    /// [`Net::batch_writes`] without a guard, for callers that cannot keep
+    /// one (the C ABI): holds this thread's stream writes until
+    /// [`Net::end_write_batch`]. True when they are held (now, or already
+    /// by an earlier call); false when another thread's batch is under way
+    /// (this thread's writes then go out as usual). Calls do not nest: the
+    /// first `end_write_batch` ends the batch.
+    pub fn begin_write_batch(&self) -> bool {
+        self.start_batch().is_some()
+    }
+
+    /// Ends this thread's write batch (see [`Net::begin_write_batch`]):
+    /// sends what it holds, together. Nothing happens if this thread has
+    /// none.
+    pub fn end_write_batch(&self) {
+        let mut wake = Vec::new();
+        let mut g = self.lock();
+        // Under the lock: none of our writes is between its check and its
+        // hold (this thread's cannot be, and other threads' do not hold).
+        if self
             .shared
             .batch_owner
             .compare_exchange(
-                0,
                 thread_key(),
+                0,
                 AtomicOrdering::Relaxed,
                 AtomicOrdering::Relaxed,
             )
-            .is_ok();
-        WriteBatch {
-            net: self,
-            owned,
-            _thread: std::marker::PhantomData,
+            .is_err()
+        {
+            return;
+        }
+        g.release_held();
+        // Rings the peers sent to, and settles peers found gone.
+        g.run_actions(&mut wake);
+        drop(g);
+        wake_all(&mut wake);
+    }
+
+    /// Starts holding this thread's writes: `Some(true)` if this call
+    /// began the batch, `Some(false)` if this thread's was under way,
+    /// `None` if another thread's is. Only this thread's writes look for
+    /// its key, so no lock is needed.
+    fn start_batch(&self) -> Option<bool> {
+        let me = thread_key();
+        match self.shared.batch_owner.compare_exchange(
+            0,
+            me,
+            AtomicOrdering::Relaxed,
+            AtomicOrdering::Relaxed,
+        ) {
+            Ok(_) => Some(true),
+            Err(o) if o == me => Some(false),
+            Err(_) => None,
         }
     }
 
