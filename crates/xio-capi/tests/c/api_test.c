@@ -45,6 +45,21 @@ static xio_result from_other_thread(xio_stack *s) {
     return (xio_result)(intptr_t)r;
 }
 
+/* Polls `net` until an event with `token` and any of `events` comes (a
+ * watchdog of 1000 polls of up to 100 ms, not a bound); 1 if it came. */
+static int poll_for(xio_net *net, uint64_t token, uint32_t events) {
+    xio_event ev[8];
+    size_t n;
+    for (int round = 0; round < 1000; round++) {
+        if (xio_net_poll(net, ev, 8, 100, &n) != XIO_OK)
+            return 0;
+        for (size_t i = 0; i < n; i++)
+            if (ev[i].token == token && (ev[i].events & events))
+                return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s <prefix>\n", argv[0]);
@@ -238,13 +253,7 @@ int main(int argc, char **argv) {
     CHECK(xio_net_poll(net, NULL, 8, 0, &n) == XIO_ERR_INVALID_ARGUMENT);
     uint64_t ltok;
     OK(xio_listener_token(l, &ltok));
-    int saw_accept = 0;
-    for (int round = 0; round < 1000 && !saw_accept; round++) {
-        OK(xio_net_poll(net, ev, 8, 100, &n));
-        for (size_t i = 0; i < n; i++)
-            saw_accept |= ev[i].token == ltok && (ev[i].events & XIO_EVENT_ACCEPT);
-    }
-    CHECK(saw_accept);
+    CHECK(poll_for(net, ltok, XIO_EVENT_ACCEPT));
     OK(xio_accept(l, &a));
     char buf[64];
     OK(xio_read(a, buf, sizeof buf, &n));
@@ -275,13 +284,7 @@ int main(int argc, char **argv) {
     OK(xio_stream_token(a, &atok));
     CHECK(atok == 4242);
     OK(xio_write(c, "tok", 3, &n));
-    int saw_tok = 0;
-    for (int round = 0; round < 1000 && !saw_tok; round++) {
-        OK(xio_net_poll(net, ev, 8, 100, &n));
-        for (size_t i = 0; i < n; i++)
-            saw_tok |= ev[i].token == 4242 && (ev[i].events & XIO_EVENT_READABLE);
-    }
-    CHECK(saw_tok);
+    CHECK(poll_for(net, 4242, XIO_EVENT_READABLE));
     OK(xio_read(a, buf, sizeof buf, &n));
     CHECK(n == 3 && memcmp(buf, "tok", 3) == 0);
 
@@ -312,13 +315,7 @@ int main(int argc, char **argv) {
     CHECK(xio_read(a2, buf, sizeof buf, &n) == XIO_ERR_WOULD_BLOCK);
     OK(xio_net_batch_end(net2));
     OK(xio_net_batch_end(net2)); /* no batch: a no-op */
-    int saw_held = 0;
-    for (int round = 0; round < 1000 && !saw_held; round++) {
-        OK(xio_net_poll(net, ev, 8, 100, &n));
-        for (size_t i = 0; i < n; i++)
-            saw_held |= ev[i].token == 777 && (ev[i].events & XIO_EVENT_READABLE);
-    }
-    CHECK(saw_held);
+    CHECK(poll_for(net, 777, XIO_EVENT_READABLE));
     OK(xio_read(a2, buf, sizeof buf, &n));
     CHECK(n == 4 && memcmp(buf, "held", 4) == 0);
     OK(xio_stream_close(c2));
