@@ -117,8 +117,9 @@ pub enum Transport {
     /// paper's X-IO-no-batch.
     XioNoBatch,
     /// X-IO whose section-c event loops hold their writes while they
-    /// handle one poll's events (`Net::batch_writes`), so the requests or
-    /// replies of a pass leave together. Other sections: as `xio`.
+    /// handle one poll's events, when there are several
+    /// (`Net::batch_writes`), so the requests or replies of a pass leave
+    /// together. Section c only.
     XioBatchWrites,
     /// X-IO streams through the zero-copy calls (section a only): the
     /// client sends pool buffers (`alloc` + `send_buf`) and takes replies
