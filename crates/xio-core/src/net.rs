@@ -218,6 +218,8 @@ impl NetBuilder {
                     spare_size: classes[0],
                     unrung: Vec::new(),
                     held: Vec::new(),
+                    held_run: Vec::new(),
+                    held_rest: Vec::new(),
                     refused_peers: Vec::new(),
                     rst_dropped: 0,
                     retry_waiters: Vec::new(),
@@ -429,6 +431,10 @@ struct Core {
     /// Stream writes held by a write batch: peer, kind, receiver's
     /// connection, buffer; in the order they were made.
     held: Vec<(PeerId, u8, u32, BufMut)>,
+    /// Scratch of `release_held`, kept so a batch allocates nothing: one
+    /// peer's share of `held`, and the other peers' for the next round.
+    held_run: Vec<(u8, u32, BufMut)>,
+    held_rest: Vec<(PeerId, u8, u32, BufMut)>,
     force_ctrl: bool,
     batch: bool,
     ready: Vec<Event>,
@@ -715,8 +721,8 @@ impl Core {
             return;
         }
         let mut held = std::mem::take(&mut self.held);
-        let mut rest = Vec::new();
-        let mut run: Vec<(u8, u32, BufMut)> = Vec::with_capacity(held.len());
+        let mut rest = std::mem::take(&mut self.held_rest);
+        let mut run = std::mem::take(&mut self.held_run);
         while !held.is_empty() {
             // The first peer's writes, in order; the others' wait for the
             // next round (between connections of different peers order
@@ -756,8 +762,10 @@ impl Core {
                 }
             }
         }
-        // Keep the allocation for the next batch.
+        // Keep the allocations for the next batch (all three are empty).
         self.held = held;
+        self.held_rest = rest;
+        self.held_run = run;
     }
 
     /// Wakes (if asleep) every peer [`Core::push`] sent to since the last
