@@ -17,8 +17,8 @@ use crate::sync::{AtomicU32, AtomicU64, CachePadded};
 /// `b"XIO-SHM\x01"`: first eight bytes of every segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"XIO-SHM\x01");
 /// Bumped on any change of the layout below, or of the descriptor kinds
-/// (v4: [`kind::SYN4`]).
-pub const LAYOUT_VERSION: u32 = 5;
+/// (v4: [`kind::SYN4`]; v6: up to [`SLOT_DESCS`] descriptors per ring slot).
+pub const LAYOUT_VERSION: u32 = 6;
 /// Most size classes a pool can have.
 pub const MAX_CLASSES: usize = 8;
 /// Class value of a descriptor that carries no buffer (control kinds).
@@ -154,7 +154,8 @@ pub struct SegmentHeader {
     pub max_stacks: u32,
     /// Channel slots.
     pub max_channels: u32,
-    /// Descriptors per ring (a power of two).
+    /// Slots per ring (a power of two); a slot holds one to three
+    /// descriptors of one push.
     pub ring_capacity: u32,
     /// Bytes per channel slot (header plus both rings).
     pub channel_stride: u32,
@@ -363,19 +364,29 @@ pub struct RingHeader {
     pub head: CachePadded<AtomicU32>,
 }
 
-/// One ring slot: a descriptor and the sequence number that publishes it
-/// (`position + 1` of the write that filled it).
+/// Descriptors one [`RingSlot`] holds at most.
+pub const SLOT_DESCS: usize = 3;
+
+/// One ring slot: up to [`SLOT_DESCS`] descriptors of one push and the
+/// sequence number that publishes them (`position + 1` of the write that
+/// filled it). A burst fills slots three descriptors at a time, so it moves
+/// a third of the cache lines one descriptor per slot would; a lone push
+/// takes a slot of its own.
 #[derive(Debug, Default)]
 #[repr(C, align(64))]
 pub struct RingSlot {
-    /// The descriptor (written before `seq`, read after it).
-    pub(crate) desc: crate::sync::UnsafeCell<Descriptor>,
+    /// The descriptors (written before `seq`, read after it); the first
+    /// `count` are meaningful.
+    pub(crate) desc: [crate::sync::UnsafeCell<Descriptor>; SLOT_DESCS],
     /// `position + 1` once the slot at `position` is written.
     pub seq: AtomicU32,
+    /// Descriptors in `desc`, `1..=SLOT_DESCS` (written before `seq`;
+    /// untrusted: anything else makes the ring corrupt).
+    pub(crate) count: crate::sync::UnsafeCell<u32>,
     /// Pads the slot to a cache line: with two slots per line the producer
     /// writing one and the consumer polling the next fought over the line
     /// (one-way throughput fell six-fold).
-    pub _pad: [u32; 11],
+    pub _pad: [u32; 2],
 }
 // SAFETY: repr(C), a descriptor and atomics; zero is "never written".
 unsafe impl ShmSafe for RingSlot {}
@@ -398,7 +409,8 @@ pub struct PoolConfig {
     pub max_stacks: u32,
     /// How many channels may exist at once.
     pub max_channels: u32,
-    /// Descriptors per ring, a power of two.
+    /// Slots per ring, a power of two. A slot takes one push of up to
+    /// three descriptors: a lone write takes a slot, a burst three a slot.
     pub ring_capacity: u32,
 }
 

@@ -10,14 +10,20 @@
 //! the shared one only when the cache says the ring is full. Positions are
 //! free-running `u32`s; `position & mask` is the slot.
 //!
+//! A slot is a cache line and holds up to [`SLOT_DESCS`] descriptors of one
+//! push: a burst fills its slots three at a time (a third of the lines to
+//! move), a lone push takes one slot. Capacity and free space are counted
+//! in slots, so `n` free slots take at least `n` descriptors.
+//!
 //! The other side is another process, so what we read from it is untrusted:
 //! a consumer index that would make more than `capacity` slots writable is
-//! [`RingError`]; a forged sequence number can only make us read a
-//! descriptor early, and every descriptor is validated before use anyway.
+//! [`RingError`], and so is a slot whose descriptor count is out of range;
+//! a forged sequence number can only make us read a slot early, and every
+//! descriptor is validated before use anyway.
 
 use std::sync::Arc;
 
-use crate::layout::{Descriptor, RingHeader, RingSlot};
+use crate::layout::{Descriptor, RingHeader, RingSlot, SLOT_DESCS};
 use crate::sync::Ordering;
 
 /// A ring's shared index was impossible: the peer is buggy or hostile.
@@ -157,6 +163,9 @@ pub struct Producer {
 pub struct Consumer {
     ring: RawRing,
     head: u32,
+    /// Descriptors already popped from the slot at `head` (it stays the
+    /// head until all of its descriptors are).
+    taken: u32,
 }
 
 // SAFETY: a Producer is the only writer of the ring's slots; moving it to
@@ -177,6 +186,7 @@ impl std::fmt::Debug for Consumer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumer")
             .field("head", &self.head)
+            .field("taken", &self.taken)
             .field("cap", &self.ring.cap())
             .finish()
     }
@@ -193,7 +203,7 @@ impl Producer {
         }
     }
 
-    /// Ring capacity.
+    /// Ring capacity, in slots.
     pub fn capacity(&self) -> u32 {
         self.ring.cap()
     }
@@ -240,19 +250,28 @@ impl Producer {
         }
     }
 
-    /// Pushes as many of `ds` as fit; returns how many.
+    /// Pushes as many of `ds` as fit; returns how many. Consecutive
+    /// descriptors share a slot, [`SLOT_DESCS`] at a time, so a burst
+    /// moves a third of the lines; each slot is published (its `seq`
+    /// stored) once all of its descriptors are written.
     pub fn push_burst(&mut self, ds: &[Descriptor]) -> Result<usize, RingError> {
-        let free = self.free_for(ds.len().min(u32::MAX as usize) as u32)? as usize;
-        let n = ds.len().min(free);
-        for d in &ds[..n] {
+        let want = ds.len().div_ceil(SLOT_DESCS).min(u32::MAX as usize) as u32;
+        let free = self.free_for(want)? as usize;
+        let n = ds.len().min(free.saturating_mul(SLOT_DESCS));
+        for group in ds[..n].chunks(SLOT_DESCS) {
             let slot = self.ring.slot(self.tail);
-            // SAFETY: the consumer has moved its head past this slot (we
-            // checked the free space), so it will not read it until the seq
-            // store below publishes it.
-            unsafe { slot.desc.write(*d) };
+            for (cell, d) in slot.desc.iter().zip(group) {
+                // SAFETY: the consumer has moved its head past this slot (we
+                // checked the free space), so it will not read it until the
+                // seq store below publishes it.
+                unsafe { cell.write(*d) };
+            }
+            // SAFETY: as above.
+            unsafe { slot.count.write(group.len() as u32) };
             self.tail = self.tail.wrapping_add(1);
-            // Release: publishes the descriptor written above; pairs with
-            // the consumer's Acquire load of `seq` in `Consumer::ready`.
+            // Release: publishes the descriptors and count written above;
+            // pairs with the consumer's Acquire load of `seq` in
+            // `Consumer::ready`.
             slot.seq.store(self.tail, Ordering::Release);
         }
         Ok(n)
@@ -267,7 +286,11 @@ impl Consumer {
     pub(crate) fn new(ring: RawRing) -> Self {
         // Relaxed: we are the only writer of head.
         let head = ring.hdr().head.load(Ordering::Relaxed);
-        Self { ring, head }
+        Self {
+            ring,
+            head,
+            taken: 0,
+        }
     }
 
     /// Whether the slot at position `pos` holds the descriptor written there.
@@ -278,8 +301,9 @@ impl Consumer {
         self.ring.slot(pos).seq.load(Ordering::Acquire) == pos.wrapping_add(1)
     }
 
-    /// Descriptors ready to read (at least the count of consecutive
-    /// published slots from the head, up to the capacity).
+    /// Slots ready to read (at least the count of consecutive published
+    /// slots from the head, up to the capacity); each holds one to
+    /// [`SLOT_DESCS`] descriptors.
     pub fn available(&mut self) -> Result<u32, RingError> {
         let mut n = 0;
         while n < self.ring.cap() && self.ready(self.head.wrapping_add(n)) {
@@ -294,17 +318,38 @@ impl Consumer {
         Ok((self.pop_burst(&mut d)? == 1).then_some(d[0]))
     }
 
-    /// Pops up to `out.len()` descriptors; returns how many.
+    /// Pops up to `out.len()` descriptors; returns how many. A slot whose
+    /// descriptors do not all fit in `out` is left at the head with the
+    /// rest still in it. A slot whose count is impossible (the producer is
+    /// broken or hostile) is [`RingError`], once the descriptors before it
+    /// have been returned.
     pub fn pop_burst(&mut self, out: &mut [Descriptor]) -> Result<usize, RingError> {
+        let start = self.head;
         let mut n = 0;
-        while n < out.len() && self.ready(self.head.wrapping_add(n as u32)) {
+        while n < out.len() && self.ready(self.head) {
+            let slot = self.ring.slot(self.head);
             // SAFETY: the slot is published (Acquire in `ready`) and the
             // producer will not touch it until we move head past it.
-            out[n] = unsafe { self.ring.slot(self.head.wrapping_add(n as u32)).desc.read() };
-            n += 1;
+            let count = unsafe { slot.count.read() };
+            let left = match count.checked_sub(self.taken) {
+                Some(l) if l > 0 && count as usize <= SLOT_DESCS => l as usize,
+                _ if n > 0 => break,
+                _ => return Err(RingError),
+            };
+            let take = left.min(out.len() - n);
+            for k in 0..take {
+                // SAFETY: as above; `taken + k < count <= SLOT_DESCS`.
+                out[n + k] = unsafe { slot.desc[self.taken as usize + k].read() };
+            }
+            n += take;
+            if take == left {
+                self.taken = 0;
+                self.head = self.head.wrapping_add(1);
+            } else {
+                self.taken += take as u32;
+            }
         }
-        if n > 0 {
-            self.head = self.head.wrapping_add(n as u32);
+        if self.head != start {
             // Release: our reads of the slots happen before the producer may
             // reuse them; pairs with its Acquire load of head in `free_for`.
             self.ring.hdr().head.store(self.head, Ordering::Release);
@@ -356,17 +401,63 @@ mod tests {
     }
 
     #[test]
-    fn bursts_partial() {
-        let (mut p, mut c) = heap_ring(8);
-        let src: Vec<_> = (0..12).map(d).collect();
-        assert_eq!(p.push_burst(&src).unwrap(), 8);
+    fn bursts_share_slots_and_pop_partially() {
+        let (mut p, mut c) = heap_ring(4);
+        let src: Vec<_> = (0..14).map(d).collect();
+        // Four slots take twelve descriptors of one burst, three a slot.
+        assert_eq!(p.push_burst(&src).unwrap(), 12);
+        assert_eq!(p.free_slots().unwrap(), 0);
+        assert_eq!(p.push(d(99)), Err(Full(d(99))));
+        // Five out: the first slot and two of the second, which stays the
+        // head until its third is out too.
         let mut out = [Descriptor::default(); 5];
         assert_eq!(c.pop_burst(&mut out).unwrap(), 5);
         assert_eq!(&out[..], &src[..5]);
-        assert_eq!(p.push_burst(&src[8..]).unwrap(), 4);
+        assert_eq!(p.free_slots().unwrap(), 1);
+        assert_eq!(p.push_burst(&src[12..]).unwrap(), 2);
+        assert_eq!(c.pop().unwrap(), Some(src[5]));
+        assert_eq!(p.free_slots().unwrap(), 1);
         let mut rest = [Descriptor::default(); 16];
-        assert_eq!(c.pop_burst(&mut rest).unwrap(), 7);
-        assert_eq!(&rest[..7], &src[5..12]);
+        assert_eq!(c.pop_burst(&mut rest).unwrap(), 8);
+        assert_eq!(&rest[..8], &src[6..14]);
+        assert_eq!(c.pop().unwrap(), None);
+        assert_eq!(p.free_slots().unwrap(), 4);
+    }
+
+    #[test]
+    fn lone_pushes_take_a_slot_each() {
+        let (mut p, mut c) = heap_ring(2);
+        p.push(d(0)).unwrap();
+        p.push(d(1)).unwrap();
+        assert_eq!(p.push(d(2)), Err(Full(d(2))));
+        assert_eq!(c.pop().unwrap(), Some(d(0)));
+        assert_eq!(p.push_burst(&[d(2), d(3), d(4), d(5)]).unwrap(), 3);
+        let mut out = [Descriptor::default(); 8];
+        assert_eq!(c.pop_burst(&mut out).unwrap(), 4);
+        assert_eq!(&out[..4], &[d(1), d(2), d(3), d(4)]);
+    }
+
+    #[test]
+    fn impossible_slot_counts_are_errors_after_what_came_before() {
+        for bad in [0, SLOT_DESCS as u32 + 1, u32::MAX] {
+            let (mut p, mut c) = heap_ring(4);
+            p.push_burst(&[d(0), d(1), d(2)]).unwrap();
+            p.push_burst(&[d(3), d(4)]).unwrap();
+            // SAFETY: test only; the consumer is not reading concurrently.
+            unsafe { p.ring.slot(1).count.write(bad) };
+            let mut out = [Descriptor::default(); 8];
+            assert_eq!(c.pop_burst(&mut out), Ok(3));
+            assert_eq!(c.pop_burst(&mut out), Err(RingError));
+            assert_eq!(c.pop(), Err(RingError));
+        }
+        // A count that shrinks under a consumer half way through its slot.
+        let (mut p, mut c) = heap_ring(4);
+        p.push_burst(&[d(0), d(1), d(2)]).unwrap();
+        let mut two = [Descriptor::default(); 2];
+        assert_eq!(c.pop_burst(&mut two), Ok(2));
+        // SAFETY: as above.
+        unsafe { p.ring.slot(0).count.write(2) };
+        assert_eq!(c.pop(), Err(RingError));
     }
 
     #[test]
@@ -396,12 +487,16 @@ mod tests {
         let (mut p, mut c) = heap_ring(4);
         p.push(d(1)).unwrap();
         // A hostile producer forges sequence numbers: at most `capacity`
-        // slots are ever read, and what they hold is validated later.
+        // slots are ever read, and what they hold is validated (their
+        // counts here, their descriptors later).
         for pos in 0..4u32 {
             p.ring.slot(pos).seq.store(pos + 1, Ordering::Release);
         }
+        // Slots never written hold no descriptor (count 0): the ring is
+        // corrupt once the one real descriptor is out.
         let mut out = [Descriptor::default(); 16];
-        assert_eq!(c.pop_burst(&mut out), Ok(4));
+        assert_eq!(c.pop_burst(&mut out), Ok(1));
+        assert_eq!(c.pop_burst(&mut out), Err(RingError));
         // A hostile consumer moves head beyond tail.
         c.ring.hdr().head.store(500, Ordering::Release);
         p.cached_head = 0;
@@ -484,16 +579,18 @@ mod loom_tests {
         });
     }
 
-    /// Bursts: a burst push of 3 into a 4-slot ring against burst pops.
+    /// Bursts: pushes of up to 4 descriptors (a full slot and one more)
+    /// into a 2-slot ring against pops of 2, which take a full slot in two
+    /// goes: packing, partial pops, full, empty and wrap-around.
     #[test]
     fn loom_bursts() {
         loom::model(|| {
-            let (mut p, mut c) = heap_ring(4);
+            let (mut p, mut c) = heap_ring(2);
             let t = thread::spawn(move || {
                 let src = [d(0), d(1), d(2), d(3), d(4)];
                 let mut sent = 0;
                 while sent < src.len() {
-                    let n = p.push_burst(&src[sent..(sent + 3).min(src.len())]).unwrap();
+                    let n = p.push_burst(&src[sent..(sent + 4).min(src.len())]).unwrap();
                     sent += n;
                     if n == 0 {
                         thread::yield_now();

@@ -358,7 +358,7 @@ impl Segment {
         self.max_channels
     }
 
-    /// Descriptors per ring.
+    /// Slots per ring.
     pub fn ring_capacity(&self) -> u32 {
         self.ring_capacity
     }

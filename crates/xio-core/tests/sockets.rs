@@ -2563,12 +2563,13 @@ fn a_write_batch_larger_than_the_ring_loses_nothing() {
     c.set_nonblocking(true).unwrap();
     let mut events = Vec::new();
     client.poll(&mut events, Some(Duration::ZERO)).unwrap();
-    let n = 250u32;
+    let n = 300u32;
     {
-        // Over three rings' worth, under the 256 a batch holds: at the
-        // end the ring takes 64 and the rest queue.
+        // More than the ring takes and under the 256 a batch holds: at
+        // the end the ring's 64 slots take 192 (three descriptors a slot
+        // when pushed together) and the rest queue.
         let _batch = client.batch_writes();
-        for k in 0..200 {
+        for k in 0..240 {
             (&c).write_all(&[k as u8]).unwrap();
         }
     }
@@ -2584,7 +2585,7 @@ fn a_write_batch_larger_than_the_ring_loses_nothing() {
         // loop polls (which pushes what waits) and writes again.
         {
             let _batch = client.batch_writes();
-            for k in 200..n {
+            for k in 240..n {
                 while let Err(e) = (&c).write_all(&[k as u8]) {
                     assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
                     events.clear();

@@ -39,7 +39,8 @@ struct Cli {
     /// Most channels (pairs of services) at once.
     #[arg(long, default_value_t = 256)]
     max_channels: u32,
-    /// Descriptors per ring (power of two).
+    /// Slots per ring (power of two); each takes up to three descriptors
+    /// pushed together.
     #[arg(long, default_value_t = 1024)]
     ring_capacity: u32,
     /// Log as JSON lines instead of text.
