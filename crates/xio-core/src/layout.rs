@@ -388,7 +388,7 @@ pub struct RingSlot {
     /// (one-way throughput fell six-fold).
     pub _pad: [u32; 2],
 }
-// SAFETY: repr(C), a descriptor and atomics; zero is "never written".
+// SAFETY: repr(C), descriptors, a count and atomics; zero is "never written".
 unsafe impl ShmSafe for RingSlot {}
 #[cfg(not(loom))]
 const _: () = assert!(core::mem::size_of::<RingSlot>() == 64);
