@@ -242,6 +242,15 @@ impl Producer {
         Ok(cap - used)
     }
 
+    /// Descriptors one [`push_burst`](Self::push_burst) can take now:
+    /// [`SLOT_DESCS`] a free slot. Reads the consumer's index only when the
+    /// cached one shows room for fewer than `want`.
+    #[inline]
+    pub fn room_for(&mut self, want: u32) -> Result<u32, RingError> {
+        let slots = self.free_for(want.div_ceil(SLOT_DESCS as u32))?;
+        Ok(slots.saturating_mul(SLOT_DESCS as u32))
+    }
+
     /// Pushes one descriptor, or hands it back when the ring is full.
     pub fn push(&mut self, d: Descriptor) -> Result<(), Full> {
         match self.push_burst(core::slice::from_ref(&d)) {

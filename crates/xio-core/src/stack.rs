@@ -303,6 +303,7 @@ impl StackBuilder {
             inbox: VecDeque::new(),
             scratch: [Descriptor::default(); BURST],
             burst_raws: Vec::new(),
+            burst_descs: Vec::new(),
             rr: 0,
             corrupt: 0,
             manager_gone: false,
@@ -507,6 +508,8 @@ pub struct Stack {
     scratch: [Descriptor; BURST],
     /// Kept between calls of [`Stack::push_bufs`] (no allocation per burst).
     burst_raws: Vec<(u8, u32, crate::pool::RawBuf, usize)>,
+    /// Likewise, their descriptors.
+    burst_descs: Vec<Descriptor>,
     rr: usize,
     corrupt: u64,
     manager_gone: bool,
@@ -1622,14 +1625,17 @@ impl Stack {
             let (raw, len) = b.into_raw();
             (kind, conn, raw, len)
         }));
-        let ch = &mut self.channels[ci];
-        for &(kind, conn, raw, len) in &raws {
-            let d = self.pool.prepare_send(raw, len as u32, peer.0, conn, kind);
-            let n = ch.tx.push_burst(&[d]).unwrap_or(0);
-            debug_assert_eq!(n, 1, "we are the only producer and saw room");
-        }
+        let mut descs = std::mem::take(&mut self.burst_descs);
+        descs.extend(raws.iter().map(|&(kind, conn, raw, len)| {
+            self.pool.prepare_send(raw, len as u32, peer.0, conn, kind)
+        }));
+        // One push: the descriptors share slots, three to a line.
+        let n = self.channels[ci].tx.push_burst(&descs).unwrap_or(0);
+        debug_assert_eq!(n, descs.len(), "we are the only producer and saw room");
         raws.clear();
+        descs.clear();
         self.burst_raws = raws;
+        self.burst_descs = descs;
         Ok(room)
     }
 
@@ -2265,13 +2271,15 @@ impl Stack {
 }
 
 impl Chan {
-    /// Free slots for `want` descriptors: reads the consumer's index only
-    /// when the cached one shows fewer (reading it on every send cost a
-    /// cross-core miss per message: the consumer writes it on every pop).
+    /// Descriptors one push can take, for `want`: reads the consumer's
+    /// index only when the cached one shows room for fewer (reading it on
+    /// every send cost a cross-core miss per message: the consumer writes
+    /// it on every pop). Pushes one at a time take a slot each, so only
+    /// "more than zero" holds for them.
     fn tx_space(&mut self, want: usize) -> Result<usize, ()> {
         Ok(self
             .tx
-            .free_slots(want.min(u32::MAX as usize) as u32)
+            .room(want.min(u32::MAX as usize) as u32)
             .map_err(|_| ())? as usize)
     }
 }
