@@ -27,7 +27,9 @@ use crate::backend::{
 };
 use crate::buf::{Buf, BufMut};
 use crate::ctrl::{self, RecvError};
-use crate::layout::{chan_state, kind, Descriptor, StackSlot, SLEEP_EVENTFD, SLEEP_FUTEX};
+use crate::layout::{
+    chan_state, kind, Descriptor, StackSlot, SLEEP_EVENTFD, SLEEP_FUTEX, SLOT_DESCS,
+};
 use crate::paths;
 use crate::pool::{AllocError, PoolView, StackPool};
 use crate::proto::{ErrorCode, Msg};
@@ -303,7 +305,6 @@ impl StackBuilder {
             inbox: VecDeque::new(),
             scratch: [Descriptor::default(); BURST],
             burst_raws: Vec::new(),
-            burst_descs: Vec::new(),
             rr: 0,
             corrupt: 0,
             manager_gone: false,
@@ -508,8 +509,6 @@ pub struct Stack {
     scratch: [Descriptor; BURST],
     /// Kept between calls of [`Stack::push_bufs`] (no allocation per burst).
     burst_raws: Vec<(u8, u32, crate::pool::RawBuf, usize)>,
-    /// Likewise, their descriptors.
-    burst_descs: Vec<Descriptor>,
     rr: usize,
     corrupt: u64,
     manager_gone: bool,
@@ -1625,17 +1624,21 @@ impl Stack {
             let (raw, len) = b.into_raw();
             (kind, conn, raw, len)
         }));
-        let mut descs = std::mem::take(&mut self.burst_descs);
-        descs.extend(raws.iter().map(|&(kind, conn, raw, len)| {
-            self.pool.prepare_send(raw, len as u32, peer.0, conn, kind)
-        }));
-        // One push: the descriptors share slots, three to a line.
-        let n = self.channels[ci].tx.push_burst(&descs).unwrap_or(0);
-        debug_assert_eq!(n, descs.len(), "we are the only producer and saw room");
+        // A slot's worth at a time: its headers stamped, then its one push
+        // (three descriptors to a line). The slot's store publishes as soon
+        // as those headers' lines are ours, so the reader can start on it
+        // while the next slot's stamps are still on their way.
+        let ch = &mut self.channels[ci];
+        for group in raws.chunks(SLOT_DESCS) {
+            let mut descs = [Descriptor::default(); SLOT_DESCS];
+            for (d, &(kind, conn, raw, len)) in descs.iter_mut().zip(group) {
+                *d = self.pool.prepare_send(raw, len as u32, peer.0, conn, kind);
+            }
+            let n = ch.tx.push_burst(&descs[..group.len()]).unwrap_or(0);
+            debug_assert_eq!(n, group.len(), "we are the only producer and saw room");
+        }
         raws.clear();
-        descs.clear();
         self.burst_raws = raws;
-        self.burst_descs = descs;
         Ok(room)
     }
 
