@@ -215,6 +215,7 @@ impl PoolView {
 
     /// Stamps a buffer owned by `me` as in flight to `to` and builds its
     /// descriptor.
+    #[inline]
     pub fn prepare_send(&self, b: RawBuf, len: u32, to: u16, conn: u32, kind: u8) -> Descriptor {
         let hdr = self
             .seg
