@@ -414,8 +414,10 @@ mod tests {
         let (mut p, mut c) = heap_ring(4);
         let src: Vec<_> = (0..14).map(d).collect();
         // Four slots take twelve descriptors of one burst, three a slot.
+        assert_eq!(p.room_for(14).unwrap(), 12);
         assert_eq!(p.push_burst(&src).unwrap(), 12);
         assert_eq!(p.free_slots().unwrap(), 0);
+        assert_eq!(p.room_for(1).unwrap(), 0);
         assert_eq!(p.push(d(99)), Err(Full(d(99))));
         // Five out: the first slot and two of the second, which stays the
         // head until its third is out too.
@@ -423,6 +425,7 @@ mod tests {
         assert_eq!(c.pop_burst(&mut out).unwrap(), 5);
         assert_eq!(&out[..], &src[..5]);
         assert_eq!(p.free_slots().unwrap(), 1);
+        assert_eq!(p.room_for(2).unwrap(), 3);
         assert_eq!(p.push_burst(&src[12..]).unwrap(), 2);
         assert_eq!(c.pop().unwrap(), Some(src[5]));
         assert_eq!(p.free_slots().unwrap(), 1);
