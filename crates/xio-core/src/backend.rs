@@ -94,6 +94,13 @@ pub trait DescProducer: Send + std::fmt::Debug {
     /// Starts taking the line of the next slot in exclusive state, ahead
     /// of a push (a hint; nothing by default).
     fn prefetch_next(&self) {}
+    /// Test hook: publishes a slot claiming `count` descriptors (see
+    /// [`Producer::__publish_count`]); `Ok(false)` where slots carry no
+    /// count. Not for applications.
+    #[doc(hidden)]
+    fn __publish_count(&mut self, _count: u32) -> Result<bool, RingError> {
+        Ok(false)
+    }
 }
 
 /// The receiving end of a descriptor ring.
@@ -131,6 +138,9 @@ impl DescProducer for Producer {
     }
     fn prefetch_next(&self) {
         Producer::prefetch_next(self)
+    }
+    fn __publish_count(&mut self, count: u32) -> Result<bool, RingError> {
+        Producer::__publish_count(self, count)
     }
 }
 

@@ -251,6 +251,28 @@ impl Producer {
         Ok(slots.saturating_mul(SLOT_DESCS as u32))
     }
 
+    /// Test hook: publishes a slot whose descriptor count is `count`
+    /// (zeroed descriptors), as a broken or hostile producer could. False
+    /// when the ring is full. Not for applications.
+    #[doc(hidden)]
+    pub fn __publish_count(&mut self, count: u32) -> Result<bool, RingError> {
+        if self.free_for(1)? == 0 {
+            return Ok(false);
+        }
+        let slot = self.ring.slot(self.tail);
+        // SAFETY: as in `push_burst`: the slot is ours until `seq` is stored.
+        unsafe {
+            for cell in &slot.desc {
+                cell.write(Descriptor::default());
+            }
+            slot.count.write(count);
+        }
+        self.tail = self.tail.wrapping_add(1);
+        // Release: publishes the slot, as `push_burst` does.
+        slot.seq.store(self.tail, Ordering::Release);
+        Ok(true)
+    }
+
     /// Pushes one descriptor, or hands it back when the ring is full.
     pub fn push(&mut self, d: Descriptor) -> Result<(), Full> {
         match self.push_burst(core::slice::from_ref(&d)) {

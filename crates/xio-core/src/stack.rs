@@ -2251,6 +2251,22 @@ impl Stack {
         Ok(n == 1)
     }
 
+    /// Test hook: publishes a ring slot toward `peer` that claims `count`
+    /// descriptors, as a broken or hostile stack could. `Ok(false)` when
+    /// the ring is full or its slots carry no count (DPDK). Not for
+    /// applications.
+    #[doc(hidden)]
+    pub fn __push_slot_count(&mut self, peer: PeerId, count: u32) -> Result<bool, Error> {
+        let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
+        let ch = &mut self.channels[ci];
+        let ok = ch
+            .tx
+            .__publish_count(count)
+            .map_err(|e| Error::Protocol(e.to_string()))?;
+        Self::notify(&self.seg, ch);
+        Ok(ok)
+    }
+
     /// Test hook: sends a real buffer under any descriptor kind and
     /// connection id, as a hostile peer could. Hands the buffer back when
     /// the ring is full. Not for applications.

@@ -633,6 +633,40 @@ fn corrupt_descriptors_are_counted_and_rejected() {
     wait_pool_whole(&mgr);
 }
 
+/// A ring slot that claims an impossible number of descriptors (slots
+/// carry one to three) makes the ring corrupt: the receiver delivers what
+/// came before it, counts it, reports the peer reset, stops reading that
+/// channel and goes on serving other peers.
+#[test]
+fn a_ring_slot_with_an_impossible_count_breaks_only_its_channel() {
+    if test_backend() == Backend::Dpdk {
+        return; // DPDK rings carry one descriptor a slot and no count
+    }
+    let (mgr, mut rx, mut tx, peer) = manager_and_pair("slotcount", addr(95));
+    let mut good = tx.alloc(10).unwrap();
+    good[0] = 7;
+    tx.send(peer, good).unwrap();
+    assert!(tx.__push_slot_count(peer, 9).unwrap());
+    let m = rx.recv_timeout(WATCHDOG).unwrap();
+    assert_eq!(m.buf[0], 7);
+    let from = m.from;
+    drop(m);
+    let e = rx.recv_timeout(WATCHDOG).unwrap_err();
+    assert!(matches!(e, Error::Reset(p) if p == from), "{e}");
+    assert_eq!(rx.corrupt_descriptors(), 1);
+    // Another peer is served as before.
+    let mut other = Stack::attach(mgr.prefix()).unwrap();
+    let p2 = other.connect(addr(95)).unwrap();
+    let mut b = other.alloc(10).unwrap();
+    b[0] = 8;
+    other.send(p2, b).unwrap();
+    let m = rx.recv_timeout(WATCHDOG).unwrap();
+    assert_eq!(m.buf[0], 8);
+    drop(m);
+    drop((rx, tx, other));
+    wait_pool_whole(&mgr);
+}
+
 #[test]
 fn connect_to_unbound_address_is_refused_and_bind_conflicts() {
     setup();
