@@ -2241,14 +2241,7 @@ impl Stack {
     /// Returns whether it fit in the ring.
     #[doc(hidden)]
     pub fn __push_raw(&mut self, peer: PeerId, d: Descriptor) -> Result<bool, Error> {
-        let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
-        let ch = &mut self.channels[ci];
-        let n = ch
-            .tx
-            .push_burst(&[d])
-            .map_err(|e| Error::Protocol(e.to_string()))?;
-        Self::notify(&self.seg, ch);
-        Ok(n == 1)
+        self.raw_push(peer, |tx| Ok(tx.push_burst(&[d])? == 1))
     }
 
     /// Test hook: publishes a ring slot toward `peer` that claims `count`
@@ -2257,12 +2250,19 @@ impl Stack {
     /// applications.
     #[doc(hidden)]
     pub fn __push_slot_count(&mut self, peer: PeerId, count: u32) -> Result<bool, Error> {
+        self.raw_push(peer, |tx| tx.__publish_count(count))
+    }
+
+    /// The test hooks' way into the ring toward `peer`: `push`, then the
+    /// doorbell.
+    fn raw_push(
+        &mut self,
+        peer: PeerId,
+        push: impl FnOnce(&mut dyn DescProducer) -> Result<bool, crate::ring::RingError>,
+    ) -> Result<bool, Error> {
         let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
         let ch = &mut self.channels[ci];
-        let ok = ch
-            .tx
-            .__publish_count(count)
-            .map_err(|e| Error::Protocol(e.to_string()))?;
+        let ok = push(&mut *ch.tx).map_err(|e| Error::Protocol(e.to_string()))?;
         Self::notify(&self.seg, ch);
         Ok(ok)
     }
