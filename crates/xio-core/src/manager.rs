@@ -1215,12 +1215,48 @@ impl Manager {
         self.channels[ch as usize] = None;
     }
 
-    /// A live stack is done with a channel whose other end died.
+    /// A live stack is done with a channel: one whose other end died, or
+    /// one it gave up while both ends live (it found the ring from the
+    /// other end corrupt). The latter is closed for the other end too,
+    /// as a death would close it, and freed once that end is done.
     fn released(&mut self, by: u16, ch: u32) {
-        let Some(Some(c)) = self.channels.get(ch as usize) else {
+        let Some(Some(c)) = self.channels.get_mut(ch as usize) else {
             return;
         };
         let Some((live, dead)) = c.closing else {
+            if by != c.a && by != c.b {
+                return; // not its channel
+            }
+            let other = if by == c.a { c.b } else { c.a };
+            // Release: pairs with the Acquire loads in both ends' send paths.
+            self.seg
+                .channel(ch)
+                .state
+                .store(chan_state::CLOSED, Ordering::Release);
+            c.closing = Some((other, by));
+            if let Some(e) = self.stacks.get_mut(&by) {
+                e.peers.remove(&other);
+            }
+            tracing::warn!(
+                stack = by,
+                peer = other,
+                channel = ch,
+                "channel given up (corrupt ring): reset both ends"
+            );
+            match self.stacks.get_mut(&other) {
+                Some(e) => {
+                    e.peers.remove(&by);
+                    self.deliver(
+                        other,
+                        Msg::PeerDown {
+                            channel: ch,
+                            peer: by,
+                        },
+                        None,
+                    );
+                }
+                None => self.free_channel(ch),
+            }
             return;
         };
         if live != by {

@@ -131,7 +131,9 @@ pub enum Msg {
         /// The peer that went away.
         peer: u16,
     },
-    /// Stack -> manager: done with a closed channel.
+    /// Stack -> manager: done with a channel. A closed one is then freed;
+    /// a live one (its ring was found corrupt) is closed for the other end
+    /// too, which gets `PeerDown`.
     ChannelReleased {
         /// Channel slot.
         channel: u32,

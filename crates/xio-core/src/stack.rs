@@ -1089,11 +1089,11 @@ impl Stack {
         }
         self.inbox.push_back(Event::Reset(PeerId(peer)));
         self.resolved.retain(|_, p| *p != peer);
-        if announced.is_some()
-            || self.seg.channel(ch.id).state.load(Ordering::Acquire) != chan_state::ACTIVE
-        {
-            self.release(ch.id);
-        }
+        // Announced or closed: the manager waits for our release. Still
+        // active (we found the peer's ring corrupt): the release asks the
+        // manager to close it for the peer too, so the peer's sends are
+        // reset instead of waiting on a ring nobody reads.
+        self.release(ch.id);
         tracing::debug!(stack = self.id, channel = ch.id, peer, "channel closed");
     }
 
