@@ -1065,15 +1065,18 @@ impl Stack {
 
     /// Stops using the channel to `peer`: delivers what it already sent,
     /// queues a reset for the application and tells the manager.
+    /// `announced`: the channel the manager's `PeerDown` names.
     fn close_channel(&mut self, peer: u16, announced: Option<u32>) {
-        let Some(i) = self.by_peer.remove(&peer) else {
-            // Already closed here (a corrupt ring); the manager still waits
-            // for our release before it frees the dead peer's slot.
-            if let Some(ch) = announced {
-                self.release(ch);
-            }
+        let Some(&i) = self.by_peer.get(&peer) else {
+            // Already closed here, and released then: a second release
+            // could name the slot after the manager reused it for a new
+            // channel of ours, and close that one.
             return;
         };
+        if announced.is_some_and(|ch| ch != self.channels[i].id) {
+            return; // about a channel to this peer we already closed
+        }
+        self.by_peer.remove(&peer);
         let mut ch = self.channels.swap_remove(i);
         if let Some(moved) = self.channels.get(i) {
             self.by_peer.insert(moved.peer, i);
