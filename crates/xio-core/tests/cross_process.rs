@@ -671,23 +671,20 @@ fn a_ring_slot_with_an_impossible_count_breaks_only_its_channel() {
             other => panic!("the sender was not reset: {other:?}"),
         }
     }
-    // A new connection between the two works.
-    let again = tx.connect(addr(95)).unwrap();
-    let mut b = tx.alloc(10).unwrap();
-    b[0] = 9;
-    tx.send(again, b).unwrap();
-    let m = rx.recv_timeout(WATCHDOG).unwrap();
-    assert_eq!(m.buf[0], 9);
-    drop(m);
-    // Another peer is served as before.
+    // `from` connects to the receiver afresh and a message gets through.
+    let gets_through = |from: &mut Stack, rx: &mut Stack, tag: u8| {
+        let to = from.connect(addr(95)).unwrap();
+        let mut b = from.alloc(10).unwrap();
+        b[0] = tag;
+        from.send(to, b).unwrap();
+        let m = rx.recv_timeout(WATCHDOG).unwrap();
+        assert_eq!(m.buf[0], tag);
+    };
+    // A new connection between the two works; another peer is served as
+    // before.
+    gets_through(&mut tx, &mut rx, 9);
     let mut other = Stack::attach(mgr.prefix()).unwrap();
-    let p2 = other.connect(addr(95)).unwrap();
-    let mut b = other.alloc(10).unwrap();
-    b[0] = 8;
-    other.send(p2, b).unwrap();
-    let m = rx.recv_timeout(WATCHDOG).unwrap();
-    assert_eq!(m.buf[0], 8);
-    drop(m);
+    gets_through(&mut other, &mut rx, 8);
     drop((rx, tx, other));
     wait_pool_whole(&mgr);
 }
