@@ -81,16 +81,12 @@ impl BufferPool for StackPool {
 pub trait DescProducer: Send + std::fmt::Debug {
     /// Pushes as many as fit.
     fn push_burst(&mut self, ds: &[Descriptor]) -> Result<usize, RingError>;
-    /// Slots free, from the cached consumer index when it shows at least
-    /// `want` (no cross-core read), else freshly read.
-    fn free_slots(&mut self, want: u32) -> Result<u32, RingError>;
     /// Descriptors one [`push_burst`](Self::push_burst) can take now (at
-    /// least one when any slot is free), reading the consumer's index only
-    /// when the cached one shows room for fewer than `want`. Rings with a
-    /// descriptor a slot answer their free slots.
-    fn room(&mut self, want: u32) -> Result<u32, RingError> {
-        self.free_slots(want)
-    }
+    /// least one when any slot is free), from the cached consumer index
+    /// when it shows room for at least `want` (no cross-core read), else
+    /// freshly read. Rings with a descriptor a slot answer their free
+    /// slots.
+    fn room(&mut self, want: u32) -> Result<u32, RingError>;
     /// Starts taking the line of the next slot in exclusive state, ahead
     /// of a push (a hint; nothing by default).
     fn prefetch_next(&self) {}
@@ -129,9 +125,6 @@ impl RingWatch for crate::ring::Watch {
 impl DescProducer for Producer {
     fn push_burst(&mut self, ds: &[Descriptor]) -> Result<usize, RingError> {
         Producer::push_burst(self, ds)
-    }
-    fn free_slots(&mut self, want: u32) -> Result<u32, RingError> {
-        Producer::free_for(self, want)
     }
     fn room(&mut self, want: u32) -> Result<u32, RingError> {
         Producer::room_for(self, want)

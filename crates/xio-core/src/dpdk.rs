@@ -981,7 +981,7 @@ impl DescProducer for DpdkProducer {
     fn push_burst(&mut self, ds: &[Descriptor]) -> Result<usize, RingError> {
         Ok(self.0.push(ds))
     }
-    fn free_slots(&mut self, _want: u32) -> Result<u32, RingError> {
+    fn room(&mut self, _want: u32) -> Result<u32, RingError> {
         Ok(self.0.free_count())
     }
 }
