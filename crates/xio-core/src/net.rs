@@ -736,30 +736,21 @@ impl Core {
                 }
             }
             std::mem::swap(&mut held, &mut rest);
-            if !self.pending_for(peer) {
-                match self.stack.push_bufs(peer, &mut run) {
-                    Ok(n) if n > 0 => {
-                        if !self.unrung.contains(&peer) {
-                            self.unrung.push(peer);
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(_) => {
-                        run.clear();
-                        self.refused_peers.push(peer);
-                    }
-                }
+            if !self.pending_for(peer) && self.stack.push_bufs(peer, &mut run).is_err() {
+                run.clear();
+                self.refused_peers.push(peer);
+                continue;
             }
             if !run.is_empty() {
-                let q = self.pending.entry(peer.0).or_default();
-                q.extend(
+                self.pending.entry(peer.0).or_default().extend(
                     run.drain(..)
                         .map(|(kind, to, buf)| Pending::Buf { kind, to, buf }),
                 );
-                // Rung now: the reader must drain for room to come.
-                if !self.unrung.contains(&peer) {
-                    self.unrung.push(peer);
-                }
+            }
+            // Pushed, queued or both: ring it (a reader must drain for a
+            // queue's room to come).
+            if !self.unrung.contains(&peer) {
+                self.unrung.push(peer);
             }
         }
         // Keep the allocations for the next batch (all three are empty).
