@@ -259,18 +259,29 @@ impl Producer {
         if self.free_for(1)? == 0 {
             return Ok(false);
         }
-        let slot = self.ring.slot(self.tail);
-        // SAFETY: as in `push_burst`: the slot is ours until `seq` is stored.
-        unsafe {
-            for cell in &slot.desc {
-                cell.write(Descriptor::default());
-            }
-            slot.count.write(count);
-        }
-        self.tail = self.tail.wrapping_add(1);
-        // Release: publishes the slot, as `push_burst` does.
-        slot.seq.store(self.tail, Ordering::Release);
+        self.publish_slot(&[Descriptor::default(); SLOT_DESCS], count);
         Ok(true)
+    }
+
+    /// Writes `descs` and `count` into the slot at the tail and publishes
+    /// it (its `seq` stored last). The caller has checked that the slot is
+    /// free.
+    #[inline]
+    fn publish_slot(&mut self, descs: &[Descriptor], count: u32) {
+        let slot = self.ring.slot(self.tail);
+        for (cell, d) in slot.desc.iter().zip(descs) {
+            // SAFETY: the consumer has moved its head past this slot (the
+            // caller checked the free space), so it will not read it until
+            // the seq store below publishes it.
+            unsafe { cell.write(*d) };
+        }
+        // SAFETY: as above.
+        unsafe { slot.count.write(count) };
+        self.tail = self.tail.wrapping_add(1);
+        // Release: publishes the descriptors and count written above;
+        // pairs with the consumer's Acquire load of `seq` in
+        // `Consumer::ready`.
+        slot.seq.store(self.tail, Ordering::Release);
     }
 
     /// Pushes one descriptor, or hands it back when the ring is full.
@@ -290,20 +301,7 @@ impl Producer {
         let free = self.free_for(want)? as usize;
         let n = ds.len().min(free.saturating_mul(SLOT_DESCS));
         for group in ds[..n].chunks(SLOT_DESCS) {
-            let slot = self.ring.slot(self.tail);
-            for (cell, d) in slot.desc.iter().zip(group) {
-                // SAFETY: the consumer has moved its head past this slot (we
-                // checked the free space), so it will not read it until the
-                // seq store below publishes it.
-                unsafe { cell.write(*d) };
-            }
-            // SAFETY: as above.
-            unsafe { slot.count.write(group.len() as u32) };
-            self.tail = self.tail.wrapping_add(1);
-            // Release: publishes the descriptors and count written above;
-            // pairs with the consumer's Acquire load of `seq` in
-            // `Consumer::ready`.
-            slot.seq.store(self.tail, Ordering::Release);
+            self.publish_slot(group, group.len() as u32);
         }
         Ok(n)
     }
