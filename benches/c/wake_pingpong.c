@@ -6,7 +6,7 @@
  * docs/design.md, "Known limits").
  *
  *   cc -O2 -o /tmp/wake_pingpong benches/c/wake_pingpong.c
- *   for m in futex futex-timeout futex-waitv eventfd eventfd-poll eventfd-epoll uds; do
+ *   for m in futex futex-timeout futex-waitv eventfd eventfd-poll eventfd-epoll uds pipe; do
  *       /tmp/wake_pingpong $m; done
  *
  * futex          FUTEX_WAIT / FUTEX_WAKE on a word in a shared memfd page
@@ -18,6 +18,8 @@
  * eventfd-poll   poll() with a 1 s timeout, then read
  * eventfd-epoll  epoll_wait() with a 1 s timeout, then read
  * uds            64-byte write / read on a Unix-domain stream socket pair
+ * pipe           1-byte write / read on a pipe per direction (woken like a
+ *                socket's reader, through the kernel's sync wake-up)
  *
  * Prints the p50 and p90 of 60,000 timed round trips (after 1,000 untimed).
  */
@@ -83,9 +85,10 @@ struct chan {
     _Atomic uint32_t *word; /* futex modes */
     int fd;                 /* eventfd, socket */
     int ep;                 /* epoll instance */
+    int wfd;                /* pipe: the write end */
 };
 
-enum { FUTEX, FUTEX_TIMEOUT, FUTEX_WAITV, EVENTFD, EVENTFD_POLL, EVENTFD_EPOLL, UDS };
+enum { FUTEX, FUTEX_TIMEOUT, FUTEX_WAITV, EVENTFD, EVENTFD_POLL, EVENTFD_EPOLL, UDS, PIPE };
 
 /* The second word a futex-waitv sleeper watches (a manager's liveness word,
  * never woken here). */
@@ -131,6 +134,9 @@ static void take(struct chan *c) {
     case UDS:
         xread(c->fd, buf, sizeof buf);
         return;
+    case PIPE:
+        xread(c->fd, buf, 1);
+        return;
     }
 }
 
@@ -152,6 +158,9 @@ static void give(struct chan *c) {
     case UDS:
         xwrite(c->fd, buf, sizeof buf);
         return;
+    case PIPE:
+        xwrite(c->wfd, buf, 1);
+        return;
     }
 }
 
@@ -167,18 +176,18 @@ static void watch(struct chan *c) {
 
 int main(int argc, char **argv) {
     static const char *names[] = {"futex",        "futex-timeout", "futex-waitv", "eventfd",
-                                  "eventfd-poll", "eventfd-epoll", "uds"};
+                                  "eventfd-poll", "eventfd-epoll", "uds", "pipe"};
     int mode = -1;
-    for (int i = 0; argc == 2 && i < 7; i++)
+    for (int i = 0; argc == 2 && i < 8; i++)
         if (strcmp(argv[1], names[i]) == 0)
             mode = i;
     if (mode < 0) {
-        fprintf(stderr, "usage: %s futex|futex-timeout|futex-waitv|eventfd|eventfd-poll|eventfd-epoll|uds\n",
+        fprintf(stderr, "usage: %s futex|futex-timeout|futex-waitv|eventfd|eventfd-poll|eventfd-epoll|uds|pipe\n",
                 argv[0]);
         return 2;
     }
     /* to_child: parent gives, child takes; to_parent: the reverse. */
-    struct chan to_child = {mode, NULL, -1, -1}, to_parent = {mode, NULL, -1, -1};
+    struct chan to_child = {mode, NULL, -1, -1, -1}, to_parent = {mode, NULL, -1, -1, -1};
     if (mode == FUTEX || mode == FUTEX_TIMEOUT || mode == FUTEX_WAITV) {
         int fd = memfd_create("wake_pingpong", 0);
         if (fd < 0 || ftruncate(fd, 4096) != 0) {
@@ -199,6 +208,16 @@ int main(int argc, char **argv) {
         /* Parent writes sv[0] and reads sv[0]; child uses sv[1]. */
         to_child.fd = sv[0];
         to_parent.fd = sv[1];
+    } else if (mode == PIPE) {
+        int a[2], b[2];
+        if (pipe(a) != 0 || pipe(b) != 0) {
+            perror("pipe");
+            return 1;
+        }
+        to_child.fd = a[0];
+        to_child.wfd = a[1];
+        to_parent.fd = b[0];
+        to_parent.wfd = b[1];
     } else {
         to_child.fd = eventfd(0, 0);
         to_parent.fd = eventfd(0, 0);
