@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p xio-hyper --example axum            # self-contained run
-//! cargo run --release -p xio-hyper --example axum -- serve   # just the server
+//! cargo run --release -p xio-hyper --example axum -- serve [TCP_ADDR]   # just the server
 //! ```
 //! Without arguments it starts an embedded manager, the app as a child
 //! process (an X-IO listener and a TCP listener serving the same
@@ -12,8 +12,9 @@
 //! on tokio's default runtime, as under `#[tokio::main]`.
 //!
 //! `serve` alone uses the pool of `$XIO_PREFIX` (default `xio`, so run
-//! `xio-manager` first), listens on X-IO 127.0.0.1:3000 and TCP
-//! 127.0.0.1:3000, and stops at end of input (Ctrl-D) or Ctrl-C.
+//! `xio-manager` first), listens on X-IO 127.0.0.1:3000 and on TCP
+//! 127.0.0.1:3000 (or the address given after `serve`), and stops at end
+//! of input (Ctrl-D) or Ctrl-C.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -162,8 +163,11 @@ where
 fn main() -> Result<(), BoxError> {
     // What `#[tokio::main]` builds: a worker per CPU.
     let rt = tokio::runtime::Runtime::new()?;
-    if std::env::args().nth(1).as_deref() == Some("serve") {
-        return rt.block_on(serve("127.0.0.1:3000", "127.0.0.1:3000"));
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("serve") {
+        // The self-contained run asks for a free TCP port.
+        let tcp = args.get(2).map_or("127.0.0.1:3000", String::as_str);
+        return rt.block_on(serve("127.0.0.1:3000", tcp));
     }
 
     // A private pool: a manager on a thread of this process, its control
@@ -177,7 +181,7 @@ fn main() -> Result<(), BoxError> {
     let manager = xio_core::Manager::builder(&prefix).spawn()?;
 
     let mut child = Command::new(std::env::current_exe()?)
-        .arg("serve")
+        .args(["serve", "127.0.0.1:0"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
