@@ -13,8 +13,8 @@
 //!
 //! `serve` alone uses the pool of `$XIO_PREFIX` (default `xio`, so run
 //! `xio-manager` first), listens on X-IO 127.0.0.1:3000 and on TCP
-//! 127.0.0.1:3000 (or the address given after `serve`), and stops at end
-//! of input (Ctrl-D) or Ctrl-C.
+//! 127.0.0.1:3000 (or the address given after `serve`), and stops at
+//! Ctrl-C.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -65,9 +65,11 @@ fn app() -> Router {
         )
 }
 
-/// Serves `app()` on X-IO `xio_addr` and on TCP `tcp_addr` until end of
-/// input or Ctrl-C; prints `ready <tcp port>` once both listen.
-async fn serve(xio_addr: &str, tcp_addr: &str) -> Result<(), BoxError> {
+/// Serves `app()` on X-IO `xio_addr` and on TCP `tcp_addr` until Ctrl-C
+/// (or, with `until_eof`, until its input ends: the self-contained run's
+/// child, which thus also ends with its parent); prints `ready <tcp port>`
+/// once both listen.
+async fn serve(xio_addr: &str, tcp_addr: &str, until_eof: bool) -> Result<(), BoxError> {
     // The one line that changes: an X-IO listener where a TCP one was.
     let xio = xio_tokio::XioListener::bind(xio_addr).await?;
     let tcp = tokio::net::TcpListener::bind(tcp_addr).await?;
@@ -84,8 +86,14 @@ async fn serve(xio_addr: &str, tcp_addr: &str) -> Result<(), BoxError> {
     });
     let mut stdin = tokio::io::stdin();
     let mut sink = [0u8; 64];
+    let eof = async {
+        if !until_eof {
+            return std::future::pending().await;
+        }
+        while matches!(stdin.read(&mut sink).await, Ok(n) if n > 0) {}
+    };
     tokio::select! {
-        _ = async { while matches!(stdin.read(&mut sink).await, Ok(n) if n > 0) {} } => {}
+        _ = eof => {}
         _ = tokio::signal::ctrl_c() => {}
     }
     drop(stop);
@@ -167,7 +175,8 @@ fn main() -> Result<(), BoxError> {
     if args.get(1).map(String::as_str) == Some("serve") {
         // The self-contained run asks for a free TCP port.
         let tcp = args.get(2).map_or("127.0.0.1:3000", String::as_str);
-        return rt.block_on(serve("127.0.0.1:3000", tcp));
+        let until_eof = args.get(3).map(String::as_str) == Some("--until-eof");
+        return rt.block_on(serve("127.0.0.1:3000", tcp, until_eof));
     }
 
     // A private pool: a manager on a thread of this process, its control
@@ -181,7 +190,7 @@ fn main() -> Result<(), BoxError> {
     let manager = xio_core::Manager::builder(&prefix).spawn()?;
 
     let mut child = Command::new(std::env::current_exe()?)
-        .args(["serve", "127.0.0.1:0"])
+        .args(["serve", "127.0.0.1:0", "--until-eof"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
@@ -208,8 +217,10 @@ fn main() -> Result<(), BoxError> {
             call_routes("X-IO", &over_xio, xio_base).await?;
             call_routes("TCP", &over_tcp, &tcp_base).await?;
 
-            let (xio_task, xio_main) = both_ways(&over_xio, &format!("{xio_base}/hello").parse()?).await?;
-            let (tcp_task, tcp_main) = both_ways(&over_tcp, &format!("{tcp_base}/hello").parse()?).await?;
+            let xio_uri = format!("{xio_base}/hello").parse()?;
+            let (xio_task, xio_main) = both_ways(&over_xio, &xio_uri).await?;
+            let tcp_uri = format!("{tcp_base}/hello").parse()?;
+            let (tcp_task, tcp_main) = both_ways(&over_tcp, &tcp_uri).await?;
             println!();
             println!("{TIMED} sequential GET /hello on one keep-alive connection, requests/s:");
             println!("                   X-IO        TCP   X-IO / TCP");
@@ -218,14 +229,16 @@ fn main() -> Result<(), BoxError> {
                 xio_task / tcp_task
             );
             println!(
-                "  from main()  {xio_main:>9.0}  {tcp_main:>9.0}   {:>6.1}x   (each response wakes the main thread)",
+                "  from main()  {xio_main:>9.0}  {tcp_main:>9.0}   {:>6.1}x   \
+                 (each response wakes the main thread)",
                 xio_main / tcp_main
             );
             Ok::<_, BoxError>(())
         })
     })();
 
-    // End of input stops the server gracefully; then the manager.
+    // End of input stops the server gracefully (`--until-eof`); then the
+    // manager.
     drop(child.stdin.take());
     let deadline = Instant::now() + Duration::from_secs(10);
     while child.try_wait()?.is_none() {

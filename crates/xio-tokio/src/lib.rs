@@ -194,13 +194,14 @@ fn ensure_driver(net: &Net) -> io::Result<()> {
 /// steal each yield it queues, and a look lasts tens of nanoseconds. With
 /// another worker parked, an axum app and a client making its requests
 /// in `block_on`, both on `#[tokio::main]`'s default runtime on a 2-core
-/// machine, did 4–5k requests/s, fewer than over TCP (8–10k). Yielding
+/// machine, did 4–8k requests/s, fewer than over TCP (8–10k). Yielding
 /// the deferring way while another worker is parked took that to
 /// 10–21k, and cost a client whose requests run in a spawned task about
 /// 12% (median of five runs, 112k to 99k requests/s). Why the deferred
 /// yield helps is not established: the idle worker wakes about as often
-/// either way; the difference is a system call per look. Runtimes with
-/// one worker always wake the task (no figure of theirs changed).
+/// either way; the difference is a system call per yield. Runtimes with
+/// one worker always wake the task (the benchmarks' figures did not
+/// move).
 struct Yielder {
     /// The runtime's metrics, when it has more than one worker (only the
     /// multi-thread scheduler unparks workers for a yield).
