@@ -115,6 +115,10 @@ const RETRY_FULL: Duration = Duration::from_micros(50);
 /// watches then shrink the spin budget to nothing. Longer than any gap the
 /// adaptive policy spins through (its ceiling is 200 µs).
 const IDLE_AFTER_NS: u64 = 1_000_000;
+/// A learned spin budget below this means traffic is sparse (see
+/// [`Drive::sparse`]): a watch that short saves nothing a yield to the
+/// runtime would not cost.
+const SPARSE_BUDGET_NS: u64 = 5_000;
 
 /// Options for [`Net`].
 #[derive(Clone, Debug)]
@@ -1100,6 +1104,12 @@ impl Core {
         if kick && self.driving {
             self.stack.kick();
         }
+    }
+
+    /// Whether the adaptive policy has learned that traffic is sparse
+    /// (see [`Drive::sparse`]).
+    fn sparse(&mut self) -> bool {
+        self.stack.spin_mut().budget() < Duration::from_nanos(SPARSE_BUDGET_NS)
     }
 
     /// Moves the waiters of `key` to `wake`; true if nobody was parked on
@@ -3463,6 +3473,12 @@ pub struct Drive {
     /// what they send decides whether a peer is about to answer (see
     /// [`Net::spin_budget`]).
     pub woke: bool,
+    /// The adaptive policy has learned that traffic is sparse: its budget
+    /// is a token spin (a few µs at most). Yielding to the runtime to let
+    /// woken tasks run first, or between looks of a watch, then buys
+    /// nothing, and on a multi-thread runtime each yield also wakes an
+    /// idle worker. Watch that briefly without yielding, then sleep.
+    pub sparse: bool,
 }
 
 /// The adapter interface: readiness through wakers, for runtimes (the
@@ -3533,10 +3549,16 @@ impl Net {
         // A blocking driver thread watches the rings itself: leave the
         // doorbell to it (it wakes our tasks' wakers as it drains).
         let armed = g.driving || g.stack.arm_doorbell();
+        let sparse = g.sparse();
         drop(g);
         let woke = !wake.is_empty();
         wake_all(&mut wake);
-        r.map(|()| Drive { armed, retry, woke })
+        r.map(|()| Drive {
+            armed,
+            retry,
+            woke,
+            sparse,
+        })
     }
 
     /// Wakes the tasks waiting on a full ring or an empty pool (see
@@ -3592,6 +3614,7 @@ impl Net {
         };
         g.stack.refresh_probe(&mut w.probe);
         let retry = !g.retry_waiters.is_empty() || g.has_pending();
+        let sparse = g.sparse();
         drop(g);
         let woke = !wake.is_empty();
         wake_all(&mut wake);
@@ -3599,6 +3622,7 @@ impl Net {
             armed: false,
             retry,
             woke,
+            sparse,
         })
     }
 

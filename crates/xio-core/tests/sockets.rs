@@ -2383,6 +2383,59 @@ fn threads_woken_by_the_driver_are_all_counted_back() {
     wait_pool_whole(&mgr);
 }
 
+/// `Drive::sparse` tells an adapter's driver that traffic is sparse, so
+/// it sleeps after a token watch instead of yielding to its runtime (on a
+/// multi-thread runtime every yield also wakes an idle worker). A fresh
+/// net has the full budget; after empty watches each followed by a gap
+/// far longer than any worth spinning through, the budget is a token and
+/// `sparse` says so.
+#[test]
+fn sparse_traffic_is_reported_to_the_driver() {
+    let (mgr, p) = start("sparse");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "10.3.9.6:7000".parse().unwrap();
+    let l = server.listen(addr).unwrap();
+    let c = client.connect(addr).unwrap();
+    let (s, _) = l.accept().unwrap();
+    s.set_nonblocking(true).unwrap();
+    assert!(
+        !server.drive(false, false).unwrap().sparse,
+        "a fresh net starts with the full spin budget"
+    );
+    let mut buf = [0u8; 8];
+    // Each round halves the budget (200 µs at first) down to a token.
+    for round in 0..32u8 {
+        // The driver watched and nothing came...
+        let w = server.watch_begin();
+        server.watch_end(w, false, Duration::ZERO);
+        // ...until much later than any spin pays for.
+        std::thread::sleep(Duration::from_millis(3));
+        (&c).write_all(&[round]).unwrap();
+        loop {
+            server.drive(true, false).unwrap();
+            match (&s).read(&mut buf) {
+                Ok(1) => break,
+                Ok(n) => panic!("read {n} bytes"),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_micros(100))
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(buf[0], round);
+    }
+    assert!(
+        server.drive(false, false).unwrap().sparse,
+        "32 gaps of 3 ms left the budget at {:?}",
+        server.spin_budget()
+    );
+    drop((c, s, l));
+    wait_closed(&client, &server);
+    drop((client, server));
+    wait_pool_whole(&mgr);
+}
+
 /// `Net::manager_watch`: quiet while the manager runs, readable when it
 /// stops, and quiet again for good once the net has noticed.
 #[test]

@@ -354,6 +354,9 @@ async fn drive(
     let mut rounds = 0u32;
     let mut tick_due = false;
     let mut ctrl_due = false;
+    // A token watch (sparse traffic, see `Drive::sparse`) just ended
+    // empty: sleep now instead of watching again after re-arming.
+    let mut token_watched = false;
     loop {
         let Some(mut n) = net.upgrade() else { return };
         // Clock reads are slow on VMs: look at the time now and then only.
@@ -391,7 +394,7 @@ async fn drive(
             yielder.yield_now().await;
             continue;
         }
-        if d.woke {
+        if d.woke && !d.sparse {
             // Let the woken tasks run before choosing between watching and
             // sleeping. A request answered by one of them rings its peer,
             // which then counts as awake, so we watch for the reply. Deciding
@@ -407,7 +410,16 @@ async fn drive(
         // wake on a VM), keep watching the rings for the adaptive budget,
         // yielding to the runtime's other tasks between looks. The budget
         // is zero unless a peer is awake on another core: idle, we sleep.
-        let budget = n.spin_budget();
+        //
+        // With sparse traffic the budget is a token spin: one short watch,
+        // in place (it keeps the policy learning: a reply that comes soon
+        // after it grows the budget back), then sleep, so that the tasks
+        // the drain woke run at once.
+        let budget = if std::mem::take(&mut token_watched) && d.sparse {
+            Duration::ZERO
+        } else {
+            n.spin_budget()
+        };
         if !budget.is_zero() {
             // Under steady traffic the watch goes on from arrival to
             // arrival: each one is drained (waking its tasks) without
@@ -445,9 +457,16 @@ async fn drive(
                         break true;
                     }
                 }
-                yielder.yield_now().await;
+                if d.sparse {
+                    // A token watch (see `Drive::sparse`): look without
+                    // yielding, which would cost more than it watches.
+                    std::hint::spin_loop();
+                } else {
+                    yielder.yield_now().await;
+                }
             };
             n.watch_end(w, hit, start.unwrap_or(began).elapsed());
+            token_watched = d.sparse && !hit;
             // Drive again: drains what came, handles a retry or the tick,
             // or re-arms the doorbell.
             continue;
