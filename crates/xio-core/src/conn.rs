@@ -22,6 +22,18 @@ const INDEX_BITS: u32 = 20;
 const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
 /// Most connections one stack holds at once.
 pub const MAX_CONNS: usize = 1 << INDEX_BITS;
+/// Most connections remembered as closing (see `Table::closing`): peers
+/// that never answer our FINs must not grow the table without bound.
+/// Past it the oldest is forgotten and its peer reset, as TCP's
+/// FIN-WAIT-2 timeout lets an orphan go.
+const CLOSING_MAX: usize = 1 << 16;
+/// Generations of a slot skipped, at most, because they are remembered
+/// as closing; then the first of them is forgotten (its peer reset) and
+/// reissued. A slot reused one connection after another comes back to
+/// its oldest generation after 4096 of them (the id's bits above the
+/// index), and a peer that never answered any would otherwise hold them
+/// all.
+const SKIP_MAX: usize = 16;
 
 /// A connection, local to one stack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -248,6 +260,10 @@ pub struct Table<B> {
     listeners: HashMap<SocketAddr, Listener>,
     actions: VecDeque<Action>,
     window: usize,
+    /// Unacknowledged bytes at which a reader credits its writer: a
+    /// quarter of the smallest window a writer may have (see
+    /// [`Table::set_window_floor`]).
+    credit_every: usize,
     /// Accepted connections by (initiator stack, initiator's id), for what
     /// the initiator sent before it knew our id ([`kind::EARLY`]).
     early: HashMap<(u16, u32), ConnId>,
@@ -259,6 +275,9 @@ pub struct Table<B> {
     /// the connection's key in `early`, kept there meanwhile: a peer that
     /// closed before it knew our id sends its FIN under its own id.
     closing: HashMap<ConnId, Closing>,
+    /// The ids put in `closing`, oldest first (some may have left it):
+    /// whom [`CLOSING_MAX`] resets first.
+    closing_order: VecDeque<ConnId>,
 }
 
 impl<B: Chunk> Table<B> {
@@ -274,14 +293,26 @@ impl<B: Chunk> Table<B> {
             listeners: HashMap::default(),
             actions: VecDeque::new(),
             window: window.max(2),
+            credit_every: window.max(2) / 4,
             early: HashMap::default(),
             closing: HashMap::default(),
+            closing_order: VecDeque::new(),
         }
     }
 
     /// The per-connection window.
     pub fn window(&self) -> usize {
         self.window
+    }
+
+    /// The smallest window a peer's table may have (each process chooses
+    /// its own, and the window is not exchanged): we credit back once a
+    /// quarter of the smaller of it and ours has built up, so a writer
+    /// with a window below ours is credited before it runs dry (see
+    /// [`Table::new`]). Without it, a writer whose whole window is less
+    /// than a quarter of ours would wait for credit for good.
+    pub fn set_window_floor(&mut self, floor: usize) {
+        self.credit_every = self.window.min(floor.max(2)) / 4;
     }
 
     /// Connections open (in any state), and closed ones whose peer may
@@ -321,11 +352,19 @@ impl<B: Chunk> Table<B> {
         };
         // An id still remembered as closing (see `closing`) is not handed
         // out again: the old peer's late data or FIN would reach the new
-        // connection. Skip its generation.
+        // connection. Skip its generation, a few at most (`SKIP_MAX`).
+        let first = self.gens[i];
+        let mut skipped = 0;
         while self
             .closing
             .contains_key(&ConnId(self.gens[i] << INDEX_BITS | i as u32))
         {
+            skipped += 1;
+            if skipped == SKIP_MAX {
+                self.gens[i] = first;
+                self.forget_closing(ConnId(first << INDEX_BITS | i as u32));
+                break;
+            }
             self.gens[i] = (self.gens[i] + 1) & (u32::MAX >> INDEX_BITS);
         }
         let gen = self.gens[i];
@@ -395,12 +434,27 @@ impl<B: Chunk> Table<B> {
         self.get(c).map(|e| e.peer)
     }
 
+    /// A RST that answers input naming no connection of ours (refused,
+    /// stale or forged): the driver may drop it for a peer that does not
+    /// drain its ring (see [`kind::RST_ENDS`]).
     fn rst(&mut self, peer: PeerId, to: u32) {
         self.actions.push_back(Action::Control {
             peer,
             kind: kind::RST,
             to,
             arg: 0,
+        });
+    }
+
+    /// A RST that ends a connection the peer still holds (closed here
+    /// with unread data, never accepted, or forgotten while closing): it
+    /// must arrive, or the peer's reader and writer wait for good.
+    fn reset(&mut self, peer: PeerId, to: u32) {
+        self.actions.push_back(Action::Control {
+            peer,
+            kind: kind::RST,
+            to,
+            arg: kind::RST_ENDS,
         });
     }
 
@@ -444,7 +498,7 @@ impl<B: Chunk> Table<B> {
         for c in self.listeners.remove(&addr).unwrap_or_default().queue {
             if let Some(e) = self.remove(c) {
                 if e.state == State::Established {
-                    self.rst(e.peer, e.remote);
+                    self.reset(e.peer, e.remote);
                 }
             }
         }
@@ -527,7 +581,7 @@ impl<B: Chunk> Table<B> {
                 // Closed meanwhile; its FIN already went (early). What the
                 // peer still sends gets a RST.
                 self.remove(local);
-                self.closing.insert(
+                self.remember_closing(
                     local,
                     Closing {
                         peer,
@@ -645,7 +699,7 @@ impl<B: Chunk> Table<B> {
                 self.early.remove(&k);
             }
             if data {
-                self.rst(peer, remote);
+                self.reset(peer, remote);
             }
         }
     }
@@ -740,12 +794,13 @@ impl<B: Chunk> Table<B> {
     }
 
     /// Records that `bytes` of capacity were consumed on `c`, and credits
-    /// the sender once a quarter of the window has built up. A writer that
-    /// waits needs at most half the window (see [`Table::new`]), so when
+    /// the sender once a quarter of the window (of the smallest a writer
+    /// may have, [`Table::set_window_floor`]) has built up. A writer that
+    /// waits needs at most half its window (see [`Table::new`]), so when
     /// the reader has drained everything it is owed at least half, and a
     /// quarter always triggers: no deadlock.
     fn consumed(&mut self, c: ConnId, bytes: usize) {
-        let threshold = self.window / 4;
+        let threshold = self.credit_every;
         let Some(e) = self.get_mut(c) else { return };
         e.unacked += bytes;
         if e.unacked >= threshold && e.state == State::Established {
@@ -981,6 +1036,9 @@ impl<B: Chunk> Table<B> {
             to,
             arg: 0,
         });
+        // A writer waiting for credit on `c` learns at once that it may
+        // not write any more (`BrokenPipe`, as Linux's EPIPE).
+        self.actions.push_back(Action::Writable(c));
         Ok(())
     }
 
@@ -1038,7 +1096,7 @@ impl<B: Chunk> Table<B> {
             return;
         }
         if !e.rx.is_empty() {
-            self.rst(e.peer, e.remote);
+            self.reset(e.peer, e.remote);
             return;
         }
         if !e.fin_sent {
@@ -1053,7 +1111,7 @@ impl<B: Chunk> Table<B> {
             if let Some(k) = e.early_key {
                 self.early.insert(k, c);
             }
-            self.closing.insert(
+            self.remember_closing(
                 c,
                 Closing {
                     peer: e.peer,
@@ -1063,11 +1121,46 @@ impl<B: Chunk> Table<B> {
             );
         }
     }
+
+    /// Stops remembering `c` as closing, resetting its peer (which may
+    /// still write, and must not wait for credit for good).
+    fn forget_closing(&mut self, c: ConnId) {
+        if let Some(o) = self.closing.remove(&c) {
+            if let Some(k) = o.early {
+                self.early.remove(&k);
+            }
+            self.reset(o.peer, o.remote);
+        }
+    }
+
+    /// Remembers `c` as closing (see `closing`). Past [`CLOSING_MAX`] the
+    /// oldest is forgotten and its peer reset: a peer that never answers
+    /// our FINs would otherwise grow the table without bound (and, with
+    /// one slot reused each time, take every generation of it).
+    fn remember_closing(&mut self, c: ConnId, what: Closing) {
+        self.closing.insert(c, what);
+        self.closing_order.push_back(c);
+        while self.closing.len() > CLOSING_MAX {
+            let Some(old) = self.closing_order.pop_front() else {
+                break;
+            };
+            // Ids whose peer has answered since are stale here.
+            self.forget_closing(old);
+        }
+        // Ids answered meanwhile pile up here: drop them now and then.
+        if self.closing_order.len() > 2 * self.closing.len() + 64 {
+            let closing = &self.closing;
+            self.closing_order.retain(|k| closing.contains_key(k));
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Generations of one slot (the id's bits above the index).
+    const GENERATIONS: usize = 1 << (32 - INDEX_BITS);
 
     fn a(p: u16) -> SocketAddr {
         SocketAddr::from(([10, 0, 0, 1], p))
@@ -1139,12 +1232,15 @@ mod tests {
         c.shutdown_write(cid).unwrap();
         assert_eq!(
             actions(&mut c),
-            vec![Action::Control {
-                peer: PeerId(2),
-                kind: kind::FIN,
-                to: sid.0,
-                arg: 0
-            }]
+            vec![
+                Action::Control {
+                    peer: PeerId(2),
+                    kind: kind::FIN,
+                    to: sid.0,
+                    arg: 0
+                },
+                Action::Writable(cid)
+            ]
         );
         assert_eq!(c.send_target(cid), Err(ConnError::BrokenPipe));
         s.on_fin(PeerId(1), sid);
@@ -1515,6 +1611,183 @@ mod tests {
             c.close(new);
         }
         assert_eq!(c.len(), 1, "only the closing one");
+    }
+
+    /// A peer that never answers our FINs, one connection after another
+    /// (the same slot each time): once the slot comes back to a
+    /// generation still closing, its oldest is forgotten and reissued
+    /// (this used to loop for good once every generation was closing),
+    /// and that connection's peer is reset with a RST that must arrive.
+    #[test]
+    fn a_slot_whose_generations_are_all_closing_is_reissued() {
+        let mut s: Table<Vec<u8>> = Table::new(64);
+        s.listen(a(80), 16).unwrap();
+        let mut ends = Vec::new();
+        let mut ids = Vec::new();
+        for i in 0..GENERATIONS as u32 + 10 {
+            s.on_syn(PeerId(1), i, a(80), src());
+            let c = s.accept(a(80)).unwrap();
+            assert_eq!(c.index(), 0, "one slot, reused");
+            ids.push(c);
+            s.close(c);
+            for act in actions(&mut s) {
+                if let Action::Control {
+                    kind: kind::RST,
+                    to,
+                    arg,
+                    ..
+                } = act
+                {
+                    assert_eq!(arg, kind::RST_ENDS, "a reset that ends a connection");
+                    ends.push(to);
+                }
+            }
+        }
+        // The ten oldest were forgotten, their peers told.
+        assert_eq!(ends, (0..10).collect::<Vec<u32>>());
+        assert_eq!(s.len(), GENERATIONS);
+        assert_eq!(ids[GENERATIONS..], ids[..10], "their ids reissued");
+    }
+
+    /// Peers that never answer our FINs, many connections at once: the
+    /// closing ones stay bounded, the oldest are forgotten (their peers
+    /// reset) first.
+    #[test]
+    fn closing_connections_are_bounded() {
+        let mut s: Table<Vec<u8>> = Table::new(64);
+        s.listen(a(80), CLOSING_MAX + 10).unwrap();
+        let n = CLOSING_MAX as u32 + 5;
+        let ids: Vec<ConnId> = (0..n)
+            .map(|i| {
+                s.on_syn(PeerId(1), i, a(80), src());
+                s.accept(a(80)).unwrap()
+            })
+            .collect();
+        actions(&mut s);
+        for &c in &ids {
+            s.close(c);
+        }
+        let ends: Vec<u32> = actions(&mut s)
+            .into_iter()
+            .filter_map(|act| match act {
+                Action::Control {
+                    kind: kind::RST,
+                    to,
+                    arg: kind::RST_ENDS,
+                    ..
+                } => Some(to),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ends, (0..5).collect::<Vec<u32>>());
+        assert_eq!(s.len(), CLOSING_MAX);
+        // A forgotten one's late data is dropped, and no second reset.
+        s.on_data(PeerId(1), ids[0], b"late".to_vec());
+        assert!(actions(&mut s).is_empty());
+        // One that is remembered answers late data with its reset.
+        s.on_data(PeerId(1), ids[5], b"late".to_vec());
+        assert_eq!(s.len(), CLOSING_MAX - 1);
+    }
+
+    /// The peer answers some FINs: what it answered leaves the order
+    /// queue too, and never counts against the bound.
+    #[test]
+    fn answered_fins_leave_the_closing_order() {
+        let mut s: Table<Vec<u8>> = Table::new(64);
+        s.listen(a(80), 16).unwrap();
+        for i in 0..10_000u32 {
+            s.on_syn(PeerId(1), i, a(80), src());
+            let c = s.accept(a(80)).unwrap();
+            s.close(c);
+            s.on_fin(PeerId(1), c);
+            assert!(actions(&mut s).iter().all(|a| !matches!(
+                a,
+                Action::Control {
+                    kind: kind::RST,
+                    ..
+                }
+            )));
+        }
+        assert_eq!(s.len(), 0);
+        assert!(s.closing_order.len() <= 64);
+    }
+
+    /// Windows differ (each process sets its own): a writer whose whole
+    /// window is below a quarter of the reader's is still credited.
+    #[test]
+    fn a_small_writer_window_is_credited_by_a_large_reader() {
+        let mut c: Table<Vec<u8>> = Table::new(64);
+        let mut s: Table<Vec<u8>> = Table::new(1024);
+        s.set_window_floor(64);
+        s.listen(a(80), 16).unwrap();
+        let cid = c.connect(PeerId(2), a(80), src()).unwrap();
+        let Action::SendSyn {
+            conn,
+            target,
+            source,
+            ..
+        } = actions(&mut c)[0]
+        else {
+            panic!()
+        };
+        s.on_syn(PeerId(1), conn.0, target, source);
+        let Action::Control { to, arg: from, .. } = actions(&mut s)[0] else {
+            panic!()
+        };
+        let sid = s.accept(a(80)).unwrap();
+        c.on_syn_ack(PeerId(2), ConnId(to), from);
+        actions(&mut c);
+        // Ten windows' worth, 16 bytes at a time, read as it comes.
+        let mut b = [0u8; 16];
+        for round in 0..40 {
+            let (peer, to, _) = c.send_target(cid).unwrap();
+            assert_eq!(peer, PeerId(2));
+            assert!(
+                c.take_credit(cid, 16).is_ok(),
+                "writer starved at round {round}"
+            );
+            s.on_data(PeerId(1), ConnId(to), vec![round as u8; 16]);
+            assert_eq!(s.read(sid, &mut b), Ok(16));
+            for act in actions(&mut s) {
+                if let Action::Control {
+                    kind: kind::CREDIT,
+                    to,
+                    arg,
+                    ..
+                } = act
+                {
+                    c.on_credit(PeerId(2), ConnId(to), arg);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn closing_with_unread_data_sends_a_reset_that_must_arrive() {
+        let (_c, mut s, _cid, sid) = handshake();
+        s.on_data(PeerId(1), sid, b"unread".to_vec());
+        actions(&mut s);
+        s.close(sid);
+        let acts = actions(&mut s);
+        assert!(
+            acts.iter().any(|a| matches!(
+                a,
+                Action::Control {
+                    kind: kind::RST,
+                    arg: kind::RST_ENDS,
+                    ..
+                }
+            )),
+            "{acts:?}"
+        );
+    }
+
+    #[test]
+    fn shutting_down_writes_wakes_a_waiting_writer() {
+        let (mut c, _s, cid, _) = handshake();
+        c.shutdown_write(cid).unwrap();
+        assert!(actions(&mut c).contains(&Action::Writable(cid)));
+        assert_eq!(c.send_target(cid), Err(ConnError::BrokenPipe));
     }
 
     #[test]

@@ -81,8 +81,15 @@ pub mod kind {
     /// Socket layer: no more bytes from the sender on `conn`. No buffer.
     pub const FIN: u8 = 4;
     /// Socket layer: `conn` is reset (refused, closed with unread data).
-    /// No buffer.
+    /// No buffer. `index` is [`RST_ENDS`] or 0 (the receiver need not
+    /// look).
     pub const RST: u8 = 5;
+    /// A [`RST`]'s `index` when it ends a connection its receiver still
+    /// holds (closed with unread data, never accepted, forgotten while
+    /// closing), and so must never be dropped; 0 when it answers input
+    /// that names no connection (refused, stale or forged), which a
+    /// sender may drop for a peer that does not drain its ring.
+    pub const RST_ENDS: u32 = 1;
     /// Socket layer: the receiver of `conn` consumed `index` more bytes of
     /// buffer capacity; the sender may send that much more. No buffer.
     pub const CREDIT: u8 = 6;

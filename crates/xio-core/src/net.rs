@@ -186,10 +186,13 @@ impl NetBuilder {
                 "the pool's buffers are too small for the socket layer",
             ));
         }
+        // Every net of the pool has at least this window (its peers
+        // may choose larger ones: see `Table::set_window_floor`).
+        let floor = (2 * max_buf).min(u32::MAX as usize / 2);
         let window = self
             .window
             .unwrap_or(2 << 20)
-            .max(2 * max_buf)
+            .max(floor)
             .min(u32::MAX as usize / 2);
         let waking = Arc::new(AtomicUsize::new(0));
         let batch_owner = Arc::new(AtomicUsize::new(0));
@@ -201,7 +204,11 @@ impl NetBuilder {
                     batch_owner: batch_owner.clone(),
                     threads_woken: 0,
                     stack,
-                    table: Table::new(window),
+                    table: {
+                        let mut t = Table::new(window);
+                        t.set_window_floor(floor);
+                        t
+                    },
                     driving: false,
                     probe: None,
                     waiters: HashMap::default(),
@@ -651,16 +658,19 @@ impl Core {
                     p,
                     Pending::Ctrl {
                         kind: kind::RST,
+                        args: [0, _],
                         ..
                     }
                 )
             {
                 // A peer that keeps sending but never drains its ring
                 // would otherwise grow this queue by one reset for every
-                // forged SYN or SYN-ACK, without bound. A reset answers
-                // something that names no live connection here; dropping
-                // it loses that peer nothing it could not learn by
-                // reading (as TCP rate-limits its resets).
+                // forged SYN or SYN-ACK, without bound. Such a reset
+                // answers something that names no live connection here;
+                // dropping it loses that peer nothing it could not learn
+                // by reading (as TCP rate-limits its resets). A reset
+                // that ends a connection ([`kind::RST_ENDS`]) always
+                // goes: there are at most as many as connections.
                 self.rst_dropped += 1;
                 tracing::debug!(peer = peer.0, "reset to a peer that does not drain dropped");
                 return;

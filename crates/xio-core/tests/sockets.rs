@@ -399,6 +399,42 @@ fn a_write_beyond_the_window_wakes_a_sleeping_reader() {
     wait_pool_whole(&mgr);
 }
 
+/// Each process chooses its window, and they are not exchanged: a
+/// writer whose whole window is below a quarter of its reader's used to
+/// wait for credit for good (the reader credited back only a quarter of
+/// its own window at a time).
+#[test]
+fn windows_of_different_sizes_still_credit_the_writer() {
+    let (mgr, p) = start("windows");
+    let server = Net::builder(&p).window(16 << 20).attach().unwrap();
+    let client = Net::attach(&p).unwrap();
+    assert!(4 * client.window() <= server.window(), "the case under test");
+    let addr: SocketAddr = "10.61.0.6:80".parse().unwrap();
+    let l = server.listen(addr).unwrap();
+    let mut c = client.connect(addr).unwrap();
+    let total = 4 * client.window();
+    let writer = std::thread::spawn(move || {
+        c.write_all(&vec![5u8; total]).unwrap();
+        c
+    });
+    let (mut s, _) = l.accept().unwrap();
+    // The watchdog: a starved writer shows as a timed-out read.
+    s.set_read_timeout(Some(WATCHDOG)).unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut got = 0;
+    while got < total {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0 && buf[..n].iter().all(|&b| b == 5));
+        got += n;
+    }
+    drop(writer.join().unwrap());
+    assert_eq!(s.read(&mut buf).unwrap(), 0, "end of stream after every byte");
+    drop((s, l));
+    wait_closed(&client, &server);
+    drop((client, server));
+    wait_pool_whole(&mgr);
+}
+
 /// Role of `a_peer_dying_with_the_manager_still_resets`: a single-binary
 /// service, its manager embedded, echoing one exchange per connection and
 /// then holding the connection open.
