@@ -57,7 +57,8 @@ impl BufferPool for StackPool {
         self.view().data(b)
     }
     fn prepare_send(&self, b: RawBuf, len: u32, to: u16, conn: u32, kind: u8) -> Descriptor {
-        self.view().prepare_send(b, len, to, conn, kind)
+        self.view()
+            .prepare_send(self.stack_id(), b, len, to, conn, kind)
     }
     fn accept(&self, d: &Descriptor) -> Result<RawBuf, Reject> {
         self.view().accept(self.stack_id(), d)

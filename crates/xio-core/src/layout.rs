@@ -17,8 +17,9 @@ use crate::sync::{AtomicU32, AtomicU64, CachePadded};
 /// `b"XIO-SHM\x01"`: first eight bytes of every segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"XIO-SHM\x01");
 /// Bumped on any change of the layout below, or of the descriptor kinds
-/// (v4: [`kind::SYN4`]; v6: up to [`SLOT_DESCS`] descriptors per ring slot).
-pub const LAYOUT_VERSION: u32 = 6;
+/// (v4: [`kind::SYN4`]; v6: up to [`SLOT_DESCS`] descriptors per ring slot;
+/// v7: the sender of a buffer in flight in its header word, see [`bufword`]).
+pub const LAYOUT_VERSION: u32 = 7;
 /// Most size classes a pool can have.
 pub const MAX_CLASSES: usize = 8;
 /// Class value of a descriptor that carries no buffer (control kinds).
@@ -232,7 +233,7 @@ const _: () = assert!(core::mem::size_of::<Magazine>() == 128);
 #[derive(Debug, Default)]
 #[repr(C)]
 pub struct BufHeader {
-    /// `state | owner << 8 | gen << 32`; see [`bufword`].
+    /// `state | owner << 8 | from << 24 | gen << 40`; see [`bufword`].
     pub word: AtomicU64,
     /// Reserved (zero).
     pub next: AtomicU32,
@@ -253,7 +254,9 @@ pub const fn buf_stride(buf_size: u32) -> u64 {
     (BUF_HEADROOM + buf_size as u64 + 63) & !63
 }
 
-/// Packing of [`BufHeader::word`].
+/// Packing of [`BufHeader::word`]: `state | owner << 8 | from << 24 |
+/// gen << 40`, one word so a reader sees all four consistently and a send
+/// stamps them with one store.
 pub mod bufword {
     /// On the shared free list.
     pub const FREE: u8 = 0;
@@ -261,15 +264,27 @@ pub mod bufword {
     pub const CACHED: u8 = 1;
     /// A writable `BufMut` of the owner.
     pub const ALLOCATED: u8 = 2;
-    /// In a ring, on its way to the owner (the receiver).
+    /// In a ring, on its way to the owner (the receiver); `from` is the
+    /// sender.
     pub const INFLIGHT: u8 = 3;
     /// A received, read-only `Buf` of the owner.
     pub const HELD: u8 = 4;
 
-    /// Packs a header word.
+    /// Bits of the generation kept in the word (descriptors carry its low
+    /// 16); it wraps at `1 << GEN_BITS`.
+    pub const GEN_BITS: u32 = 24;
+
+    /// Packs a header word of a buffer that is not in flight (no sender).
     #[inline]
     pub const fn pack(state: u8, owner: u16, gen: u32) -> u64 {
-        state as u64 | (owner as u64) << 8 | (gen as u64) << 32
+        pack_from(state, owner, 0, gen)
+    }
+    /// Packs a header word with a sender: [`INFLIGHT`] from stack `from`
+    /// to `owner`. The manager needs the sender to find buffers stamped
+    /// for a live receiver by a process that died before pushing them.
+    #[inline]
+    pub const fn pack_from(state: u8, owner: u16, from: u16, gen: u32) -> u64 {
+        state as u64 | (owner as u64) << 8 | (from as u64) << 24 | (gen as u64) << 40
     }
     /// State byte.
     #[inline]
@@ -281,10 +296,15 @@ pub mod bufword {
     pub const fn owner(w: u64) -> u16 {
         (w >> 8) as u16
     }
-    /// Generation.
+    /// Sender stack id of a buffer in flight (0 otherwise).
+    #[inline]
+    pub const fn from(w: u64) -> u16 {
+        (w >> 24) as u16
+    }
+    /// Generation ([`GEN_BITS`] bits).
     #[inline]
     pub const fn gen(w: u64) -> u32 {
-        (w >> 32) as u32
+        (w >> 40) as u32
     }
 }
 

@@ -237,12 +237,12 @@ impl MgrPool {
         }
     }
 
-    fn reclaim(&self, dead: u16, live: &[u16]) -> Reclaimed {
+    fn reclaim(&self, dead: u16, live: &[u16], readers: &[u16]) -> Reclaimed {
         match self {
-            MgrPool::Shm(p) => p.reclaim(dead, live),
+            MgrPool::Shm(p) => p.reclaim(dead, live, readers),
             #[cfg(feature = "dpdk")]
             MgrPool::Dpdk(p) => {
-                let _ = live;
+                let _ = (live, readers);
                 Reclaimed {
                     owned: p.reclaim(dead) as u32,
                     lost: 0,
@@ -1175,7 +1175,7 @@ impl Manager {
             }
         }
         let live: Vec<u16> = self.stacks.keys().copied().collect();
-        let r = self.pool.reclaim(id, &live);
+        let r = self.pool.reclaim(id, &live, &self.readers_of(id));
         {
             let mut s = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
             s.deaths += 1;
@@ -1205,6 +1205,21 @@ impl Manager {
         } else {
             self.dead.insert(id, waiting);
         }
+    }
+
+    /// The stacks that may still read a ring from `dead`: the other ends of
+    /// its channels not yet released (and so not yet drained). What `dead`
+    /// stamped in flight to them is left to the sweep after they release.
+    fn readers_of(&self, dead: u16) -> Vec<u16> {
+        self.channels
+            .iter()
+            .flatten()
+            .filter_map(|c| match (c.a == dead, c.b == dead) {
+                (true, _) => Some(c.b),
+                (_, true) => Some(c.a),
+                _ => None,
+            })
+            .collect()
     }
 
     fn free_channel(&mut self, ch: u32) {
@@ -1274,9 +1289,11 @@ impl Manager {
         if w.is_empty() {
             self.dead.remove(&dead);
             // Second sweep: a peer may have sent to the dead stack between
-            // our first sweep and its noticing the channel closed.
+            // our first sweep and its noticing the channel closed. And the
+            // peers have drained and released its rings, so what it stamped
+            // for them but never pushed (it died in between) is found now.
             let live: Vec<u16> = self.stacks.keys().copied().collect();
-            let Reclaimed { owned, lost } = self.pool.reclaim(dead, &live);
+            let Reclaimed { owned, lost } = self.pool.reclaim(dead, &live, &self.readers_of(dead));
             if owned + lost > 0 {
                 tracing::info!(
                     stack = dead,

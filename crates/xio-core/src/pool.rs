@@ -24,9 +24,12 @@
 //!
 //! # Ownership
 //! The header word says who owns a buffer and in what state (see
-//! [`bufword`]). A sender stamps `INFLIGHT, owner = receiver` before pushing
-//! the descriptor, so a buffer in flight belongs to whoever would have
-//! received it: if that one dies, its buffers come back with it.
+//! [`bufword`]). A sender stamps `INFLIGHT, owner = receiver, from = sender`
+//! before pushing the descriptor, so a buffer in flight belongs to whoever
+//! would have received it: if that one dies, its buffers come back with it.
+//! If the sender dies between the stamp and the push, the buffer is in no
+//! ring; the manager finds it by its sender once the receiver has released
+//! its channel from the dead one (see [`ManagerPool::reclaim`]).
 
 use std::sync::Mutex;
 
@@ -213,10 +216,18 @@ impl PoolView {
         true
     }
 
-    /// Stamps a buffer owned by `me` as in flight to `to` and builds its
-    /// descriptor.
+    /// Stamps a buffer owned by `me` as in flight from `me` to `to` and
+    /// builds its descriptor.
     #[inline]
-    pub fn prepare_send(&self, b: RawBuf, len: u32, to: u16, conn: u32, kind: u8) -> Descriptor {
+    pub fn prepare_send(
+        &self,
+        me: u16,
+        b: RawBuf,
+        len: u32,
+        to: u16,
+        conn: u32,
+        kind: u8,
+    ) -> Descriptor {
         let hdr = self
             .seg
             .buf_header(b.class as usize, b.index)
@@ -224,8 +235,10 @@ impl PoolView {
         let gen = bufword::gen(hdr.word.load(Ordering::Relaxed));
         // Release is not needed for the receiver (the ring's Release covers
         // it) but keeps the manager's view ordered with the data writes.
-        hdr.word
-            .store(bufword::pack(bufword::INFLIGHT, to, gen), Ordering::Release);
+        hdr.word.store(
+            bufword::pack_from(bufword::INFLIGHT, to, me, gen),
+            Ordering::Release,
+        );
         Descriptor {
             index: b.index,
             len,
@@ -722,7 +735,8 @@ pub struct ManagerPool {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Reclaimed {
     /// Buffers that the dead stack owned (cached, allocated, held, or in
-    /// flight to it).
+    /// flight to it), and buffers it stamped in flight to a stack that
+    /// can no longer receive them.
     pub owned: u32,
     /// Buffers found free but missing from the list (lost mid-operation).
     pub lost: u32,
@@ -861,7 +875,18 @@ impl ManagerPool {
     /// list operation it was in the middle of. `live` are the other
     /// registered stacks. Rebuilds the lists from the headers: whatever is
     /// free (listed or not) goes back into magazines.
-    pub fn reclaim(&self, dead: u16, live: &[u16]) -> Reclaimed {
+    ///
+    /// Also gives back the buffers `dead` stamped in flight to a stack not
+    /// in `readers`: the stacks that may still read a ring from `dead`
+    /// (the other ends of its channels not yet released). A sender stamps
+    /// before it pushes, so one that died in between left buffers owned by
+    /// a live receiver but in no ring. Once the receiver has drained the
+    /// ring and released the channel, whatever `dead` stamped for it and it
+    /// did not take can never reach it. Before that the buffer may still
+    /// be in the ring, and taking it back would make the receiver reject
+    /// (or, after the buffer's reuse, misread) a descriptor the dead stack
+    /// really sent.
+    pub fn reclaim(&self, dead: u16, live: &[u16], readers: &[u16]) -> Reclaimed {
         self.close_gates(live);
         let seg = &self.view.seg;
         let mut r = Reclaimed::default();
@@ -901,7 +926,12 @@ impl ManagerPool {
                         r.lost += 1;
                     }
                     free.push(i);
-                } else if bufword::owner(w) == dead || bufword::owner(w) == 0 {
+                } else if bufword::owner(w) == dead
+                    || bufword::owner(w) == 0
+                    || (bufword::state(w) == bufword::INFLIGHT
+                        && bufword::from(w) == dead
+                        && !readers.contains(&bufword::owner(w)))
+                {
                     r.owned += 1;
                     free.push(i);
                 }
@@ -991,7 +1021,7 @@ mod tests {
         let a = StackPool::new(PoolView::new(seg.clone()), 1);
         let b = StackPool::new(PoolView::new(seg), 2);
         let x = a.alloc(100, true).unwrap();
-        let d = a.view().prepare_send(x, 100, 2, 0, 0);
+        let d = a.view().prepare_send(1, x, 100, 2, 0, 0);
         // Not addressed to stack 3; wrong generation; bad class, index, length.
         assert!(matches!(b.view().accept(3, &d), Err(Reject::Ownership(_))));
         assert!(matches!(
@@ -1036,7 +1066,7 @@ mod tests {
         let held: Vec<_> = (0..30).map(|_| a.alloc(64, true).unwrap()).collect();
         // In flight from b to a.
         let f = b.alloc(1000, true).unwrap();
-        let _ = b.view().prepare_send(f, 1, 1, 0, 0);
+        let _ = b.view().prepare_send(2, f, 1, 1, 0, 0);
         // Simulate a crash between taking a magazine and claiming its
         // buffers: pop one by hand, never claim.
         let lost = {
@@ -1047,7 +1077,7 @@ mod tests {
         assert!(lost > 0);
         seg.stack_slot(1).intent.store(1, Ordering::SeqCst);
         std::mem::forget(a); // a "dies" with its cache and buffers
-        let r = m.reclaim(1, &[2]);
+        let r = m.reclaim(1, &[2], &[]);
         assert_eq!(r.lost, lost, "the taken-but-unclaimed buffers are found");
         assert!(r.owned >= 31, "{r:?}");
         drop(held);
@@ -1057,6 +1087,50 @@ mod tests {
         // The rebuilt lists work.
         let all: Vec<_> = (0..100).map(|_| b.alloc(1, true).unwrap()).collect();
         assert_eq!(all.len(), 100);
+    }
+
+    #[test]
+    fn reclaim_finds_what_a_dead_sender_stamped_but_never_pushed() {
+        for b in BACKINGS {
+            reclaim_finds_what_a_dead_sender_stamped_but_never_pushed_on(b);
+        }
+    }
+
+    fn reclaim_finds_what_a_dead_sender_stamped_but_never_pushed_on(b: Backing) {
+        let (m, seg) = pool(b, vec![(64, 10)]);
+        let a = StackPool::new(PoolView::new(seg.clone()), 1);
+        let b = StackPool::new(PoolView::new(seg.clone()), 2);
+        // a stamps two buffers in flight to b: `pushed` reaches b's ring,
+        // `stranded` never does (a dies first).
+        let pushed = a.alloc(64, true).unwrap();
+        let stranded = a.alloc(64, true).unwrap();
+        let d_pushed = a.view().prepare_send(1, pushed, 8, 2, 0, 0);
+        let d_stranded = a.view().prepare_send(1, stranded, 8, 2, 0, 0);
+        std::mem::forget(a);
+        // First sweep: b may still read the ring from a, so neither goes.
+        let r = m.reclaim(1, &[2], &[2]);
+        assert_eq!(r.owned, 0, "both may still reach b: {r:?}");
+        assert_eq!(b.view().accept(2, &d_pushed), Ok(pushed));
+        // b drained the ring and released the channel: the second sweep
+        // takes back what a stamped for b and b never took, not what it did.
+        let r = m.reclaim(1, &[2], &[]);
+        assert_eq!(r.owned, 1, "{r:?}");
+        assert_eq!(total_free(&m), 9);
+        // A stale descriptor for the reclaimed buffer is refused, even
+        // once the buffer is in flight to b again with a newer generation.
+        assert!(matches!(
+            b.view().accept(2, &d_stranded),
+            Err(Reject::Ownership(_))
+        ));
+        let c = StackPool::new(PoolView::new(seg), 3);
+        let again: Vec<_> = (0..9).map(|_| c.alloc(64, true).unwrap()).collect();
+        assert!(again.contains(&stranded));
+        let _ = c.view().prepare_send(3, stranded, 8, 2, 0, 0);
+        assert!(matches!(
+            b.view().accept(2, &d_stranded),
+            Err(Reject::Ownership(_))
+        ));
+        b.free(pushed);
     }
 
     #[test]

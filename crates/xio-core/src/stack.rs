@@ -428,7 +428,7 @@ impl PoolRef {
         k: u8,
     ) -> Descriptor {
         match self {
-            PoolRef::Shm(p) => p.view().prepare_send(b, len, to, conn, k),
+            PoolRef::Shm(p) => p.view().prepare_send(p.stack_id(), b, len, to, conn, k),
             #[cfg(feature = "dpdk")]
             PoolRef::Dpdk(p) => p.prepare_send(b, len, to, conn, k),
         }

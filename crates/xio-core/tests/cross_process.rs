@@ -29,6 +29,7 @@ fn child_main() {
         "forks_holding_locks" => forks_holding_locks(&a[0]),
         "echo_until_reset" => echo_until_reset(&a[0], a[1].parse().unwrap()),
         "burst_sink" => burst_sink(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
+        "dies_mid_burst" => dies_mid_burst(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "echo_on_cpu0" => {
             let mut set = rustix::thread::CpuSet::new();
             set.set(0);
@@ -79,6 +80,32 @@ fn burst_sink(prefix: &str, addr: SocketAddr, n: u64) {
         .unwrap();
     }
     println!("XIO:done {next}");
+}
+
+/// Sends one burst of [`BURST`] checksummed 64-byte messages, then dies
+/// (SIGKILL) in the middle of the next, in the fill of its message `at`:
+/// the `at` before it are stamped in flight to the receiver but never
+/// pushed.
+fn dies_mid_burst(prefix: &str, addr: SocketAddr, at: usize) {
+    let mut s = Stack::builder(prefix)
+        .name("dies-mid-burst")
+        .attach()
+        .unwrap();
+    let peer = s.connect(addr).unwrap();
+    s.send_burst_with(peer, BURST, 64, |i, b| fill(b, i as u64))
+        .unwrap();
+    s.send_burst_with(peer, BURST, 64, |i, b| {
+        if i == at {
+            let me = rustix::process::getpid();
+            let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
+            loop {
+                std::thread::park();
+            }
+        }
+        fill(b, (BURST + i) as u64)
+    })
+    .unwrap();
+    unreachable!("killed in the fill above");
 }
 
 /// Echoes until its client leaves, then exits.
@@ -499,6 +526,95 @@ fn kill9_reclaims_everything_and_peer_sees_reset() {
     };
     assert!(snap.reclaimed >= 40 + 30 + cache, "{snap:?}");
     drop(me);
+    wait_pool_whole(&mgr);
+}
+
+/// Messages per burst in [`a_sender_killed_mid_burst_leaks_nothing_to_its_receiver`].
+const BURST: usize = 32;
+
+/// A sender stamps a buffer in flight to its receiver (the receiver then
+/// owns it) before it pushes the descriptor; `send_burst_with` stamps a
+/// whole burst, running the caller's fill in between, before one push. A
+/// sender killed in between left those buffers owned by a live receiver
+/// but in no ring: reclamation (by owner) passed them over and the
+/// receiver never saw them, lost until the receiver exited. The manager
+/// now finds them by their sender once the receiver has drained and
+/// released the dead one's channel, and leaves alone what is still in
+/// the ring until then.
+#[test]
+fn a_sender_killed_mid_burst_leaks_nothing_to_its_receiver() {
+    use std::sync::atomic::Ordering;
+    use xio_core::layout::{bufword, slot_state};
+    if test_backend() == Backend::Dpdk {
+        // DPDK buffer headers do not record the sender; not covered there.
+        return;
+    }
+    setup();
+    let p = prefix("midburst");
+    let mgr = manager_builder(&p).spawn().unwrap();
+    let a = addr(97);
+    let mut rx = Stack::attach(&p).unwrap();
+    rx.bind(a).unwrap();
+    let me = rx.id().0;
+    let in_flight_to_us = |rx: &Stack| {
+        let seg = rx.__segment();
+        let mut n = 0;
+        for (class, c) in seg.classes().iter().enumerate() {
+            for i in 0..c.count {
+                let w = seg
+                    .buf_header(class, i)
+                    .unwrap()
+                    .word
+                    .load(Ordering::SeqCst);
+                if bufword::state(w) == bufword::INFLIGHT && bufword::owner(w) == me {
+                    n += 1;
+                }
+            }
+        }
+        n
+    };
+    const AT: usize = 20;
+    let mut c = ChildProc::spawn(
+        "child_main",
+        "dies_mid_burst",
+        &[p.clone(), a.to_string(), AT.to_string()],
+    );
+    wait_until("the sender died", || mgr.snapshot().deaths == 1);
+    let _ = c.child.wait();
+    // Nothing read yet: the first burst is in the ring, AT more were
+    // stamped for us and never pushed. The sweep at the death took none
+    // of them (we may still read the ring).
+    assert_eq!(in_flight_to_us(&rx), BURST + AT);
+    // The whole first burst is delivered, intact (no descriptor refused
+    // for a buffer taken back under it), then the reset.
+    let mut got = 0u64;
+    let dead = loop {
+        match rx.recv_timeout(WATCHDOG) {
+            Ok(m) => {
+                assert!(verify(&m.buf, got), "message {got} corrupted");
+                got += 1;
+            }
+            Err(Error::Reset(peer)) => break peer,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(got >= BURST as u64, "received {got}");
+    assert_eq!(rx.corrupt_descriptors(), 0);
+    // The manager frees the dead stack's slot after its last sweep, the
+    // one after we released its channel.
+    wait_until("the dead sender's slot freed", || {
+        rx.__segment()
+            .stack_slot(dead.0)
+            .state
+            .load(Ordering::Acquire)
+            == slot_state::FREE
+    });
+    assert_eq!(
+        in_flight_to_us(&rx),
+        0,
+        "buffers stamped for a live receiver by a dead sender were not reclaimed"
+    );
+    drop(rx);
     wait_pool_whole(&mgr);
 }
 
