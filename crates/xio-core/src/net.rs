@@ -1149,6 +1149,44 @@ impl Core {
         }
     }
 
+    /// Moves every task's waker (not the parked threads) to `wake`, with
+    /// the retriers' (see [`Net::wake_tasks`]).
+    fn take_wakers(&mut self, wake: &mut Vec<Waiter>) {
+        let keys: Vec<Key> = self
+            .waiters
+            .iter()
+            .filter(|(_, ws)| ws.iter().any(|w| matches!(w, Waiter::Waker(_))))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in keys {
+            if let Key::Read(c) = key {
+                // A reader whose waker leaves the list must not take the
+                // lock-free `Pending` of `ReadSignal` on its next poll.
+                if let Some(Some(s)) = self.signals.get(c.index()) {
+                    s.bump();
+                }
+            }
+            let Some(ws) = self.waiters.get_mut(&key) else {
+                continue;
+            };
+            // Threads stay, in their order (`parked` counts only them).
+            let mut i = 0;
+            while i < ws.len() {
+                if matches!(ws[i], Waiter::Waker(_)) {
+                    wake.push(ws.remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+            if ws.is_empty() {
+                if let Some(ws) = self.waiters.remove(&key) {
+                    self.recycle(ws);
+                }
+            }
+        }
+        wake.extend(self.retry_waiters.drain(..).map(Waiter::Waker));
+    }
+
     /// Keeps an emptied waiter list's allocation for the next key that
     /// gets a waiter: a read or write that waits registers one, and its
     /// wake-up removes it, so without this every wait cost a `malloc` and
@@ -3581,6 +3619,20 @@ impl Net {
         for w in ws {
             w.wake();
         }
+    }
+
+    /// Wakes every task waiting on this net: the registered wakers of
+    /// every stream and listener, and the tasks waiting for a retry.
+    /// Threads in blocking calls are left asleep. For an adapter whose
+    /// driver went away (its runtime shut down): the woken tasks poll
+    /// again and find, or start, another driver. Costs the woken tasks a
+    /// spurious poll each; nothing is lost.
+    pub fn wake_tasks(&self) {
+        let mut wake = Vec::new();
+        let mut g = self.lock();
+        g.take_wakers(&mut wake);
+        drop(g);
+        wake_all(&mut wake);
     }
 
     /// How long a driver task should keep watching the rings (yielding to

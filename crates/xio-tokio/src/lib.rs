@@ -33,6 +33,17 @@
 //! one pass (batch wake-up). The `poll_*` functions never wait and never
 //! spin; they register the task's waker.
 //!
+//! A net used from several runtimes (say concurrent `#[tokio::test]`s
+//! sharing [`Net::global`]) gets a driver on the first runtime that
+//! waits on it, and more where that one cannot serve. A driver on a
+//! multi-thread runtime serves the tasks of every runtime, for as long as
+//! its runtime lives. A current_thread runtime runs its driver only while
+//! some thread is in its `block_on`, so that driver serves that runtime's
+//! own tasks alone: a task of another runtime that waits starts a driver
+//! on its own runtime. When a runtime shuts down, its drivers end and
+//! wake every task waiting on their nets, and those of the runtimes still
+//! running start a driver of their own if they need one.
+//!
 //! Waking a parked worker thread costs about 30 µs on a VM, far more than
 //! the shared-memory round trip. So before the driver sleeps on the
 //! doorbell it keeps watching the rings for the adaptive policy's budget,
@@ -84,27 +95,72 @@ const LIVENESS: Duration = Duration::from_secs(1);
 /// Pause before retrying what nothing signals (a full ring, an empty pool).
 const RETRY: Duration = Duration::from_micros(50);
 
-/// Drivers by net: whether each one's task is still alive.
+/// The driver tasks of each net, by [`Net::id`]: usually one, more when
+/// tasks of several runtimes use the net (see the crate docs).
 struct Registry {
-    drivers: HashMap<usize, Arc<AtomicBool>>,
+    drivers: HashMap<usize, Vec<Arc<Driver>>>,
 }
 
-/// Set while a driver task exists; cleared when its future ends or is
-/// dropped (its runtime shut down).
-struct Alive(Arc<AtomicBool>);
+/// One driver task of a net.
+struct Driver {
+    /// Set while the task exists; cleared when its future ends or is
+    /// dropped (its runtime shut down), see [`Running`].
+    alive: AtomicBool,
+    /// The runtime it was spawned on.
+    runtime: tokio::runtime::Id,
+    /// Whether it serves the tasks of every runtime. A multi-thread
+    /// runtime's workers run it for as long as that runtime lives; a
+    /// current_thread runtime runs it only while some thread is in that
+    /// runtime's `block_on`, which is when (and only when) that runtime's
+    /// own tasks run: it serves those alone.
+    serves_all: bool,
+}
 
-impl Drop for Alive {
+impl Driver {
+    /// Whether a task of runtime `current` (`None`: outside any runtime)
+    /// may rely on this driver to wake it.
+    fn serves(&self, current: impl FnOnce() -> Option<tokio::runtime::Id>) -> bool {
+        // Acquire: partner of the Release in `Running::drop`.
+        self.alive.load(Ordering::Acquire) && (self.serves_all || current() == Some(self.runtime))
+    }
+}
+
+/// Owned by a driver task: marks its [`Driver`] dead when the task's
+/// future ends or is dropped (its runtime shut down), then wakes every
+/// task waiting on the net. Tasks of other runtimes may have relied on
+/// this driver; woken, they poll again, find it dead and start one on
+/// their own runtime (a task of the runtime that shut down is dropped
+/// instead of polled).
+struct Running {
+    driver: Arc<Driver>,
+    net: xio_core::net::WeakNet,
+}
+
+impl Drop for Running {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        // Release: partner of the Acquire in `Driver::serves`. The flag
+        // guards no data; what matters is that a task woken below sees it
+        // cleared, which the net's lock (taken by `wake_tasks`, then by
+        // the woken task's poll) also ensures.
+        self.driver.alive.store(false, Ordering::Release);
+        // Not the registry's lock: this may run inside `ensure_driver`,
+        // which holds it (a spawn on a runtime that is shutting down drops
+        // the future at once). No net lock is held here either: nothing
+        // polls, spawns or drops a driver under it.
+        if let Some(net) = self.net.upgrade() {
+            net.wake_tasks();
+        }
     }
 }
 
 thread_local! {
-    /// The net this thread last found a live driver for, and the process
-    /// (fork generation) it was found in: every poll that returns
-    /// `Pending` checks its driver, and one atomic load is all that check
-    /// costs in the common case (one net per service).
-    static LAST_DRIVER: RefCell<Option<(u32, usize, Arc<AtomicBool>)>> = const { RefCell::new(None) };
+    /// The net this thread last found a driver for, and the process (fork
+    /// generation) it was found in: every poll that returns `Pending`
+    /// checks its driver, and one atomic load is all that check costs in
+    /// the common case (one net per service, its driver on a multi-thread
+    /// runtime). A current_thread runtime's driver also needs the
+    /// current runtime's id (an `Arc` clone and drop in tokio).
+    static LAST_DRIVER: RefCell<Option<(u32, usize, Arc<Driver>)>> = const { RefCell::new(None) };
 }
 
 /// Per process: a child forked while another thread held the lock gets
@@ -128,30 +184,55 @@ pub fn __hold_registry() -> Box<dyn std::any::Any> {
     Box::new(registry().lock().unwrap_or_else(|e| e.into_inner()))
 }
 
-/// Makes sure `net` has a driver task on a live runtime (the current one
-/// if it has none, or if its runtime shut down).
+/// The id of the runtime this thread is in, if any.
+fn current_runtime() -> Option<tokio::runtime::Id> {
+    tokio::runtime::Handle::try_current().ok().map(|h| h.id())
+}
+
+/// Makes sure `net` has a driver task that serves the current task: one
+/// on a multi-thread runtime, or one on the current runtime; else starts
+/// one on the current runtime.
+///
+/// A net may so get several drivers (tasks of a current_thread runtime
+/// and of another runtime use it, or its driver's runtime shut down while
+/// another's tasks use it). They share the net safely: `Net::drive`,
+/// `watch_begin`, `watch_drain` and `watch_end` each run under the net's
+/// lock, so the drains do not interleave, and a task's waker is woken by
+/// whichever drains its connection. The doorbell is one eventfd: each
+/// driver polls its own duplicate, so a ring makes every sleeping driver
+/// readable, and the one that drives second finds little to do. It is
+/// disarmed only by `watch_begin`, whose driver always drives (arming it
+/// again) before it sleeps, so it is armed whenever all drivers sleep.
+/// What overlapping watches cost is the adaptive policy's learning (each
+/// watch carries the policy; the later end wins) and, in busy-poll mode,
+/// a busy worker per runtime.
 fn ensure_driver(net: &Net) -> io::Result<()> {
     let id = net.id();
-    // A net's id cannot be reused while its driver lives (the driver's
-    // weak reference keeps the address), so a cached live flag is proof.
+    // A net's id cannot be reused while one of its drivers lives (the
+    // driver's weak reference keeps the address), so a cached live driver
+    // is proof.
     let gen = xio_core::fork::generation();
     let cached = LAST_DRIVER.with(|l| {
         l.borrow()
             .as_ref()
-            .is_some_and(|(g, i, a)| *g == gen && *i == id && a.load(Ordering::Acquire))
+            .is_some_and(|(g, i, d)| *g == gen && *i == id && d.serves(current_runtime))
     });
     if cached {
         return Ok(());
     }
+    let handle = tokio::runtime::Handle::try_current().ok();
+    let current = handle.as_ref().map(tokio::runtime::Handle::id);
     let mut r = registry().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(a) = r.drivers.get(&id) {
-        if a.load(Ordering::Acquire) {
-            let a = a.clone();
-            LAST_DRIVER.with(|l| *l.borrow_mut() = Some((gen, id, a)));
-            return Ok(());
-        }
+    if let Some(d) = r
+        .drivers
+        .get(&id)
+        .and_then(|ds| ds.iter().find(|d| d.serves(|| current)))
+    {
+        let d = d.clone();
+        LAST_DRIVER.with(|l| *l.borrow_mut() = Some((gen, id, d)));
+        return Ok(());
     }
-    let handle = tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
+    let handle = handle.ok_or_else(no_runtime)?;
     let bell = net.doorbell()?;
     // SAFETY: an `OwnedFd` is open and names the same eventfd for as long
     // as it lives, and the `AsyncFd` owns it.
@@ -168,14 +249,30 @@ fn ensure_driver(net: &Net) -> io::Result<()> {
         .map_err(|e| tracing::debug!(error = %e, "no manager watch; a liveness tick instead"))
         .ok();
     let weak = net.downgrade();
-    let alive = Arc::new(AtomicBool::new(true));
-    let guard = Alive(alive.clone());
+    let driver = Arc::new(Driver {
+        alive: AtomicBool::new(true),
+        runtime: handle.id(),
+        serves_all: matches!(
+            handle.runtime_flavor(),
+            tokio::runtime::RuntimeFlavor::MultiThread
+        ),
+    });
+    let running = Running {
+        driver: driver.clone(),
+        net: weak.clone(),
+    };
     handle.spawn(async move {
-        let _alive = guard;
+        let _running = running;
         drive(weak, fd, manager).await
     });
-    r.drivers.insert(id, alive.clone());
-    LAST_DRIVER.with(|l| *l.borrow_mut() = Some((gen, id, alive)));
+    // Forget the drivers that ended, of every net (spawns are rare).
+    // Relaxed: a stale "alive" only keeps an entry until the next spawn.
+    r.drivers.retain(|_, ds| {
+        ds.retain(|d| d.alive.load(Ordering::Relaxed));
+        !ds.is_empty()
+    });
+    r.drivers.entry(id).or_default().push(driver.clone());
+    LAST_DRIVER.with(|l| *l.borrow_mut() = Some((gen, id, driver)));
     Ok(())
 }
 

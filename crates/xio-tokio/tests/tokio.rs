@@ -1160,3 +1160,107 @@ fn a_connect_takes_a_host_name() {
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
     });
 }
+
+/// Reads `n` bytes from `s`, telling `pending` when the read first
+/// returns `Pending` (its waker is registered: from then on it relies on
+/// a driver of the net to wake it).
+async fn read_noting_pending(
+    mut s: XioStream,
+    n: usize,
+    pending: tokio::sync::oneshot::Sender<()>,
+) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; n];
+    let mut pending = Some(pending);
+    let mut read = std::pin::pin!(s.read_exact(&mut buf));
+    std::future::poll_fn(|cx| {
+        let p = read.as_mut().poll(cx);
+        if p.is_pending() {
+            pending.take().map(|tx| tx.send(()));
+        }
+        p
+    })
+    .await?;
+    Ok(buf)
+}
+
+/// Waits (on the current runtime) for [`read_noting_pending`]'s signal.
+async fn went_pending(rx: tokio::sync::oneshot::Receiver<()>) {
+    tokio::time::timeout(WATCHDOG, rx)
+        .await
+        .expect("watchdog: the read never went pending")
+        .expect("the read ended before it went pending");
+}
+
+/// A task of one runtime waiting on a net whose driver ran on another
+/// runtime, which then shut down: the driver's end wakes the task, which
+/// starts a driver on its own runtime. (It used to wait forever: the
+/// driver's end only cleared its live flag.)
+#[test]
+fn a_pending_read_survives_the_shutdown_of_the_drivers_runtime() {
+    let (_mgr, p) = setup("driver-rt-gone");
+    let a = rt(1);
+    let (mut c, s) = a.block_on(connected(&p, "10.4.0.40:80"));
+    let b = rt(1);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let read = b.spawn(read_noting_pending(s, 5, tx));
+    b.block_on(went_pending(rx));
+    a.shutdown_timeout(WATCHDOG); // both nets' drivers go with it
+    b.block_on(async move {
+        c.write_all(b"hello").await.unwrap();
+        let got = tokio::time::timeout(WATCHDOG, read)
+            .await
+            .expect("watchdog: the pending read was never woken")
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, b"hello");
+    });
+}
+
+/// A task of one runtime waiting on a net whose only driver is on a
+/// current_thread runtime that nobody runs (its `block_on` returned):
+/// that driver cannot serve it, so the task starts one on its own
+/// runtime. (It used to rely on the idle driver and wait forever.)
+/// Concurrent `#[tokio::test]`s sharing `Net::global()` are this case.
+#[test]
+fn a_pending_read_does_not_rely_on_an_idle_current_thread_runtime() {
+    let (_mgr, p) = setup("driver-rt-idle");
+    let a = current_thread_runtime();
+    let (mut c, s) = a.block_on(connected(&p, "10.4.0.41:80"));
+    rt(1).block_on(async move {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let read = tokio::spawn(read_noting_pending(s, 5, tx));
+        went_pending(rx).await;
+        c.write_all(b"hello").await.unwrap();
+        let got = tokio::time::timeout(WATCHDOG, read)
+            .await
+            .expect("watchdog: the pending read was never woken")
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, b"hello");
+    });
+    drop(a);
+}
+
+/// As above with two current_thread runtimes run one after the other on
+/// one thread (as a test harness may run `#[tokio::test]`s): the driver
+/// this thread found last is the first runtime's, which does not run in
+/// the second's `block_on`.
+#[test]
+fn current_thread_runtimes_in_turn_on_one_thread_each_get_a_driver() {
+    let (_mgr, p) = setup("driver-ct-turns");
+    let a = current_thread_runtime();
+    let (mut c, s) = a.block_on(connected(&p, "10.4.0.42:80"));
+    current_thread_runtime().block_on(async move {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let read = tokio::spawn(read_noting_pending(s, 5, tx));
+        went_pending(rx).await;
+        c.write_all(b"hello").await.unwrap();
+        let got = tokio::time::timeout(WATCHDOG, read)
+            .await
+            .expect("watchdog: the pending read was never woken")
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, b"hello");
+    });
+    drop(a);
+}
