@@ -760,7 +760,8 @@ xio_result xio_recv_tagged(struct xio_stack *stack,
  * `bufs[0..n]`, their senders to `froms[0..n]` (`froms` may be NULL) and
  * `n` to `n_out`. A dead peer's reset, and the manager's end, are
  * reported as `xio_recv` does, when they come first; after some buffers
- * they end the burst and are reported by the next call.
+ * they end the burst and are reported by the next receive call on the
+ * stack (`xio_recv`, `xio_recv_tagged` or `xio_recv_burst`), at once.
  *
  * # Safety
  * `stack` is a live stack handle or NULL; `bufs` (and `froms`, unless

@@ -6,7 +6,7 @@ use std::ffi::c_char;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use xio_core::buf::{Buf, BufMut};
-use xio_core::stack::{PeerId, Stack};
+use xio_core::stack::{Error as StackError, PeerId, Stack};
 use xio_core::wait::WaitMode;
 
 use crate::error::*;
@@ -28,6 +28,11 @@ pub(crate) struct StackInner {
     /// is used by one thread at a time (see `claim`).
     owner: std::sync::Arc<AtomicUsize>,
     stack: std::cell::UnsafeCell<Stack>,
+    /// A one-time notice (a peer's reset, the manager's end) that a burst
+    /// met after its first buffers: the stack gave it to that burst, which
+    /// returned its buffers instead, so the next receive call reports it
+    /// (see `xio_recv_burst`). Used like `stack`, by its owner only.
+    deferred: std::cell::UnsafeCell<Option<StackError>>,
 }
 
 /// Spare buffer handles a thread keeps at most.
@@ -174,6 +179,18 @@ impl Using<'_> {
         // so no other thread touches the stack until it is released.
         unsafe { &mut *self.inner.stack.get() }
     }
+
+    /// The notice a burst left for the next receive call, taken.
+    fn take_deferred(&mut self) -> Option<StackError> {
+        // SAFETY: as in `stack`: only the owning thread touches it.
+        unsafe { &mut *self.inner.deferred.get() }.take()
+    }
+
+    /// Leaves `e` for the next receive call.
+    fn defer(&mut self, e: StackError) {
+        // SAFETY: as in `stack`: only the owning thread touches it.
+        unsafe { *self.inner.deferred.get() = Some(e) };
+    }
 }
 
 impl Drop for Using<'_> {
@@ -280,6 +297,7 @@ pub unsafe extern "C" fn xio_stack_attach(
         let h = into_handle::<XioStack>(StackInner {
             owner: std::sync::Arc::new(AtomicUsize::new(0)),
             stack: std::cell::UnsafeCell::new(stack),
+            deferred: std::cell::UnsafeCell::new(None),
         });
         // SAFETY: checked non-NULL above.
         unsafe { put(out, h) };
@@ -499,6 +517,9 @@ pub unsafe extern "C" fn xio_recv_tagged(
         need_out(buf_out, "buf_out")?;
         // SAFETY: per this function's contract.
         let mut s = unsafe { using(stack, true) }?;
+        if let Some(e) = s.take_deferred() {
+            return Err(e.into());
+        }
         let st = s.stack();
         let m = match timeout_arg(timeout_ms) {
             Timeout::Forever => st.recv(),
@@ -525,7 +546,8 @@ pub unsafe extern "C" fn xio_recv_tagged(
 /// `bufs[0..n]`, their senders to `froms[0..n]` (`froms` may be NULL) and
 /// `n` to `n_out`. A dead peer's reset, and the manager's end, are
 /// reported as `xio_recv` does, when they come first; after some buffers
-/// they end the burst and are reported by the next call.
+/// they end the burst and are reported by the next receive call on the
+/// stack (`xio_recv`, `xio_recv_tagged` or `xio_recv_burst`), at once.
 ///
 /// # Safety
 /// `stack` is a live stack handle or NULL; `bufs` (and `froms`, unless
@@ -547,6 +569,9 @@ pub unsafe extern "C" fn xio_recv_burst(
         }
         // SAFETY: per this function's contract.
         let mut s = unsafe { using(stack, true) }?;
+        if let Some(e) = s.take_deferred() {
+            return Err(e.into());
+        }
         let st = s.stack();
         let first = match timeout_arg(timeout_ms) {
             Timeout::Forever => st.recv(),
@@ -557,8 +582,15 @@ pub unsafe extern "C" fn xio_recv_burst(
         while got.len() < cap {
             match s.stack().try_recv() {
                 Ok(m) => got.push(m),
-                // Nothing more ready, or a reset: the next call reports it.
-                Err(_) => break,
+                Err(StackError::WouldBlock) => break,
+                // The stack reports a reset or the manager's end once, and
+                // just did: keep it for the next call (the stack cannot
+                // take it back), which reports it before anything that
+                // came after it.
+                Err(e) => {
+                    s.defer(e);
+                    break;
+                }
             }
         }
         let n = got.len();

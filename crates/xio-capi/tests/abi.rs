@@ -1,0 +1,133 @@
+//! The C ABI called from Rust, for what a C test program cannot set up
+//! easily: a second stack to observe a peer's death with. (Linked as the
+//! rlib; the C programs of `tests/c.rs` cover the same functions through
+//! the header.)
+
+use std::ffi::CString;
+use std::ptr::null_mut;
+use std::sync::OnceLock;
+
+use xio::*;
+use xio_core::manager::{Manager, ManagerHandle};
+
+/// Against hangs only; not a performance bound.
+const WATCHDOG_MS: i32 = 120_000;
+
+/// A manager for `test`'s own pool prefix.
+fn manager(test: &str) -> (ManagerHandle, CString) {
+    static DIR: OnceLock<()> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("xio-capi-abi-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Before any thread of ours reads the environment.
+        std::env::set_var("XIO_RUN_DIR", &dir);
+    });
+    let p = format!("abi-{test}-{}", std::process::id());
+    let m = Manager::builder(&p).spawn().unwrap();
+    (m, CString::new(p).unwrap())
+}
+
+fn addr(s: &str) -> CString {
+    CString::new(s).unwrap()
+}
+
+/// A stack attached to pool `p`.
+fn stack(p: &CString) -> *mut XioStack {
+    let mut s = null_mut();
+    // SAFETY: a NUL-terminated prefix and a valid out-parameter.
+    assert_eq!(unsafe { xio_stack_attach(p.as_ptr(), &mut s) }, XIO_OK);
+    s
+}
+
+/// Sends `n` 8-byte buffers from `s` to `peer`.
+///
+/// # Safety
+/// `s` is a live stack handle.
+unsafe fn send_some(s: *mut XioStack, peer: XioPeer, n: usize) {
+    for _ in 0..n {
+        let mut b = null_mut();
+        // SAFETY: per this function's contract; `b` is the live buffer
+        // just allocated, consumed by the send.
+        unsafe {
+            assert_eq!(xio_alloc(s, 8, &mut b), XIO_OK);
+            assert_eq!(xio_buf_set_len(b, 8), XIO_OK);
+            assert_eq!(xio_send(s, peer, b), XIO_OK);
+        }
+    }
+}
+
+/// A peer's reset that comes right after a burst's buffers ends the
+/// burst and is reported by the next call, as the header promises. (The
+/// burst used to take it from the stack and drop it: the next call waited
+/// for traffic that the dead peer would never send.)
+#[test]
+fn a_reset_after_a_bursts_buffers_is_reported_by_the_next_call() {
+    let (_m, p) = manager("burst-reset");
+    // SAFETY: live handles from `stack`, valid out-parameters and
+    // NUL-terminated strings throughout; every received buffer is freed.
+    unsafe {
+        let rx = stack(&p);
+        let tx = stack(&p);
+        let watcher = stack(&p);
+        let (rx_addr, tx_addr) = (addr("10.9.0.1:80"), addr("10.9.0.2:80"));
+        assert_eq!(xio_stack_bind(rx, rx_addr.as_ptr()), XIO_OK);
+        assert_eq!(xio_stack_bind(tx, tx_addr.as_ptr()), XIO_OK);
+        let mut to_rx = 0;
+        assert_eq!(xio_stack_connect(tx, rx_addr.as_ptr(), &mut to_rx), XIO_OK);
+        let mut to_tx = 0;
+        assert_eq!(
+            xio_stack_connect(watcher, tx_addr.as_ptr(), &mut to_tx),
+            XIO_OK
+        );
+        send_some(tx, to_rx, 2);
+        assert_eq!(xio_stack_close(tx), XIO_OK);
+        // The manager tells all of a dead stack's peers at once: once the
+        // watcher has its reset, `rx`'s notice is on its control socket,
+        // and a request of `rx` (its answer comes after the notice) takes
+        // it in, behind the two buffers: both and then the reset are
+        // ready before the burst starts.
+        let mut b = null_mut();
+        let mut from = 0;
+        assert_eq!(
+            xio_recv(watcher, WATCHDOG_MS, &mut b, &mut from),
+            XIO_ERR_CONNECTION_RESET
+        );
+        let other = addr("10.9.0.3:80");
+        assert_eq!(xio_stack_bind(rx, other.as_ptr()), XIO_OK);
+
+        let mut bufs = [null_mut(); 16];
+        let mut froms = [0; 16];
+        let mut n = 0;
+        let r = xio_recv_burst(rx, 0, bufs.as_mut_ptr(), froms.as_mut_ptr(), 16, &mut n);
+        assert_eq!(r, XIO_OK);
+        assert_eq!(n, 2, "the burst takes both buffers");
+        assert!(froms[..n].iter().all(|&f| f == froms[0]));
+        for b in &bufs[..n] {
+            assert_eq!(xio_buf_free(*b), XIO_OK);
+        }
+        let r = xio_recv(rx, WATCHDOG_MS, &mut b, &mut from);
+        assert_eq!(r, XIO_ERR_CONNECTION_RESET, "the reset was lost");
+        // Reported once.
+        assert_eq!(xio_recv(rx, 0, &mut b, &mut from), XIO_ERR_WOULD_BLOCK);
+
+        // Through a burst: the notice it ends on is reported by the next
+        // burst. (The reset comes in this burst, or after it and is then
+        // waited for: either way the next burst reports it.)
+        let tx2 = stack(&p);
+        let mut to_rx = 0;
+        assert_eq!(xio_stack_connect(tx2, rx_addr.as_ptr(), &mut to_rx), XIO_OK);
+        send_some(tx2, to_rx, 1);
+        assert_eq!(xio_stack_close(tx2), XIO_OK);
+        let r = xio_recv_burst(rx, WATCHDOG_MS, bufs.as_mut_ptr(), null_mut(), 16, &mut n);
+        assert_eq!(r, XIO_OK);
+        assert_eq!(n, 1);
+        assert_eq!(xio_buf_free(bufs[0]), XIO_OK);
+        n = 99;
+        let r = xio_recv_burst(rx, WATCHDOG_MS, bufs.as_mut_ptr(), null_mut(), 16, &mut n);
+        assert_eq!(r, XIO_ERR_CONNECTION_RESET, "the reset was lost");
+        assert_eq!(n, 99, "n_out is written only on success");
+        for s in [rx, watcher] {
+            assert_eq!(xio_stack_close(s), XIO_OK);
+        }
+    }
+}
