@@ -275,6 +275,9 @@ const char *xio_strerror(xio_result code);
  * The message of the last failed `xio_` call on this thread (more detail
  * than `xio_strerror`: addresses, prefixes, system errors). Empty before
  * any failure. Valid until the next failing `xio_` call on this thread.
+ * While the thread exits (from a thread-specific data destructor, after
+ * libxio's per-thread storage is gone) messages are not kept: this then
+ * returns a fixed text saying so.
  *
  * Thread-safe (the message is per thread).
  */

@@ -162,9 +162,13 @@ thread_local! {
     static LAST: RefCell<CString> = RefCell::new(CString::default());
 }
 
+/// Records `msg` as this thread's last error. Runs outside the panic
+/// guard, so it must not panic: while the thread exits (a C program's
+/// `pthread_key_create` destructor calling us after Rust's thread-locals
+/// were destroyed) the message is dropped instead.
 fn set_last(msg: &str) {
     let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    LAST.with(|l| *l.borrow_mut() = c);
+    let _ = LAST.try_with(|l| *l.borrow_mut() = c);
 }
 
 /// Runs the body of an exported function: maps its error to a code (and
@@ -222,9 +226,13 @@ pub extern "C" fn xio_strerror(code: XioResult) -> *const c_char {
 /// The message of the last failed `xio_` call on this thread (more detail
 /// than `xio_strerror`: addresses, prefixes, system errors). Empty before
 /// any failure. Valid until the next failing `xio_` call on this thread.
+/// While the thread exits (from a thread-specific data destructor, after
+/// libxio's per-thread storage is gone) messages are not kept: this then
+/// returns a fixed text saying so.
 ///
 /// Thread-safe (the message is per thread).
 #[no_mangle]
 pub extern "C" fn xio_last_error() -> *const c_char {
-    LAST.with(|l| l.borrow().as_ptr())
+    LAST.try_with(|l| l.borrow().as_ptr())
+        .unwrap_or(c"(no message: the thread is exiting)".as_ptr())
 }

@@ -1,7 +1,7 @@
 //! The C ABI called from Rust, for what a C test program cannot set up
-//! easily: a second stack to observe a peer's death with. (Linked as the
-//! rlib; the C programs of `tests/c.rs` cover the same functions through
-//! the header.)
+//! easily: a second stack to observe a peer's death with, thread-local
+//! teardown. (Linked as the rlib; the C programs of `tests/c.rs` cover
+//! the same functions through the header.)
 
 use std::ffi::CString;
 use std::ptr::null_mut;
@@ -130,4 +130,63 @@ fn a_reset_after_a_bursts_buffers_is_reported_by_the_next_call() {
             assert_eq!(xio_stack_close(s), XIO_OK);
         }
     }
+}
+
+/// A failing `xio_` call made from a thread-local destructor that runs
+/// after libxio's own thread-locals are gone (a C program's
+/// `pthread_key_create` destructor, say) returns its error code. (It used
+/// to panic in an `extern "C"` function while recording the message, and
+/// abort the process.)
+#[test]
+fn a_failing_call_during_thread_teardown_returns_its_code() {
+    const CHILD: &str = "XIO_ABI_TLS_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        struct LateCaller;
+        impl Drop for LateCaller {
+            fn drop(&mut self) {
+                let mut junk = [0u64; 4];
+                // SAFETY: deliberately not a stream handle: its magic
+                // number is checked (reading 8 bytes of `junk`) and found
+                // wrong.
+                let r = unsafe { xio_stream_close(junk.as_mut_ptr().cast()) };
+                assert_eq!(r, XIO_ERR_INVALID_HANDLE);
+                // The message is gone with the thread's storage.
+                // SAFETY: a NUL-terminated string, per its contract.
+                let msg = unsafe { std::ffi::CStr::from_ptr(xio_last_error()) };
+                eprintln!("late call: {r}, {msg:?}");
+                println!("late call returned");
+            }
+        }
+        thread_local!(static LATE: LateCaller = const { LateCaller });
+        std::thread::spawn(|| {
+            // Registered before libxio's: destroyed after them.
+            LATE.with(|_| {});
+            let mut junk = [0u64; 4];
+            // SAFETY: as above.
+            let r = unsafe { xio_stream_close(junk.as_mut_ptr().cast()) };
+            assert_eq!(r, XIO_ERR_INVALID_HANDLE);
+            // SAFETY: as above.
+            let msg = unsafe { std::ffi::CStr::from_ptr(xio_last_error()) };
+            assert!(!msg.is_empty());
+        })
+        .join()
+        .unwrap();
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_failing_call_during_thread_teardown_returns_its_code",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("late call returned"),
+        "the child failed: {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
 }
