@@ -500,6 +500,10 @@ xio_result xio_read(struct xio_stream *stream, void *buf, size_t len, size_t *n_
  * Writes `len` bytes from `buf`: a blocking stream writes them all
  * (waiting for the reader's window), a non-blocking one what fits now
  * (`XIO_ERR_WOULD_BLOCK` if nothing does); the count goes to `n_out`.
+ * A blocking stream's write timeout (`xio_stream_set_timeouts`) that
+ * passes after some of the bytes went ends the call with success and
+ * their count in `n_out`, as `send` with `SO_SNDTIMEO` does (write the
+ * rest again); `XIO_ERR_TIMED_OUT` means that nothing went.
  *
  * Thread-safe.
  *
@@ -542,7 +546,8 @@ xio_result xio_stream_set_nonblocking(struct xio_stream *stream, int32_t on);
 /**
  * Sets the read and write timeouts in milliseconds (<= 0: none). A
  * blocking read or write that waits longer fails with
- * `XIO_ERR_TIMED_OUT`.
+ * `XIO_ERR_TIMED_OUT`, except a write that wrote some bytes first: it
+ * succeeds with their count (see `xio_write`).
  *
  * # Safety
  * `stream` is a live stream handle or NULL.

@@ -528,6 +528,10 @@ pub unsafe extern "C" fn xio_read(
 /// Writes `len` bytes from `buf`: a blocking stream writes them all
 /// (waiting for the reader's window), a non-blocking one what fits now
 /// (`XIO_ERR_WOULD_BLOCK` if nothing does); the count goes to `n_out`.
+/// A blocking stream's write timeout (`xio_stream_set_timeouts`) that
+/// passes after some of the bytes went ends the call with success and
+/// their count in `n_out`, as `send` with `SO_SNDTIMEO` does (write the
+/// rest again); `XIO_ERR_TIMED_OUT` means that nothing went.
 ///
 /// Thread-safe.
 ///
@@ -589,15 +593,13 @@ pub unsafe extern "C" fn xio_writev(
         while done < want {
             let n = match w.write_vectored(rest) {
                 Ok(n) => n,
-                // Non-blocking: what it took. (A blocking stream's timeout
-                // is an error, XIO_ERR_TIMED_OUT, as before.)
-                Err(e)
-                    if done > 0
-                        && s.is_nonblocking()
-                        && e.kind() == std::io::ErrorKind::WouldBlock =>
-                {
-                    break
-                }
+                // After some bytes went, a wait that ends (non-blocking
+                // mode, or a blocking stream's write timeout, also
+                // `WouldBlock` here) reports what went, as `send` does
+                // with `SO_SNDTIMEO`: failing would hide from the caller
+                // which bytes the peer will read. The next write reports
+                // the wait.
+                Err(e) if done > 0 && e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => return Err(e.into()),
             };
             done += n;
@@ -655,7 +657,8 @@ pub unsafe extern "C" fn xio_stream_set_nonblocking(
 
 /// Sets the read and write timeouts in milliseconds (<= 0: none). A
 /// blocking read or write that waits longer fails with
-/// `XIO_ERR_TIMED_OUT`.
+/// `XIO_ERR_TIMED_OUT`, except a write that wrote some bytes first: it
+/// succeeds with their count (see `xio_write`).
 ///
 /// # Safety
 /// `stream` is a live stream handle or NULL.

@@ -1,7 +1,7 @@
 //! The C ABI called from Rust, for what a C test program cannot set up
 //! easily: a second stack to observe a peer's death with, thread-local
-//! teardown. (Linked as the rlib; the C programs of `tests/c.rs` cover
-//! the same functions through the header.)
+//! teardown, a write that stops half way. (Linked as the rlib; the C
+//! programs of `tests/c.rs` cover the same functions through the header.)
 
 use std::ffi::CString;
 use std::ptr::null_mut;
@@ -189,4 +189,58 @@ fn a_failing_call_during_thread_teardown_returns_its_code() {
         "the child failed: {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
         out.status
     );
+}
+
+/// A blocking write with a write timeout that sent part of its bytes
+/// before the timeout returns success with that count, as `send` with
+/// `SO_SNDTIMEO` does; the next write reports the timeout. (It used to
+/// fail with `XIO_ERR_TIMED_OUT` and leave `n_out` unwritten: the caller
+/// could not know what the peer would read.)
+#[test]
+fn a_write_timeout_after_some_bytes_reports_their_count() {
+    let (_m, p) = manager("write-timeout");
+    // SAFETY: live handles, valid out-parameters and buffers of the
+    // lengths given, NUL-terminated strings throughout.
+    unsafe {
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+        let a = addr("10.9.1.1:80");
+        let mut l = null_mut();
+        assert_eq!(xio_listen(net, a.as_ptr(), &mut l), XIO_OK);
+        let mut c = null_mut();
+        assert_eq!(xio_dial(net, a.as_ptr(), &mut c), XIO_OK);
+        let mut s = null_mut();
+        assert_eq!(xio_accept(l, &mut s), XIO_OK);
+        assert_eq!(xio_stream_set_timeouts(c, 0, 200), XIO_OK);
+        // Far more than the reader's window: the write stops part way.
+        let big = vec![7u8; 64 << 20];
+        let mut n = usize::MAX;
+        let r = xio_write(c, big.as_ptr().cast(), big.len(), &mut n);
+        assert_eq!(r, XIO_OK, "a partial write is a success");
+        assert!(n > 0 && n < big.len(), "n_out = {n}");
+        // Nothing was read meanwhile: the next write times out.
+        let mut m = usize::MAX;
+        let r = xio_write(c, big.as_ptr().cast(), big.len(), &mut m);
+        assert_eq!(r, XIO_ERR_TIMED_OUT);
+        assert_eq!(m, usize::MAX, "n_out is written only on success");
+        // The reader gets exactly the reported bytes, then end of stream.
+        assert_eq!(xio_stream_set_timeouts(s, WATCHDOG_MS, 0), XIO_OK);
+        assert_eq!(xio_stream_close(c), XIO_OK);
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let mut k = 0;
+            let r = xio_read(s, buf.as_mut_ptr().cast(), buf.len(), &mut k);
+            assert_eq!(r, XIO_OK, "watchdog or error after {got} bytes");
+            if k == 0 {
+                break;
+            }
+            assert!(buf[..k].iter().all(|&x| x == 7));
+            got += k;
+        }
+        assert_eq!(got, n, "the peer read what n_out reported");
+        assert_eq!(xio_stream_close(s), XIO_OK);
+        assert_eq!(xio_listener_close(l), XIO_OK);
+        assert_eq!(xio_net_close(net), XIO_OK);
+    }
 }
