@@ -1094,6 +1094,17 @@ impl Core {
                     Key::Write(c)
                 }
                 Action::Connected(c) => {
+                    if self.table.connect_result(c) == Err(ConnError::Refused) {
+                        // A refusal that came after `connect` returned
+                        // (it does not wait for the answer): the route it
+                        // used may be stale, the address handed over to
+                        // another process. The next connect asks again.
+                        if let (Some(peer), Ok((_, addr))) =
+                            (self.table.peer_of(c), self.table.addrs(c))
+                        {
+                            self.stack.forget_resolution_to(&addr, peer);
+                        }
+                    }
                     self.note_ready(c, true, true);
                     Key::Connect(c)
                 }

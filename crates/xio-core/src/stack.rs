@@ -1775,6 +1775,14 @@ impl Stack {
         self.resolved.remove(addr);
     }
 
+    /// Forgets how `addr` was resolved if it was resolved to `peer` (which
+    /// refused a connection to it).
+    pub(crate) fn forget_resolution_to(&mut self, addr: &SocketAddr, peer: PeerId) {
+        if self.resolved.get(addr) == Some(&peer.0) {
+            self.resolved.remove(addr);
+        }
+    }
+
     fn next_event(
         &mut self,
         deadline: Option<Instant>,

@@ -408,7 +408,10 @@ fn windows_of_different_sizes_still_credit_the_writer() {
     let (mgr, p) = start("windows");
     let server = Net::builder(&p).window(16 << 20).attach().unwrap();
     let client = Net::attach(&p).unwrap();
-    assert!(4 * client.window() <= server.window(), "the case under test");
+    assert!(
+        4 * client.window() <= server.window(),
+        "the case under test"
+    );
     let addr: SocketAddr = "10.61.0.6:80".parse().unwrap();
     let l = server.listen(addr).unwrap();
     let mut c = client.connect(addr).unwrap();
@@ -428,11 +431,107 @@ fn windows_of_different_sizes_still_credit_the_writer() {
         got += n;
     }
     drop(writer.join().unwrap());
-    assert_eq!(s.read(&mut buf).unwrap(), 0, "end of stream after every byte");
+    assert_eq!(
+        s.read(&mut buf).unwrap(),
+        0,
+        "end of stream after every byte"
+    );
     drop((s, l));
     wait_closed(&client, &server);
     drop((client, server));
     wait_pool_whole(&mgr);
+}
+
+/// An address handed over from one live process to another: a client
+/// that reached the first keeps its route, and `connect` uses it without
+/// waiting for the answer. The refusal that comes back must make the
+/// client ask the manager again (it used to dial the old process for
+/// good, every connection refused).
+#[test]
+fn a_refusal_forgets_a_stale_route() {
+    let (mgr, p) = start("handover");
+    let a = Net::attach(&p).unwrap();
+    let b = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "10.61.0.7:80".parse().unwrap();
+    // Process A keeps serving another address, so it keeps looking at
+    // its rings and answers SYNs for the one it gave up.
+    let other = a
+        .listen("10.61.0.8:80".parse::<SocketAddr>().unwrap())
+        .unwrap();
+    let a_busy = std::thread::spawn(move || other.accept().map(drop));
+    let la = a.listen(addr).unwrap();
+    let c = client.connect(addr).unwrap();
+    let (s, _) = la.accept().unwrap();
+    echo_both(&c, &s);
+    drop((c, s, la));
+    // B takes the address over once A's unbind is through.
+    let lb = loop {
+        match b.listen(addr) {
+            Ok(l) => break l,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let b_serves = std::thread::spawn(move || {
+        let (mut s, _) = lb.accept().unwrap();
+        let mut x = [0u8; 1];
+        s.read_exact(&mut x).unwrap();
+        s.write_all(&x).unwrap();
+        lb
+    });
+    // Non-blocking, as an event loop or an async adapter reads: only the
+    // refusal itself, read from the rings, can tell the route is stale.
+    let mut refused = 0;
+    let mut events = Vec::new();
+    loop {
+        let mut c = client.connect(addr).unwrap();
+        c.set_nonblocking(true).unwrap();
+        let _ = c.write_all(b"b");
+        let mut x = [0u8; 1];
+        let r = loop {
+            match c.read(&mut x) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    client.poll(&mut events, Some(WATCHDOG)).unwrap();
+                }
+                r => break r,
+            }
+        };
+        match r {
+            Ok(1) => {
+                assert_eq!(&x, b"b");
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => refused += 1,
+            r => panic!("{r:?}"),
+        }
+        assert!(
+            refused <= 1,
+            "refused {refused} times: the stale route is kept"
+        );
+    }
+    drop(b_serves.join().unwrap());
+    // Wake A's accept loop and let it go.
+    drop(
+        client
+            .connect("10.61.0.8:80".parse::<SocketAddr>().unwrap())
+            .unwrap(),
+    );
+    a_busy.join().unwrap().unwrap();
+    drop((a, b, client));
+    wait_pool_whole(&mgr);
+}
+
+/// One byte each way between `c` and `s`.
+fn echo_both(mut c: &XioStream, mut s: &XioStream) {
+    let mut x = [0u8; 1];
+    c.write_all(b"x").unwrap();
+    s.read_exact(&mut x).unwrap();
+    s.write_all(&x).unwrap();
+    c.read_exact(&mut x).unwrap();
+    assert_eq!(&x, b"x");
 }
 
 /// Role of `a_peer_dying_with_the_manager_still_resets`: a single-binary
