@@ -21,14 +21,26 @@
 //! **Server.** [`serve`] runs any hyper service over an
 //! [`xio_tokio::XioListener`] (HTTP/1.1, h2c, or auto-detected), with
 //! graceful shutdown; with xio-tokio's `axum` feature, `axum::serve(listener,
-//! app)` works directly.
+//! app)` works directly. An accept error does not stop it (one
+//! connection's is skipped; others, such as running out of fds, pause it
+//! for a second), and an HTTP/1 request head that does not come within
+//! hyper's header-read timeout (30 s) closes its connection, so a
+//! stalled client cannot hold a graceful shutdown for good.
 //!
 //! **Fallback to TCP.** [`XioConnector::with_tcp_fallback`] dials over TCP
 //! when no X-IO service is bound to the address on this node (the manager
 //! refuses it, or no manager runs), so a service keeps working when its
 //! peers move to another node; [`XioConnector::or_tcp`] does the same
 //! and builds even where no X-IO manager runs at all; [`serve_on`] listens
-//! on X-IO and TCP at once.
+//! on X-IO and TCP at once. With a fallback, a connection over X-IO is
+//! returned once the listener has answered (a round trip over shared
+//! memory), so that an address whose X-IO service went away since this
+//! process last reached it is dialled over TCP rather than failing the
+//! request.
+//!
+//! **No TLS.** `https` URIs are refused (`InvalidInput`), as hyper's
+//! `HttpConnector` does: the request would go out in clear. Under a TLS
+//! connector that wraps this one, [`XioConnector::enforce_http`]`(false)`.
 //!
 //! **tonic** (feature `tonic`, on by default): the client uses
 //! `Endpoint::connect_with_connector(XioConnector)` as is; the server
@@ -39,11 +51,12 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::service::Service as HyperService;
 use hyper_util::client::legacy::connect::{Connected, Connection};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 
 pub use xio_core as core;
@@ -157,6 +170,8 @@ pub struct XioConnector {
     /// restarted manager is picked up).
     net: Option<Net>,
     tcp_fallback: bool,
+    /// Refuse `https` URIs (see [`XioConnector::enforce_http`]).
+    enforce_http: bool,
 }
 
 impl XioConnector {
@@ -168,6 +183,7 @@ impl XioConnector {
         Ok(Self {
             net: None,
             tcp_fallback: false,
+            enforce_http: true,
         })
     }
 
@@ -180,6 +196,7 @@ impl XioConnector {
         Self {
             net: None,
             tcp_fallback: false,
+            enforce_http: true,
         }
     }
 
@@ -188,12 +205,25 @@ impl XioConnector {
         Self {
             net: Some(net),
             tcp_fallback: false,
+            enforce_http: true,
         }
     }
 
     /// Dials over TCP when the address has no X-IO listener on this node.
     pub fn with_tcp_fallback(mut self) -> Self {
         self.tcp_fallback = true;
+        self
+    }
+
+    /// Whether `https` URIs are refused (`InvalidInput`), as hyper's
+    /// `HttpConnector` does by default: this connector speaks no TLS, and
+    /// hyper-util's client sends whatever it connects plain, so an
+    /// `https` request would leave unencrypted (over TCP too, with the
+    /// fallback). On by default; turn it off only under a TLS connector
+    /// that wraps this one (hyper-rustls's, or tonic's with a TLS
+    /// config), which passes the `https` URI down and encrypts itself.
+    pub fn enforce_http(mut self, on: bool) -> Self {
+        self.enforce_http = on;
         self
     }
 
@@ -205,6 +235,7 @@ impl XioConnector {
         Self {
             net: None,
             tcp_fallback: true,
+            enforce_http: true,
         }
     }
 }
@@ -249,7 +280,17 @@ impl tower_service::Service<http::Uri> for XioConnector {
     fn call(&mut self, uri: http::Uri) -> Self::Future {
         let net = self.net.clone();
         let fallback = self.tcp_fallback;
+        let enforce_http = self.enforce_http;
         Box::pin(async move {
+            if enforce_http && uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{uri}: this connector speaks no TLS (wrap it in a TLS connector \
+                         and call `enforce_http(false)`, or use http://)"
+                    ),
+                ));
+            }
             // Every address the name has, in order (`localhost` may be
             // ::1 first, where only 127.0.0.1 is listened on).
             let addrs = uri_addrs(&uri).await?;
@@ -258,6 +299,15 @@ impl tower_service::Service<http::Uri> for XioConnector {
                 let dialled = match &net {
                     Some(net) => XioStream::connect_with(net, addr).await,
                     None => XioStream::connect(addr).await,
+                };
+                // With a fallback, wait for the listener's answer (one
+                // round trip over shared memory): a route this process
+                // learnt earlier may be stale (the address handed over, or
+                // now served on TCP only), and its refusal must come here,
+                // where TCP can still be tried, not as the request's error.
+                let dialled = match dialled {
+                    Ok(s) if fallback => s.connected().await.map(|()| s),
+                    r => r,
                 };
                 match dialled {
                     Ok(s) => return Ok(XioConn::Xio(TokioIo::new(s))),
@@ -371,23 +421,46 @@ where
 {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // With a timer, hyper closes an HTTP/1 connection whose request head
+    // does not come within its header-read timeout (30 s by default);
+    // without one it waits for good, and so would a graceful shutdown.
+    builder.http1().timer(TokioTimer::new());
+    builder.http2().timer(TokioTimer::new());
     builder = match protocol {
         Protocol::Auto => builder,
         Protocol::Http1 => builder.http1_only(),
         Protocol::Http2 => builder.http2_only(),
     };
     loop {
-        let conn = tokio::select! {
+        let accepted = tokio::select! {
             r = async { xio.as_ref().expect("guarded").accept().await }, if xio.is_some() => {
-                let (s, _) = r?;
-                XioConn::Xio(TokioIo::new(s))
+                r.map(|(s, _)| XioConn::Xio(TokioIo::new(s)))
             }
             r = async { tcp.as_ref().expect("guarded").accept().await }, if tcp.is_some() => {
-                let (s, _) = r?;
-                s.set_nodelay(true)?;
-                XioConn::Tcp(TokioIo::new(s))
+                r.map(|(s, _)| {
+                    if let Err(e) = s.set_nodelay(true) {
+                        tracing::debug!(error = %e, "TCP_NODELAY not set");
+                    }
+                    XioConn::Tcp(TokioIo::new(s))
+                })
             }
             () = shutdown.wait() => break,
+        };
+        // An accept error is no reason to stop serving (nor to drop the
+        // connections in progress): one connection's trouble is skipped,
+        // anything else (out of fds, say) waits a moment first, as
+        // axum's and tonic's loops do.
+        let conn = match accepted {
+            Ok(c) => c,
+            Err(e) if is_connection_error(&e) => continue,
+            Err(e) => {
+                tracing::error!(error = %e, "accept failed; retrying in 1 s");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = shutdown.wait() => break,
+                }
+                continue;
+            }
         };
         let conn = builder.serve_connection(conn, service.clone()).into_owned();
         let conn = graceful.watch(conn);
@@ -400,6 +473,17 @@ where
     drop((xio, tcp));
     graceful.shutdown().await;
     Ok(())
+}
+
+/// An accept error that concerns the one connection (gone before it
+/// was taken), not the listener.
+fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
 }
 
 /// tonic's server side: `Server::builder().add_service(svc)

@@ -489,3 +489,123 @@ fn one_server_on_xio_and_tcp() {
             .unwrap();
     });
 }
+
+/// A service that stops listening on X-IO (its process lives on) and
+/// serves on TCP only: a fallback client that reached it over X-IO
+/// before still holds the route, and must fall back at the next
+/// connection, not fail its request with the late refusal.
+#[test]
+fn the_fallback_follows_a_service_that_left_xio() {
+    let (_mgr, p) = setup("left");
+    rt().block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        // The server process keeps another X-IO listener, so it keeps
+        // answering on its rings (a refusal needs someone to send it).
+        let _other = XioListener::bind_with(&srv, "10.5.0.9:80").unwrap();
+        let t = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = t.local_addr().unwrap();
+        let x = XioListener::bind_with(&srv, addr).unwrap();
+        let stop_x = Shutdown::new();
+        let xs = tokio::spawn(xio_hyper::serve(
+            x,
+            hyper::service::service_fn(echo),
+            Protocol::Auto,
+            stop_x.clone(),
+        ));
+        let stop_t = Shutdown::new();
+        let ts = tokio::spawn(xio_hyper::serve_on(
+            None,
+            Some(t),
+            hyper::service::service_fn(echo),
+            Protocol::Auto,
+            stop_t.clone(),
+        ));
+        let uri: http::Uri = format!("http://{addr}/x").parse().unwrap();
+        let get = |way| {
+            let c: Client<XioConnector, Body> = Client::builder(TokioExecutor::new())
+                .build(XioConnector::with_net(cli.clone()).with_tcp_fallback());
+            let uri = uri.clone();
+            async move {
+                let r = c.get(uri).await.unwrap();
+                assert_eq!(r.extensions().get::<xio_hyper::Transport>(), Some(&way));
+            }
+        };
+        get(xio_hyper::Transport::Xio).await;
+        stop_x.shutdown();
+        tokio::time::timeout(WATCHDOG, xs)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        for _ in 0..3 {
+            get(xio_hyper::Transport::Tcp).await;
+        }
+        stop_t.shutdown();
+        tokio::time::timeout(WATCHDOG, ts)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    });
+}
+
+/// The connector speaks no TLS: an `https` URI is refused rather than
+/// sent in clear (over TCP too, with the fallback), unless a TLS
+/// connector wrapping it says it encrypts.
+#[test]
+fn https_is_refused_unless_a_tls_layer_says_otherwise() {
+    let (_mgr, p) = setup("https");
+    rt().block_on(async {
+        let cli = Net::attach(&p).unwrap();
+        let mut connector = XioConnector::with_net(cli.clone()).with_tcp_fallback();
+        let e =
+            tower_service::Service::call(&mut connector, "https://127.0.0.1:9/".parse().unwrap())
+                .await
+                .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("TLS"), "{e}");
+        // Allowed, it dials (and finds nobody there).
+        let mut connector = XioConnector::with_net(cli).enforce_http(false);
+        let e = tower_service::Service::call(&mut connector, "https://10.5.0.10/".parse().unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+    });
+}
+
+/// A client that sends half a request head and stalls: hyper closes its
+/// connection at its header-read timeout (30 s; it had no timer before,
+/// so no timeout), and a graceful shutdown meanwhile completes then
+/// instead of waiting for good.
+#[test]
+fn a_stalled_request_head_does_not_hold_a_graceful_shutdown_for_good() {
+    use tokio::io::AsyncWriteExt;
+    rt().block_on(async {
+        let t = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = t.local_addr().unwrap();
+        let stop = Shutdown::new();
+        let server = tokio::spawn(xio_hyper::serve_on(
+            None,
+            Some(t),
+            hyper::service::service_fn(echo),
+            Protocol::Auto,
+            stop.clone(),
+        ));
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        // The server has the connection once it answers another.
+        let ok: Client<_, Body> = Client::builder(TokioExecutor::new())
+            .build(hyper_util::client::legacy::connect::HttpConnector::new());
+        ok.get(format!("http://{addr}/").parse().unwrap())
+            .await
+            .unwrap();
+        stop.shutdown();
+        tokio::time::timeout(WATCHDOG, server)
+            .await
+            .expect("the shutdown completes")
+            .unwrap()
+            .unwrap();
+        drop(c);
+    });
+}
