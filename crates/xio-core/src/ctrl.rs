@@ -183,3 +183,76 @@ pub fn set_nonblocking(fd: impl AsFd, on: bool) -> io::Result<()> {
     rustix::fs::fcntl_setfl(&fd, fl)?;
     Ok(())
 }
+
+/// A memfd holding `bytes`, sealed against any change: for what does not
+/// fit in a packet (a long status report), sent alongside as its fd.
+pub fn sealed_memfd(name: &str, bytes: &[u8]) -> io::Result<OwnedFd> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    let mut done = 0;
+    while done < bytes.len() {
+        match rustix::io::write(&fd, &bytes[done..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    rustix::fs::fcntl_add_seals(
+        &fd,
+        SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
+    )?;
+    Ok(fd)
+}
+
+/// Reads a memfd a peer sent, made by [`sealed_memfd`]: it must be sealed
+/// against changes and hold exactly `len` bytes (`InvalidData` if not).
+pub fn read_sealed_memfd(fd: BorrowedFd<'_>, len: usize) -> io::Result<Vec<u8>> {
+    use rustix::fs::SealFlags;
+    let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidData, why.to_owned());
+    // Only a memfd has seals: anything else the peer sent fails here.
+    let seals = rustix::fs::fcntl_get_seals(fd).map_err(|_| bad("not a memfd"))?;
+    if !seals.contains(SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW) {
+        return Err(bad("memfd not sealed"));
+    }
+    if rustix::fs::fstat(fd)?.st_size as u64 != len as u64 {
+        return Err(bad("memfd size does not match its message"));
+    }
+    let mut buf = vec![0u8; len];
+    let mut done = 0;
+    while done < len {
+        match rustix::io::pread(fd, &mut buf[done..], done as u64) {
+            Ok(0) => return Err(bad("memfd shorter than its size")),
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_memfds_round_trip_and_anything_else_is_refused() {
+        let text = "status ".repeat(2000);
+        let fd = sealed_memfd("t", text.as_bytes()).unwrap();
+        assert_eq!(
+            read_sealed_memfd(fd.as_fd(), text.len()).unwrap(),
+            text.as_bytes()
+        );
+        // Its length must be the one the message says.
+        for len in [0, text.len() - 1, text.len() + 1] {
+            let e = read_sealed_memfd(fd.as_fd(), len).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{len}: {e}");
+        }
+        // A memfd that could still change, or another kind of fd.
+        let open = rustix::fs::memfd_create("t", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::io::write(&open, b"abc").unwrap();
+        assert!(read_sealed_memfd(open.as_fd(), 3).is_err());
+        let sock = socket().unwrap();
+        assert!(read_sealed_memfd(sock.as_fd(), 0).is_err());
+    }
+}

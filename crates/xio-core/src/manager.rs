@@ -24,7 +24,7 @@ use crate::fork::CloseOnFork;
 use crate::layout::{chan_state, slot_state, PoolConfig};
 use crate::paths;
 use crate::pool::{ClassUsage, ManagerPool, Reclaimed};
-use crate::proto::{ErrorCode, Msg};
+use crate::proto::{ErrorCode, Msg, MAX_STATUS, MAX_STATUS_INLINE};
 use crate::segment::{Region, Segment, SegmentError};
 use crate::sync::Ordering;
 
@@ -401,6 +401,17 @@ fn hung_up(e: &io::Error) -> bool {
     )
 }
 
+/// What became of a message [`Manager::try_send`] tried to send.
+enum Sent {
+    /// Sent, and the stack rung.
+    Done,
+    /// The stack is gone (its end of file is read by the loop).
+    Gone,
+    /// Not sent: it must wait in the outbox; `stalled` when the kernel
+    /// refused it for another reason than a full socket.
+    Queue { stalled: bool },
+}
+
 /// How often a message the kernel refused for a reason other than a full
 /// socket (`ETOOMANYREFS`: too many fds in flight for the user) is tried
 /// again: no poll event says when it would pass.
@@ -760,8 +771,9 @@ impl Manager {
         match msg {
             Msg::Hello { pid, name } => self.register(sock, pid, name),
             Msg::Status => {
-                let text = self.status_text();
-                let _ = ctrl::send_nowait(sock.as_fd(), &Msg::StatusReply { text }, &[]);
+                let (msg, fd) = self.status_reply();
+                let fds: Vec<BorrowedFd<'_>> = fd.iter().map(|f| f.as_fd()).collect();
+                let _ = ctrl::send_nowait(sock.as_fd(), &msg, &fds);
             }
             other => self.bad_message(&sock, format!("expected Hello, got {other:?}")),
         }
@@ -887,9 +899,10 @@ impl Manager {
                 self.released(id, channel);
                 None
             }
-            Msg::Status => Some(Msg::StatusReply {
-                text: self.status_text(),
-            }),
+            Msg::Status => {
+                let (msg, fd) = self.status_reply();
+                return self.deliver_owned(id, msg, fd.into_iter().collect());
+            }
             other => {
                 let e = self.stacks.remove(&id).expect("present");
                 self.bad_message(
@@ -911,23 +924,11 @@ impl Manager {
     /// message joins the stack's outbox, its fds duplicated, and goes when
     /// the socket has room ([`Self::flush`]).
     fn deliver(&mut self, to: u16, msg: Msg, fds_of: Option<u16>) {
-        let Some(e) = self.stacks.get(&to) else {
-            return;
-        };
         let fds = fds_of.map(|p| self.peer_fds(p)).unwrap_or_default();
-        let mut stalled = false;
-        if e.outbox.is_empty() {
-            match ctrl::send_nowait(e.sock.as_fd(), &msg, &fds) {
-                Ok(()) => return self.notify(to),
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
-                // A stack that is gone: the loop reads its end of file.
-                Err(err) if hung_up(&err) => return,
-                Err(err) => {
-                    tracing::debug!(stack = to, error = %err, "control message refused; retrying");
-                    stalled = true;
-                }
-            }
-        }
+        let stalled = match self.try_send(to, &msg, &fds) {
+            Sent::Done | Sent::Gone => return,
+            Sent::Queue { stalled } => stalled,
+        };
         let owned: io::Result<Vec<OwnedFd>> = fds.iter().map(|f| f.try_clone_to_owned()).collect();
         let owned = owned.unwrap_or_else(|err| {
             // Out of fds. It goes without them (the stack then fails the
@@ -936,9 +937,51 @@ impl Manager {
             tracing::error!(stack = to, error = %err, ?msg, "no fd left to queue a control message's fds");
             Vec::new()
         });
-        let e = self.stacks.get_mut(&to).expect("present");
-        e.outbox_fds += owned.len();
-        e.outbox.push_back((msg, owned));
+        self.enqueue(to, msg, owned, stalled);
+    }
+
+    /// [`Self::deliver`] with fds of the manager's own (a status report's
+    /// memfd), which are queued as they are if they cannot go at once.
+    fn deliver_owned(&mut self, to: u16, msg: Msg, fds: Vec<OwnedFd>) {
+        let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+        let stalled = match self.try_send(to, &msg, &borrowed) {
+            Sent::Done | Sent::Gone => return,
+            Sent::Queue { stalled } => stalled,
+        };
+        self.enqueue(to, msg, fds, stalled);
+    }
+
+    /// Sends `msg` to stack `to` now if nothing waits before it, and rings
+    /// it if it went.
+    fn try_send(&self, to: u16, msg: &Msg, fds: &[BorrowedFd<'_>]) -> Sent {
+        let Some(e) = self.stacks.get(&to) else {
+            return Sent::Gone;
+        };
+        if !e.outbox.is_empty() {
+            return Sent::Queue { stalled: false };
+        }
+        match ctrl::send_nowait(e.sock.as_fd(), msg, fds) {
+            Ok(()) => {
+                self.notify(to);
+                Sent::Done
+            }
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => Sent::Queue { stalled: false },
+            // A stack that is gone: the loop reads its end of file.
+            Err(err) if hung_up(&err) => Sent::Gone,
+            Err(err) => {
+                tracing::debug!(stack = to, error = %err, "control message refused; retrying");
+                Sent::Queue { stalled: true }
+            }
+        }
+    }
+
+    /// Puts `msg` at the end of stack `to`'s outbox.
+    fn enqueue(&mut self, to: u16, msg: Msg, fds: Vec<OwnedFd>, stalled: bool) {
+        let Some(e) = self.stacks.get_mut(&to) else {
+            return;
+        };
+        e.outbox_fds += fds.len();
+        e.outbox.push_back((msg, fds));
         e.stalled |= stalled;
         if e.outbox.len() == 1 {
             tracing::debug!(stack = to, "control socket full; queueing");
@@ -1352,6 +1395,38 @@ impl Manager {
             .collect();
     }
 
+    /// The status report as a reply: inline if it fits a packet, else in
+    /// a sealed memfd. Without a memfd (out of fds, say) it goes inline
+    /// cut short, and says so.
+    fn status_reply(&self) -> (Msg, Option<OwnedFd>) {
+        let mut text = self.status_text();
+        if text.len() <= MAX_STATUS_INLINE {
+            return (Msg::StatusReply { text }, None);
+        }
+        let whole = text.len();
+        if whole > MAX_STATUS {
+            cut(&mut text, MAX_STATUS - 100);
+            text += &format!("... (report cut at {} of {whole} bytes)\n", text.len());
+        }
+        match ctrl::sealed_memfd("xio-status", text.as_bytes()) {
+            Ok(fd) => (
+                Msg::StatusReplyFd {
+                    len: text.len() as u32,
+                },
+                Some(fd),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "no memfd for a long status report; sending it cut");
+                let note = format!(
+                    "... (report cut: the manager has no memfd for its {whole} bytes: {e})\n"
+                );
+                cut(&mut text, MAX_STATUS_INLINE.saturating_sub(note.len()));
+                text += &note;
+                (Msg::StatusReply { text }, None)
+            }
+        }
+    }
+
     fn status_text(&self) -> String {
         use std::fmt::Write;
         let mut t = String::new();
@@ -1450,12 +1525,37 @@ pub fn query_status(prefix: &str) -> Result<String, crate::stack::Error> {
     })?;
     ctrl::send(sock.as_fd(), &Msg::Status, &[])?;
     match ctrl::recv(sock.as_fd(), false) {
-        Ok((Msg::StatusReply { text }, _)) => Ok(text),
-        Ok((other, _)) => Err(crate::stack::Error::Protocol(format!(
-            "unexpected {other:?}"
-        ))),
+        Ok((msg, fds)) => status_from_reply(msg, fds),
         Err(RecvError::Closed) => Err(crate::stack::Error::ManagerGone),
         Err(RecvError::Io(e)) => Err(e.into()),
         Err(RecvError::Proto(p)) => Err(crate::stack::Error::Protocol(p.to_string())),
     }
+}
+
+/// The report in the manager's answer to [`Msg::Status`]: inline, or read
+/// from the memfd that came with it. For clients of the raw control
+/// protocol ([`crate::ctrl`]); [`query_status`] does it all.
+pub fn status_from_reply(msg: Msg, fds: Vec<OwnedFd>) -> Result<String, crate::stack::Error> {
+    use crate::stack::Error;
+    match msg {
+        Msg::StatusReply { text } => Ok(text),
+        Msg::StatusReplyFd { len } => {
+            let [fd] = <[OwnedFd; 1]>::try_from(fds)
+                .map_err(|f| Error::Protocol(format!("a status report with {} fds", f.len())))?;
+            let bytes = ctrl::read_sealed_memfd(fd.as_fd(), len as usize)
+                .map_err(|e| Error::Protocol(format!("status report: {e}")))?;
+            String::from_utf8(bytes).map_err(|_| Error::Protocol("status report not UTF-8".into()))
+        }
+        Msg::Error { code, message } => Err(Error::Refused { code, message }),
+        other => Err(Error::Protocol(format!("unexpected {other:?}"))),
+    }
+}
+
+/// Cuts `s` to at most `max` bytes, on a char boundary.
+fn cut(s: &mut String, max: usize) {
+    let mut n = max.min(s.len());
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    s.truncate(n);
 }

@@ -8,13 +8,22 @@
 //! packet's remaining bytes. Decoding a body checks its exact length, every
 //! enum value and every string; anything else is a [`ProtoError`], which the
 //! manager answers with an error reply and a closed socket, never a panic.
+//!
+//! Both sides speak exactly one version: a packet of another is refused
+//! ([`ProtoError::Version`]). Version 2 added [`Msg::StatusReplyFd`]: a
+//! status report longer than a packet travels in a memfd.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// Version of this protocol.
-pub const PROTO_VERSION: u8 = 1;
+pub const PROTO_VERSION: u8 = 2;
 /// Largest packet either side sends or accepts.
 pub const MAX_MSG: usize = 4096;
+/// Longest status report sent inline ([`Msg::StatusReply`]); a longer one
+/// goes in a memfd ([`Msg::StatusReplyFd`]).
+pub const MAX_STATUS_INLINE: usize = MAX_MSG - HDR - 2;
+/// Longest status report either side sends or accepts (in a memfd).
+pub const MAX_STATUS: usize = 16 << 20;
 /// Longest service name.
 pub const MAX_NAME: usize = 64;
 const MAGIC: [u8; 2] = *b"XI";
@@ -149,10 +158,17 @@ pub enum Msg {
     },
     /// Anyone -> manager: ask for a status report (needs no registration).
     Status,
-    /// Manager -> client: a status report (UTF-8 text).
+    /// Manager -> client: a status report (UTF-8 text) of at most
+    /// [`MAX_STATUS_INLINE`] bytes (longer text is cut when encoded).
     StatusReply {
         /// The report.
         text: String,
+    },
+    /// Manager -> client: a status report longer than a packet. Fd: a
+    /// sealed memfd holding exactly `len` bytes of UTF-8 text.
+    StatusReplyFd {
+        /// The report's length in bytes, at most [`MAX_STATUS`].
+        len: u32,
     },
 }
 
@@ -170,6 +186,7 @@ mod ty {
     pub const STATUS: u8 = 11;
     pub const STATUS_REPLY: u8 = 12;
     pub const CONNECTED: u8 = 13;
+    pub const STATUS_REPLY_FD: u8 = 14;
 }
 
 fn put_addr(out: &mut Vec<u8>, a: &SocketAddr) {
@@ -258,8 +275,12 @@ impl Msg {
             }
             Msg::Status => ty::STATUS,
             Msg::StatusReply { text } => {
-                put_str(&mut b, text, MAX_MSG - HDR - 2);
+                put_str(&mut b, text, MAX_STATUS_INLINE);
                 ty::STATUS_REPLY
+            }
+            Msg::StatusReplyFd { len } => {
+                b.extend_from_slice(&len.to_le_bytes());
+                ty::STATUS_REPLY_FD
             }
         };
         let mut out = Vec::with_capacity(HDR + b.len());
@@ -346,8 +367,15 @@ impl Msg {
             }
             ty::STATUS => Msg::Status,
             ty::STATUS_REPLY => Msg::StatusReply {
-                text: r.str(MAX_MSG)?,
+                text: r.str(MAX_STATUS_INLINE)?,
             },
+            ty::STATUS_REPLY_FD => {
+                let len = r.u32()?;
+                if len as usize > MAX_STATUS {
+                    return Err(ProtoError::Malformed("status report too long"));
+                }
+                Msg::StatusReplyFd { len }
+            }
             t => return Err(ProtoError::UnknownType(t)),
         };
         if !r.b.is_empty() {
@@ -448,6 +476,7 @@ mod tests {
             Msg::StatusReply {
                 text: "all well".into(),
             },
+            Msg::StatusReplyFd { len: 123_456 },
         ]
     }
 
@@ -480,6 +509,20 @@ mod tests {
         let mut bad = good.clone();
         bad[8] = 5; // address family
         assert!(Msg::decode(&bad).is_err());
+        let too_long = Msg::StatusReplyFd {
+            len: MAX_STATUS as u32 + 1,
+        };
+        assert!(Msg::decode(&too_long.encode()).is_err());
+        // The longest inline report fits a packet; a longer one is cut.
+        let full = "é".repeat(MAX_STATUS_INLINE / 2 - 1) + "xy";
+        let e = Msg::StatusReply { text: full.clone() }.encode();
+        assert_eq!(e.len(), MAX_MSG);
+        assert_eq!(Msg::decode(&e), Ok(Msg::StatusReply { text: full }));
+        let e = Msg::StatusReply {
+            text: "y".repeat(MAX_MSG),
+        }
+        .encode();
+        assert!(e.len() <= MAX_MSG && Msg::decode(&e).is_ok());
     }
 
     /// Every truncation and every single-byte corruption of every message

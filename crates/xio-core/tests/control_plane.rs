@@ -26,6 +26,9 @@ fn exchange(prefix: &str, bytes: &[u8]) -> Option<Msg> {
     }
 }
 
+/// The protocol version this side speaks.
+const V: u8 = xio_core::proto::PROTO_VERSION;
+
 fn header(version: u8, ty: u8, len: u32) -> Vec<u8> {
     let mut h = b"XI".to_vec();
     h.push(version);
@@ -40,9 +43,9 @@ fn malformed_control_messages_get_errors_and_the_manager_survives() {
     let p = prefix("malformed");
     let mgr = Manager::builder(&p).spawn().unwrap();
 
-    let mut oversized = header(1, 1, 9000);
+    let mut oversized = header(V, 1, 9000);
     oversized.resize(8 + 9000, 0xAB);
-    let mut long_name = header(1, 1, 4 + 2 + 200);
+    let mut long_name = header(V, 1, 4 + 2 + 200);
     long_name.extend_from_slice(&1u32.to_le_bytes());
     long_name.extend_from_slice(&200u16.to_le_bytes());
     long_name.extend(std::iter::repeat_n(b'a', 200));
@@ -50,10 +53,12 @@ fn malformed_control_messages_get_errors_and_the_manager_survives() {
         ("garbage", b"hello manager, please crash".to_vec()),
         ("one byte", vec![0]),
         ("wrong version", header(9, 1, 0)),
-        ("unknown type", header(1, 250, 0)),
-        ("length mismatch", header(1, 1, 100)),
+        // A client of version 1, which had no status report in a memfd.
+        ("old version", header(1, 11, 0)),
+        ("unknown type", header(V, 250, 0)),
+        ("length mismatch", header(V, 1, 100)),
         ("truncated hello", {
-            let mut h = header(1, 1, 3);
+            let mut h = header(V, 1, 3);
             h.extend_from_slice(&[1, 2, 3]);
             h
         }),
@@ -69,6 +74,10 @@ fn malformed_control_messages_get_errors_and_the_manager_survives() {
         (
             "reply type from a client",
             Msg::Welcome { stack_id: 1 }.encode(),
+        ),
+        (
+            "status reply from a client",
+            Msg::StatusReplyFd { len: 5 }.encode(),
         ),
     ];
     for (what, bytes) in &cases {
@@ -95,9 +104,10 @@ fn malformed_control_messages_get_errors_and_the_manager_survives() {
         let (m, fds) = ctrl::recv(s.as_fd(), false).unwrap();
         assert!(matches!(m, Msg::Welcome { .. }));
         assert_eq!(fds.len(), 2);
+        // A Connect whose length field lies.
         rustix::net::send(
             &s,
-            b"XI\x01\x05\xff\xff\xff\xff",
+            &header(V, 5, u32::MAX),
             rustix::net::SendFlags::NOSIGNAL,
         )
         .unwrap();
@@ -235,7 +245,7 @@ fn a_stack_that_does_not_read_its_replies_does_not_stall_the_manager() {
     // more; the manager then has nothing left waiting.
     for i in 0..asked {
         match ctrl::recv_until(deaf.as_fd(), Some(std::time::Instant::now() + WATCHDOG)) {
-            Ok((Msg::StatusReply { .. }, _)) => {}
+            Ok((Msg::StatusReply { .. } | Msg::StatusReplyFd { .. }, _)) => {}
             other => panic!("reply {i} of {asked}: {other:?}"),
         }
     }
@@ -344,7 +354,8 @@ fn connects_to_a_stack_that_does_not_read_are_refused_past_the_fd_limit() {
     while replies < asked || channels < peers.len() + 1 {
         let deadline = Some(std::time::Instant::now() + WATCHDOG);
         match ctrl::recv_until(deaf.as_fd(), deadline).unwrap() {
-            (Msg::StatusReply { .. }, _) => replies += 1,
+            // Long once the peers are there: read after they came.
+            (Msg::StatusReply { .. } | Msg::StatusReplyFd { .. }, _) => replies += 1,
             (Msg::ChannelUp { .. }, fds) => {
                 assert!(!fds.is_empty(), "a channel without its fds");
                 channels += 1;
@@ -366,4 +377,102 @@ fn connects_to_a_stack_that_does_not_read_are_refused_past_the_fd_limit() {
     ));
     drop((deaf, early, late, peers));
     wait_pool_whole(&mgr);
+}
+
+/// A status report longer than a control packet (here 50 services with
+/// two addresses each and 100 channels: about 12 KB) arrives whole, to a
+/// client that only asks for it and to a registered stack: every service,
+/// every channel, and the buffers. It used to be cut at 4 KB, mid-line,
+/// without a sign, the channels and buffers gone.
+#[test]
+fn a_status_report_longer_than_a_packet_arrives_whole() {
+    setup();
+    raise_fd_limit();
+    let p = prefix("longstatus");
+    let mgr = Manager::builder(&p)
+        .pool(PoolConfig {
+            classes: vec![(2 << 10, 256)],
+            max_stacks: 64,
+            max_channels: 256,
+            ring_capacity: 16,
+        })
+        .spawn()
+        .unwrap();
+    const N: usize = 50;
+    let addr = |i: usize, port: u16| -> std::net::SocketAddr {
+        format!("10.66.{}.{}:{port}", i / 200, i % 200 + 1)
+            .parse()
+            .unwrap()
+    };
+    let mut stacks: Vec<Stack> = (0..N)
+        .map(|i| {
+            let mut s = Stack::builder(&p)
+                .name(format!("service-{i:02}"))
+                .attach()
+                .unwrap();
+            s.bind(addr(i, 80)).unwrap();
+            s.bind(addr(i, 8443)).unwrap();
+            s
+        })
+        .collect();
+    // Each stack opens channels to the next two: 2N channels.
+    for (i, s) in stacks.iter_mut().enumerate() {
+        for d in 1..=2 {
+            s.connect(addr((i + d) % N, 80)).unwrap();
+        }
+    }
+    wait_until("the manager has every channel", || {
+        mgr.snapshot().channels.len() == 2 * N
+    });
+    let check = |text: &str| {
+        assert!(
+            text.len() > xio_core::proto::MAX_MSG,
+            "{} bytes",
+            text.len()
+        );
+        for i in 0..N {
+            assert!(
+                text.contains(&format!("service-{i:02}")),
+                "service {i}:\n{text}"
+            );
+            assert!(
+                text.contains(&addr(i, 8443).to_string()),
+                "address {i}:\n{text}"
+            );
+        }
+        let (_, rest) = text
+            .split_once("\nchannels:\n")
+            .expect("no channels section");
+        let (chans, bufs) = rest.split_once("buffers:\n").expect("no buffers section");
+        assert_eq!(chans.lines().count(), 2 * N, "{chans}");
+        assert!(bufs.contains("2048 B:"), "{bufs}");
+        assert!(
+            text.lines().last().unwrap().starts_with("  class"),
+            "{text}"
+        );
+    };
+    // A client that only asks.
+    check(&xio_core::manager::query_status(&p).unwrap());
+    // A registered stack (its reply is delivered as a stack's are).
+    let (raw, _) = deaf_stack(&p);
+    ctrl::send(raw.as_fd(), &Msg::Status, &[]).unwrap();
+    let deadline = Some(std::time::Instant::now() + WATCHDOG);
+    let (m, fds) = ctrl::recv_until(raw.as_fd(), deadline).unwrap();
+    check(&xio_core::manager::status_from_reply(m, fds).unwrap());
+    drop((raw, stacks));
+    wait_pool_whole(&mgr);
+}
+
+/// Lifts this process's soft fd limit to the hard one (at most 65536):
+/// tests with many stacks here hold more fds than the usual 1024.
+fn raise_fd_limit() {
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let want = lim.maximum.map_or(1 << 16, |h| h.min(1 << 16));
+    let _ = rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(want.max(lim.current.unwrap_or(0))),
+            maximum: lim.maximum,
+        },
+    );
 }
