@@ -364,6 +364,12 @@ pub struct Manager {
     outbox_fd_budget: usize,
     snapshot: Arc<Mutex<Snapshot>>,
     uid: u32,
+    /// Accepting failed (out of fds, most often): the listener is not
+    /// polled until then. The connection that failed stays in the
+    /// kernel's queue, so polling it meanwhile would spin.
+    accept_paused: Option<std::time::Instant>,
+    /// Accepting has failed since it last succeeded (logged once).
+    accept_failing: bool,
 }
 
 impl std::fmt::Debug for Manager {
@@ -416,6 +422,12 @@ enum Sent {
 /// socket (`ETOOMANYREFS`: too many fds in flight for the user) is tried
 /// again: no poll event says when it would pass.
 const RETRY_STALLED: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// How long the listener rests after an accept failed (`EMFILE`, `ENFILE`,
+/// `ENOBUFS`...): the connection stays queued and the listener readable, so
+/// polling it at once would spin until an fd is freed. Stacks already
+/// registered are served meanwhile.
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A listening socket's temporary path: removed if the manager fails to
 /// start, renamed to the real path once it has.
@@ -544,6 +556,8 @@ impl Manager {
             },
             snapshot: Arc::new(Mutex::new(Snapshot::default())),
             uid: rustix::process::geteuid().as_raw(),
+            accept_paused: None,
+            accept_failing: false,
         })
     }
 
@@ -630,10 +644,23 @@ impl Manager {
     fn serve(&mut self) -> Result<(), ManagerError> {
         loop {
             let ids: Vec<u16> = self.stacks.keys().copied().collect();
+            let now = std::time::Instant::now();
+            let accept_wait = match self.accept_paused {
+                Some(until) if until > now => Some(until - now),
+                _ => {
+                    self.accept_paused = None;
+                    None
+                }
+            };
             let (stop_r, listen_r, pend_r, stack_r) = {
                 let mut fds = Vec::with_capacity(2 + self.pending.len() + ids.len());
                 fds.push(PollFd::new(&*self.stop, PollFlags::IN));
-                fds.push(PollFd::new(&self.listener, PollFlags::IN));
+                let listen = if accept_wait.is_some() {
+                    PollFlags::empty()
+                } else {
+                    PollFlags::IN
+                };
+                fds.push(PollFd::new(&self.listener, listen));
                 for p in &self.pending {
                     fds.push(PollFd::new(p, PollFlags::IN));
                 }
@@ -653,9 +680,13 @@ impl Manager {
                     fds.push(PollFd::new(&e.sock, want));
                 }
                 let stalled = ids.iter().any(|id| self.stacks[id].stalled);
-                let limit = stalled.then(|| rustix::event::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: RETRY_STALLED.as_nanos() as _,
+                let wait = [stalled.then_some(RETRY_STALLED), accept_wait]
+                    .into_iter()
+                    .flatten()
+                    .min();
+                let limit = wait.map(|w| rustix::event::Timespec {
+                    tv_sec: w.as_secs() as _,
+                    tv_nsec: w.subsec_nanos() as _,
                 });
                 match rustix::event::poll(&mut fds, limit.as_ref()) {
                     Ok(_) | Err(rustix::io::Errno::INTR) => {}
@@ -726,6 +757,10 @@ impl Manager {
                             continue;
                         }
                     }
+                    if self.accept_failing {
+                        self.accept_failing = false;
+                        tracing::info!("accepting connections again");
+                    }
                     if self.pending.len() >= MAX_PENDING {
                         // Drop the oldest silent connection.
                         self.pending.remove(0);
@@ -734,8 +769,19 @@ impl Manager {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // Gone from the queue: nothing to retry.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
+                    // Once per episode, not per try: it may last.
+                    if !self.accept_failing {
+                        self.accept_failing = true;
+                        tracing::warn!(
+                            error = %e,
+                            retry_ms = ACCEPT_BACKOFF.as_millis() as u64,
+                            "accept failed; new connections wait (registered stacks are still served)"
+                        );
+                    }
+                    self.accept_paused = Some(std::time::Instant::now() + ACCEPT_BACKOFF);
                     return;
                 }
             }

@@ -1,0 +1,132 @@
+//! The `xio-manager` binary out of fds: an accept that fails leaves the
+//! connection queued and the listener readable, so the manager must rest
+//! its listener instead of polling it again at once (it spun at full CPU,
+//! logging a warning per turn), and go on serving its stacks meanwhile.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use xio_core::prelude::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_xio-manager");
+
+/// A watchdog, not a time bound: what it waits for happens or the test fails.
+const WATCHDOG: Duration = Duration::from_secs(60);
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WATCHDOG;
+    while !f() {
+        assert!(Instant::now() < deadline, "watchdog: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Kills the manager if an assertion fails first.
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The manager's fd limit: a few more than it holds once started with one
+/// stack registered (stdio, lock, listener, segment, eventfds, the signal
+/// pipe, the stack's socket, doorbell and pidfd).
+const FD_LIMIT: u64 = 32;
+
+#[test]
+fn a_manager_out_of_fds_rests_its_listener_and_still_serves_its_stacks() {
+    let dir = std::env::temp_dir().join(format!("xio-fds-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // The only test of this process: no other thread reads the environment.
+    std::env::set_var("XIO_RUN_DIR", &dir);
+    let prefix = "fds-test";
+    let sock = dir.join(format!("{prefix}.sock"));
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--prefix", prefix, "--class", "2K:64"])
+        .args(["--max-stacks", "8", "--max-channels", "8"])
+        .env("XIO_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: between fork and exec the child only makes one system call,
+    // setrlimit, which is async-signal-safe; nothing allocates or locks.
+    unsafe {
+        cmd.pre_exec(|| {
+            use rustix::process::{setrlimit, Resource, Rlimit};
+            // Hard limit too: the binary raises its soft limit to the hard.
+            let lim = Rlimit {
+                current: Some(FD_LIMIT),
+                maximum: Some(FD_LIMIT),
+            };
+            setrlimit(Resource::Nofile, lim).map_err(std::io::Error::from)
+        });
+    }
+    let mut m = Reap(cmd.spawn().unwrap());
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    {
+        let log = log.clone();
+        let err = BufReader::new(m.0.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for line in err.lines().map_while(Result::ok) {
+                log.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+            }
+        });
+    }
+    let count = |what: &str| {
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(what))
+            .count()
+    };
+    wait_until("manager socket", || sock.exists());
+    let mut steady = Stack::builder(prefix).name("steady").attach().unwrap();
+
+    // Connections that say nothing: the manager holds an fd for each until
+    // it has none left; the last two stay in the listener's queue (few
+    // enough that, once the others go, all fit).
+    let open = std::fs::read_dir(format!("/proc/{}/fd", m.0.id()))
+        .unwrap()
+        .count() as u64;
+    assert!(open < FD_LIMIT, "the manager holds {open} fds at start");
+    let path = xio_core::paths::socket_path(prefix);
+    let silent: Vec<_> = (0..FD_LIMIT - open + 2)
+        .map(|_| xio_core::ctrl::connect(&path).unwrap())
+        .collect();
+    wait_until("the manager runs out of fds", || count("accept failed") > 0);
+
+    // The stack it has is served meanwhile, each request a turn of the
+    // manager's loop: one that polled the listener at once would have
+    // failed to accept, and logged it, at each of them.
+    for i in 0..200u16 {
+        let addr = format!("10.67.{}.{}:80", i / 100, i % 100 + 1);
+        steady.bind(addr.parse().unwrap()).unwrap();
+    }
+    assert_eq!(count("accept failed"), 1, "{:#?}", log.lock().unwrap());
+
+    // Fds freed, it accepts again (what waited in the queue, and a new
+    // client), and says so once.
+    drop(silent);
+    wait_until("the manager accepts again", || {
+        count("accepting connections again") > 0
+    });
+    let status = xio_core::manager::query_status(prefix).unwrap();
+    assert!(
+        status.contains("steady") && status.contains("10.67.1.100:80"),
+        "{status}"
+    );
+    assert_eq!(count("accept failed"), 1);
+    assert_eq!(count("accepting connections again"), 1);
+
+    drop(steady);
+    let pid = rustix::process::Pid::from_raw(m.0.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    assert!(m.0.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
