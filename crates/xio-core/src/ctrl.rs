@@ -157,6 +157,24 @@ pub fn connect(path: &Path) -> io::Result<OwnedFd> {
     Ok(s)
 }
 
+/// [`connect`], waiting at most `timeout` (at least a microsecond) for
+/// room in the listener's queue, then `TimedOut`. A manager that is
+/// stopped accepts nothing: once its queue is full, a plain connect to it
+/// waits for ever. The limit stays on the socket's sends.
+pub fn connect_within(path: &Path, timeout: std::time::Duration) -> io::Result<OwnedFd> {
+    use rustix::net::sockopt::{set_socket_timeout, Timeout};
+    let s = socket()?;
+    // A Unix socket's connect waits for room at most its send timeout.
+    let t = timeout.max(std::time::Duration::from_micros(1));
+    set_socket_timeout(&s, Timeout::Send, Some(t))?;
+    match rustix::net::connect(&s, &SocketAddrUnix::new(path)?) {
+        Ok(()) => Ok(s),
+        // What a blocking connect says when its time ran out.
+        Err(rustix::io::Errno::AGAIN) => Err(io::ErrorKind::TimedOut.into()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Binds and listens at `path`.
 pub fn listen(path: &Path) -> io::Result<OwnedFd> {
     let s = socket()?;

@@ -1560,21 +1560,43 @@ impl Manager {
 }
 
 /// Asks the manager of `prefix` for its status report (what
-/// `xio-manager status` prints).
+/// `xio-manager status` prints), waiting at most the control timeout
+/// (`$XIO_CONTROL_TIMEOUT_MS`, else 5 s; see [`query_status_within`]).
 pub fn query_status(prefix: &str) -> Result<String, crate::stack::Error> {
+    query_status_within(prefix, crate::stack::default_control_timeout())
+}
+
+/// [`query_status`], waiting at most `timeout` for the manager to take the
+/// connection and to answer: a manager that is stopped (SIGSTOP, a
+/// debugger) or stuck gives [`Error::ManagerUnresponsive`] (`TimedOut`).
+///
+/// [`Error::ManagerUnresponsive`]: crate::stack::Error::ManagerUnresponsive
+pub fn query_status_within(
+    prefix: &str,
+    timeout: std::time::Duration,
+) -> Result<String, crate::stack::Error> {
+    use crate::stack::Error;
+    let deadline = std::time::Instant::now().checked_add(timeout);
     paths::check_prefix(prefix)?;
     let path = paths::socket_path(prefix);
-    let sock = ctrl::connect(&path).map_err(|err| crate::stack::Error::NoManager {
-        prefix: prefix.to_owned(),
-        path: path.display().to_string(),
-        err,
+    let sock = ctrl::connect_within(&path, timeout).map_err(|err| match err.kind() {
+        io::ErrorKind::TimedOut => Error::ManagerUnresponsive(timeout),
+        _ => Error::NoManager {
+            prefix: prefix.to_owned(),
+            path: path.display().to_string(),
+            err,
+        },
     })?;
-    ctrl::send(sock.as_fd(), &Msg::Status, &[])?;
-    match ctrl::recv(sock.as_fd(), false) {
+    // A new socket's buffer is empty: this does not wait.
+    ctrl::send_nowait(sock.as_fd(), &Msg::Status, &[])?;
+    match ctrl::recv_until(sock.as_fd(), deadline) {
         Ok((msg, fds)) => status_from_reply(msg, fds),
-        Err(RecvError::Closed) => Err(crate::stack::Error::ManagerGone),
+        Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
+            Err(Error::ManagerUnresponsive(timeout))
+        }
+        Err(RecvError::Closed) => Err(Error::ManagerGone),
         Err(RecvError::Io(e)) => Err(e.into()),
-        Err(RecvError::Proto(p)) => Err(crate::stack::Error::Protocol(p.to_string())),
+        Err(RecvError::Proto(p)) => Err(Error::Protocol(p.to_string())),
     }
 }
 

@@ -344,7 +344,7 @@ pub(crate) enum Kept {
 const RELEASE_RETRY: Duration = Duration::from_millis(1);
 
 /// The control timeout unless set: `$XIO_CONTROL_TIMEOUT_MS`, else 5 s.
-fn default_control_timeout() -> Duration {
+pub(crate) fn default_control_timeout() -> Duration {
     std::env::var("XIO_CONTROL_TIMEOUT_MS")
         .ok()
         .and_then(|v| v.trim().parse().ok())
