@@ -4,6 +4,7 @@
 //! futex_waitv) and their channel keeps working without the manager.
 
 mod common;
+mod support;
 
 #[test]
 fn sleeping_stacks_learn_of_a_killed_manager_and_keep_their_channel() {

@@ -4,6 +4,7 @@
 //! tick still finds the manager gone.
 
 mod common;
+mod support;
 
 #[test]
 fn with_the_tick_sleeping_stacks_learn_of_a_killed_manager() {

@@ -5,34 +5,14 @@
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use xio_core::prelude::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_xio-manager");
+mod support;
 
-/// A watchdog, not a time bound: what it waits for happens or the test fails.
-const WATCHDOG: Duration = Duration::from_secs(60);
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WATCHDOG;
-    while !f() {
-        assert!(Instant::now() < deadline, "watchdog: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Kills the manager if an assertion fails first.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use support::{wait_until, Reap, BIN};
 
 /// The manager's fd limit: a few more than it holds once started with one
 /// stack registered (stdio, lock, listener, segment, eventfds, the signal

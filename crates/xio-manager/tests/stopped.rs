@@ -2,47 +2,14 @@
 //! it fails with `TimedOut` after the control timeout, where it used to
 //! wait for ever, and works again once the manager runs.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use xio_core::stack::Error;
 
-const BIN: &str = env!("CARGO_BIN_EXE_xio-manager");
+mod support;
 
-/// A watchdog, not a time bound: what it waits for happens or the test fails.
-const WATCHDOG: Duration = Duration::from_secs(60);
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WATCHDOG;
-    while !f() {
-        assert!(Instant::now() < deadline, "watchdog: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Kills the manager if an assertion fails first (a stopped one too).
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Reap {
-    fn signal(&self, sig: rustix::process::Signal) {
-        let pid = rustix::process::Pid::from_raw(self.0.id() as i32).unwrap();
-        rustix::process::kill_process(pid, sig).unwrap();
-    }
-
-    /// Its state letter in /proc (`T`: stopped).
-    fn state(&self) -> char {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.0.id())).unwrap();
-        let after = &stat[stat.rfind(')').unwrap() + 1..];
-        after.trim_start().chars().next().unwrap()
-    }
-}
+use support::{wait_until, Reap, BIN, WATCHDOG};
 
 #[test]
 fn status_of_a_stopped_manager_times_out_and_works_once_it_runs() {

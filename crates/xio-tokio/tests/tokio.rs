@@ -1216,6 +1216,22 @@ fn a_pending_read_survives_the_shutdown_of_the_drivers_runtime() {
     });
 }
 
+/// On the runtime it runs in: a task reads `s` and goes pending, then
+/// `c` writes; the read must be woken (by a driver that serves this
+/// runtime) and get every byte.
+async fn read_woken_elsewhere(mut c: XioStream, s: XioStream) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let read = tokio::spawn(read_noting_pending(s, 5, tx));
+    went_pending(rx).await;
+    c.write_all(b"hello").await.unwrap();
+    let got = tokio::time::timeout(WATCHDOG, read)
+        .await
+        .expect("watchdog: the pending read was never woken")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, b"hello");
+}
+
 /// A task of one runtime waiting on a net whose only driver is on a
 /// current_thread runtime that nobody runs (its `block_on` returned):
 /// that driver cannot serve it, so the task starts one on its own
@@ -1225,19 +1241,8 @@ fn a_pending_read_survives_the_shutdown_of_the_drivers_runtime() {
 fn a_pending_read_does_not_rely_on_an_idle_current_thread_runtime() {
     let (_mgr, p) = setup("driver-rt-idle");
     let a = current_thread_runtime();
-    let (mut c, s) = a.block_on(connected(&p, "10.4.0.41:80"));
-    rt(1).block_on(async move {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let read = tokio::spawn(read_noting_pending(s, 5, tx));
-        went_pending(rx).await;
-        c.write_all(b"hello").await.unwrap();
-        let got = tokio::time::timeout(WATCHDOG, read)
-            .await
-            .expect("watchdog: the pending read was never woken")
-            .unwrap()
-            .unwrap();
-        assert_eq!(got, b"hello");
-    });
+    let (c, s) = a.block_on(connected(&p, "10.4.0.41:80"));
+    rt(1).block_on(read_woken_elsewhere(c, s));
     drop(a);
 }
 
@@ -1249,18 +1254,7 @@ fn a_pending_read_does_not_rely_on_an_idle_current_thread_runtime() {
 fn current_thread_runtimes_in_turn_on_one_thread_each_get_a_driver() {
     let (_mgr, p) = setup("driver-ct-turns");
     let a = current_thread_runtime();
-    let (mut c, s) = a.block_on(connected(&p, "10.4.0.42:80"));
-    current_thread_runtime().block_on(async move {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let read = tokio::spawn(read_noting_pending(s, 5, tx));
-        went_pending(rx).await;
-        c.write_all(b"hello").await.unwrap();
-        let got = tokio::time::timeout(WATCHDOG, read)
-            .await
-            .expect("watchdog: the pending read was never woken")
-            .unwrap()
-            .unwrap();
-        assert_eq!(got, b"hello");
-    });
+    let (c, s) = a.block_on(connected(&p, "10.4.0.42:80"));
+    current_thread_runtime().block_on(read_woken_elsewhere(c, s));
     drop(a);
 }

@@ -3,22 +3,10 @@
 
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
 use xio_core::prelude::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_xio-manager");
-
-/// A watchdog, not a time bound: what it waits for happens or the test hangs.
-const WATCHDOG: Duration = Duration::from_secs(60);
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WATCHDOG;
-    while !f() {
-        assert!(Instant::now() < deadline, "watchdog: {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
+use crate::support::{wait_until, BIN, WATCHDOG};
 
 /// Whether this kernel has futex_waitv(2) (Linux 5.16+, not refused by a
 /// sandbox): with no waiters it fails with EINVAL, without the call ENOSYS.
