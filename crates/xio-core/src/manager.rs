@@ -8,7 +8,7 @@
 //! control socket, which the kernel delivers the moment a process dies,
 //! however it dies.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -23,7 +23,7 @@ use crate::ctrl::{self, RecvError};
 use crate::fork::CloseOnFork;
 use crate::layout::{chan_state, slot_state, PoolConfig};
 use crate::paths;
-use crate::pool::{ClassUsage, ManagerPool, Reclaimed};
+use crate::pool::{Busy, ClassUsage, ManagerPool, Reclaimed};
 use crate::proto::{ErrorCode, Msg, MAX_STATUS, MAX_STATUS_INLINE};
 use crate::segment::{Region, Segment, SegmentError};
 use crate::sync::Ordering;
@@ -180,12 +180,17 @@ pub struct Snapshot {
     pub stacks: Vec<StackInfo>,
     /// Open channels: `(slot, stack a, stack b)`.
     pub channels: Vec<(u32, u16, u16)>,
-    /// Processes that died or left, in total.
+    /// Processes that died or left, in total, counted once the buffers
+    /// they held are back (with [`Snapshot::reclaimed`]).
     pub deaths: u64,
     /// Buffers reclaimed from them, in total.
     pub reclaimed: u64,
     /// Malformed or unexpected control messages received.
     pub bad_messages: u64,
+    /// Dead stacks whose buffers wait to be reclaimed: a live stack was
+    /// inside a free-list operation (stopped, say) for as long as the
+    /// manager would wait. It tries again, in the background.
+    pub unswept: usize,
 }
 
 /// One registered stack.
@@ -237,16 +242,24 @@ impl MgrPool {
         }
     }
 
-    fn reclaim(&self, dead: u16, live: &[u16], readers: &[u16]) -> Reclaimed {
+    /// See [`ManagerPool::reclaim`]: `Err` when a live stack stayed
+    /// inside a free-list operation longer than [`SWEEP_PATIENCE`].
+    fn reclaim(
+        &self,
+        dead: &[u16],
+        live: &[u16],
+        readers: &[(u16, u16)],
+        gone: impl FnMut(u16) -> bool,
+    ) -> Result<Reclaimed, Busy> {
         match self {
-            MgrPool::Shm(p) => p.reclaim(dead, live, readers),
+            MgrPool::Shm(p) => p.reclaim(dead, live, readers, SWEEP_PATIENCE, gone),
             #[cfg(feature = "dpdk")]
             MgrPool::Dpdk(p) => {
-                let _ = (live, readers);
-                Reclaimed {
-                    owned: p.reclaim(dead) as u32,
+                let _ = (live, readers, gone);
+                Ok(Reclaimed {
+                    owned: dead.iter().map(|&d| p.reclaim(d) as u32).sum(),
                     lost: 0,
-                }
+                })
             }
         }
     }
@@ -336,6 +349,16 @@ struct ChanEntry {
     closing: Option<(u16, u16)>,
 }
 
+/// A sweep a dead stack is owed.
+#[derive(Clone, Copy, Debug, Default)]
+struct Owed {
+    /// Its first: its death is counted in the snapshot with it.
+    first: bool,
+    /// Its last, after every peer let go of its channels: its slot is
+    /// free after it.
+    last: bool,
+}
+
 /// A bound manager; [`Manager::run`] serves until stopped.
 pub struct Manager {
     prefix: String,
@@ -352,6 +375,12 @@ pub struct Manager {
     stacks: HashMap<u16, StackEntry>,
     /// Dead stacks whose slot waits for their peers to release channels.
     dead: HashMap<u16, BTreeSet<u32>>,
+    /// Dead stacks whose buffers are still to be swept back (see
+    /// [`Manager::sweep`]).
+    unswept: BTreeMap<u16, Owed>,
+    /// After a sweep gave up on a stack inside a free-list operation: when
+    /// to try again, and the wait after that one (doubling).
+    sweep_retry: Option<(std::time::Instant, std::time::Duration)>,
     /// The stack id given last: the next one is looked for after it, so
     /// an id comes back only after every other was used (as pids do). A
     /// peer's id reused at once would make what its peers still hold of
@@ -428,6 +457,35 @@ const RETRY_STALLED: std::time::Duration = std::time::Duration::from_millis(20);
 /// polling it at once would spin until an fd is freed. Stacks already
 /// registered are served meanwhile.
 const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// How long a sweep waits, gates closed, for live stacks to leave their
+/// free-list operations. Far more than an operation takes (microseconds)
+/// when its thread runs; a stack that is stopped, or whose thread lost
+/// its CPU mid-operation, holds up reclamation rather than the manager
+/// (and, with every gate closed meanwhile, every stack's free lists).
+const SWEEP_PATIENCE: std::time::Duration = std::time::Duration::from_millis(2);
+/// First wait before a sweep that gave up is tried again; it doubles up
+/// to [`SWEEP_RETRY_MAX`], so a stack stopped for long costs the others a
+/// closed gate for [`SWEEP_PATIENCE`] a second at most.
+const SWEEP_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
+/// Longest wait between tries of a sweep.
+const SWEEP_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether the process behind a registered stack's control socket `sock`
+/// has exited, its end of file not handled yet: the socket hung up. A
+/// process's descriptors close after its memory is released (`do_exit`:
+/// `exit_mm` before `exit_files`), and a live stack's pool handle keeps its
+/// socket open, so once hung up nothing of it touches the free lists.
+fn hung_up_now(sock: &impl AsFd) -> bool {
+    // No events asked for: a hang-up or error is reported anyway.
+    let mut fds = [PollFd::new(sock, PollFlags::empty())];
+    let now = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(rustix::event::poll(&mut fds, Some(&now)), Ok(n) if n > 0)
+        && fds[0].revents().intersects(PollFlags::HUP | PollFlags::ERR)
+}
 
 /// A listening socket's temporary path: removed if the manager fails to
 /// start, renamed to the real path once it has.
@@ -548,6 +606,8 @@ impl Manager {
             pending: Vec::new(),
             stacks: HashMap::new(),
             dead: HashMap::new(),
+            unswept: BTreeMap::new(),
+            sweep_retry: None,
             last_id: 0,
             bindings: HashMap::new(),
             outbox_fd_budget: {
@@ -680,7 +740,10 @@ impl Manager {
                     fds.push(PollFd::new(&e.sock, want));
                 }
                 let stalled = ids.iter().any(|id| self.stacks[id].stalled);
-                let wait = [stalled.then_some(RETRY_STALLED), accept_wait]
+                let sweep = self
+                    .sweep_retry
+                    .map(|(at, _)| at.saturating_duration_since(std::time::Instant::now()));
+                let wait = [stalled.then_some(RETRY_STALLED), accept_wait, sweep]
                     .into_iter()
                     .flatten()
                     .min();
@@ -734,6 +797,7 @@ impl Manager {
             if listen_r {
                 self.accept_all();
             }
+            self.sweep(false);
             self.publish();
         }
     }
@@ -840,6 +904,7 @@ impl Manager {
             .find(|&id| {
                 !self.stacks.contains_key(&id)
                     && !self.dead.contains_key(&id)
+                    && !self.unswept.contains_key(&id)
                     && self.seg.stack_slot(id).state.load(Ordering::Acquire) == slot_state::FREE
             });
         let Some(id) = free else {
@@ -1263,36 +1328,94 @@ impl Manager {
                 self.free_channel(ch);
             }
         }
-        let live: Vec<u16> = self.stacks.keys().copied().collect();
-        let r = self.pool.reclaim(id, &live, &self.readers_of(id));
-        {
-            let mut s = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
-            s.deaths += 1;
-            s.reclaimed += u64::from(r.owned + r.lost);
+        tracing::info!(stack = id, pid = e.pid, name = %e.name, peers_reset = waiting.len(), "stack left");
+        // Its slot is free after the last sweep, once every peer let go of
+        // its channels (now, if it had none).
+        let last = waiting.is_empty();
+        if !last {
+            self.dead.insert(id, waiting);
         }
-        if r.owned + r.lost == 0 {
-            // Crashed or exited, the manager cannot tell (a process-wide
-            // net is never dropped, so a clean exit leaves its cached
-            // buffers too): say what happened without alarm.
-            tracing::info!(stack = id, pid = e.pid, name = %e.name, peers_reset = waiting.len(), "stack left");
-        } else {
+        self.owe_sweep(id, Owed { first: true, last });
+    }
+
+    /// Records that dead stack `id` is owed `what`, and sweeps at once.
+    fn owe_sweep(&mut self, id: u16, what: Owed) {
+        let o = self.unswept.entry(id).or_default();
+        o.first |= what.first;
+        o.last |= what.last;
+        self.sweep(true);
+    }
+
+    /// Gives back what the dead stacks in `unswept` held, all in one pass
+    /// over the pool (`force`: even if a retry is not due yet).
+    ///
+    /// Stacks still registered whose sockets hung up (their end of file
+    /// not read yet: two died at once) are not waited for; a live stack
+    /// inside a free-list operation is, for [`SWEEP_PATIENCE`]. Past that
+    /// (it is stopped, say) the sweep is put off and tried again from the
+    /// loop: the manager never waits on one stack. Meanwhile the dead
+    /// stacks' buffers stay out of the pool and their slots stay taken
+    /// (reusing an id before its buffers are back would hand them to the
+    /// newcomer).
+    fn sweep(&mut self, force: bool) {
+        if self.unswept.is_empty() {
+            self.sweep_retry = None;
+            return;
+        }
+        let now = std::time::Instant::now();
+        if !force && self.sweep_retry.is_some_and(|(at, _)| now < at) {
+            return;
+        }
+        let dead: Vec<u16> = self.unswept.keys().copied().collect();
+        let live: Vec<u16> = self.stacks.keys().copied().collect();
+        // Asked at each try, not when the sweep was owed: a peer that has
+        // released its channels with a dead stack since (drained its rings)
+        // is a reader no more, so a retried first sweep, or the last one,
+        // takes back what the dead stack stamped for it and never pushed.
+        let readers: Vec<(u16, u16)> = dead
+            .iter()
+            .flat_map(|&d| self.readers_of(d).into_iter().map(move |r| (d, r)))
+            .collect();
+        let stacks = &self.stacks;
+        let gone = |id: u16| stacks.get(&id).is_none_or(|e| hung_up_now(&e.sock));
+        let r = match self.pool.reclaim(&dead, &live, &readers, gone) {
+            Ok(r) => r,
+            Err(Busy(busy)) => {
+                let wait = self.sweep_retry.map_or(SWEEP_RETRY, |(_, w)| w);
+                if self.sweep_retry.is_none() {
+                    tracing::warn!(
+                        stack = busy,
+                        dead = ?dead,
+                        "a live stack stays inside a free-list operation (stopped?): \
+                         reclaiming the dead stacks' buffers later"
+                    );
+                }
+                self.sweep_retry = Some((now + wait, (wait * 2).min(SWEEP_RETRY_MAX)));
+                return;
+            }
+        };
+        self.sweep_retry = None;
+        let owed = std::mem::take(&mut self.unswept);
+        if r.owned + r.lost > 0 {
             tracing::info!(
-                stack = id,
-                pid = e.pid,
-                name = %e.name,
+                stacks = ?dead,
                 reclaimed = r.owned,
                 lost_and_found = r.lost,
-                peers_reset = waiting.len(),
-                "stack left; reclaimed the buffers it held"
+                "reclaimed the buffers dead stacks held"
             );
         }
-        if waiting.is_empty() {
-            self.seg
-                .stack_slot(id)
-                .state
-                .store(slot_state::FREE, Ordering::Release);
-        } else {
-            self.dead.insert(id, waiting);
+        {
+            let mut s = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+            s.deaths += owed.values().filter(|o| o.first).count() as u64;
+            s.reclaimed += u64::from(r.owned + r.lost);
+        }
+        for (id, o) in owed {
+            if o.last {
+                self.seg
+                    .stack_slot(id)
+                    .state
+                    .store(slot_state::FREE, Ordering::Release);
+            }
         }
     }
 
@@ -1380,24 +1503,15 @@ impl Manager {
             // Second sweep: a peer may have sent to the dead stack between
             // our first sweep and its noticing the channel closed. And the
             // peers have drained and released its rings, so what it stamped
-            // for them but never pushed (it died in between) is found now.
-            let live: Vec<u16> = self.stacks.keys().copied().collect();
-            let Reclaimed { owned, lost } = self.pool.reclaim(dead, &live, &self.readers_of(dead));
-            if owned + lost > 0 {
-                tracing::info!(
-                    stack = dead,
-                    reclaimed = owned + lost,
-                    "late buffers reclaimed"
-                );
-                self.snapshot
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .reclaimed += u64::from(owned + lost);
-            }
-            self.seg
-                .stack_slot(dead)
-                .state
-                .store(slot_state::FREE, Ordering::Release);
+            // for them but never pushed (it died in between) is found now
+            // (`sweep` asks `readers_of` afresh at each try: none are left).
+            self.owe_sweep(
+                dead,
+                Owed {
+                    first: false,
+                    last: true,
+                },
+            );
         }
     }
 
@@ -1417,6 +1531,7 @@ impl Manager {
             self.finish_dead(dead, ch);
         }
         let mut s = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        s.unswept = self.unswept.len();
         s.stacks = self
             .stacks
             .iter()
@@ -1517,6 +1632,14 @@ impl Manager {
                     e.outbox.len()
                 );
             }
+        }
+        if !self.unswept.is_empty() {
+            let ids: Vec<String> = self.unswept.keys().map(|id| id.to_string()).collect();
+            let _ = writeln!(
+                t,
+                "  dead, buffers not reclaimed yet (a live stack stays inside a free-list operation): {}",
+                ids.join(", ")
+            );
         }
         let _ = writeln!(t, "channels:");
         for (i, c) in self.channels.iter().enumerate() {
@@ -1626,4 +1749,28 @@ fn cut(s: &mut String, max: usize) {
         n -= 1;
     }
     s.truncate(n);
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// What a sweep takes for "exited, end of file not read yet": the
+    /// peer's end closed, whether or not messages wait unread.
+    #[test]
+    fn hung_up_now_sees_a_closed_peer() {
+        use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+        let (ours, theirs) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        assert!(!hung_up_now(&ours));
+        rustix::net::send(&theirs, b"unread", rustix::net::SendFlags::empty()).unwrap();
+        assert!(!hung_up_now(&ours), "a message is not a hang-up");
+        drop(theirs);
+        assert!(hung_up_now(&ours));
+    }
 }

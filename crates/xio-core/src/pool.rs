@@ -15,12 +15,17 @@
 //! list operation first checks the class's *gate*. To reconcile after a
 //! death the manager closes the gates and waits until no live stack has an
 //! intent set (a Dekker handshake: stack stores intent then loads gate, the
-//! manager stores gate then loads intents, all `SeqCst`). The list is then
-//! frozen and the manager alone walks it: every buffer the dead stack owned,
-//! and every buffer marked free but missing from the list (lost in the
-//! window above), goes back. The gates stay closed for one scan of the
-//! headers, only when a process dies; in normal operation the lists are
-//! lock-free.
+//! manager stores gate then loads intents, all `SeqCst`). The list is then frozen and the manager alone walks it: every
+//! buffer the dead stacks owned, and every buffer marked free but missing
+//! from the list (lost in the window above), goes back. The gates stay
+//! closed for one scan of the headers, only when a process dies; in normal
+//! operation the lists are lock-free.
+//!
+//! The manager never waits on one stack for long: an intent left by a
+//! stack that has exited (its end of file not handled yet) is ignored, and
+//! if a live stack stays inside an operation (stopped, say) past the
+//! manager's patience, the gates reopen untouched and [`ManagerPool::reclaim`]
+//! reports [`Busy`]: the caller tries again later.
 //!
 //! # Ownership
 //! The header word says who owns a buffer and in what state (see
@@ -32,12 +37,13 @@
 //! its channel from the dead one (see [`ManagerPool::reclaim`]).
 
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::layout::{
     bufword, BufHeader, Descriptor, Magazine, BUF_HEADROOM, MAG_SIZE, MAX_CLASSES,
 };
 use crate::segment::Segment;
-use crate::sync::{spin_hint, AtomicU64, Ordering};
+use crate::sync::{spin_hint, yield_thread, AtomicU64, Ordering};
 
 /// Most buffers of one class a stack keeps in its private cache.
 const CACHE_MAX: usize = 2 * MAG_SIZE;
@@ -120,7 +126,7 @@ impl PoolView {
                 return None;
             }
             while fh.gate.load(Ordering::Acquire) != 0 {
-                std::thread::yield_now();
+                yield_thread();
             }
         }
     }
@@ -374,6 +380,35 @@ pub(crate) fn prefetch_write<T>(p: *const T) {
 /// Payload bytes [`PoolView::prefetch`] asks for: enough for
 /// a small request or response, little enough not to crowd the cache.
 pub const PREFETCH_PAYLOAD: usize = 192;
+
+/// Orders a store before the load that follows it in the Dekker
+/// handshake between `PoolView::global_op` and [`ManagerPool::close_gates`]. In
+/// production the `SeqCst` accesses on both sides already do (C11: one
+/// total order over them); loom models `SeqCst` accesses as `AcqRel`
+/// only (its README, "Unsupported features") but does model a `SeqCst`
+/// fence, so under loom the order is spelled out as one. A fence here in
+/// production would cost an `mfence` per free-list operation for nothing.
+#[inline(always)]
+fn dekker_order() {
+    #[cfg(loom)]
+    crate::sync::fence(Ordering::SeqCst);
+}
+
+/// The manager's wait for one stack's `intent` to drop to zero, with the
+/// gates already closed (and `dekker_order` after closing them). Gives up
+/// at `deadline` (`None`: never) and returns false.
+fn wait_idle(intent: &AtomicU64, deadline: Option<Instant>) -> bool {
+    loop {
+        // SeqCst: the manager's half of the Dekker handshake in `global_op`.
+        if intent.load(Ordering::SeqCst) == 0 {
+            return true;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return false;
+        }
+        yield_thread();
+    }
+}
 
 /// Treiber pop of a magazine index from a tagged head
 /// (`tag << 32 | index + 1`). `mag` resolves an index, `None` if out of
@@ -731,11 +766,18 @@ pub struct ManagerPool {
     view: PoolView,
 }
 
+/// A reclamation gave up: stack `.0`, alive as far as the manager knows,
+/// stayed inside a free-list operation for all the patience it was given.
+/// Nothing changed; the lists are open again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("stack {0} stayed inside a free-list operation; reclamation deferred")]
+pub struct Busy(pub u16);
+
 /// What a reclamation returned to the pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Reclaimed {
-    /// Buffers that the dead stack owned (cached, allocated, held, or in
-    /// flight to it), and buffers it stamped in flight to a stack that
+    /// Buffers that the dead stacks owned (cached, allocated, held, or in
+    /// flight to them), and buffers one stamped in flight to a stack that
     /// can no longer receive them.
     pub owned: u32,
     /// Buffers found free but missing from the list (lost mid-operation).
@@ -848,19 +890,36 @@ impl ManagerPool {
     }
 
     /// Closes every gate and waits until no stack in `live` is inside a list
-    /// operation. Returns with the lists frozen.
-    fn close_gates(&self, live: &[u16]) {
+    /// operation; returns with the lists frozen. A stack found inside one
+    /// for which `gone` says its process has exited is not waited for (it
+    /// writes nothing any more; what it left half done, reconciliation
+    /// repairs). One still inside at the end of `patience` makes the gates
+    /// reopen, untouched, and is returned as `Busy`.
+    fn close_gates(
+        &self,
+        live: &[u16],
+        patience: Duration,
+        mut gone: impl FnMut(u16) -> bool,
+    ) -> Result<(), Busy> {
         let seg = &self.view.seg;
         for class in 0..seg.classes().len() {
             // SeqCst: the manager's half of the Dekker handshake in `global_op`.
             seg.free_head(class).gate.store(1, Ordering::SeqCst);
         }
+        dekker_order();
+        let deadline = Instant::now().checked_add(patience);
         for &id in live {
-            let slot = seg.stack_slot(id);
-            while slot.intent.load(Ordering::SeqCst) != 0 {
-                std::thread::yield_now();
+            let intent = &seg.stack_slot(id).intent;
+            if wait_idle(intent, Some(Instant::now())) || gone(id) {
+                continue;
+            }
+            // Alive (or its death not visible yet): wait, but not forever.
+            if !wait_idle(intent, deadline) && !gone(id) {
+                self.open_gates();
+                return Err(Busy(id));
             }
         }
+        Ok(())
     }
 
     fn open_gates(&self) {
@@ -871,23 +930,40 @@ impl ManagerPool {
         }
     }
 
-    /// Gives back everything stack `dead` owned, and anything lost in a
-    /// list operation it was in the middle of. `live` are the other
-    /// registered stacks. Rebuilds the lists from the headers: whatever is
-    /// free (listed or not) goes back into magazines.
+    /// Gives back everything the stacks in `dead` owned, and anything lost
+    /// in a list operation one was in the middle of. `live` are the other
+    /// registered stacks; `gone(id)` says whether one of them has in fact
+    /// exited (asked only of one found inside a list operation). Rebuilds
+    /// the lists from the headers: whatever is free (listed or not) goes
+    /// back into magazines.
     ///
-    /// Also gives back the buffers `dead` stamped in flight to a stack not
-    /// in `readers`: the stacks that may still read a ring from `dead`
-    /// (the other ends of its channels not yet released). A sender stamps
-    /// before it pushes, so one that died in between left buffers owned by
-    /// a live receiver but in no ring. Once the receiver has drained the
-    /// ring and released the channel, whatever `dead` stamped for it and it
-    /// did not take can never reach it. Before that the buffer may still
-    /// be in the ring, and taking it back would make the receiver reject
-    /// (or, after the buffer's reuse, misread) a descriptor the dead stack
-    /// really sent.
-    pub fn reclaim(&self, dead: u16, live: &[u16], readers: &[u16]) -> Reclaimed {
-        self.close_gates(live);
+    /// Also gives back the buffers a dead stack `d` stamped in flight to a
+    /// stack `o` unless `(d, o)` is in `readers`: the pairs where `o` may
+    /// still read a ring from `d` (the other end of a channel of `d` not yet
+    /// released). The rule is per dead stack: `o` may have drained and
+    /// released its channel with one dead stack and not yet with another.
+    /// A sender stamps before it pushes, so one that died in between left
+    /// buffers owned by a live receiver but in no ring. Once the receiver
+    /// has drained the ring and released the channel, whatever `d` stamped
+    /// for it and it did not take can never reach it. Before that the
+    /// buffer may still be in the ring, and taking it back would make the
+    /// receiver reject (or, after the buffer's reuse, misread) a descriptor
+    /// the dead stack really sent.
+    ///
+    /// Waits at most `patience` for live stacks to leave their list
+    /// operations; if one does not (a stopped process, say), nothing
+    /// changes and `Err(Busy(id))` names it: try again later (with the
+    /// readers as they are then). The manager must not wait on one stack
+    /// without bound.
+    pub fn reclaim(
+        &self,
+        dead: &[u16],
+        live: &[u16],
+        readers: &[(u16, u16)],
+        patience: Duration,
+        gone: impl FnMut(u16) -> bool,
+    ) -> Result<Reclaimed, Busy> {
+        self.close_gates(live, patience, gone)?;
         let seg = &self.view.seg;
         let mut r = Reclaimed::default();
         for (class, c) in seg.classes().iter().enumerate() {
@@ -926,11 +1002,11 @@ impl ManagerPool {
                         r.lost += 1;
                     }
                     free.push(i);
-                } else if bufword::owner(w) == dead
+                } else if dead.contains(&bufword::owner(w))
                     || bufword::owner(w) == 0
                     || (bufword::state(w) == bufword::INFLIGHT
-                        && bufword::from(w) == dead
-                        && !readers.contains(&bufword::owner(w)))
+                        && dead.contains(&bufword::from(w))
+                        && !readers.contains(&(bufword::from(w), bufword::owner(w))))
                 {
                     r.owned += 1;
                     free.push(i);
@@ -938,9 +1014,12 @@ impl ManagerPool {
             }
             self.rebuild(class, &free, true);
         }
-        seg.stack_slot(dead).intent.store(0, Ordering::SeqCst);
+        for &d in dead {
+            // A dead stack's count stays as its threads left it.
+            seg.stack_slot(d).intent.store(0, Ordering::SeqCst);
+        }
         self.open_gates();
-        r
+        Ok(r)
     }
 }
 
@@ -1077,7 +1156,9 @@ mod tests {
         assert!(lost > 0);
         seg.stack_slot(1).intent.store(1, Ordering::SeqCst);
         std::mem::forget(a); // a "dies" with its cache and buffers
-        let r = m.reclaim(1, &[2], &[]);
+        let r = m
+            .reclaim(&[1], &[2], &[], Duration::MAX, |_| false)
+            .unwrap();
         assert_eq!(r.lost, lost, "the taken-but-unclaimed buffers are found");
         assert!(r.owned >= 31, "{r:?}");
         drop(held);
@@ -1087,6 +1168,49 @@ mod tests {
         // The rebuilt lists work.
         let all: Vec<_> = (0..100).map(|_| b.alloc(1, true).unwrap()).collect();
         assert_eq!(all.len(), 100);
+    }
+
+    /// A stack that left its intent set and has exited (its end of file
+    /// not handled yet) is not waited for; a live one is, for the patience
+    /// given, and then named.
+    #[test]
+    fn reclaim_skips_an_exited_stacks_intent_and_names_a_stuck_one() {
+        for b in BACKINGS {
+            reclaim_skips_an_exited_stacks_intent_and_names_a_stuck_one_on(b);
+        }
+    }
+
+    fn reclaim_skips_an_exited_stacks_intent_and_names_a_stuck_one_on(b: Backing) {
+        let (m, seg) = pool(b, vec![(64, 64)]);
+        let a = StackPool::new(PoolView::new(seg.clone()), 1);
+        let held: Vec<_> = (0..10).map(|_| a.alloc(1, true).unwrap()).collect();
+        // Stack 1 dies holding 10 (and its cache); stacks 2 and 3 "died
+        // inside a list operation".
+        std::mem::forget(a);
+        seg.stack_slot(2).intent.store(1, Ordering::SeqCst);
+        seg.stack_slot(3).intent.store(1, Ordering::SeqCst);
+        // 3 is still registered (its death not handled yet) and has exited.
+        let mut asked = Vec::new();
+        let r = m
+            .reclaim(&[1, 2], &[3], &[], Duration::MAX, |id| {
+                asked.push(id);
+                true
+            })
+            .expect("an exited stack is not waited for");
+        assert_eq!(asked, [3]);
+        assert!(r.owned >= 10, "{r:?}");
+        assert_eq!(seg.stack_slot(2).intent.load(Ordering::SeqCst), 0);
+        assert_eq!(seg.stack_slot(3).intent.load(Ordering::SeqCst), 1);
+        drop(held);
+        // Now 3 is alive but stuck (stopped inside a list operation).
+        assert_eq!(
+            m.reclaim(&[2], &[3], &[], Duration::from_millis(5), |_| false),
+            Err(Busy(3))
+        );
+        seg.stack_slot(3).intent.store(0, Ordering::SeqCst);
+        m.reclaim(&[2], &[3], &[], Duration::from_millis(5), |_| false)
+            .expect("3 left its operation");
+        assert_eq!(total_free(&m), 64);
     }
 
     #[test]
@@ -1108,12 +1232,16 @@ mod tests {
         let d_stranded = a.view().prepare_send(1, stranded, 8, 2, 0, 0);
         std::mem::forget(a);
         // First sweep: b may still read the ring from a, so neither goes.
-        let r = m.reclaim(1, &[2], &[2]);
+        let r = m
+            .reclaim(&[1], &[2], &[(1, 2)], Duration::MAX, |_| false)
+            .unwrap();
         assert_eq!(r.owned, 0, "both may still reach b: {r:?}");
         assert_eq!(b.view().accept(2, &d_pushed), Ok(pushed));
         // b drained the ring and released the channel: the second sweep
         // takes back what a stamped for b and b never took, not what it did.
-        let r = m.reclaim(1, &[2], &[]);
+        let r = m
+            .reclaim(&[1], &[2], &[], Duration::MAX, |_| false)
+            .unwrap();
         assert_eq!(r.owned, 1, "{r:?}");
         assert_eq!(total_free(&m), 9);
         // A stale descriptor for the reclaimed buffer is refused, even
@@ -1131,6 +1259,62 @@ mod tests {
             Err(Reject::Ownership(_))
         ));
         b.free(pushed);
+    }
+
+    /// Two senders die at once and are swept in one pass: the readers rule
+    /// holds per dead stack. The live receiver has released its channel
+    /// with one of them (drained it) and not yet with the other: what the
+    /// first stamped for it and never pushed goes back, what the second
+    /// stamped stays (it may still be in the ring) until the next sweep.
+    #[test]
+    fn reclaim_applies_the_readers_rule_per_dead_stack() {
+        for b in BACKINGS {
+            reclaim_applies_the_readers_rule_per_dead_stack_on(b);
+        }
+    }
+
+    fn reclaim_applies_the_readers_rule_per_dead_stack_on(b: Backing) {
+        let (m, seg) = pool(b, vec![(64, 64)]);
+        let state = |x: RawBuf| {
+            let w = seg
+                .buf_header(x.class as usize, x.index)
+                .unwrap()
+                .word
+                .load(Ordering::SeqCst);
+            (bufword::state(w), bufword::owner(w))
+        };
+        let s1 = StackPool::new(PoolView::new(seg.clone()), 1);
+        let s2 = StackPool::new(PoolView::new(seg.clone()), 2);
+        let s3 = StackPool::new(PoolView::new(seg.clone()), 3);
+        // Stamped and never pushed: 1 -> 3, 2 -> 3, 1 -> 2; and one in
+        // flight between live stacks (3 -> 3 will do: from a live sender).
+        let x13 = s1.alloc(64, true).unwrap();
+        let x23 = s2.alloc(64, true).unwrap();
+        let x12 = s1.alloc(64, true).unwrap();
+        let x33 = s3.alloc(64, true).unwrap();
+        let _ = s1.view().prepare_send(1, x13, 8, 3, 0, 0);
+        let _ = s2.view().prepare_send(2, x23, 8, 3, 0, 0);
+        let _ = s1.view().prepare_send(1, x12, 8, 2, 0, 0);
+        let _ = s3.view().prepare_send(3, x33, 8, 3, 0, 0);
+        std::mem::forget(s1);
+        std::mem::forget(s2);
+        // 3 has released its channel with 1, not yet the one with 2.
+        m.reclaim(&[1, 2], &[3], &[(2, 3)], Duration::MAX, |_| false)
+            .unwrap();
+        assert_eq!(state(x13).0, bufword::FREE, "3 no longer reads from 1");
+        assert_eq!(state(x12).0, bufword::FREE, "owned by a dead stack");
+        assert_eq!(
+            state(x23),
+            (bufword::INFLIGHT, 3),
+            "3 may still read it from 2's ring"
+        );
+        assert_eq!(state(x33), (bufword::INFLIGHT, 3), "a live sender's");
+        // 3 released the other channel too: the last sweep for 2 finds it.
+        m.reclaim(&[2], &[3], &[], Duration::MAX, |_| false)
+            .unwrap();
+        assert_eq!(state(x23).0, bufword::FREE);
+        assert_eq!(state(x33), (bufword::INFLIGHT, 3));
+        drop(s3);
     }
 
     #[test]

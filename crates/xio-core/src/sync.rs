@@ -89,6 +89,16 @@ pub(crate) fn spin_hint() {
     std::hint::spin_loop();
 }
 
+/// Gives the CPU to another thread while waiting on one that may not be
+/// running (loom: yield to the model).
+#[inline]
+pub(crate) fn yield_thread() {
+    #[cfg(loom)]
+    loom::thread::yield_now();
+    #[cfg(not(loom))]
+    std::thread::yield_now();
+}
+
 /// Pads and aligns a value to 128 bytes: two cache lines, because adjacent-line
 /// prefetch on x86-64 pulls pairs of lines (the reasoning of crossbeam's
 /// `CachePadded`). `#[repr(C)]` so it can live in shared memory.
