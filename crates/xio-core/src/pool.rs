@@ -11,11 +11,16 @@
 //! # Crash safety
 //! A process can die anywhere, including between popping a buffer off a
 //! list and writing its id into the buffer's header. So every list
-//! operation is bracketed by an *intent* flag in the stack's slot, and a
-//! list operation first checks the class's *gate*. To reconcile after a
-//! death the manager closes the gates and waits until no live stack has an
-//! intent set (a Dekker handshake: stack stores intent then loads gate, the
-//! manager stores gate then loads intents, all `SeqCst`). The list is then frozen and the manager alone walks it: every
+//! operation is bracketed by an *intent* in the stack's slot, and a list
+//! operation first checks the class's *gate*. The intent is a count of the
+//! stack's threads inside a list operation, not a flag: the threads of one
+//! stack run them at once (`free` spills outside the cache lock), and with
+//! a flag the first to leave cleared it while another was still inside,
+//! so the manager rebuilt the lists under it and handed buffers out twice.
+//! To reconcile after a death the manager closes the gates and waits until
+//! no live stack has an intent (a Dekker handshake: stack increments its
+//! intent then loads gate, the manager stores gate then loads intents, all
+//! `SeqCst`). The list is then frozen and the manager alone walks it: every
 //! buffer the dead stacks owned, and every buffer marked free but missing
 //! from the list (lost in the window above), goes back. The gates stay
 //! closed for one scan of the headers, only when a process dies; in normal
@@ -43,7 +48,7 @@ use crate::layout::{
     bufword, BufHeader, Descriptor, Magazine, BUF_HEADROOM, MAG_SIZE, MAX_CLASSES,
 };
 use crate::segment::Segment;
-use crate::sync::{spin_hint, yield_thread, AtomicU64, Ordering};
+use crate::sync::{spin_hint, yield_thread, AtomicU32, AtomicU64, Ordering};
 
 /// Most buffers of one class a stack keeps in its private cache.
 const CACHE_MAX: usize = 2 * MAG_SIZE;
@@ -108,27 +113,8 @@ impl PoolView {
     /// intent/gate bracket (see the module docs). Returns `None` while the
     /// manager holds the gate and `wait` is false.
     fn global_op<R>(&self, me: u16, class: usize, wait: bool, op: impl FnOnce() -> R) -> Option<R> {
-        let slot = self.seg.stack_slot(me);
-        let fh = self.seg.free_head(class);
-        loop {
-            // SeqCst store then SeqCst load: one half of the Dekker handshake
-            // with `ManagerPool::close_gates` (gate store, then intent loads).
-            slot.intent.store(1, Ordering::SeqCst);
-            if fh.gate.load(Ordering::SeqCst) == 0 {
-                let r = op();
-                // SeqCst: the list writes above happen before the manager can
-                // see us idle.
-                slot.intent.store(0, Ordering::SeqCst);
-                return Some(r);
-            }
-            slot.intent.store(0, Ordering::SeqCst);
-            if !wait {
-                return None;
-            }
-            while fh.gate.load(Ordering::Acquire) != 0 {
-                yield_thread();
-            }
-        }
+        let intent = &self.seg.stack_slot(me).intent;
+        bracket(intent, &self.seg.free_head(class).gate, wait, op)
     }
 
     /// Pops a magazine off the tagged stack at `head`.
@@ -382,7 +368,7 @@ pub(crate) fn prefetch_write<T>(p: *const T) {
 pub const PREFETCH_PAYLOAD: usize = 192;
 
 /// Orders a store before the load that follows it in the Dekker
-/// handshake between `PoolView::global_op` and [`ManagerPool::close_gates`]. In
+/// handshake between [`bracket`] and [`ManagerPool::close_gates`]. In
 /// production the `SeqCst` accesses on both sides already do (C11: one
 /// total order over them); loom models `SeqCst` accesses as `AcqRel`
 /// only (its README, "Unsupported features") but does model a `SeqCst`
@@ -394,12 +380,67 @@ fn dekker_order() {
     crate::sync::fence(Ordering::SeqCst);
 }
 
+/// One thread of a stack inside a free-list operation: its share of the
+/// stack's intent count, given back when dropped (also on unwind, so a
+/// panic inside the operation does not leave the manager waiting).
+struct Intent<'a>(&'a AtomicU64);
+
+impl Drop for Intent<'_> {
+    fn drop(&mut self) {
+        // SeqCst: the list writes of the operation happen before the
+        // manager, loading the count in `close_gates`, can see us idle.
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Enters a free-list operation: counts this thread in `intent`, then
+/// checks `gate`. `None` (and not counted) while the manager holds the
+/// gate.
+///
+/// A count, not a flag: the threads of one stack share its slot, and a
+/// flag one of them cleared on its way out said "idle" while another was
+/// still inside.
+#[inline]
+fn enter<'a>(intent: &'a AtomicU64, gate: &AtomicU32) -> Option<Intent<'a>> {
+    // SeqCst increment then SeqCst load: our half of the Dekker handshake
+    // with `ManagerPool::close_gates` (gate store, then intent loads).
+    // Either the manager sees the count, or we see the gate.
+    intent.fetch_add(1, Ordering::SeqCst);
+    let entered = Intent(intent);
+    dekker_order();
+    (gate.load(Ordering::SeqCst) == 0).then_some(entered)
+}
+
+/// Runs `op` as a free-list operation bracketed by `intent` and `gate`
+/// (see the module docs); waits out a closed gate if `wait`, else returns
+/// `None`.
+fn bracket<R>(
+    intent: &AtomicU64,
+    gate: &AtomicU32,
+    wait: bool,
+    op: impl FnOnce() -> R,
+) -> Option<R> {
+    loop {
+        if let Some(_inside) = enter(intent, gate) {
+            return Some(op());
+        }
+        if !wait {
+            return None;
+        }
+        // Acquire: pairs with the Release store in `open_gates`; the
+        // rebuilt lists are visible to the operation we retry.
+        while gate.load(Ordering::Acquire) != 0 {
+            yield_thread();
+        }
+    }
+}
+
 /// The manager's wait for one stack's `intent` to drop to zero, with the
 /// gates already closed (and `dekker_order` after closing them). Gives up
 /// at `deadline` (`None`: never) and returns false.
 fn wait_idle(intent: &AtomicU64, deadline: Option<Instant>) -> bool {
     loop {
-        // SeqCst: the manager's half of the Dekker handshake in `global_op`.
+        // SeqCst: the manager's half of the Dekker handshake in `enter`.
         if intent.load(Ordering::SeqCst) == 0 {
             return true;
         }
@@ -903,7 +944,7 @@ impl ManagerPool {
     ) -> Result<(), Busy> {
         let seg = &self.view.seg;
         for class in 0..seg.classes().len() {
-            // SeqCst: the manager's half of the Dekker handshake in `global_op`.
+            // SeqCst: the manager's half of the Dekker handshake in `enter`.
             seg.free_head(class).gate.store(1, Ordering::SeqCst);
         }
         dekker_order();
@@ -1170,6 +1211,55 @@ mod tests {
         assert_eq!(all.len(), 100);
     }
 
+    /// Two threads of one stack: one inside a free-list operation, the
+    /// other completes one of its own. The stack is not idle: a
+    /// reclamation (for some other, dead stack) must not go ahead. With a
+    /// per-stack flag the second thread's exit cleared it and the manager
+    /// rebuilt the lists under the first.
+    #[test]
+    fn a_stack_is_busy_while_any_of_its_threads_is_in_a_list_op() {
+        for b in BACKINGS {
+            a_stack_is_busy_while_any_of_its_threads_is_in_a_list_op_on(b);
+        }
+    }
+
+    fn a_stack_is_busy_while_any_of_its_threads_is_in_a_list_op_on(b: Backing) {
+        use std::sync::mpsc::channel;
+        let (m, seg) = pool(b, vec![(64, 64)]);
+        let view = PoolView::new(seg.clone());
+        let (inside_tx, inside_rx) = channel();
+        let (leave_tx, leave_rx) = channel::<()>();
+        let t1 = {
+            let view = view.clone();
+            std::thread::spawn(move || {
+                view.global_op(1, 0, true, || {
+                    inside_tx.send(()).unwrap();
+                    leave_rx.recv().unwrap();
+                })
+            })
+        };
+        inside_rx.recv().unwrap();
+        // A second thread of stack 1 enters and leaves.
+        std::thread::scope(|s| {
+            s.spawn(|| view.global_op(1, 0, true, || ()).unwrap());
+        });
+        assert_eq!(
+            m.reclaim(&[2], &[1], &[], Duration::from_millis(20), |_| false),
+            Err(Busy(1)),
+            "stack 1 has a thread inside a list operation"
+        );
+        assert_eq!(
+            seg.free_head(0).gate.load(Ordering::SeqCst),
+            0,
+            "a reclamation that gave up leaves the gates open"
+        );
+        leave_tx.send(()).unwrap();
+        t1.join().unwrap().unwrap();
+        m.reclaim(&[2], &[1], &[], Duration::MAX, |_| false)
+            .expect("idle now");
+        assert_eq!(total_free(&m), 64);
+    }
+
     /// A stack that left its intent set and has exited (its end of file
     /// not handled yet) is not waited for; a live one is, for the patience
     /// given, and then named.
@@ -1388,6 +1478,63 @@ mod loom_tests {
             }
             v
         }
+    }
+
+    /// The crash-reclamation handshake: two threads of one stack each run
+    /// a free-list operation (`bracket`, as `global_op` does; one waits
+    /// out a closed gate, one gives up) while the manager closes the gate
+    /// and, if the stack's intent reads zero, rebuilds the lists (as
+    /// `close_gates` and `reclaim` do; otherwise it gives up, as when its
+    /// patience runs out). What an operation and the rebuild write are
+    /// loom cells, so an operation overlapping the rebuild fails the
+    /// model, and so does a write going unseen. With the intent a flag
+    /// instead of a count (the second thread's exit clearing it while the
+    /// first is inside) it fails.
+    #[test]
+    fn loom_no_rebuild_while_a_thread_of_the_stack_is_inside() {
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(3);
+        b.check(|| {
+            let intent = Arc::new(AtomicU64::new(0));
+            let gate = Arc::new(AtomicU32::new(0));
+            // What each thread's operation changes (the lists themselves
+            // are lock-free among stacks: only the manager needs them
+            // still); the rebuild changes both.
+            let lists: Arc<[loom::cell::UnsafeCell<u32>; 2]> = Arc::new(Default::default());
+            let threads: Vec<_> = (0..2)
+                .map(|i| {
+                    let (intent, gate, lists) = (intent.clone(), gate.clone(), lists.clone());
+                    thread::spawn(move || {
+                        bracket(&intent, &gate, i == 0, || {
+                            // SAFETY: inside the bracket; the model checks
+                            // that the manager does not touch it meanwhile.
+                            lists[i].with_mut(|p| unsafe { *p += 1 })
+                        })
+                        .is_some()
+                    })
+                })
+                .collect();
+            gate.store(1, Ordering::SeqCst);
+            dekker_order();
+            // No patience: one look (waiting is the same look repeated).
+            let rebuilt = wait_idle(&intent, Some(Instant::now()));
+            if rebuilt {
+                for l in lists.iter() {
+                    // SAFETY: the gate is closed and the stack idle: the
+                    // lists are the manager's alone (what the model checks).
+                    l.with_mut(|p| unsafe { *p += 10 });
+                }
+            }
+            gate.store(0, Ordering::Release);
+            let ran: Vec<bool> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+            assert!(ran[0], "the waiting thread runs once the gate reopens");
+            for (l, ran) in lists.iter().zip(ran) {
+                // SAFETY: every thread joined.
+                let v = l.with(|p| unsafe { *p });
+                assert_eq!(v, u32::from(ran) + if rebuilt { 10 } else { 0 });
+            }
+            assert_eq!(intent.load(Ordering::SeqCst), 0);
+        });
     }
 
     /// Three magazines: 0 and 1 full (holding buffers 10 and 11), 2 empty.
