@@ -225,11 +225,25 @@ impl StackBuilder {
     pub fn attach(self) -> Result<Stack, Error> {
         paths::check_prefix(&self.prefix)?;
         let path = paths::socket_path(&self.prefix);
-        let sock = ctrl::connect(&path).map_err(|err| Error::NoManager {
-            prefix: self.prefix.clone(),
-            path: path.display().to_string(),
-            err,
-        })?;
+        // Bounded: a stopped manager accepts nothing, and once its
+        // listen queue is full a plain connect waits for it for good.
+        let sock = match ctrl::connect_within(&path, self.ctrl_timeout) {
+            Ok(s) => s,
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                return Err(Error::ManagerUnresponsive(self.ctrl_timeout))
+            }
+            Err(err) => {
+                return Err(Error::NoManager {
+                    prefix: self.prefix.clone(),
+                    path: path.display().to_string(),
+                    err,
+                })
+            }
+        };
+        // The timeout was for the connect; sends on the socket wait as
+        // before.
+        rustix::net::sockopt::set_socket_timeout(&sock, rustix::net::sockopt::Timeout::Send, None)
+            .map_err(io::Error::from)?;
         let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
         let manager_here = ctrl::peer_pid(&sock).ok() == Some(pid);
         ctrl::send(

@@ -60,6 +60,18 @@ fn status_of_a_stopped_manager_times_out_and_works_once_it_runs() {
     let path = xio_core::paths::socket_path(prefix);
     let e = xio_core::ctrl::connect_within(&path, short).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+    // Attaching, with the queue full, times out the same way (its connect
+    // used to wait for room for good).
+    match xio_core::stack::Stack::builder(prefix)
+        .control_timeout(short)
+        .attach()
+    {
+        Err(Error::ManagerUnresponsive(_)) => {}
+        other => panic!(
+            "attach: expected ManagerUnresponsive, got {:?}",
+            other.err()
+        ),
+    }
 
     m.signal(rustix::process::Signal::CONT);
     assert!(status().unwrap().contains("stacks:"));
