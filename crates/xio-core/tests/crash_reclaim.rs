@@ -79,32 +79,6 @@ fn holder(prefix: &str) {
     }
 }
 
-/// Messages per burst of [`dies_mid_burst`].
-const BURST: usize = 32;
-
-/// Sends one burst of [`BURST`] checksummed 64-byte messages, then dies
-/// (SIGKILL) in the fill of message `at` of the next: the `at` before it
-/// are stamped in flight to the receiver but never pushed (as in
-/// `cross_process.rs`).
-fn dies_mid_burst(prefix: &str, addr: SocketAddr, at: usize) {
-    let mut s = Stack::attach(prefix).unwrap();
-    let peer = s.connect(addr).unwrap();
-    s.send_burst_with(peer, BURST, 64, |i, b| fill(b, i as u64))
-        .unwrap();
-    s.send_burst_with(peer, BURST, 64, |i, b| {
-        if i == at {
-            let me = rustix::process::getpid();
-            let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
-            loop {
-                std::thread::park();
-            }
-        }
-        fill(b, (BURST + i) as u64)
-    })
-    .unwrap();
-    unreachable!("killed in the fill above");
-}
-
 /// An embedded manager that is not stopped if the test fails: stopping
 /// joins its thread, and a manager stuck in a reclamation (the bug these
 /// tests look for) would turn the failure into a hang. Passed to

@@ -82,32 +82,6 @@ fn burst_sink(prefix: &str, addr: SocketAddr, n: u64) {
     println!("XIO:done {next}");
 }
 
-/// Sends one burst of [`BURST`] checksummed 64-byte messages, then dies
-/// (SIGKILL) in the middle of the next, in the fill of its message `at`:
-/// the `at` before it are stamped in flight to the receiver but never
-/// pushed.
-fn dies_mid_burst(prefix: &str, addr: SocketAddr, at: usize) {
-    let mut s = Stack::builder(prefix)
-        .name("dies-mid-burst")
-        .attach()
-        .unwrap();
-    let peer = s.connect(addr).unwrap();
-    s.send_burst_with(peer, BURST, 64, |i, b| fill(b, i as u64))
-        .unwrap();
-    s.send_burst_with(peer, BURST, 64, |i, b| {
-        if i == at {
-            let me = rustix::process::getpid();
-            let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
-            loop {
-                std::thread::park();
-            }
-        }
-        fill(b, (BURST + i) as u64)
-    })
-    .unwrap();
-    unreachable!("killed in the fill above");
-}
-
 /// Echoes until its client leaves, then exits.
 fn echo_until_reset(prefix: &str, addr: SocketAddr) {
     let mut s = Stack::builder(prefix).name("echo-once").attach().unwrap();
@@ -528,9 +502,6 @@ fn kill9_reclaims_everything_and_peer_sees_reset() {
     drop(me);
     wait_pool_whole(&mgr);
 }
-
-/// Messages per burst in [`a_sender_killed_mid_burst_leaks_nothing_to_its_receiver`].
-const BURST: usize = 32;
 
 /// A sender stamps a buffer in flight to its receiver (the receiver then
 /// owns it) before it pushes the descriptor; `send_burst_with` stamps a

@@ -273,3 +273,32 @@ pub fn manager_and_pair(
     let peer = client.connect(addr).unwrap();
     (mgr, server, client, peer)
 }
+
+/// Messages per burst of [`dies_mid_burst`].
+pub const BURST: usize = 32;
+
+/// Child role: sends one burst of [`BURST`] checksummed 64-byte messages
+/// to `addr`, then dies (SIGKILL) in the fill of message `at` of the next:
+/// the `at` before it are stamped in flight to the receiver but never
+/// pushed.
+pub fn dies_mid_burst(prefix: &str, addr: std::net::SocketAddr, at: usize) {
+    let mut s = xio_core::stack::Stack::builder(prefix)
+        .name("dies-mid-burst")
+        .attach()
+        .unwrap();
+    let peer = s.connect(addr).unwrap();
+    s.send_burst_with(peer, BURST, 64, |i, b| fill(b, i as u64))
+        .unwrap();
+    s.send_burst_with(peer, BURST, 64, |i, b| {
+        if i == at {
+            let me = rustix::process::getpid();
+            let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
+            loop {
+                std::thread::park();
+            }
+        }
+        fill(b, (BURST + i) as u64)
+    })
+    .unwrap();
+    unreachable!("killed in the fill above");
+}
