@@ -236,17 +236,7 @@ fn a_stack_stopped_inside_a_list_op_delays_reclamation_not_the_manager() {
     let id: u16 = churn.expect("ready").parse().unwrap();
     let intent = &seg.stack_slot(id).intent;
     // Stop it until it is caught inside an operation.
-    let mut tries = 0;
-    loop {
-        churn.signal(rustix::process::Signal::STOP);
-        if intent.load(Ordering::SeqCst) != 0 {
-            break;
-        }
-        churn.signal(rustix::process::Signal::CONT);
-        tries += 1;
-        assert!(tries < 100_000, "never caught the churner in a list op");
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    stop_inside_list_op(&churn, intent);
     holder.kill9();
     wait_until("the holder's death put off", || mgr.snapshot().unswept == 1);
     // Meanwhile the manager serves, with the lists open.
@@ -272,7 +262,7 @@ fn a_stack_stopped_inside_a_list_op_delays_reclamation_not_the_manager() {
 /// longer a reader once the stopped stack runs again.
 #[test]
 fn a_put_off_last_sweep_still_reclaims_what_a_dead_sender_stamped() {
-    use xio_core::layout::{bufword, slot_state};
+    use xio_core::layout::slot_state;
     const AT: usize = 20;
     setup();
     let p = prefix("late-last-sweep");
@@ -282,22 +272,7 @@ fn a_put_off_last_sweep_still_reclaims_what_a_dead_sender_stamped() {
     rx.bind(a).unwrap();
     let me = rx.id().0;
     let seg = rx.__segment().clone();
-    let in_flight_to_us = || {
-        let mut n = 0;
-        for (class, c) in seg.classes().iter().enumerate() {
-            for i in 0..c.count {
-                let w = seg
-                    .buf_header(class, i)
-                    .unwrap()
-                    .word
-                    .load(Ordering::SeqCst);
-                if bufword::state(w) == bufword::INFLIGHT && bufword::owner(w) == me {
-                    n += 1;
-                }
-            }
-        }
-        n
-    };
+    let in_flight_to_us = || in_flight_to(&seg, me);
     let mut churn = ChildProc::spawn("child_main", "big_churn", std::slice::from_ref(&p));
     let churner: u16 = churn.expect("ready").parse().unwrap();
     let mut tx = ChildProc::spawn(
@@ -314,18 +289,7 @@ fn a_put_off_last_sweep_still_reclaims_what_a_dead_sender_stamped() {
     let _ = tx.child.wait();
     assert_eq!(in_flight_to_us(), BURST + AT);
     // Stop the churner inside a list operation.
-    let intent = &seg.stack_slot(churner).intent;
-    let mut tries = 0;
-    loop {
-        churn.signal(rustix::process::Signal::STOP);
-        if intent.load(Ordering::SeqCst) != 0 {
-            break;
-        }
-        churn.signal(rustix::process::Signal::CONT);
-        tries += 1;
-        assert!(tries < 100_000, "never caught the churner in a list op");
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    stop_inside_list_op(&churn, &seg.stack_slot(churner).intent);
     // Drain the ring (the first burst, intact), then the reset: we
     // release the channel, and the last sweep is owed.
     let mut got = 0u64;
@@ -360,4 +324,20 @@ fn a_put_off_last_sweep_still_reclaims_what_a_dead_sender_stamped() {
     drop(rx);
     wait_pool_whole(&mgr);
     stop(mgr);
+}
+
+/// Stops `child` (SIGSTOP) at a moment its `intent` says it is inside a
+/// free-list operation (it is let go and stopped again until then).
+fn stop_inside_list_op(child: &ChildProc, intent: &std::sync::atomic::AtomicU64) {
+    let mut tries = 0;
+    loop {
+        child.signal(rustix::process::Signal::STOP);
+        if intent.load(Ordering::SeqCst) != 0 {
+            return;
+        }
+        child.signal(rustix::process::Signal::CONT);
+        tries += 1;
+        assert!(tries < 100_000, "never caught the child in a list op");
+        std::thread::sleep(Duration::from_micros(200));
+    }
 }

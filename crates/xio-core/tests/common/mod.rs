@@ -302,3 +302,23 @@ pub fn dies_mid_burst(prefix: &str, addr: std::net::SocketAddr, at: usize) {
     .unwrap();
     unreachable!("killed in the fill above");
 }
+
+/// Buffers of `seg` whose header says in flight to stack `me`.
+pub fn in_flight_to(seg: &xio_core::segment::Segment, me: u16) -> usize {
+    use std::sync::atomic::Ordering;
+    use xio_core::layout::bufword;
+    let mut n = 0;
+    for (class, c) in seg.classes().iter().enumerate() {
+        for i in 0..c.count {
+            let w = seg
+                .buf_header(class, i)
+                .unwrap()
+                .word
+                .load(Ordering::SeqCst);
+            if bufword::state(w) == bufword::INFLIGHT && bufword::owner(w) == me {
+                n += 1;
+            }
+        }
+    }
+    n
+}
