@@ -1199,30 +1199,31 @@ async fn went_pending(rx: tokio::sync::oneshot::Receiver<()>) {
 fn a_pending_read_survives_the_shutdown_of_the_drivers_runtime() {
     let (_mgr, p) = setup("driver-rt-gone");
     let a = rt(1);
-    let (mut c, s) = a.block_on(connected(&p, "10.4.0.40:80"));
+    let (c, s) = a.block_on(connected(&p, "10.4.0.40:80"));
     let b = rt(1);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let read = b.spawn(read_noting_pending(s, 5, tx));
     b.block_on(went_pending(rx));
     a.shutdown_timeout(WATCHDOG); // both nets' drivers go with it
-    b.block_on(async move {
-        c.write_all(b"hello").await.unwrap();
-        let got = tokio::time::timeout(WATCHDOG, read)
-            .await
-            .expect("watchdog: the pending read was never woken")
-            .unwrap()
-            .unwrap();
-        assert_eq!(got, b"hello");
-    });
+    b.block_on(write_hello_and_see_it_read(c, read));
 }
 
 /// On the runtime it runs in: a task reads `s` and goes pending, then
 /// `c` writes; the read must be woken (by a driver that serves this
 /// runtime) and get every byte.
-async fn read_woken_elsewhere(mut c: XioStream, s: XioStream) {
+async fn read_woken_elsewhere(c: XioStream, s: XioStream) {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let read = tokio::spawn(read_noting_pending(s, 5, tx));
     went_pending(rx).await;
+    write_hello_and_see_it_read(c, read).await;
+}
+
+/// Writes "hello" on `c`; the pending `read` of its peer must be woken
+/// and get it.
+async fn write_hello_and_see_it_read(
+    mut c: XioStream,
+    read: tokio::task::JoinHandle<std::io::Result<Vec<u8>>>,
+) {
     c.write_all(b"hello").await.unwrap();
     let got = tokio::time::timeout(WATCHDOG, read)
         .await
