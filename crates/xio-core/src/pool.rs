@@ -687,26 +687,43 @@ impl StackPool {
                 );
             }
         }
-        let mut spills: Vec<(usize, Vec<u32>)> = Vec::new();
-        {
-            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-            for &b in bufs {
-                let class = b.class as usize;
-                let c = &mut cache[class];
-                c.push(b.index);
-                if c.len() > self.limit[class] {
-                    let at = c.len() - (self.limit[class] / 2).max(1);
-                    spills.push((class, c.drain(at..).collect()));
+        self.cache_many(bufs);
+    }
+
+    /// Puts buffers stamped `CACHED` into the private cache. A class over
+    /// its limit spills half of it (at most a magazine: the limit is at
+    /// most [`CACHE_MAX`]) to the shared list outside the cache lock, from
+    /// an array on the stack: this runs once per received burst, and a
+    /// heap allocation per spill cost as much as the spill itself.
+    fn cache_many(&self, mut bufs: &[RawBuf]) {
+        let mut spill = [0u32; MAG_SIZE];
+        while !bufs.is_empty() {
+            let mut spilled = None;
+            {
+                let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+                while let Some((&b, rest)) = bufs.split_first() {
+                    bufs = rest;
+                    let class = b.class as usize;
+                    let c = &mut cache[class];
+                    c.push(b.index);
+                    if c.len() > self.limit[class] {
+                        let at = c.len() - (self.limit[class] / 2).max(1);
+                        let n = c.len() - at;
+                        spill[..n].copy_from_slice(&c[at..]);
+                        c.truncate(at);
+                        spilled = Some((class, n));
+                        break;
+                    }
                 }
             }
-        }
-        for (class, spill) in spills {
-            let ok = self
-                .view
-                .global_op(self.me, class, true, || self.view.push_chain(class, &spill));
+            let Some((class, n)) = spilled else { break };
+            let ok = self.view.global_op(self.me, class, true, || {
+                self.view.push_chain(class, &spill[..n])
+            });
             if ok != Some(true) {
+                // No empty magazine: the segment is corrupt. Keep them.
                 let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-                cache[class].extend_from_slice(&spill);
+                cache[class].extend_from_slice(&spill[..n]);
             }
         }
     }
@@ -724,8 +741,7 @@ impl StackPool {
         if self.forked() {
             return; // the parent's buffer: forgotten here
         }
-        let class = b.class as usize;
-        let Some(hdr) = self.view.seg.buf_header(class, b.index) else {
+        let Some(hdr) = self.view.seg.buf_header(b.class as usize, b.index) else {
             return;
         };
         let w = hdr.word.load(Ordering::Relaxed);
@@ -737,25 +753,7 @@ impl StackPool {
             bufword::pack(bufword::CACHED, self.me, bufword::gen(w)),
             Ordering::Relaxed,
         );
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let c = &mut cache[class];
-        c.push(b.index);
-        if c.len() > self.limit[class] {
-            let at = c.len() - (self.limit[class] / 2).max(1);
-            let mut spill = [0u32; MAG_SIZE];
-            let n = c.len() - at;
-            spill[..n].copy_from_slice(&c[at..]);
-            c.truncate(at);
-            drop(cache);
-            let ok = self.view.global_op(self.me, class, true, || {
-                self.view.push_chain(class, &spill[..n])
-            });
-            if ok != Some(true) {
-                // No empty magazine: the segment is corrupt. Keep them.
-                let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-                cache[class].extend_from_slice(&spill[..n]);
-            }
-        }
+        self.cache_many(&[b]);
     }
 
     /// Returns every privately cached buffer to the shared lists.
