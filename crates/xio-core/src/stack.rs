@@ -322,6 +322,7 @@ impl StackBuilder {
             rr: 0,
             corrupt: 0,
             manager_gone: false,
+            deferred: None,
             manager_here,
             ctrl_timeout: self.ctrl_timeout,
             unanswered: VecDeque::new(),
@@ -526,6 +527,9 @@ pub struct Stack {
     rr: usize,
     corrupt: u64,
     manager_gone: bool,
+    /// An error met after [`Stack::recv_burst`] had messages in hand: they
+    /// are returned first, the error by the next receive.
+    deferred: Option<Error>,
     /// The manager runs in this process (embedded). Its liveness word is
     /// then not waited on: at the process's death the kernel wakes one
     /// waiter of that word, and it must be one in another process, which
@@ -1335,6 +1339,9 @@ impl Stack {
     /// descriptors were taken.
     fn poll_rings(&mut self) -> Result<usize, Error> {
         self.check_not_forked()?;
+        if let Some(e) = self.deferred.take() {
+            return Err(e);
+        }
         self.poll_ctrl_if_bumped()?;
         let n_ch = self.channels.len();
         let mut total = 0;
@@ -1849,7 +1856,9 @@ impl Stack {
     }
 
     /// Receives up to `max` ready messages into `out` after waiting for the
-    /// first; returns how many.
+    /// first; returns how many. An error met once messages are in hand
+    /// (the manager found gone, say) is returned by the next receive, so
+    /// an `Err` never comes with messages in `out`.
     pub fn recv_burst(&mut self, out: &mut Vec<Message>, max: usize) -> Result<usize, Error> {
         let first = self.recv()?;
         out.push(first);
@@ -1866,11 +1875,15 @@ impl Stack {
                 Some(Event::Sock(_)) => {
                     self.inbox.pop_front();
                 }
-                None => {
-                    if self.poll_rings()? == 0 {
+                None => match self.poll_rings() {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) => {
+                        // The messages in hand first; the error next time.
+                        self.deferred = Some(e);
                         break;
                     }
-                }
+                },
             }
         }
         Ok(n)
@@ -1952,6 +1965,9 @@ impl Stack {
                     Event::Reset(p) => Err(Error::Reset(p)),
                     Event::Sock(_) => continue,
                 };
+            }
+            if let Some(e) = self.deferred.take() {
+                return Err(e);
             }
             self.poll_ctrl_if_bumped()?;
             if !self.inbox.is_empty() {

@@ -943,6 +943,34 @@ fn a_dead_manager_is_reported_once_and_channels_keep_working() {
     ));
 }
 
+/// `recv_burst` that meets the manager's end after it has messages in hand
+/// returns them, and the error at the next call: an `Err` never comes with
+/// messages a caller would drop unread.
+#[test]
+fn recv_burst_returns_its_messages_before_an_error() {
+    let (mgr, mut server, mut client, peer) = manager_and_pair("burstgone", addr(15));
+    for i in 0..3u8 {
+        let mut b = client.alloc(1).unwrap();
+        b.copy_from(&[i]);
+        client.send(peer, b).unwrap();
+    }
+    // The first takes all three off the ring and returns one.
+    let mut out = Vec::new();
+    assert_eq!(server.recv_burst(&mut out, 1).unwrap(), 1);
+    // News for the server (a new channel), then the manager's end: the
+    // next look at the control socket finds it closed.
+    let mut late = Stack::attach(mgr.prefix()).unwrap();
+    late.connect(addr(15)).unwrap();
+    mgr.stop();
+    out.clear();
+    assert_eq!(server.recv_burst(&mut out, 10).unwrap(), 2);
+    let got: Vec<u8> = out.iter().map(|m| m.buf[0]).collect();
+    assert_eq!(got, [1, 2]);
+    let e = server.recv_burst(&mut out, 10).unwrap_err();
+    assert!(matches!(e, Error::ManagerGone), "{e}");
+    assert_eq!(out.len(), 2);
+}
+
 /// Two processes on one core: the adaptive waiter must see its peer on its
 /// own CPU and sleep instead of spinning (a spinner there costs the peer a
 /// whole scheduler tick per message).
