@@ -315,6 +315,10 @@ pub struct ObjHeader {
     pub index: u32,
     /// Bumped on every allocation: a stale descriptor does not match.
     pub gen: AtomicU32,
+    /// The stack that sent it, while `IN_FLIGHT`: the manager finds by it
+    /// what a sender that died between stamping and pushing left owned by
+    /// a live receiver but in no ring (see [`DpdkPool::reclaim`]).
+    pub from: AtomicU16,
 }
 
 /// Bytes before the payload in each object.
@@ -357,6 +361,7 @@ unsafe extern "C" fn init_obj(
             class: a.class,
             index: idx,
             gen: AtomicU32::new(0),
+            from: AtomicU16::new(0),
         });
     }
 }
@@ -646,17 +651,29 @@ impl DpdkPool {
         &self.classes
     }
 
-    /// Returns to the pools every buffer owned by stack `dead` (held,
-    /// allocated or in flight to it): what the manager does when a stack
-    /// dies. Returns how many.
-    pub fn reclaim(&self, dead: u16) -> usize {
+    /// Returns to the pools every buffer the `dead` stacks owned (held,
+    /// allocated, cached or in flight to them), and every buffer a dead
+    /// stack stamped in flight to a receiver that no longer reads from it
+    /// (not among `readers`, the `(dead, reader)` pairs whose channel the
+    /// reader has not released): such a buffer is in no ring the reader
+    /// will look at again, stamped but never pushed. What the manager does
+    /// when stacks die. Returns how many.
+    pub fn reclaim(&self, dead: &[u16], readers: &[(u16, u16)]) -> usize {
         let mut n = 0;
         for mp in &self.classes {
             for h in &mp.objs {
                 // SAFETY: objects live as long as the mempool.
                 let h = unsafe { h.as_ref() };
-                if h.owner.load(Ordering::Acquire) == dead
-                    && h.state.load(Ordering::Acquire) != obj_state::FREE
+                let state = h.state.load(Ordering::Acquire);
+                if state == obj_state::FREE {
+                    continue;
+                }
+                let owner = h.owner.load(Ordering::Acquire);
+                let from = h.from.load(Ordering::Relaxed);
+                if dead.contains(&owner)
+                    || (state == obj_state::IN_FLIGHT
+                        && dead.contains(&from)
+                        && !readers.contains(&(from, owner)))
                 {
                     h.state.store(obj_state::FREE, Ordering::Relaxed);
                     h.owner.store(0, Ordering::Release);
@@ -666,6 +683,20 @@ impl DpdkPool {
             }
         }
         n
+    }
+
+    /// Buffers stamped in flight to stack `id` and not received yet.
+    pub fn in_flight_to(&self, id: u16) -> usize {
+        self.classes
+            .iter()
+            .flat_map(|mp| &mp.objs)
+            .filter(|h| {
+                // SAFETY: objects live as long as the mempool.
+                let h = unsafe { h.as_ref() };
+                h.state.load(Ordering::Acquire) == obj_state::IN_FLIGHT
+                    && h.owner.load(Ordering::Relaxed) == id
+            })
+            .count()
     }
 
     /// An object of class `c` from the private cache, refilled from the
@@ -800,6 +831,8 @@ impl BufferPool for DpdkPool {
     fn prepare_send(&self, b: RawBuf, len: u32, to: u16, conn: u32, k: u8) -> Descriptor {
         let (_, h) = self.obj(b);
         h.owner.store(to, Ordering::Relaxed);
+        h.from.store(self.me, Ordering::Relaxed);
+        // Release: the manager that sees IN_FLIGHT sees `owner` and `from`.
         h.state.store(obj_state::IN_FLIGHT, Ordering::Release);
         Descriptor {
             index: b.index,

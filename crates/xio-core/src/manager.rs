@@ -255,9 +255,9 @@ impl MgrPool {
             MgrPool::Shm(p) => p.reclaim(dead, live, readers, SWEEP_PATIENCE, gone),
             #[cfg(feature = "dpdk")]
             MgrPool::Dpdk(p) => {
-                let _ = (live, readers, gone);
+                let _ = (live, gone);
                 Ok(Reclaimed {
-                    owned: dead.iter().map(|&d| p.reclaim(d) as u32).sum(),
+                    owned: p.reclaim(dead, readers) as u32,
                     lost: 0,
                 })
             }

@@ -2328,6 +2328,33 @@ impl Stack {
     pub fn __segment(&self) -> &Segment {
         &self.seg
     }
+
+    /// Test hook: buffers of the pool stamped in flight to this stack and
+    /// not received yet (in a ring, or stamped and never pushed), on
+    /// either backend.
+    #[doc(hidden)]
+    pub fn __in_flight_to_me(&self) -> usize {
+        match &self.pool {
+            PoolRef::Shm(_) => {
+                use crate::layout::bufword;
+                let seg = &self.seg;
+                let mut n = 0;
+                for (class, c) in seg.classes().iter().enumerate() {
+                    for i in 0..c.count {
+                        let w = seg
+                            .buf_header(class, i)
+                            .map_or(0, |h| h.word.load(Ordering::Acquire));
+                        if bufword::state(w) == bufword::INFLIGHT && bufword::owner(w) == self.id {
+                            n += 1;
+                        }
+                    }
+                }
+                n
+            }
+            #[cfg(feature = "dpdk")]
+            PoolRef::Dpdk(p) => p.in_flight_to(self.id),
+        }
+    }
 }
 
 impl Chan {

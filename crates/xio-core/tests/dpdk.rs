@@ -140,7 +140,7 @@ fn primary(prefix: &str) {
                 let mut junk = [Descriptor::default(); 64];
                 let mut consumer_of_a2b = DpdkConsumer::new(Ring::lookup("xio-a2b").unwrap());
                 while consumer_of_a2b.pop_burst(&mut junk).unwrap() > 0 {}
-                let n = pool.reclaim(id.parse().unwrap());
+                let n = pool.reclaim(&[id.parse().unwrap()], &[]);
                 println!("XIO:reclaimed {n}");
             }
             ["avail"] => {
