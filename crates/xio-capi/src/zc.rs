@@ -169,7 +169,11 @@ fn remember_claim(owner: &std::sync::Arc<AtomicUsize>) {
         let mut c = c.borrow_mut();
         // Forget stacks that were closed since.
         c.owners.retain(|o| std::sync::Arc::strong_count(o) > 1);
-        c.owners.push(owner.clone());
+        // A stack claimed again after `xio_stack_release` is listed once
+        // (a list growing per claim would also make each claim slower).
+        if !c.owners.iter().any(|o| std::sync::Arc::ptr_eq(o, owner)) {
+            c.owners.push(owner.clone());
+        }
     });
 }
 
@@ -808,4 +812,41 @@ pub unsafe extern "C" fn xio_buf_free(buf: *mut XioBuf) -> XioResult {
 
 pub(crate) fn buf_out(state: BufState) -> *mut XioBuf {
     new_buf(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How many stacks this thread's claim list holds.
+    fn claims_held() -> usize {
+        CLAIMS.with(|c| c.borrow().owners.len())
+    }
+
+    /// A thread that takes a stack, gives it back and takes it again
+    /// (handing it between threads, one request at a time) keeps one
+    /// entry for it, not one per claim.
+    #[test]
+    fn claiming_a_stack_again_keeps_one_claim() {
+        let dir = std::env::temp_dir().join(format!("xio-capi-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::env::set_var("XIO_RUN_DIR", &dir);
+        let prefix = format!("unit-claims-{}", std::process::id());
+        let _m = xio_core::Manager::builder(&prefix).spawn().unwrap();
+        let p = std::ffi::CString::new(prefix).unwrap();
+        let mut s = std::ptr::null_mut();
+        // SAFETY: valid arguments; `s` is used by this thread only and
+        // closed at the end; each buffer is freed once.
+        unsafe {
+            assert_eq!(xio_stack_attach(p.as_ptr(), &mut s), XIO_OK);
+            for _ in 0..100 {
+                let mut b = std::ptr::null_mut();
+                assert_eq!(xio_alloc(s, 8, &mut b), XIO_OK);
+                assert_eq!(xio_buf_free(b), XIO_OK);
+                assert_eq!(xio_stack_release(s), XIO_OK);
+            }
+            assert_eq!(claims_held(), 1, "one stack, claimed 100 times");
+            assert_eq!(xio_stack_close(s), XIO_OK);
+        }
+    }
 }
