@@ -14,8 +14,10 @@
  *
  * fork(): handles stay with the process that made them. In a forked
  * child, calls that would touch an inherited stack's rings, pool or
- * manager connection (alloc, send, receive, connect, write, poll...)
- * fail with XIO_ERR_FORKED, freeing inherited handles is harmless, and
+ * manager connection (alloc, send, receive, connect, write, poll...),
+ * and every call on an inherited net, listener or stream (even while
+ * another thread of the parent was inside one at the fork), fail with
+ * XIO_ERR_FORKED, freeing inherited handles is harmless, and
  * the parent's death is still seen by its peers. Attach anew in the
  * child. (exec() needs nothing: X-IO's descriptors are close-on-exec.)
  */

@@ -6,7 +6,7 @@
 use std::ffi::{c_char, CStr};
 use std::net::SocketAddr;
 
-use crate::error::{Fail, Res, XIO_ERR_INVALID_ARGUMENT, XIO_ERR_INVALID_HANDLE};
+use crate::error::{Fail, Res, XIO_ERR_FORKED, XIO_ERR_INVALID_ARGUMENT, XIO_ERR_INVALID_HANDLE};
 
 /// A stack attached to a pool: the zero-copy interface.
 pub struct XioStack {
@@ -39,6 +39,9 @@ pub struct XioStream {
 #[repr(C)]
 pub(crate) struct Handle<T> {
     magic: u64,
+    /// The fork generation of the process that made the handle
+    /// (`xio_core::fork::generation`), for [`Opaque::FORKED_REFUSED`].
+    born: u32,
     pub(crate) inner: T,
 }
 
@@ -50,18 +53,52 @@ pub(crate) trait Opaque: Sized {
     type Inner;
     const MAGIC: u64;
     const NAME: &'static str;
+    /// In a forked child, calls on an inherited handle of this type fail
+    /// with `XIO_ERR_FORKED` before they reach its inner value, and
+    /// closing it forgets that value instead of dropping it: a net (and
+    /// its listeners and streams) is behind a lock that another thread of
+    /// the parent may have held at the fork, which the child's copy then
+    /// keeps taken for ever. (Stacks and buffers report a fork
+    /// themselves, and take no such lock.)
+    const FORKED_REFUSED: bool = false;
 }
 
 /// Boxes `inner` into a new handle for C.
 pub(crate) fn into_handle<O: Opaque>(inner: O::Inner) -> *mut O {
     Box::into_raw(Box::new(Handle {
         magic: O::MAGIC,
+        born: xio_core::fork::generation(),
         inner,
     }))
     .cast()
 }
 
+/// Whether the handle `h` (checked live) was inherited across `fork()`
+/// and is of a type refused then.
+///
+/// # Safety
+/// `h` is a live handle of type `O`.
+unsafe fn inherited<O: Opaque>(h: *mut Handle<O::Inner>) -> bool {
+    // SAFETY: per the caller.
+    O::FORKED_REFUSED && unsafe { (*h).born } != xio_core::fork::generation()
+}
+
 fn check<O: Opaque>(p: *mut O) -> Res<*mut Handle<O::Inner>> {
+    let h = check_magic(p)?;
+    // SAFETY: a live handle of type O (its magic says so).
+    if unsafe { inherited::<O>(h) } {
+        return Err(Fail::new(
+            XIO_ERR_FORKED,
+            format!(
+                "this xio_{} was inherited across fork(): attach anew in the child",
+                O::NAME
+            ),
+        ));
+    }
+    Ok(h)
+}
+
+fn check_magic<O: Opaque>(p: *mut O) -> Res<*mut Handle<O::Inner>> {
     if p.is_null() {
         return Err(Fail::null(O::NAME));
     }
@@ -109,13 +146,20 @@ pub(crate) unsafe fn take<O: Opaque>(p: *mut O) -> Res<Option<O::Inner>> {
     if p.is_null() {
         return Ok(None);
     }
-    let h = check(p)?;
+    let h = check_magic(p)?;
     // SAFETY: a live handle from `into_handle` (a Box), used by us alone;
     // marking it dead first lets a later double close be caught while the
     // memory is not reused.
     unsafe {
         (*h).magic = DEAD;
-        Ok(Some(Box::from_raw(h).inner))
+        let inherited = inherited::<O>(h);
+        let inner = Box::from_raw(h).inner;
+        if inherited {
+            // The parent's: dropping it could wait for ever on its lock.
+            std::mem::forget(inner);
+            return Ok(None);
+        }
+        Ok(Some(inner))
     }
 }
 
@@ -126,7 +170,7 @@ pub(crate) unsafe fn take<O: Opaque>(p: *mut O) -> Res<Option<O::Inner>> {
 /// # Safety
 /// As [`take`]; `p` is not NULL.
 pub(crate) unsafe fn take_box<O: Opaque>(p: *mut O) -> Res<Box<Handle<O::Inner>>> {
-    let h = check(p)?;
+    let h = check_magic(p)?;
     // SAFETY: as in `take`.
     unsafe {
         (*h).magic = DEAD;
@@ -137,6 +181,7 @@ pub(crate) unsafe fn take_box<O: Opaque>(p: *mut O) -> Res<Box<Handle<O::Inner>>
 /// A handle for C made from a closed handle's allocation.
 pub(crate) fn reuse_handle<O: Opaque>(mut b: Box<Handle<O::Inner>>, inner: O::Inner) -> *mut O {
     b.magic = O::MAGIC;
+    b.born = xio_core::fork::generation();
     b.inner = inner;
     Box::into_raw(b).cast()
 }

@@ -67,6 +67,7 @@ impl Opaque for XioNet {
     type Inner = NetInner;
     const MAGIC: u64 = 0x7869_6f5f_6e65_7431; // "xio_net1"
     const NAME: &'static str = "net";
+    const FORKED_REFUSED: bool = true;
 }
 
 pub(crate) struct ListenerInner {
@@ -78,12 +79,14 @@ impl Opaque for crate::XioListener {
     type Inner = ListenerInner;
     const MAGIC: u64 = 0x7869_6f5f_6c73_6e31; // "xio_lsn1"
     const NAME: &'static str = "listener";
+    const FORKED_REFUSED: bool = true;
 }
 
 impl Opaque for crate::XioStream {
     type Inner = Stream;
     const MAGIC: u64 = 0x7869_6f5f_7374_6d31; // "xio_stm1"
     const NAME: &'static str = "stream";
+    const FORKED_REFUSED: bool = true;
 }
 
 /// A listener's token: the top bit set (stream tokens are below 2^32),
