@@ -83,6 +83,16 @@ unsafe fn inherited<O: Opaque>(h: *mut Handle<O::Inner>) -> bool {
     O::FORKED_REFUSED && unsafe { (*h).born } != xio_core::fork::generation()
 }
 
+/// Whether the live handle `p` was made before this process was forked
+/// from its maker (whatever its type).
+///
+/// # Safety
+/// `p` is a live handle of type `O` (checked by a borrow).
+pub(crate) unsafe fn made_before_fork<O: Opaque>(p: *mut O) -> bool {
+    // SAFETY: per the caller.
+    unsafe { (*p.cast::<Handle<O::Inner>>()).born != xio_core::fork::generation() }
+}
+
 fn check<O: Opaque>(p: *mut O) -> Res<*mut Handle<O::Inner>> {
     let h = check_magic(p)?;
     // SAFETY: a live handle of type O (its magic says so).

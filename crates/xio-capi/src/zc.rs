@@ -241,6 +241,11 @@ unsafe fn using<'a>(p: *mut XioStack, sticky: bool) -> Res<Using<'a>> {
             release: !sticky,
         });
     }
+    // SAFETY: a live stack handle (borrowed above).
+    if unsafe { made_before_fork(p) } {
+        // Owned by a thread of the parent, which the child does not have.
+        return Err(StackError::Forked.into());
+    }
     Err(Fail::new(
         XIO_ERR_BUSY,
         "the stack is in use by another thread: a stack is used by one thread at a time \

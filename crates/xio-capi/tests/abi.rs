@@ -381,3 +381,55 @@ fn a_child_forked_while_another_thread_polls_the_net_does_not_hang() {
         assert_eq!(xio_net_close(net), XIO_OK);
     }
 }
+
+/// A stack that another thread of the parent owned at the fork is the
+/// parent's too: in the child, calls on it fail with `XIO_ERR_FORKED`,
+/// as the header says of inherited stacks, not `XIO_ERR_BUSY` (which
+/// says to wait for a thread that does not exist in the child).
+#[test]
+fn a_stack_another_thread_owned_at_the_fork_says_forked_in_the_child() {
+    let (_m, p) = manager("fork-owned-stack");
+    // SAFETY: a live stack handle and valid out-parameters; the buffer is
+    // freed by the thread that allocated it; the child calls only xio_
+    // functions and exits with `_exit`.
+    unsafe {
+        let s = stack(&p);
+        struct Send<T>(T);
+        // SAFETY: the stack is used by one thread at a time: the owner
+        // until it releases it, then the main thread.
+        unsafe impl<T> std::marker::Send for Send<T> {}
+        let (owned_tx, owned_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let h = Send(s);
+        let owner = std::thread::spawn(move || {
+            let h = h;
+            let mut b = null_mut();
+            // The first alloc makes this thread the stack's owner.
+            assert_eq!(xio_alloc(h.0, 8, &mut b), XIO_OK);
+            owned_tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+            assert_eq!(xio_buf_free(b), XIO_OK);
+            assert_eq!(xio_stack_release(h.0), XIO_OK);
+        });
+        owned_rx.recv().unwrap();
+        let pid = fork();
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            alarm(30);
+            let mut b = null_mut();
+            let r = xio_alloc(s, 8, &mut b);
+            _exit(r);
+        }
+        let mut status = 0;
+        assert_eq!(waitpid(pid, &mut status, 0), pid);
+        done_tx.send(()).unwrap();
+        owner.join().unwrap();
+        assert_eq!(status & 0x7f, 0, "the child was killed: {status:#x}");
+        assert_eq!(
+            (status >> 8) & 0xff,
+            XIO_ERR_FORKED,
+            "xio_alloc in the child"
+        );
+        assert_eq!(xio_stack_close(s), XIO_OK);
+    }
+}
