@@ -826,6 +826,12 @@ impl Manager {
                         tracing::info!("accepting connections again");
                     }
                     if self.pending.len() >= MAX_PENDING {
+                        // Connections whose client left first: a flood of
+                        // connect-and-close must not push out a stack
+                        // whose Hello is on its way.
+                        self.pending.retain(|p| !hung_up_now(p));
+                    }
+                    if self.pending.len() >= MAX_PENDING {
                         // Drop the oldest silent connection.
                         self.pending.remove(0);
                     }

@@ -476,3 +476,49 @@ fn raise_fd_limit() {
         },
     );
 }
+
+/// A client that only connects to the manager's socket and leaves, as
+/// fast as it can, does not keep others from attaching: the connections
+/// it left are not what a newcomer's is dropped for. (The manager holds
+/// at most 256 connections that have not said Hello yet and dropped the
+/// oldest for each new one: in a flood of connections already closed,
+/// a stack's attach was dropped before its Hello was read, and failed
+/// with "the manager went away".)
+#[test]
+fn a_flood_of_connections_that_leave_does_not_keep_others_from_attaching() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    setup();
+    let p = prefix("connect-flood");
+    let mgr = Manager::builder(&p).spawn().unwrap();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let path = xio_core::paths::socket_path(&p);
+    let flood: Vec<_> = (0..3)
+        .map(|_| {
+            let (stop, path) = (stop.clone(), path.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    drop(ctrl::connect(&path));
+                }
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for i in 0..20u8 {
+        match Stack::attach(&p) {
+            Ok(mut s) => s
+                .bind(format!("10.64.0.{}:1", i + 1).parse().unwrap())
+                .unwrap(),
+            Err(e) => failed.push(e.to_string()),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in flood {
+        t.join().unwrap();
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of 20 attaches failed: {failed:?}",
+        failed.len()
+    );
+    wait_pool_whole(&mgr);
+}
