@@ -261,6 +261,13 @@ typedef uint16_t xio_peer;
  */
 #define XIO_ERR_FORKED 18
 
+/**
+ * The manager has no room for it: every stack slot (attach) or channel
+ * slot (connect, dial) of the pool is taken. It passes once others
+ * leave (see the pool's `max_stacks` and `max_channels`).
+ */
+#define XIO_ERR_NO_SPACE 19
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus

@@ -68,6 +68,10 @@ pub const XIO_ERR_INTERNAL: XioResult = 17;
 /// The handle was inherited across `fork()`: its stack belongs to the
 /// parent. Attach a new stack (or net) in the child.
 pub const XIO_ERR_FORKED: XioResult = 18;
+/// The manager has no room for it: every stack slot (attach) or channel
+/// slot (connect, dial) of the pool is taken. It passes once others
+/// leave (see the pool's `max_stacks` and `max_channels`).
+pub const XIO_ERR_NO_SPACE: XioResult = 19;
 
 /// An error on its way to C: a code and the message for `xio_last_error`.
 #[derive(Debug)]
@@ -136,6 +140,10 @@ fn stack_code(e: &StackError) -> XioResult {
             code: ErrorCode::ConnectionRefused,
             ..
         } => XIO_ERR_CONNECTION_REFUSED,
+        StackError::Refused {
+            code: ErrorCode::NoSpace,
+            ..
+        } => XIO_ERR_NO_SPACE,
         StackError::Refused { .. } => XIO_ERR_PROTOCOL,
         StackError::Reset(_) => XIO_ERR_CONNECTION_RESET,
         StackError::NotConnected(_) => XIO_ERR_NOT_CONNECTED,
@@ -218,6 +226,7 @@ pub extern "C" fn xio_strerror(code: XioResult) -> *const c_char {
         XIO_ERR_READ_ONLY => c"buffer is read-only",
         XIO_ERR_INTERNAL => c"internal error",
         XIO_ERR_FORKED => c"handle inherited across fork(); attach a new stack",
+        XIO_ERR_NO_SPACE => c"no free stack or channel slot in the pool",
         _ => c"unknown error",
     };
     s.as_ptr()

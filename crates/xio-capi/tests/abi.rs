@@ -15,6 +15,11 @@ const WATCHDOG_MS: i32 = 120_000;
 
 /// A manager for `test`'s own pool prefix.
 fn manager(test: &str) -> (ManagerHandle, CString) {
+    manager_with(test, xio_core::prelude::PoolConfig::default())
+}
+
+/// [`manager`] with the pool `pool`.
+fn manager_with(test: &str, pool: xio_core::prelude::PoolConfig) -> (ManagerHandle, CString) {
     static DIR: OnceLock<()> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("xio-capi-abi-{}", std::process::id()));
@@ -23,7 +28,7 @@ fn manager(test: &str) -> (ManagerHandle, CString) {
         std::env::set_var("XIO_RUN_DIR", &dir);
     });
     let p = format!("abi-{test}-{}", std::process::id());
-    let m = Manager::builder(&p).spawn().unwrap();
+    let m = Manager::builder(&p).pool(pool).spawn().unwrap();
     (m, CString::new(p).unwrap())
 }
 
@@ -431,5 +436,46 @@ fn a_stack_another_thread_owned_at_the_fork_says_forked_in_the_child() {
             "xio_alloc in the child"
         );
         assert_eq!(xio_stack_close(s), XIO_OK);
+    }
+}
+
+/// A pool with no stack slot or channel slot left refuses the attach or
+/// the connect with `XIO_ERR_NO_SPACE`, a condition that passes once
+/// others leave, not with `XIO_ERR_PROTOCOL`, which the header keeps for
+/// a peer or manager that broke the protocol.
+#[test]
+fn a_full_pool_is_no_space_not_a_protocol_error() {
+    let pool = xio_core::prelude::PoolConfig {
+        max_stacks: 3,
+        max_channels: 1,
+        ..Default::default()
+    };
+    let (_m, p) = manager_with("full-pool", pool);
+    // SAFETY: live handles, valid out-parameters and NUL-terminated
+    // strings throughout.
+    unsafe {
+        let (a, b, c) = (stack(&p), stack(&p), stack(&p));
+        let mut d = null_mut();
+        assert_eq!(
+            xio_stack_attach(p.as_ptr(), &mut d),
+            XIO_ERR_NO_SPACE,
+            "a fourth stack: {:?}",
+            std::ffi::CStr::from_ptr(xio_last_error())
+        );
+        assert!(d.is_null());
+        let (a_addr, b_addr) = (addr("10.9.3.1:80"), addr("10.9.3.2:80"));
+        assert_eq!(xio_stack_bind(a, a_addr.as_ptr()), XIO_OK);
+        assert_eq!(xio_stack_bind(b, b_addr.as_ptr()), XIO_OK);
+        let mut peer = 0;
+        assert_eq!(xio_stack_connect(c, a_addr.as_ptr(), &mut peer), XIO_OK);
+        assert_eq!(
+            xio_stack_connect(c, b_addr.as_ptr(), &mut peer),
+            XIO_ERR_NO_SPACE,
+            "a second channel: {:?}",
+            std::ffi::CStr::from_ptr(xio_last_error())
+        );
+        for s in [a, b, c] {
+            assert_eq!(xio_stack_close(s), XIO_OK);
+        }
     }
 }
