@@ -804,7 +804,10 @@ impl XioStream {
     /// Waits until the listener answered the SYN (`ConnectionRefused` if it
     /// refused). Optional: reads wait for it anyway.
     pub async fn connected(&self) -> io::Result<()> {
-        std::future::poll_fn(|cx| self.inner.poll_connected(cx)).await
+        std::future::poll_fn(|cx| {
+            pending_needs_driver(self.inner.net(), self.inner.poll_connected(cx))
+        })
+        .await
     }
 
     /// The peer's address.

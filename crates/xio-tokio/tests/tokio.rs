@@ -1259,3 +1259,37 @@ fn current_thread_runtimes_in_turn_on_one_thread_each_get_a_driver() {
     current_thread_runtime().block_on(read_woken_elsewhere(c, s));
     drop(a);
 }
+
+/// `connected()` waits on the net as a read does, so it needs a driver
+/// that serves its runtime too: here the stream's only driver is on a
+/// current_thread runtime nobody runs any more, and the listener answers
+/// while another runtime's task waits in `connected()`.
+#[test]
+fn connected_does_not_rely_on_an_idle_current_thread_runtime() {
+    let (_mgr, p) = setup("connected-idle");
+    let srv = Net::attach(&p).unwrap();
+    // A core listener: nothing drains its net (nothing answers the SYN)
+    // until a thread accepts on it.
+    let l = srv.listen("10.4.0.43:80").unwrap();
+    let a = current_thread_runtime();
+    let c = a.block_on(async {
+        let cli = Net::attach(&p).unwrap();
+        XioStream::connect_with(&cli, "10.4.0.43:80").await.unwrap()
+    });
+    rt(1).block_on(async move {
+        let waiting = tokio::spawn(async move {
+            c.connected().await.unwrap();
+            c
+        });
+        // Let the task wait (a wake-up it misses is what is tested; the
+        // SYN is unanswered until the accept below, so it waits).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let acc = std::thread::spawn(move || l.accept().unwrap());
+        tokio::time::timeout(WATCHDOG, waiting)
+            .await
+            .expect("watchdog: connected() was never woken")
+            .unwrap();
+        acc.join().unwrap();
+    });
+    drop(a);
+}
