@@ -1432,6 +1432,11 @@ impl Drop for Core {
         if !self.flush_pending_until(Instant::now() + Duration::from_secs(1)) {
             tracing::warn!("closing with sends a peer never made room for");
         }
+        // An adapter's driver task asleep on a duplicate of the doorbell
+        // (xio-tokio's) holds only a weak reference to the net: woken, it
+        // finds the net gone and ends, with its fds. Nothing else would
+        // ever wake it.
+        let _ = self.stack.ring_self();
     }
 }
 

@@ -1293,3 +1293,36 @@ fn connected_does_not_rely_on_an_idle_current_thread_runtime() {
     });
     drop(a);
 }
+
+/// A net's driver task ends once the net is gone (every stream, listener
+/// and handle of it dropped): a process that attaches nets over its life
+/// (the global one again after each manager restart, say) must not keep
+/// a sleeping task and its fds per net it ever had.
+#[test]
+fn a_drivers_task_ends_when_its_net_is_dropped() {
+    let (_mgr, p) = setup("driver-net-gone");
+    let rt = rt(1);
+    rt.block_on(async {
+        let (mut c, mut s) = connected(&p, "10.4.0.44:80").await;
+        c.write_all(b"hello").await.unwrap();
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).await.unwrap();
+        drop((c, s));
+    });
+    // Both nets are gone now: their drivers have nothing left to serve.
+    let m = rt.metrics();
+    rt.block_on(async {
+        tokio::time::timeout(WATCHDOG, async {
+            while m.num_alive_tasks() > 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "watchdog: {} driver task(s) outlived their nets",
+                m.num_alive_tasks()
+            )
+        });
+    });
+}
