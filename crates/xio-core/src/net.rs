@@ -2979,11 +2979,19 @@ impl Drop for ListenerInner {
     fn drop(&mut self) {
         let addr = self.addr;
         let net = self.net.get_mut().unwrap_or_else(|e| e.into_inner());
+        // Waiters still registered for the address (an async accept
+        // cancelled while it waited leaves its task's waker; a thread of a
+        // listener that followed a restart may wait on this old net): woken
+        // after the lock is released, so the wakers leave the net instead
+        // of holding their tasks for its lifetime, and a thread looks again.
+        let mut waiting = Vec::new();
         // The table and the request in one step (see `Net::listen_one`).
         let asked = net.update(|g| {
             g.table.unlisten(addr);
+            g.wake_key(Key::Accept(addr), &mut waiting);
             g.ask(&crate::proto::Msg::Unbind { addr })
         });
+        wake_all(&mut waiting);
         // Not the whole control timeout: a drop should not wait long. A
         // later answer is settled when it comes.
         let unbound = asked.and_then(|a| {

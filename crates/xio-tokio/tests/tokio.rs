@@ -1326,3 +1326,27 @@ fn a_drivers_task_ends_when_its_net_is_dropped() {
         });
     });
 }
+
+/// An accept cancelled while it waited (a `select!` against a timeout, or
+/// `axum::serve`'s graceful shutdown) leaves its task's waker registered
+/// on the net; dropping the listener must let go of it (the net lives on
+/// with its other connections), as dropping a stream does for its reads'.
+#[test]
+fn a_dropped_listener_lets_go_of_a_cancelled_accepts_waker() {
+    let (_mgr, p) = setup("accept-waker");
+    rt(1).block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, "10.4.0.45:80").unwrap();
+        let (flag, w) = flag_waker();
+        let mut cx = std::task::Context::from_waker(&w);
+        assert!(l.poll_accept(&mut cx).is_pending());
+        drop(w);
+        drop(l);
+        assert_eq!(
+            std::sync::Arc::strong_count(&flag),
+            1,
+            "the net still holds the waker of an accept on a dropped listener"
+        );
+        drop(srv);
+    });
+}
