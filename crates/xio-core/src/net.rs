@@ -239,6 +239,7 @@ impl NetBuilder {
                     last_liveness: 0,
                     manager_watch: None,
                     told_gone: false,
+                    bell_out: false,
                     data_drains: 0,
                     data_seen: (0, 0),
                 }),
@@ -491,6 +492,9 @@ struct Core {
     manager_watch: Option<std::os::fd::OwnedFd>,
     /// The drain has acted on the manager's end (see `drain`).
     told_gone: bool,
+    /// [`Net::doorbell`] was handed out: a reactor (xio-tokio's driver, an
+    /// event loop) may sleep on it, relying on the doorbell staying armed.
+    bell_out: bool,
     /// Drains that found something (no clock read on the data path)...
     data_drains: u64,
     /// ...as of the last watch end, and when that count last moved (ns).
@@ -1747,6 +1751,15 @@ impl Net {
                 g.stack.end_probe(&mut probe);
                 g.probe = Some(probe);
                 g.driving = false;
+                // A reactor asleep on the doorbell left the rings to us
+                // (`Net::drive`), and our wait disarmed its doorbell: the
+                // futex sleep took the slot's word over, or a peer's ring
+                // during our spin cleared it. Ring it, so it drives again
+                // (draining what we leave, arming again) and hears the
+                // peers once we are gone; else its tasks waited for good.
+                if g.bell_out {
+                    let _ = g.stack.ring_self();
+                }
                 match res {
                     Ok(true) => g.force_ctrl = true,
                     Ok(false) | Err(Error::TimedOut) => {}
@@ -3564,7 +3577,8 @@ impl Net {
     /// A duplicate of the doorbell eventfd: readable when a peer rang
     /// because this net's doorbell was armed ([`Net::drive`]).
     pub fn doorbell(&self) -> io::Result<std::os::fd::OwnedFd> {
-        let g = self.lock();
+        let mut g = self.lock();
+        g.bell_out = true;
         Ok(rustix::io::fcntl_dupfd_cloexec(g.stack.doorbell_fd(), 3)?)
     }
 

@@ -1350,3 +1350,50 @@ fn a_dropped_listener_lets_go_of_a_cancelled_accepts_waker() {
         drop(srv);
     });
 }
+
+/// One net used by tokio tasks and by a thread's blocking call (a sync
+/// library on `Net::global`, say): while the thread waits it drives the
+/// net itself, asleep on the futex rather than the doorbell; once it is
+/// done the tasks' driver, asleep on the doorbell all along, must be rung
+/// again when their data comes.
+#[test]
+fn a_blocking_call_on_the_same_net_leaves_the_tasks_driver_reachable() {
+    use std::io::Read;
+    let (_mgr, p) = setup("mixed-blocking");
+    let srv = Net::attach(&p).unwrap();
+    let cli = Net::attach(&p).unwrap();
+    rt(1).block_on(async {
+        let addr = "10.4.0.46:80";
+        let l = XioListener::bind_with(&srv, addr).unwrap();
+        let c = XioStream::connect_with(&cli, addr).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let blocking = {
+            let cli = cli.clone();
+            tokio::task::spawn_blocking(move || cli.connect(addr).unwrap())
+                .await
+                .unwrap()
+        };
+        let (mut bs, _) = l.accept().await.unwrap();
+        // A task waits on the net's driver.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let read = tokio::spawn(read_noting_pending(c, 5, tx));
+        went_pending(rx).await;
+        // A thread's blocking read on the same net, answered.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let reader = std::thread::spawn(move || {
+            let mut b = [0u8; 3];
+            (&blocking).read_exact(&mut b).unwrap();
+            let _ = tx.send(());
+            blocking
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        bs.write_all(b"abc").await.unwrap();
+        tokio::time::timeout(WATCHDOG, rx)
+            .await
+            .expect("watchdog: the blocking read never returned")
+            .unwrap();
+        drop(reader.join().unwrap());
+        // The task's data comes now.
+        write_hello_and_see_it_read(s, read).await;
+    });
+}
