@@ -638,15 +638,47 @@ async fn sleep_on(
 pub struct XioListener {
     inner: xio_core::net::XioListener,
     /// While the core listener waits for a new manager: the timer for its
-    /// next attempt, and the tasks accepting meanwhile (a timer wakes only
-    /// the last task that polled it).
+    /// next attempt, and the tasks accepting meanwhile.
     retry: Mutex<Retry>,
 }
 
 #[derive(Debug, Default)]
 struct Retry {
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
-    waiters: Vec<std::task::Waker>,
+    /// What the timer is polled with, so that it wakes every task
+    /// accepting meanwhile: a timer wakes only the waker it was polled
+    /// with last, and the task that polled it last may have stopped
+    /// accepting (its accept future dropped), leaving the others asleep
+    /// on the old net for good.
+    waiters: Arc<Waiters>,
+}
+
+/// Tasks woken together (see [`Retry::waiters`]).
+#[derive(Debug, Default)]
+struct Waiters(Mutex<Vec<std::task::Waker>>);
+
+impl Waiters {
+    fn add(&self, w: &std::task::Waker) {
+        let mut ws = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if !ws.iter().any(|x| x.will_wake(w)) {
+            ws.push(w.clone());
+        }
+    }
+
+    fn wake_all(&self) {
+        let ws = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        ws.into_iter().for_each(std::task::Waker::wake);
+    }
+}
+
+impl std::task::Wake for Waiters {
+    fn wake(self: Arc<Self>) {
+        self.wake_all();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.wake_all();
+    }
 }
 
 impl XioListener {
@@ -719,7 +751,7 @@ impl XioListener {
                 ensure_driver(&self.inner.net())?;
                 retry.timer = None;
                 // Tasks waiting on the old net accept on the new one.
-                retry.waiters.drain(..).for_each(std::task::Waker::wake);
+                retry.waiters.wake_all();
             }
             Err(at) => {
                 let at = tokio::time::Instant::from_std(at);
@@ -727,15 +759,14 @@ impl XioListener {
                     Some(t) if t.deadline() == at => {}
                     _ => retry.timer = Some(Box::pin(tokio::time::sleep_until(at))),
                 }
+                retry.waiters.add(cx.waker());
+                let all = std::task::Waker::from(retry.waiters.clone());
                 let t = retry.timer.as_mut().expect("just set");
-                if std::future::Future::poll(t.as_mut(), cx).is_ready() {
-                    // Due: every waiting task looks again (the one that
-                    // polled the timer may have gone away).
+                if std::future::Future::poll(t.as_mut(), &mut Context::from_waker(&all)).is_ready()
+                {
+                    // Due: every waiting task looks again, this one too.
                     retry.timer = None;
-                    retry.waiters.drain(..).for_each(std::task::Waker::wake);
-                    cx.waker().wake_by_ref();
-                } else if !retry.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                    retry.waiters.push(cx.waker().clone());
+                    retry.waiters.wake_all();
                 }
             }
         }

@@ -425,6 +425,45 @@ fn child_main() {
             }
         });
     }
+    if role == "two_acceptors" {
+        // As "follower", with a second task that accepts on the same
+        // listener until the manager is gone, then goes on to other work
+        // (its accept future dropped) after a last look at the listener.
+        rt(1).block_on(async {
+            let l = std::sync::Arc::new(XioListener::bind("10.4.0.22:80").await.unwrap());
+            let acceptor = l.clone();
+            tokio::spawn(async move {
+                loop {
+                    let (mut s, _) = acceptor.accept().await.unwrap();
+                    tokio::spawn(async move {
+                        let mut b = [0u8; 4];
+                        if s.read_exact(&mut b).await.is_ok() {
+                            let _ = s.write_all(&b).await;
+                        }
+                    });
+                }
+            });
+            println!("ready");
+            std::io::stdout().flush().unwrap();
+            while !l.as_core().net().manager_gone() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let until = tokio::time::Instant::now() + Duration::from_millis(300);
+            while tokio::time::Instant::now() < until {
+                tokio::select! {
+                    r = l.accept() => drop(r),
+                    () = tokio::time::sleep(Duration::from_millis(1)) => {}
+                }
+            }
+            // One last look, then other work: this task never accepts again.
+            std::future::poll_fn(|cx| {
+                drop(l.poll_accept(cx));
+                std::task::Poll::Ready(())
+            })
+            .await;
+            std::future::pending::<()>().await;
+        });
+    }
     if role == "embedded_holder" {
         // A single-binary service: its manager embedded; echoes 4 bytes,
         // then holds the connection open.
@@ -1396,4 +1435,48 @@ fn a_blocking_call_on_the_same_net_leaves_the_tasks_driver_reachable() {
         // The task's data comes now.
         write_hello_and_see_it_read(s, read).await;
     });
+}
+
+/// As `a_global_listener_binds_again_on_a_restarted_manager`, with two
+/// tasks accepting on the listener, the second of which stops accepting
+/// while no manager runs (its accept future dropped after it polled
+/// last): the remaining task must still be woken to try the next manager.
+#[test]
+fn a_listener_follows_a_restart_after_one_of_its_acceptors_left() {
+    drop(setup("follow2"));
+    let p = format!("tt-follow2-child-{}", std::process::id());
+    let mut first = spawn_child("manager", &p);
+    let mut service = spawn_child("two_acceptors", &p);
+    let addr = "10.4.0.22:80";
+    let echo = |net: Net| async move {
+        let mut c = XioStream::connect_with(&net, addr).await?;
+        c.write_all(b"ping").await?;
+        let mut b = [0u8; 4];
+        c.read_exact(&mut b).await?;
+        assert_eq!(&b, b"ping");
+        io::Result::Ok(())
+    };
+    rt(1).block_on(async {
+        echo(Net::attach(&p).unwrap()).await.unwrap();
+        first.kill().unwrap();
+        first.wait().unwrap();
+    });
+    // Longer than the second task's accepting after the manager's death.
+    std::thread::sleep(Duration::from_millis(700));
+    let mut second = spawn_child("manager", &p);
+    rt(1).block_on(async {
+        let net = Net::attach(&p).unwrap();
+        tokio::time::timeout(WATCHDOG, async {
+            while let Err(e) = echo(net.clone()).await {
+                assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("watchdog: the service never bound again on the new manager");
+    });
+    for c in [&mut service, &mut second] {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
 }
