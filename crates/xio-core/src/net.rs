@@ -3664,11 +3664,18 @@ impl Net {
     /// Threads in blocking calls are left asleep. For an adapter whose
     /// driver went away (its runtime shut down): the woken tasks poll
     /// again and find, or start, another driver. Costs the woken tasks a
-    /// spurious poll each; nothing is lost.
+    /// spurious poll each; nothing is lost. Also rings the doorbell: the
+    /// driver that went away may have been watching the rings with the
+    /// doorbell switched off, and another reactor asleep on it (a driver
+    /// of another runtime) would not hear the peers until it is armed
+    /// again.
     pub fn wake_tasks(&self) {
         let mut wake = Vec::new();
         let mut g = self.lock();
         g.take_wakers(&mut wake);
+        if g.bell_out {
+            let _ = g.stack.ring_self();
+        }
         drop(g);
         wake_all(&mut wake);
     }
