@@ -1091,10 +1091,12 @@ impl Core {
                 }
                 Action::Readable(c) => {
                     self.note_ready(c, true, false);
+                    self.wake_poller(wake);
                     Key::Read(c)
                 }
                 Action::Writable(c) => {
                     self.note_ready(c, false, true);
+                    self.wake_poller(wake);
                     Key::Write(c)
                 }
                 Action::Connected(c) => {
@@ -1110,6 +1112,7 @@ impl Core {
                         }
                     }
                     self.note_ready(c, true, true);
+                    self.wake_poller(wake);
                     Key::Connect(c)
                 }
                 Action::Acceptable(addr) => {
@@ -1290,6 +1293,16 @@ impl Core {
                     writable: w,
                 });
             }
+        }
+    }
+
+    /// Wakes a thread waiting in [`Net::poll`] while another thread
+    /// drives (a blocking call on another stream): the readiness just
+    /// noted is what it waits for, and nothing else would wake it until
+    /// the driver's own call ends.
+    fn wake_poller(&mut self, wake: &mut Vec<Waiter>) {
+        if self.track_ready && self.waiters.contains_key(&Key::Poll) {
+            self.wake_key(Key::Poll, wake);
         }
     }
 

@@ -2796,3 +2796,70 @@ fn a_write_batch_larger_than_the_ring_loses_nothing() {
         assert_eq!(reader.join().unwrap(), want);
     });
 }
+
+/// Runs `release` after `done` is signalled, or after 20 s (then reports
+/// a hang): a watchdog for a wait that must end on its own.
+fn watchdog_then(
+    release: impl FnOnce() + Send + 'static,
+) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<bool>) {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let t = std::thread::spawn(move || {
+        let hung = rx.recv_timeout(Duration::from_secs(20)).is_err();
+        release();
+        hung
+    });
+    (tx, t)
+}
+
+/// An event loop's `poll` that waits while another thread of the same net
+/// drives (a blocking read on another stream) hears of a stream's data:
+/// the driver's drain must wake the parked poll, not only readers parked
+/// on the stream itself.
+#[test]
+fn a_poll_waiting_behind_a_blocking_reader_hears_of_data() {
+    let (_mgr, p) = start("pollbehind");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let l = server.listen("10.3.0.40:80").unwrap();
+    let mut c1 = client.connect("10.3.0.40:80").unwrap();
+    let (s1, _) = l.accept().unwrap();
+    let mut c2 = client.connect("10.3.0.40:80").unwrap();
+    let (s2, _) = l.accept().unwrap();
+    s2.set_nonblocking(true).unwrap();
+    let mut events = Vec::new();
+    server.poll(&mut events, Some(Duration::ZERO)).unwrap();
+    let token = s2.token();
+    // s1's blocking read drives the net (nothing comes for it).
+    let reader = std::thread::spawn(move || {
+        let mut b = [0u8; 1];
+        (&s1).read(&mut b).unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    // Data for s2 once the poll below waits.
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        c2.write_all(b"two").unwrap();
+        c2
+    });
+    // The watchdog ends the blocking read, which ends a hang.
+    let (done, dog) = watchdog_then(move || c1.write_all(b"x").unwrap());
+    loop {
+        events.clear();
+        server.poll(&mut events, None).unwrap();
+        if events
+            .iter()
+            .any(|e| matches!(e, Event::Stream { token: t, readable: true, .. } if *t == token))
+        {
+            break;
+        }
+    }
+    let _ = done.send(());
+    assert!(
+        !dog.join().unwrap(),
+        "the poll heard nothing until the blocking read ended"
+    );
+    assert_eq!(reader.join().unwrap(), 1);
+    let mut b = [0u8; 8];
+    assert_eq!((&s2).read(&mut b).unwrap(), 3);
+    drop(writer.join().unwrap());
+}
