@@ -222,9 +222,14 @@ impl<B> Entry<B> {
     }
 
     /// What a read of a reset connection returns: the error once, then
-    /// end of stream (a refusal stays an error).
+    /// end of stream (a refusal stays an error). A peer that had finished
+    /// sending (its FIN came before the reset) ends reads with end of
+    /// stream and leaves the error to the writes, as Linux, whose read
+    /// looks at a received FIN (`SOCK_DONE`) before a pending error.
     fn read_reset(&mut self) -> Result<(), ConnError> {
-        if self.refused || !self.reset_reported {
+        if self.peer_fin && !self.refused {
+            Ok(())
+        } else if self.refused || !self.reset_reported {
             self.reset_reported = true;
             Err(self.reset_error())
         } else {
@@ -881,7 +886,7 @@ impl<B: Chunk> Table<B> {
     pub fn peek(&mut self, c: ConnId, out: &mut [u8]) -> Result<usize, ConnError> {
         let e = self.get(c).ok_or(ConnError::NotConnected)?;
         if e.state == State::Reset && e.rx.is_empty() {
-            return if e.reset_reported && !e.refused {
+            return if (e.reset_reported || e.peer_fin) && !e.refused {
                 Ok(0)
             } else {
                 Err(e.reset_error())
@@ -1547,6 +1552,10 @@ mod tests {
         s.on_data(PeerId(1), sid, b"again".to_vec());
         assert!(actions(&mut s).is_empty(), "one RST is enough");
         c.on_rst(PeerId(2), cid);
+        // After the FIN, reads end normally, the reset notwithstanding.
+        assert_eq!(c.read(cid, &mut [0u8; 4]), Ok(0));
+        assert_eq!(c.peek(cid, &mut [0u8; 4]), Ok(0));
+        assert_eq!(c.take_chunk(cid), Ok(None));
         // In close-wait, Linux says EPIPE; then the pipe stays broken.
         assert_eq!(c.send_target(cid), Err(ConnError::BrokenPipe));
         assert_eq!(c.send_target(cid), Err(ConnError::BrokenPipe));

@@ -57,10 +57,11 @@
 //! stream already closed here is answered with a RST, so a peer that
 //! keeps writing fails instead of waiting for credit that never comes. A
 //! reset (a RST, or the peer process died) is reported once, to the next
-//! read or write: `ConnectionReset`, or `BrokenPipe` if the peer had
-//! already finished sending (Linux's `EPIPE` in close-wait); after that
-//! reads return end of stream and writes `BrokenPipe`. A refused connect
-//! stays `ConnectionRefused`.
+//! read or write: `ConnectionReset`, or, if the peer had already finished
+//! sending, a write's `BrokenPipe` (Linux's `EPIPE` in close-wait; reads
+//! then see end of stream, as Linux's do after a FIN); after that reads
+//! return end of stream and writes `BrokenPipe`. A refused connect stays
+//! `ConnectionRefused`.
 //!
 //! **Exiting.** A process that exits (returning from `main`, or
 //! `std::process::exit`, or C's `exit`) with connections still open closes

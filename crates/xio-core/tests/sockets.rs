@@ -2863,3 +2863,38 @@ fn a_poll_waiting_behind_a_blocking_reader_hears_of_data() {
     assert_eq!((&s2).read(&mut b).unwrap(), 3);
     drop(writer.join().unwrap());
 }
+
+/// A server that answered and closed (a FIN: it had read everything)
+/// before the rest of the request came: it resets the late bytes, so its
+/// RST follows its FIN. As on Linux, where a FIN already received ends
+/// reads before any error (`SOCK_DONE` is looked at before `sk_err`), the
+/// client reads the answer and then end of stream (`read_to_end`
+/// succeeds); the reset is its next write's broken pipe.
+#[test]
+fn a_reset_after_the_peers_fin_still_ends_reads_normally() {
+    let (_mgr, p) = start("finrst");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let l = server.listen("10.3.0.41:80").unwrap();
+    let mut c = client.connect("10.3.0.41:80").unwrap();
+    let (s, _) = l.accept().unwrap();
+    c.write_all(b"head").unwrap();
+    assert_eq!(read_n(&s, 4), b"head");
+    (&s).write_all(b"answer").unwrap();
+    drop(s);
+    c.write_all(b"late body").unwrap();
+    wait_until("the server reset the late bytes", || {
+        server.connections() == 0
+    });
+    // The answer, the FIN and the RST, into the client's table.
+    client.connections();
+    c.set_read_timeout(Some(WATCHDOG)).unwrap();
+    let mut got = Vec::new();
+    c.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"answer");
+    assert_eq!(
+        c.write(b"more").unwrap_err().kind(),
+        std::io::ErrorKind::BrokenPipe
+    );
+    assert_eq!(c.read(&mut [0u8; 4]).unwrap(), 0);
+}
