@@ -1709,6 +1709,12 @@ impl Net {
                 attempt = f(&mut g, &mut wake);
             }
             waited = true;
+            // What the attempt asked of the table, done or not: a write on
+            // a connection within this net delivered to its reader (and
+            // wakes it) before it ran out of credit, and a reader driving
+            // the net sees nothing else; left queued, the two would wait
+            // for each other.
+            g.run_actions(&mut wake);
             let retry = match attempt {
                 Try::Done(r) => break r,
                 Try::Wait => false,
