@@ -3061,6 +3061,9 @@ impl Drop for StreamInner {
             if let Some(t) = g.user_tokens.get_mut(c.index()) {
                 *t = None;
             }
+            // A write's retry is no event of a closed stream (it would
+            // come under the id, the program's token forgotten).
+            g.retry_writes.retain(|&(r, _)| r != c);
             if let Some(slot) = g.signals.get_mut(c.index()) {
                 if slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, &self.sig)) {
                     *slot = None;

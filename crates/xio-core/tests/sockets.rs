@@ -2937,3 +2937,54 @@ fn a_same_net_write_beyond_the_window_wakes_the_driving_reader() {
     assert!(!hung, "reader and writer waited for each other");
     assert!(got.iter().all(|&b| b == 0x5a));
 }
+
+/// A non-blocking write that met a full ring is reported writable by a
+/// later poll (nothing signals room): not once its stream was closed,
+/// when the event would carry a token the program never chose (the
+/// closed stream's own is forgotten), as epoll reports nothing for a
+/// closed socket.
+#[test]
+fn a_closed_streams_pending_retry_reports_nothing() {
+    setup();
+    let p = prefix("retryclosed");
+    let _mgr = manager_builder(&p)
+        .pool(xio_core::layout::PoolConfig {
+            ring_capacity: 64,
+            ..Default::default()
+        })
+        .spawn()
+        .unwrap();
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let l = server.listen("10.3.0.43:80").unwrap();
+    let c = client.connect("10.3.0.43:80").unwrap();
+    let (_s, _) = l.accept().unwrap();
+    c.set_nonblocking(true).unwrap();
+    c.set_token(1);
+    let mut events = Vec::new();
+    client.poll(&mut events, Some(Duration::ZERO)).unwrap();
+    // The server does not drain: the ring fills before the window does.
+    let mut full = false;
+    for _ in 0..10_000 {
+        match (&c).write(b"x") {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                full = true;
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(full, "the ring never filled");
+    drop(c);
+    // Past the retry pause (50 µs).
+    std::thread::sleep(Duration::from_millis(5));
+    events.clear();
+    client.poll(&mut events, Some(Duration::ZERO)).unwrap();
+    assert!(
+        events
+            .iter()
+            .all(|e| matches!(e, Event::Stream { token: 1, .. })),
+        "{events:?}"
+    );
+}
