@@ -1788,6 +1788,15 @@ impl Net {
             } else {
                 let me = std::thread::current();
                 g.add_waiter(key, Waiter::Thread(me.clone()));
+                // A poll reports writes that met a full ring or an empty
+                // pool after a pause (nothing signals them): it looks
+                // again then, as a driving poll does.
+                let deadline = if key == Key::Poll && !g.retry_writes.is_empty() {
+                    let r = Instant::now() + RETRY_FULL;
+                    Some(deadline.map_or(r, |d| d.min(r)))
+                } else {
+                    deadline
+                };
                 drop(g);
                 wake_all(&mut wake);
                 match deadline {

@@ -2988,3 +2988,77 @@ fn a_closed_streams_pending_retry_reports_nothing() {
         "{events:?}"
     );
 }
+
+/// A non-blocking write that met a full ring is reported writable by a
+/// poll after a short pause (nothing signals room), also when the poll
+/// waits while another thread of the net drives (a blocking read on
+/// another stream): the waiting poll must look again after the pause.
+#[test]
+fn a_poll_waiting_behind_a_blocking_reader_reports_a_write_retry() {
+    setup();
+    let p = prefix("retrybehind");
+    let _mgr = manager_builder(&p)
+        .pool(xio_core::layout::PoolConfig {
+            ring_capacity: 64,
+            ..Default::default()
+        })
+        .spawn()
+        .unwrap();
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let l = server.listen("10.3.0.44:80").unwrap();
+    let mut a = client.connect("10.3.0.44:80").unwrap();
+    let (mut sa, _) = l.accept().unwrap();
+    let b = client.connect("10.3.0.44:80").unwrap();
+    let (_sb, _) = l.accept().unwrap();
+    // Both ends connected before the server stops draining.
+    a.write_all(b"a").unwrap();
+    assert_eq!(read_n(&sa, 1), b"a");
+    sa.write_all(b"b").unwrap();
+    assert_eq!(read_n(&a, 1), b"b");
+    b.set_nonblocking(true).unwrap();
+    b.set_token(2);
+    let mut events = Vec::new();
+    client.poll(&mut events, Some(Duration::ZERO)).unwrap();
+    // a's blocking read drives the client's net.
+    let reader = std::thread::spawn(move || {
+        let mut x = [0u8; 1];
+        (&a).read(&mut x).unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let (done, dog) = watchdog_then(move || sa.write_all(b"x").unwrap());
+    let mut full = false;
+    for _ in 0..10_000 {
+        match (&b).write(b"x") {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                full = true;
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(full, "the ring never filled");
+    loop {
+        events.clear();
+        client.poll(&mut events, None).unwrap();
+        if events.iter().any(|e| {
+            matches!(
+                e,
+                Event::Stream {
+                    token: 2,
+                    writable: true,
+                    ..
+                }
+            )
+        }) {
+            break;
+        }
+    }
+    let _ = done.send(());
+    assert!(
+        !dog.join().unwrap(),
+        "the retry was reported only once the blocking read ended"
+    );
+    assert_eq!(reader.join().unwrap(), 1);
+}
