@@ -2242,7 +2242,18 @@ impl Net {
     fn alloc_wait(&self, len: usize, deadline: Option<Instant>) -> io::Result<BufMut> {
         let mut backoff = 0u32;
         loop {
-            let r = self.lock().stack.try_alloc(len);
+            let r = {
+                let mut g = self.lock();
+                let r = g.stack.try_alloc(len);
+                if matches!(r, Err(Error::WouldBlock)) {
+                    // About to wait: what a write batch holds must not
+                    // wait with us (its buffers may be the ones missing,
+                    // back once the reader has them).
+                    g.release_held();
+                    g.ring_unrung();
+                }
+                r
+            };
             match r {
                 Ok(b) => return Ok(b),
                 Err(Error::WouldBlock) => {

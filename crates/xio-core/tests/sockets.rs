@@ -3062,3 +3062,40 @@ fn a_poll_waiting_behind_a_blocking_reader_reports_a_write_retry() {
     );
     assert_eq!(reader.join().unwrap(), 1);
 }
+
+/// `XioStream::alloc` waiting for an exhausted class sends what a write
+/// batch of its thread holds first, as every wait of the net does: the
+/// held buffers may be the ones the class lacks, back once the reader
+/// has them.
+#[test]
+fn an_alloc_waiting_for_the_pool_sends_what_a_write_batch_holds() {
+    setup();
+    let p = prefix("allocbatch");
+    let _mgr = manager_builder(&p)
+        .pool(xio_core::layout::PoolConfig {
+            classes: vec![(2 << 10, 1024), (64 << 10, 8)],
+            ..Default::default()
+        })
+        .spawn()
+        .unwrap();
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let l = server.listen("10.3.0.45:80").unwrap();
+    let c = client.connect("10.3.0.45:80").unwrap();
+    let (s, _) = l.accept().unwrap();
+    let chunk = 64 << 10;
+    let reader = std::thread::spawn(move || read_n(&s, 8 * chunk));
+    // The watchdog: a hang ends in the write timeout's WouldBlock.
+    c.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+    let _batch = client.batch_writes();
+    for k in 0..8u8 {
+        (&c).write_all(&vec![k; chunk]).unwrap();
+    }
+    // Every 64 KiB buffer is held by the batch.
+    let b = c.alloc(chunk);
+    assert!(b.is_ok(), "{:?}", b.err());
+    let got = reader.join().unwrap();
+    for k in 0..8u8 {
+        assert!(got[k as usize * chunk..][..chunk].iter().all(|&x| x == k));
+    }
+}
