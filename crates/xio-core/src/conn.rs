@@ -418,9 +418,18 @@ impl<B: Chunk> Table<B> {
         self.free.push(i as u32);
         let e = self.entries[i].take();
         if let Some(k) = e.as_ref().and_then(|e| e.early_key) {
-            self.early.remove(&k);
+            self.forget_early(k, c);
         }
         e
+    }
+
+    /// Forgets the early route `k` if it still leads to `c`: the
+    /// initiator's id comes back once its slot's generations wrap, and
+    /// then the route is a newer connection's.
+    fn forget_early(&mut self, k: (u16, u32), c: ConnId) {
+        if self.early.get(&k) == Some(&c) {
+            self.early.remove(&k);
+        }
     }
 
     /// Our connection for what `peer` sent with its own id `remote`
@@ -701,7 +710,7 @@ impl<B: Chunk> Table<B> {
         if p == peer {
             self.closing.remove(&local);
             if let Some(k) = early {
-                self.early.remove(&k);
+                self.forget_early(k, local);
             }
             if data {
                 self.reset(peer, remote);
@@ -1114,7 +1123,8 @@ impl<B: Chunk> Table<B> {
         }
         if !e.peer_fin {
             if let Some(k) = e.early_key {
-                self.early.insert(k, c);
+                // Unless a newer connection took the route meanwhile.
+                self.early.entry(k).or_insert(c);
             }
             self.remember_closing(
                 c,
@@ -1132,7 +1142,7 @@ impl<B: Chunk> Table<B> {
     fn forget_closing(&mut self, c: ConnId) {
         if let Some(o) = self.closing.remove(&c) {
             if let Some(k) = o.early {
-                self.early.remove(&k);
+                self.forget_early(k, c);
             }
             self.reset(o.peer, o.remote);
         }

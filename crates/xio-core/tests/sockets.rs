@@ -3099,3 +3099,53 @@ fn an_alloc_waiting_for_the_pool_sends_what_a_write_batch_holds() {
         assert!(got[k as usize * chunk..][..chunk].iter().all(|&x| x == k));
     }
 }
+
+/// A connection id comes back after its slot's generations wrap (4096
+/// reuses). A server still holding the first connection of that id must
+/// not, when it drops it, take the id's early route from the new one:
+/// what the client sends before it has the SYN-ACK (addressed by its own
+/// id) must reach the new connection.
+#[test]
+fn an_old_connection_of_a_reused_id_leaves_the_new_ones_early_bytes() {
+    let (_mgr, p) = start("earlyreuse");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let l = server.listen("10.3.0.46:80").unwrap();
+    let first = client.connect("10.3.0.46:80").unwrap();
+    let id = first.token();
+    let (old, _) = l.accept().unwrap();
+    // Both finish (so the client forgets the id), the server keeps its end.
+    old.shutdown(Shutdown::Write).unwrap();
+    first.set_read_timeout(Some(WATCHDOG)).unwrap();
+    assert_eq!((&first).read(&mut [0u8; 1]).unwrap(), 0);
+    drop(first);
+    let mut n = 0;
+    let c = loop {
+        let c = client.connect("10.3.0.46:80").unwrap();
+        if c.token() == id {
+            break c;
+        }
+        n += 1;
+        assert!(
+            n < 10_000,
+            "the id never came back: {id:#x} {:#x}",
+            c.token()
+        );
+        let (s, _) = l.accept().unwrap();
+        drop(s);
+        c.set_read_timeout(Some(WATCHDOG)).unwrap();
+        assert_eq!((&c).read(&mut [0u8; 1]).unwrap(), 0);
+    };
+    // The new connection is accepted (its SYN-ACK not yet read by the
+    // client), then the old one is closed.
+    let (s, _) = l.accept().unwrap();
+    drop(old);
+    // Sent before the client knows the server's id: addressed by its own.
+    (&c).write_all(b"early").unwrap();
+    drop(c);
+    // The watchdog: a hang ends in the read timeout's WouldBlock.
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut got = Vec::new();
+    (&s).read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"early");
+}
