@@ -1302,7 +1302,7 @@ impl Core {
     /// noted is what it waits for, and nothing else would wake it until
     /// the driver's own call ends.
     fn wake_poller(&mut self, wake: &mut Vec<Waiter>) {
-        if self.track_ready && self.waiters.contains_key(&Key::Poll) {
+        if self.track_ready && !self.waiters.is_empty() && self.waiters.contains_key(&Key::Poll) {
             self.wake_key(Key::Poll, wake);
         }
     }
@@ -1709,17 +1709,18 @@ impl Net {
                 attempt = f(&mut g, &mut wake);
             }
             waited = true;
-            // What the attempt asked of the table, done or not: a write on
-            // a connection within this net delivered to its reader (and
-            // wakes it) before it ran out of credit, and a reader driving
-            // the net sees nothing else; left queued, the two would wait
-            // for each other.
-            g.run_actions(&mut wake);
             let retry = match attempt {
                 Try::Done(r) => break r,
                 Try::Wait => false,
                 Try::Retry => true,
             };
+            // What the attempt asked of the table before it stopped (one
+            // that finished ran it already): a write on a connection
+            // within this net delivered to its reader (and wakes it)
+            // before it ran out of credit, and a reader driving the net
+            // sees nothing else; left queued, the two would wait for each
+            // other.
+            g.run_actions(&mut wake);
             if nonblocking {
                 if let (true, Key::Write(c)) = (retry, key) {
                     if g.track_ready && !g.retry_writes.iter().any(|(r, _)| *r == c) {
