@@ -1224,18 +1224,23 @@ impl Core {
             .or_insert_with(|| spare.pop().unwrap_or_default())
     }
 
-    /// Takes the next connection waiting on `addr`. What arrived on it
-    /// before is reported by the next `poll`, as epoll reports a socket's
-    /// data when it is added: a thread asleep in `poll` is woken, and the
-    /// doorbell rung for a loop that sleeps on its fd.
+    /// Takes the next connection waiting on `addr`. The next `poll`
+    /// reports it writable, and readable if something arrived on it
+    /// before, as epoll reports a socket when it is added (a loop that
+    /// waits to be told it may write, to greet, say, is told): a thread
+    /// asleep in `poll` is woken, and the doorbell rung for a loop that
+    /// sleeps on its fd.
     fn accept_on(&mut self, addr: SocketAddr, wake: &mut Vec<Waiter>) -> Result<ConnId, ConnError> {
         let c = self.table.accept(addr)?;
-        if self.track_ready && self.table.is_readable(c) {
-            self.note_ready(c, true, true);
+        if self.track_ready {
+            let readable = self.table.is_readable(c);
+            self.note_ready(c, readable, true);
             if self.wake_key(Key::Poll, wake) && self.driving {
                 self.stack.kick();
             }
-            let _ = self.stack.ring_self();
+            if readable || self.bell_out {
+                let _ = self.stack.ring_self();
+            }
         }
         Ok(c)
     }

@@ -1441,6 +1441,48 @@ fn a_connections_events_come_once_it_is_accepted_under_its_token() {
         .for_each(|c| c.shutdown(Shutdown::Both).unwrap());
 }
 
+/// An event loop that greets its clients writes once `poll` says an
+/// accepted stream is writable, as epoll says when the socket is added:
+/// the accepted stream is reported writable even with nothing to read
+/// (found in review: it was reported only once data came, and a server
+/// that speaks first waited for ever).
+#[test]
+fn an_accepted_stream_is_reported_writable() {
+    let (_mgr, p) = start("acceptwr");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "10.3.0.14:80".parse().unwrap();
+    let l = server.listen(addr).unwrap();
+    l.set_nonblocking(true).unwrap();
+    let mut events = Vec::new();
+    server.poll_nowait(&mut events).unwrap();
+    let c = client.connect(addr).unwrap();
+    let (s, _) = loop {
+        events.clear();
+        server.poll(&mut events, Some(WATCHDOG)).unwrap();
+        assert!(!events.is_empty(), "no connection came");
+        if let Ok(a) = l.accept() {
+            break a;
+        }
+    };
+    s.set_nonblocking(true).unwrap();
+    s.set_token(7);
+    events.clear();
+    server.poll(&mut events, Some(WATCHDOG)).unwrap();
+    assert_eq!(
+        events,
+        [Event::Stream {
+            token: 7,
+            readable: false,
+            writable: true
+        }]
+    );
+    (&s).write_all(b"hello").unwrap();
+    let mut got = [0u8; 5];
+    (&c).read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"hello");
+}
+
 /// An fd-driven loop (`poll_nowait`, then sleep on the doorbell's fd) that
 /// accepts a connection whose data came with its SYN: the data's event,
 /// held back until the accept, rings the doorbell then, or the loop would
