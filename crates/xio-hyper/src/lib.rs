@@ -452,7 +452,7 @@ where
         // axum's and tonic's loops do.
         let conn = match accepted {
             Ok(c) => c,
-            Err(e) if is_connection_error(&e) => continue,
+            Err(e) if xio_tokio::is_connection_error(&e) => continue,
             Err(e) => {
                 tracing::error!(error = %e, "accept failed; retrying in 1 s");
                 tokio::select! {
@@ -473,17 +473,6 @@ where
     drop((xio, tcp));
     graceful.shutdown().await;
     Ok(())
-}
-
-/// An accept error that concerns the one connection (gone before it
-/// was taken), not the listener.
-fn is_connection_error(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-    )
 }
 
 /// tonic's server side: `Server::builder().add_service(svc)

@@ -1179,6 +1179,18 @@ impl Drop for OwnedWriteHalf {
     }
 }
 
+/// Whether an accept error concerns the one connection (gone before it
+/// was taken), not the listener: an accept loop skips it and goes on,
+/// where another error (out of fds, say) calls for a pause first.
+pub fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
 /// `axum::serve(listener, app)` over X-IO (feature `axum`).
 #[cfg(feature = "axum")]
 impl axum::serve::Listener for XioListener {
@@ -1189,10 +1201,13 @@ impl axum::serve::Listener for XioListener {
         loop {
             match XioListener::accept(self).await {
                 Ok(x) => return x,
+                // As axum does for TCP: one connection's trouble is
+                // skipped; anything else (out of fds, say) is logged and
+                // waited out for a second, not retried in a tight loop.
+                Err(e) if is_connection_error(&e) => {}
                 Err(e) => {
-                    // As axum does for TCP: log, pause, go on.
-                    tracing::error!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    tracing::error!(error = %e, "accept failed; retrying in 1 s");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
         }
