@@ -383,7 +383,9 @@ impl Shutdown {
 
 /// Serves `service` on every connection `listener` accepts, until
 /// `shutdown` fires; then waits for the connections in progress to finish
-/// their requests (graceful) and returns.
+/// their requests (graceful) and returns. HTTP/1 upgrades (a WebSocket's
+/// handshake, say) work as with hyper's own servers: the service answers
+/// 101 and takes the connection with `hyper::upgrade::on`.
 pub async fn serve<S, B>(
     listener: XioListener,
     service: S,
@@ -462,7 +464,11 @@ where
                 continue;
             }
         };
-        let conn = builder.serve_connection(conn, service.clone()).into_owned();
+        // With upgrades: a WebSocket (or any `Upgrade:`) handshake hands
+        // the service the connection, as hyper's own servers allow.
+        let conn = builder
+            .serve_connection_with_upgrades(conn, service.clone())
+            .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

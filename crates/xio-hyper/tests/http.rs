@@ -609,3 +609,70 @@ fn a_stalled_request_head_does_not_hold_a_graceful_shutdown_for_good() {
         drop(c);
     });
 }
+
+/// An `Upgrade:` handshake (what a WebSocket starts with) through
+/// `serve`: the service answers 101 and both sides then own the raw
+/// connection, as with hyper's own servers. `serve` used hyper-util's
+/// connection without upgrades, and the upgrade future failed.
+#[test]
+fn serve_hands_an_upgraded_connection_to_the_service() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_mgr, p) = setup("upgrade");
+    rt().block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, ("10.5.0.9", 80)).unwrap();
+        let stop = Shutdown::new();
+        let service = hyper::service::service_fn(
+            |mut req: http::Request<hyper::body::Incoming>| async move {
+                let on = hyper::upgrade::on(&mut req);
+                tokio::spawn(async move {
+                    // The raw connection: echo one message in upper case.
+                    let mut io = hyper_util::rt::TokioIo::new(on.await.expect("upgraded"));
+                    let mut buf = [0u8; 5];
+                    io.read_exact(&mut buf).await.unwrap();
+                    io.write_all(&buf.to_ascii_uppercase()).await.unwrap();
+                    io.flush().await.unwrap();
+                });
+                let mut r = http::Response::new(Full::<Bytes>::default());
+                *r.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+                r.headers_mut()
+                    .insert("connection", "upgrade".parse().unwrap());
+                r.headers_mut().insert("upgrade", "echo".parse().unwrap());
+                Ok::<_, Infallible>(r)
+            },
+        );
+        let server = tokio::spawn(xio_hyper::serve(l, service, Protocol::Auto, stop.clone()));
+        tokio::time::timeout(WATCHDOG, async {
+            let io = XioConnector::with_net(cli.clone());
+            let s =
+                tower_service::Service::call(&mut { io }, "http://10.5.0.9:80".parse().unwrap())
+                    .await
+                    .unwrap();
+            let (mut send, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(s)
+                .await
+                .unwrap();
+            tokio::spawn(conn.with_upgrades());
+            let req = http::Request::get("http://10.5.0.9/")
+                .header("connection", "upgrade")
+                .header("upgrade", "echo")
+                .body(Full::default())
+                .unwrap();
+            let r = send.send_request(req).await.unwrap();
+            assert_eq!(r.status(), http::StatusCode::SWITCHING_PROTOCOLS);
+            let mut io = hyper_util::rt::TokioIo::new(hyper::upgrade::on(r).await.unwrap());
+            io.write_all(b"hello").await.unwrap();
+            let mut got = [0u8; 5];
+            io.read_exact(&mut got).await.unwrap();
+            assert_eq!(&got, b"HELLO");
+        })
+        .await
+        .expect("watchdog");
+        stop.shutdown();
+        tokio::time::timeout(WATCHDOG, server)
+            .await
+            .expect("graceful shutdown finishes")
+            .unwrap()
+            .unwrap();
+    });
+}
