@@ -611,11 +611,16 @@ fn decode_syn(b: &[u8]) -> Option<(SocketAddr, SocketAddr)> {
 
 /// The address a connecting stream gets: X-IO clients do not bind, so it
 /// is made from the stack and connection ids, unique on the machine
-/// (`127.88.<stack>:<port>`).
+/// among live connections (`127.88.<stack>:<port>`; a process's
+/// connections past the first 64,512 ports go on in 127.89 to 127.104,
+/// so the 2^20 a table holds never share one).
 fn client_addr(stack: PeerId, c: ConnId) -> SocketAddr {
+    const PORTS: u32 = 65536 - 1024;
     let [hi, lo] = stack.0.to_be_bytes();
-    let port = 1024 + (c.0 & 0xfffff) % (65536 - 1024);
-    SocketAddr::from(([127, 88, hi, lo], port as u16))
+    let index = c.index() as u32;
+    let block = (index / PORTS) as u8;
+    let port = 1024 + index % PORTS;
+    SocketAddr::from(([127, 88 + block, hi, lo], port as u16))
 }
 
 fn stack_err(e: Error) -> io::Error {
@@ -4064,6 +4069,23 @@ impl XioStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every connection slot of a table gets its own client address, the
+    /// 2^20 of them, not only the first 64,512 (found in review: they
+    /// repeated every 64,512 slots).
+    #[test]
+    fn client_addresses_are_unique_over_a_whole_table() {
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..crate::conn::MAX_CONNS as u32 {
+            // A generation in the high bits changes nothing.
+            let c = ConnId(7 << 20 | i);
+            assert!(seen.insert(client_addr(PeerId(300), c)), "slot {i}");
+        }
+        assert_eq!(
+            client_addr(PeerId(300), ConnId(0)).to_string(),
+            "127.88.1.44:1024"
+        );
+    }
 
     #[test]
     fn syn_encoding_round_trips_and_rejects_garbage() {
