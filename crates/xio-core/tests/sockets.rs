@@ -2757,6 +2757,22 @@ fn a_write_batch_holds_writes_until_it_ends_and_keeps_their_order() {
             assert_eq!(read_n(&cs[3], 4), b"ping");
         });
 
+        // So does a call that waits for the manager's answer (a listen):
+        // the bytes are there when it returns.
+        (&cs[3]).write_all(b"before listen").unwrap();
+        let _l2 = client.listen("10.3.0.31:80").unwrap();
+        // (The non-blocking read drains the server's rings first: what
+        // is not there yet was held.)
+        ss[3].set_nonblocking(true).unwrap();
+        let mut first = [0u8; 1];
+        assert_eq!(
+            (&ss[3]).read(&mut first).ok(),
+            Some(1),
+            "held past the wait"
+        );
+        assert_eq!(&first, b"b");
+        assert_eq!(read_n(&ss[3], 12), b"efore listen");
+
         // A FIN comes after the bytes held before it.
         (&cs[0]).write_all(b"last words").unwrap();
         drop(cs.remove(0));
