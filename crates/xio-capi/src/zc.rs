@@ -274,6 +274,8 @@ pub unsafe extern "C" fn xio_stack_release(stack: *mut XioStack) -> XioResult {
                 inner.owner.store(0, Ordering::Release);
                 Ok(())
             }
+            // SAFETY: a live stack handle (borrowed above).
+            _ if unsafe { made_before_fork(stack) } => Err(StackError::Forked.into()),
             _ => Err(Fail::new(
                 XIO_ERR_BUSY,
                 "another thread owns the stack; only it can release it",
@@ -641,6 +643,9 @@ pub unsafe extern "C" fn xio_send_burst(
     let mut sent = 0usize;
     let r = guard(|| {
         if n == 0 {
+            // Nothing to send, but the handle is checked all the same.
+            // SAFETY: per this function's contract.
+            unsafe { borrow(stack) }?;
             return Ok(());
         }
         need_out(bufs, "bufs")?;

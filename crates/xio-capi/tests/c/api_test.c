@@ -178,6 +178,9 @@ int main(int argc, char **argv) {
     size_t sent = 99;
     xio_buf *dup[2] = {burst[0], burst[0]};
     CHECK(xio_send_burst(s2, peer, dup, 2, &sent) == XIO_ERR_INVALID_ARGUMENT && sent == 0);
+    /* An empty burst still checks its stack. */
+    CHECK(xio_send_burst(NULL, peer, NULL, 0, &sent) == XIO_ERR_INVALID_ARGUMENT && sent == 0);
+    CHECK(xio_send_burst(s2, peer, NULL, 0, &sent) == XIO_OK && sent == 0);
     OK(xio_send_burst(s2, peer, burst, 8, &sent));
     CHECK(sent == 8);
     for (int i = 0; i < 8; i++)
