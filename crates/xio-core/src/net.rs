@@ -3092,6 +3092,17 @@ impl Drop for StreamInner {
         let mut wake = Vec::new();
         let queued_for = self.net.update(|g| {
             let peer = g.table.peer_of(c);
+            // Bytes the peer sent that are still in the rings were
+            // received, as a socket's kernel has them: take them in first,
+            // so that leaving them unread resets the peer (as TCP's close
+            // does) instead of a FIN telling it all it sent was read.
+            if peer.is_some_and(|p| p != g.me()) && !g.driving {
+                for _ in 0..DROP_DRAIN_MAX {
+                    if !g.stack.has_input() || g.drain(&mut wake).is_err() {
+                        break;
+                    }
+                }
+            }
             g.table.close(c);
             if let Some(t) = g.user_tokens.get_mut(c.index()) {
                 *t = None;
@@ -3140,6 +3151,8 @@ impl Drop for StreamInner {
 
 /// How long dropping a stream waits for ring space for its FIN.
 const DROP_FLUSH_WAIT: Duration = Duration::from_micros(500);
+/// Most drains a dropped stream makes to take in what its peer sent.
+const DROP_DRAIN_MAX: usize = 64;
 
 /// A connected stream. Like `std::net::TcpStream`: `Read`, `Write`
 /// (also on `&XioStream`), shutdown, timeouts, non-blocking mode; plus

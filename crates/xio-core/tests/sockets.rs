@@ -3207,3 +3207,40 @@ fn an_old_connection_of_a_reused_id_leaves_the_new_ones_early_bytes() {
     (&s).read_to_end(&mut got).unwrap();
     assert_eq!(got, b"early");
 }
+
+/// A stream dropped with received bytes it never read resets its peer,
+/// as a TCP socket closed with unread data does (Linux sends a RST at
+/// `close`, and the peer's next read fails with `ECONNRESET`), even when
+/// the bytes were still in the ring, not yet drained into the table,
+/// when the stream was dropped. Checked against 127.0.0.1 TCP first.
+#[test]
+fn dropping_a_stream_with_undrained_bytes_resets_the_peer() {
+    // The contract, over loopback TCP.
+    {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        c.write_all(b"request").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        drop(s);
+        c.set_read_timeout(Some(WATCHDOG)).unwrap();
+        let e = c.read(&mut [0u8; 8]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "tcp: {e}");
+    }
+    let (_mgr, p) = start("dropunread");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let l = server.listen("10.3.0.43:80").unwrap();
+    let mut c = client.connect("10.3.0.43:80").unwrap();
+    let (s, _) = l.accept().unwrap();
+    c.write_all(b"request").unwrap();
+    // The server never reads (nor calls into X-IO) before it drops.
+    drop(s);
+    c.set_read_timeout(Some(WATCHDOG)).unwrap();
+    let r = c.read(&mut [0u8; 8]);
+    assert_eq!(
+        r.as_ref().map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionReset),
+        "{r:?}"
+    );
+}
