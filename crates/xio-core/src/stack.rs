@@ -1850,9 +1850,13 @@ impl Stack {
 
     /// Receives, waiting at most `timeout` ([`Error::TimedOut`]). Waits
     /// even in non-blocking mode (adaptively then), since a timeout asks to.
+    /// A timeout too large for a deadline (`Duration::MAX`) waits
+    /// without one.
     pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Message, Error> {
         let mode = (self.mode == WaitMode::NonBlocking).then_some(WaitMode::Adaptive);
-        self.next_event(Some(Instant::now() + timeout), mode)
+        // A timeout past what an `Instant` holds (`Duration::MAX`, as one
+        // writes "forever") is no deadline, not an overflow panic.
+        self.next_event(Instant::now().checked_add(timeout), mode)
     }
 
     /// Receives up to `max` ready messages into `out` after waiting for the

@@ -1110,3 +1110,20 @@ fn a_buffer_of_another_pool_is_refused_and_both_pools_stay_whole() {
     wait_pool_whole(&mgr1);
     wait_pool_whole(&mgr2);
 }
+/// A receive "waiting at most" an unbounded timeout (`Duration::MAX`, as
+/// one writes "forever") receives; it does not panic on the deadline's
+/// arithmetic.
+#[test]
+fn recv_timeout_of_duration_max_receives() {
+    let (mgr, mut server, mut client, peer) = manager_and_pair("maxtimeout", addr(9401));
+    let mut b = client.alloc(4).unwrap();
+    b.copy_from(b"ping");
+    client.send(peer, b).unwrap();
+    let m = server
+        .recv_timeout(std::time::Duration::MAX)
+        .expect("the message that is there");
+    assert_eq!(&m.buf[..], b"ping");
+    drop(m);
+    drop((server, client));
+    wait_pool_whole(&mgr);
+}
