@@ -2218,8 +2218,17 @@ impl Stack {
             self.check_ours(b)?;
         }
         let mut backoff = 0u32;
+        // Whether the control socket was read while waiting for room: a
+        // channel missing after that was closed by the news it held.
+        let mut polled = false;
         loop {
-            let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
+            let Some(&ci) = self.by_peer.get(&peer.0) else {
+                return Err(if polled {
+                    Error::Reset(peer)
+                } else {
+                    Error::NotConnected(peer)
+                });
+            };
             self.check_open(ci, peer)?;
             let ch = &mut self.channels[ci];
             match ch.tx_space(1) {
@@ -2232,6 +2241,7 @@ impl Stack {
                     Self::notify(&self.seg, ch);
                     backoff_wait(&mut backoff, mode);
                     if self.slot().ctrl_seq.load(Ordering::Acquire) != self.ctrl_seen {
+                        polled = true;
                         self.poll_rings()?;
                     }
                 }

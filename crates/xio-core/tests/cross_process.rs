@@ -1127,3 +1127,62 @@ fn recv_timeout_of_duration_max_receives() {
     drop((server, client));
     wait_pool_whole(&mgr);
 }
+
+/// A manager whose rings hold 4 slots, and a server bound to `a` with a
+/// client connected to it: rings fill after four lone sends.
+fn manager_and_small_rings(
+    test: &str,
+    a: SocketAddr,
+) -> (xio_core::manager::ManagerHandle, Stack, Stack, PeerId) {
+    setup();
+    let p = prefix(test);
+    let cfg = PoolConfig {
+        ring_capacity: 4,
+        ..PoolConfig::default()
+    };
+    let mgr = manager_builder(&p).pool(cfg).spawn().unwrap();
+    let mut server = Stack::attach(&p).unwrap();
+    server.bind(a).unwrap();
+    let mut client = Stack::attach(&p).unwrap();
+    let peer = client.connect(a).unwrap();
+    (mgr, server, client, peer)
+}
+
+/// Fills the ring from `s` to `peer` with lone sends.
+fn fill_ring(s: &mut Stack, peer: PeerId) {
+    loop {
+        let b = s.alloc(8).unwrap();
+        match s.try_send(peer, b) {
+            Ok(()) => {}
+            Err((Error::WouldBlock, _)) => return,
+            Err((e, _)) => panic!("{e}"),
+        }
+    }
+}
+
+/// A send waiting for room in the ring of a peer that leaves meanwhile
+/// fails with `Reset` (as a send that finds it gone does), not with
+/// `NotConnected`.
+#[test]
+fn a_send_waiting_on_a_full_ring_is_reset_when_its_peer_leaves() {
+    let (mgr, server, mut client, peer) = manager_and_small_rings("fullreset", addr(9402));
+    fill_ring(&mut client, peer);
+    let t = std::thread::spawn(move || {
+        let b = client.alloc(8).unwrap();
+        let r = client.send(peer, b);
+        (r, client)
+    });
+    // Let the sender get into its wait for room (if it has not, it finds
+    // the channel closed at once: the test passes without telling).
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    drop(server);
+    wait_until("the waiting send returned", || t.is_finished());
+    let (r, mut client) = t.join().unwrap();
+    assert!(matches!(r, Err(Error::Reset(p)) if p == peer), "{r:?}");
+    // The reset is not reported twice as something else either.
+    let again = client.alloc(8).unwrap();
+    let r2 = client.send(peer, again);
+    assert!(r2.is_err(), "{r2:?}");
+    drop(client);
+    wait_pool_whole(&mgr);
+}
