@@ -2139,7 +2139,9 @@ impl Stack {
     /// Sends every buffer in `bufs` (in order) with one doorbell check at
     /// the end: the burst path for one-way streams. A buffer of another
     /// pool fails the call with [`Error::ForeignBuffer`] before anything
-    /// is sent.
+    /// is sent. Waits (per the mode) for ring space; in non-blocking mode
+    /// a full ring fails with [`Error::WouldBlock`]. On any error the
+    /// buffers not sent stay in `bufs`.
     pub fn send_burst(&mut self, peer: PeerId, bufs: &mut Vec<BufMut>) -> Result<(), Error> {
         let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
         for b in bufs.iter() {
@@ -2161,6 +2163,10 @@ impl Stack {
             };
             if free == 0 {
                 Self::notify(&self.seg, ch);
+                if self.mode == WaitMode::NonBlocking {
+                    // What was not sent stays in `bufs`.
+                    return Err(Error::WouldBlock);
+                }
                 backoff_wait(&mut backoff, self.mode);
                 continue;
             }

@@ -1186,3 +1186,32 @@ fn a_send_waiting_on_a_full_ring_is_reset_when_its_peer_leaves() {
     drop(client);
     wait_pool_whole(&mgr);
 }
+/// `send_burst` in non-blocking mode does not wait for room: with the
+/// ring full it fails with `WouldBlock` and hands back what it did not
+/// send, as `send` and `send_burst_with` do.
+#[test]
+fn a_non_blocking_send_burst_on_a_full_ring_would_block() {
+    let (mgr, mut server, mut client, peer) = manager_and_small_rings("nbburst", addr(9403));
+    client.set_wait_mode(WaitMode::NonBlocking);
+    fill_ring(&mut client, peer);
+    let t = std::thread::spawn(move || {
+        let mut bufs = vec![client.alloc(8).unwrap(), client.alloc(8).unwrap()];
+        let r = client.send_burst(peer, &mut bufs);
+        (r, bufs.len(), client)
+    });
+    // Watchdog: on a full ring that nobody drains, a wait never ends.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !t.is_finished() {
+        if std::time::Instant::now() >= deadline {
+            // Unblock the sender so the process can end cleanly.
+            while server.try_recv().is_ok() {}
+            panic!("watchdog: a non-blocking send_burst waited for room");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let (r, left, client) = t.join().unwrap();
+    assert!(matches!(r, Err(Error::WouldBlock)), "{r:?}");
+    assert_eq!(left, 2, "nothing was sent, both buffers handed back");
+    drop((server, client));
+    wait_pool_whole(&mgr);
+}
