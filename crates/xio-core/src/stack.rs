@@ -330,6 +330,7 @@ impl StackBuilder {
             answered: Vec::new(),
             unreleased: Vec::new(),
             releases_due: None,
+            busy_tick_due: None,
             next_request: 0,
             epoch: Arc::new(AtomicU64::new(0)),
             born: crate::fork::Birth::now(),
@@ -559,6 +560,9 @@ pub struct Stack {
     unreleased: Vec<u32>,
     /// When the releases left over are tried again from the ring path.
     releases_due: Option<Instant>,
+    /// When a busy-polling wait next looks at its peers' pidfds while no
+    /// manager runs (see [`Stack::busy_poll_tick`]).
+    busy_tick_due: Option<Instant>,
     /// Bumped whenever the set of channels changes, so a [`Probe`] made
     /// earlier knows it may be missing a ring.
     epoch: Arc<AtomicU64>,
@@ -1389,10 +1393,32 @@ impl Stack {
             deadline,
             &|| true,
         )?;
-        if woken == Woken::Tick {
+        if woken == Woken::Tick || self.busy_poll_tick() {
             self.poll_ctrl()?;
         }
         Ok(())
+    }
+
+    /// Whether a busy-polling wait should look at the control socket as
+    /// the liveness tick makes a sleeping one do: a wait that never
+    /// sleeps never gets that tick, and a dead manager bumps no
+    /// `ctrl_seq`. With the manager dead: at once (to report it), then
+    /// once a tick (a peer's death then shows only in its pidfd).
+    fn busy_poll_tick(&mut self) -> bool {
+        if self.mode != WaitMode::BusyPoll
+            || !(self.manager_gone || crate::liveness::died(self.seg.manager_alive()))
+        {
+            return false;
+        }
+        if !self.manager_gone {
+            return true;
+        }
+        let now = Instant::now();
+        if self.busy_tick_due.is_some_and(|t| now < t) {
+            return false;
+        }
+        self.busy_tick_due = Some(now + crate::liveness::TICK);
+        true
     }
 
     /// A [`Probe`] on this stack's rings, for a driver that waits without

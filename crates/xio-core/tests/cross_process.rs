@@ -28,6 +28,7 @@ fn child_main() {
         "manager_forker" => manager_forker(&a[0]),
         "forks_holding_locks" => forks_holding_locks(&a[0]),
         "echo_until_reset" => echo_until_reset(&a[0], a[1].parse().unwrap()),
+        "bind_and_park" => bind_and_park(&a[0], a[1].parse().unwrap()),
         "burst_sink" => burst_sink(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "dies_mid_burst" => dies_mid_burst(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "echo_on_cpu0" => {
@@ -98,6 +99,17 @@ fn echo_until_reset(prefix: &str, addr: SocketAddr) {
         }
     }
     println!("XIO:reset {}", s.spin_policy().sleeps);
+}
+
+/// Binds `addr`, says so, and waits to be killed, whatever happens to the
+/// manager meanwhile.
+fn bind_and_park(prefix: &str, addr: SocketAddr) {
+    let mut s = Stack::builder(prefix).name("parked").attach().unwrap();
+    s.bind(addr).unwrap();
+    println!("XIO:ready");
+    loop {
+        std::thread::park();
+    }
 }
 
 /// Sends `n` checksummed messages of varying size and checks each echo.
@@ -1214,4 +1226,31 @@ fn a_non_blocking_send_burst_on_a_full_ring_would_block() {
     assert_eq!(left, 2, "nothing was sent, both buffers handed back");
     drop((server, client));
     wait_pool_whole(&mgr);
+}
+
+/// A busy-polling stack never sleeps, so no liveness tick tells it of a
+/// dead manager: it must still report the manager gone, and then a peer
+/// process that dies afterwards (no manager left to say so) as a reset,
+/// as the sleeping modes do, instead of polling its ring for ever.
+#[test]
+fn a_busy_polling_stack_learns_of_a_dead_manager_and_then_a_dead_peer() {
+    setup();
+    let p = prefix("busydead");
+    let mgr = manager_builder(&p).spawn().unwrap();
+    let a = addr(9404);
+    let mut server = ChildProc::spawn("child_main", "bind_and_park", &[p.clone(), a.to_string()]);
+    server.expect("ready");
+    let mut c = Stack::builder(&p)
+        .wait_mode(WaitMode::BusyPoll)
+        .attach()
+        .unwrap();
+    let peer = c.connect(a).unwrap();
+    mgr.stop();
+    // Bounded waits (a timeout is a failure, not a hang).
+    let limit = std::time::Duration::from_secs(20);
+    let e = c.recv_timeout(limit).unwrap_err();
+    assert!(matches!(e, Error::ManagerGone), "{e}");
+    server.kill9();
+    let e = c.recv_timeout(limit).unwrap_err();
+    assert!(matches!(e, Error::Reset(x) if x == peer), "{e}");
 }
