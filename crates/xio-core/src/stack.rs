@@ -560,8 +560,9 @@ pub struct Stack {
     unreleased: Vec<u32>,
     /// When the releases left over are tried again from the ring path.
     releases_due: Option<Instant>,
-    /// When a busy-polling wait next looks at its peers' pidfds while no
-    /// manager runs (see [`Stack::busy_poll_tick`]).
+    /// When a wait that does not sleep (busy polling, a send waiting for
+    /// room) next looks at its peers' pidfds while no manager runs (see
+    /// [`Stack::dead_manager_tick`]).
     busy_tick_due: Option<Instant>,
     /// Bumped whenever the set of channels changes, so a [`Probe`] made
     /// earlier knows it may be missing a ring.
@@ -1399,15 +1400,43 @@ impl Stack {
         Ok(())
     }
 
+    /// For a send waiting for room in a ring: with no manager left to
+    /// announce a peer's death, looks (once a tick) at the peers' pidfds
+    /// as a receive does, so a dead peer's channel is closed and the send
+    /// reset rather than waiting for ever. A manager found gone here is
+    /// reported by the next receive (the send goes on: its channel works
+    /// without one). True if it looked.
+    fn reap_while_sending(&mut self) -> bool {
+        if !self.dead_manager_tick() {
+            return false;
+        }
+        match self.poll_ctrl() {
+            Ok(()) => {}
+            Err(Error::ManagerGone) => {
+                if self.deferred.is_none() {
+                    self.deferred = Some(Error::ManagerGone);
+                }
+                self.reap_dead_peers();
+            }
+            Err(e) => tracing::warn!(error = %e, "control message from the manager not handled"),
+        }
+        true
+    }
+
     /// Whether a busy-polling wait should look at the control socket as
-    /// the liveness tick makes a sleeping one do: a wait that never
-    /// sleeps never gets that tick, and a dead manager bumps no
-    /// `ctrl_seq`. With the manager dead: at once (to report it), then
-    /// once a tick (a peer's death then shows only in its pidfd).
+    /// the liveness tick makes a sleeping one do (see
+    /// [`Stack::dead_manager_tick`]).
     fn busy_poll_tick(&mut self) -> bool {
-        if self.mode != WaitMode::BusyPoll
-            || !(self.manager_gone || crate::liveness::died(self.seg.manager_alive()))
-        {
+        self.mode == WaitMode::BusyPoll && self.dead_manager_tick()
+    }
+
+    /// Whether a wait that never sleeps on the doorbell should look at the
+    /// control socket as the liveness tick makes a sleeping one do: it
+    /// never gets that tick, and a dead manager bumps no `ctrl_seq`. With
+    /// the manager dead: at once (to report it), then once a tick (a
+    /// peer's death then shows only in its pidfd).
+    fn dead_manager_tick(&mut self) -> bool {
+        if !(self.manager_gone || crate::liveness::died(self.seg.manager_alive())) {
             return false;
         }
         if !self.manager_gone {
@@ -2057,7 +2086,7 @@ impl Stack {
         len: usize,
         mut fill: impl FnMut(usize, &mut [u8]),
     ) -> Result<(), Error> {
-        let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
+        let mut ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
         let mut raws = [crate::pool::RawBuf { class: 0, index: 0 }; BURST];
         let mut descs = [Descriptor::default(); BURST];
         let mut sent = 0;
@@ -2077,6 +2106,10 @@ impl Stack {
                     return Err(Error::WouldBlock);
                 }
                 backoff_wait(&mut backoff, self.mode);
+                if self.reap_while_sending() {
+                    // Channels may have closed (and moved).
+                    ci = *self.by_peer.get(&peer.0).ok_or(Error::Reset(peer))?;
+                }
                 continue;
             }
             let want = free.min(BURST).min(n - sent);
@@ -2169,7 +2202,7 @@ impl Stack {
     /// a full ring fails with [`Error::WouldBlock`]. On any error the
     /// buffers not sent stay in `bufs`.
     pub fn send_burst(&mut self, peer: PeerId, bufs: &mut Vec<BufMut>) -> Result<(), Error> {
-        let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
+        let mut ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
         for b in bufs.iter() {
             self.check_ours(b)?;
         }
@@ -2194,6 +2227,10 @@ impl Stack {
                     return Err(Error::WouldBlock);
                 }
                 backoff_wait(&mut backoff, self.mode);
+                if self.reap_while_sending() {
+                    // Channels may have closed (and moved).
+                    ci = *self.by_peer.get(&peer.0).ok_or(Error::Reset(peer))?;
+                }
                 continue;
             }
             let n = free.min(BURST).min(total - sent);
@@ -2276,6 +2313,7 @@ impl Stack {
                         polled = true;
                         self.poll_rings()?;
                     }
+                    polled |= self.reap_while_sending();
                 }
                 Ok(_) => {
                     let buf = slot.take().expect("buffer present until sent");

@@ -1254,3 +1254,102 @@ fn a_busy_polling_stack_learns_of_a_dead_manager_and_then_a_dead_peer() {
     let e = c.recv_timeout(limit).unwrap_err();
     assert!(matches!(e, Error::Reset(x) if x == peer), "{e}");
 }
+
+/// With no manager left, a send waiting for room in the ring of a peer
+/// process that dies is reset (the peer's pidfd says so, as it does for a
+/// receive), in each of the send paths, instead of waiting for ever.
+#[test]
+fn with_the_manager_gone_sends_waiting_on_a_dead_peers_full_ring_are_reset() {
+    setup();
+    let p = prefix("sendnomgr");
+    let cfg = PoolConfig {
+        ring_capacity: 4,
+        ..PoolConfig::default()
+    };
+    let mgr = manager_builder(&p).pool(cfg).spawn().unwrap();
+    let mut children = Vec::new();
+    let mut stacks = Vec::new();
+    for (k, mode) in [WaitMode::Adaptive, WaitMode::Blocking, WaitMode::BusyPoll]
+        .into_iter()
+        .enumerate()
+    {
+        let a = addr(9410 + k as u16);
+        let mut child =
+            ChildProc::spawn("child_main", "bind_and_park", &[p.clone(), a.to_string()]);
+        child.expect("ready");
+        let mut c = Stack::builder(&p).wait_mode(mode).attach().unwrap();
+        let peer = c.connect(a).unwrap();
+        fill_ring(&mut c, peer);
+        children.push(child);
+        stacks.push((c, peer));
+    }
+    mgr.stop();
+    for child in &mut children {
+        child.kill9();
+    }
+    let mut threads = Vec::new();
+    for (k, (mut c, peer)) in stacks.into_iter().enumerate() {
+        threads.push(std::thread::spawn(move || {
+            // Every error, in order: of the sends (the manager's end is
+            // reported once, by whichever call finds it, and a send that
+            // reports it may be tried again), then of two receives.
+            let mut errs = Vec::new();
+            for _ in 0..2 {
+                let r = match k {
+                    0 => {
+                        let b = c.alloc(8).unwrap();
+                        c.send(peer, b)
+                    }
+                    1 => {
+                        let mut bufs = vec![c.alloc(8).unwrap()];
+                        c.send_burst(peer, &mut bufs)
+                    }
+                    _ => c.send_burst_with(peer, 1, 8, |_, _| {}),
+                };
+                let e = r.expect_err("a send to a dead peer's full ring");
+                let again = matches!(e, Error::ManagerGone);
+                errs.push(e);
+                if !again {
+                    break;
+                }
+            }
+            let wait = std::time::Duration::from_secs(5);
+            for _ in 0..2 {
+                match c.recv_timeout(wait) {
+                    Err(Error::TimedOut) => break,
+                    Err(e) => errs.push(e),
+                    Ok(m) => panic!("no message was sent to us: {m:?}"),
+                }
+            }
+            (k, peer, errs)
+        }));
+    }
+    // Watchdog: on main these waited for ever.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    for t in threads {
+        while !t.is_finished() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "watchdog: a send waited for room in a dead peer's ring"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let (k, peer, errs) = t.join().unwrap();
+        let gone = errs
+            .iter()
+            .filter(|e| matches!(e, Error::ManagerGone))
+            .count();
+        let resets: Vec<_> = errs
+            .iter()
+            .filter_map(|e| match e {
+                Error::ManagerGone => None,
+                Error::Reset(p) => Some(*p),
+                other => panic!("send path {k}: {other} in {errs:?}"),
+            })
+            .collect();
+        // The send ends in the reset, the receive reports it too, and the
+        // manager's end is reported exactly once.
+        assert_eq!(gone, 1, "send path {k}: {errs:?}");
+        assert_eq!(resets, [peer, peer], "send path {k}: {errs:?}");
+    }
+}
