@@ -1864,6 +1864,9 @@ impl Stack {
         deadline: Option<Instant>,
         mode: Option<WaitMode>,
     ) -> Result<Message, Error> {
+        // Before the inbox: what it holds are the parent's buffers, which
+        // a forked child must not be handed as well.
+        self.check_not_forked()?;
         let saved = self.mode;
         if let Some(m) = mode {
             self.mode = m;

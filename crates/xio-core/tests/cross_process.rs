@@ -29,6 +29,7 @@ fn child_main() {
         "forks_holding_locks" => forks_holding_locks(&a[0]),
         "echo_until_reset" => echo_until_reset(&a[0], a[1].parse().unwrap()),
         "bind_and_park" => bind_and_park(&a[0], a[1].parse().unwrap()),
+        "forks_with_queued_messages" => forks_with_queued_messages(&a[0], a[1].parse().unwrap()),
         "burst_sink" => burst_sink(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "dies_mid_burst" => dies_mid_burst(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "echo_on_cpu0" => {
@@ -110,6 +111,59 @@ fn bind_and_park(prefix: &str, addr: SocketAddr) {
     loop {
         std::thread::park();
     }
+}
+
+/// Binds `addr` and takes three messages off its ring with a receive that
+/// returns one (the other two wait in the stack's inbox), then forks: the
+/// child's receives on the inherited stack must fail with `Forked`, not
+/// hand out the parent's queued buffers a second time. Says the child's
+/// verdict.
+fn forks_with_queued_messages(prefix: &str, addr: SocketAddr) {
+    let mut s = Stack::builder(prefix).name("forker").attach().unwrap();
+    s.bind(addr).unwrap();
+    println!("XIO:ready");
+    let mut out = Vec::new();
+    // The first message may come before the other two are in the ring.
+    while out.is_empty() {
+        s.recv_burst(&mut out, 1).unwrap();
+    }
+    let (rd, wr) = rustix::pipe::pipe().unwrap();
+    // SAFETY: the child makes X-IO calls that must fail before taking any
+    // lock (what is tested; on failure they touch only the stack's own
+    // inbox), writes to a pipe and `_exit`s; the other thread of this
+    // process (the test harness's) holds no lock we use.
+    let pid = unsafe { fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        drop(rd);
+        let got: Vec<String> = (0..2)
+            .map(|_| match s.try_recv() {
+                Err(Error::Forked) => "Forked".to_owned(),
+                Ok(m) => format!("a message of {} bytes", m.buf.len()),
+                Err(e) => e.to_string(),
+            })
+            .collect();
+        std::mem::forget(s);
+        let verdict = if got.iter().all(|g| g == "Forked") {
+            "ok".to_owned()
+        } else {
+            format!("the child's receives gave {got:?}")
+        };
+        rustix::io::write(&wr, verdict.as_bytes()).unwrap();
+        // SAFETY: ends the forked child without running the parent's
+        // destructors or atexit handlers.
+        unsafe { _exit(0) };
+    }
+    drop(wr);
+    let mut verdict = [0u8; 256];
+    let n = rustix::io::read(&rd, &mut verdict).unwrap();
+    println!("XIO:verdict {}", String::from_utf8_lossy(&verdict[..n]));
+    // The parent still has the two queued messages.
+    for _ in 0..2 {
+        drop(s.try_recv().unwrap());
+    }
+    drop(out);
+    println!("XIO:done");
 }
 
 /// Sends `n` checksummed messages of varying size and checks each echo.
@@ -1352,4 +1406,34 @@ fn with_the_manager_gone_sends_waiting_on_a_dead_peers_full_ring_are_reset() {
         assert_eq!(gone, 1, "send path {k}: {errs:?}");
         assert_eq!(resets, [peer, peer], "send path {k}: {errs:?}");
     }
+}
+
+/// A receive on a stack inherited across fork() fails with `Forked` even
+/// when messages wait in the stack's inbox (taken off the ring by the
+/// parent before the fork): handing them out in the child would give two
+/// processes the same buffers.
+#[test]
+fn a_forked_child_gets_none_of_its_parents_queued_messages() {
+    setup();
+    if skip_fork_on_dpdk() {
+        return;
+    }
+    let p = prefix("forkinbox");
+    let mgr = manager_builder(&p).spawn().unwrap();
+    let a = addr(9420);
+    let mut h = ChildProc::spawn(
+        "child_main",
+        "forks_with_queued_messages",
+        &[p.clone(), a.to_string()],
+    );
+    h.expect("ready");
+    let mut me = Stack::attach(&p).unwrap();
+    let peer = me.connect(a).unwrap();
+    let mut bufs: Vec<_> = (0..3).map(|_| me.alloc(16).unwrap()).collect();
+    me.send_burst(peer, &mut bufs).unwrap();
+    assert_eq!(h.expect("verdict"), "ok");
+    h.expect("done");
+    h.wait_success();
+    drop(me);
+    wait_pool_whole(&mgr);
 }
