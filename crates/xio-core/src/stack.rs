@@ -2009,13 +2009,18 @@ impl Stack {
     /// path for consumers that look at each payload and are done with it:
     /// no `Buf` per message, one pass over the private cache per burst.
     /// A peer's reset is reported as [`Error::Reset`] once its earlier
-    /// messages were shown.
+    /// messages were shown. With `max` 0 it returns 0 at once.
     pub fn recv_burst_with(
         &mut self,
         max: usize,
         mut f: impl FnMut(PeerId, u32, &[u8]),
     ) -> Result<usize, Error> {
         self.check_not_forked()?;
+        if max == 0 {
+            // Nothing may be shown: waiting for a first message would
+            // never end (it could not be taken).
+            return Ok(0);
+        }
         loop {
             // Messages already queued as `Buf`s (after a reset, say) first.
             if let Some(ev) = self.inbox.pop_front() {

@@ -1437,3 +1437,35 @@ fn a_forked_child_gets_none_of_its_parents_queued_messages() {
     drop(me);
     wait_pool_whole(&mgr);
 }
+
+/// `recv_burst_with` of at most 0 messages shows none and returns 0; it
+/// does not wait (for ever: however many messages are ready, it may take
+/// none of them).
+#[test]
+fn recv_burst_with_of_at_most_zero_messages_returns_zero() {
+    let (mgr, server, mut client, peer) = manager_and_pair("burstzero", addr(9421));
+    let b = client.alloc(8).unwrap();
+    client.send(peer, b).unwrap();
+    let t = std::thread::spawn(move || {
+        let mut server = server;
+        let mut shown = 0;
+        let r = server.recv_burst_with(0, |_, _, _| shown += 1);
+        (r, shown, server)
+    });
+    // Watchdog (short: on main the call spins on the ready ring).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !t.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "watchdog: recv_burst_with(0) did not return"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let (r, shown, mut server) = t.join().unwrap();
+    assert_eq!(r.unwrap(), 0);
+    assert_eq!(shown, 0);
+    // The message is still there for the next receive.
+    assert_eq!(server.recv_timeout(WATCHDOG).unwrap().buf.len(), 8);
+    drop((server, client));
+    wait_pool_whole(&mgr);
+}
