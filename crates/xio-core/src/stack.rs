@@ -2050,6 +2050,11 @@ impl Stack {
                 let i = (self.rr + k) % n_ch;
                 let want = (max - shown).min(BURST);
                 let Ok(n) = self.channels[i].rx.pop_burst(&mut self.scratch[..want]) else {
+                    if shown > 0 {
+                        // What was shown is this call's result; the next
+                        // call meets the broken ring again.
+                        break;
+                    }
                     // A broken ring: the general path reports and closes it.
                     return self.recv().map(|m| {
                         f(m.from, m.tag, &m.buf);
