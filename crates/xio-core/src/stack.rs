@@ -560,8 +560,8 @@ pub struct Stack {
     unreleased: Vec<u32>,
     /// When the releases left over are tried again from the ring path.
     releases_due: Option<Instant>,
-    /// When a wait that does not sleep (busy polling, a send waiting for
-    /// room) next looks at its peers' pidfds while no manager runs (see
+    /// When a wait that does not sleep (busy polling, non-blocking, a
+    /// send waiting for room) next looks at its peers' pidfds while no manager runs (see
     /// [`Stack::dead_manager_tick`]).
     busy_tick_due: Option<Instant>,
     /// Bumped whenever the set of channels changes, so a [`Probe`] made
@@ -1377,6 +1377,15 @@ impl Stack {
 
     /// Waits until something may be ready, per the waiting mode.
     fn wait(&mut self, deadline: Option<Instant>) -> Result<(), Error> {
+        // Waits that never sleep get no liveness tick: with the manager
+        // dead they look at the control socket themselves (before a
+        // non-blocking wait fails), and what that closes ends the wait.
+        if self.never_sleeps_tick() {
+            self.poll_ctrl()?;
+            if !self.inbox.is_empty() {
+                return Ok(());
+            }
+        }
         let mut view = StackView {
             inbox: !self.inbox.is_empty(),
             seg: &self.seg,
@@ -1394,7 +1403,7 @@ impl Stack {
             deadline,
             &|| true,
         )?;
-        if woken == Woken::Tick || self.busy_poll_tick() {
+        if woken == Woken::Tick {
             self.poll_ctrl()?;
         }
         Ok(())
@@ -1423,11 +1432,11 @@ impl Stack {
         true
     }
 
-    /// Whether a busy-polling wait should look at the control socket as
-    /// the liveness tick makes a sleeping one do (see
+    /// Whether a busy-polling or non-blocking wait should look at the
+    /// control socket as the liveness tick makes a sleeping one do (see
     /// [`Stack::dead_manager_tick`]).
-    fn busy_poll_tick(&mut self) -> bool {
-        self.mode == WaitMode::BusyPoll && self.dead_manager_tick()
+    fn never_sleeps_tick(&mut self) -> bool {
+        matches!(self.mode, WaitMode::BusyPoll | WaitMode::NonBlocking) && self.dead_manager_tick()
     }
 
     /// Whether a wait that never sleeps on the doorbell should look at the

@@ -1529,3 +1529,44 @@ fn recv_burst_with_counts_what_it_showed_before_a_broken_ring() {
         wait_pool_whole(&mgr);
     }
 }
+
+/// A non-blocking stack never waits, so no liveness tick tells it of a
+/// dead manager either: polled with `try_recv`, it must still report the
+/// manager gone, and then a peer process that dies afterwards as a reset,
+/// instead of `WouldBlock` for ever.
+#[test]
+fn a_non_blocking_stack_learns_of_a_dead_manager_and_then_a_dead_peer() {
+    setup();
+    let p = prefix("nbdead");
+    let mgr = manager_builder(&p).spawn().unwrap();
+    let a = addr(9440);
+    let mut server = ChildProc::spawn("child_main", "bind_and_park", &[p.clone(), a.to_string()]);
+    server.expect("ready");
+    let mut c = Stack::builder(&p)
+        .wait_mode(WaitMode::NonBlocking)
+        .attach()
+        .unwrap();
+    let peer = c.connect(a).unwrap();
+    // Polls until something other than WouldBlock (watchdog: 20 s).
+    let poll = |c: &mut Stack| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            match c.try_recv() {
+                Err(Error::WouldBlock) => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "watchdog: only WouldBlock"
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                r => return r,
+            }
+        }
+    };
+    mgr.stop();
+    let e = poll(&mut c).unwrap_err();
+    assert!(matches!(e, Error::ManagerGone), "{e}");
+    server.kill9();
+    let e = poll(&mut c).unwrap_err();
+    assert!(matches!(e, Error::Reset(x) if x == peer), "{e}");
+}
