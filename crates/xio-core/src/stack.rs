@@ -2072,22 +2072,34 @@ impl Stack {
                 };
                 let peer = self.channels[i].peer;
                 self.prefetch_scratch(n, false);
-                let mut k_ok = 0;
+                // Buffers taken (to free below), and messages shown.
+                let (mut k_ok, mut k_shown) = (0, 0);
                 for j in 0..n {
                     let d = self.scratch[j];
+                    if !kind::carries_buffer(d.kind) && kind::is_known(d.kind) {
+                        // The socket layer's control kinds are no messages
+                        // (`recv` drops them too), and not corrupt.
+                        continue;
+                    }
                     if let Some(raw) = self.take_descriptor(peer, &d) {
-                        let (ptr, _) = self.pool.data(raw);
-                        // SAFETY: `take_descriptor` checked the buffer is
-                        // ours (HELD) and `d.len` fits it; it stays ours
-                        // until `free_many` below.
-                        let payload = unsafe { std::slice::from_raw_parts(ptr, d.len as usize) };
-                        f(PeerId(peer), d.conn, payload);
+                        // A socket-layer buffer (stream bytes, a SYN) is
+                        // no message either: it only goes back.
+                        if d.kind == kind::DATA {
+                            let (ptr, _) = self.pool.data(raw);
+                            // SAFETY: `take_descriptor` checked the buffer
+                            // is ours (HELD) and `d.len` fits it; it stays
+                            // ours until `free_many` below.
+                            let payload =
+                                unsafe { std::slice::from_raw_parts(ptr, d.len as usize) };
+                            f(PeerId(peer), d.conn, payload);
+                            k_shown += 1;
+                        }
                         done[k_ok] = raw;
                         k_ok += 1;
                     }
                 }
                 self.pool.free_many(&done[..k_ok]);
-                shown += k_ok;
+                shown += k_shown;
             }
             self.rr = self.rr.wrapping_add(1);
             if shown > 0 {

@@ -1570,3 +1570,45 @@ fn a_non_blocking_stack_learns_of_a_dead_manager_and_then_a_dead_peer() {
     let e = poll(&mut c).unwrap_err();
     assert!(matches!(e, Error::Reset(x) if x == peer), "{e}");
 }
+
+/// The socket layer's descriptors reaching a zero-copy receiver (a
+/// stream's bytes, a FIN) are not messages: `recv_burst_with` shows only
+/// data messages, as `recv` returns only those, and counts neither kind
+/// as corrupt; the stream's buffer goes back to the pool.
+#[test]
+fn recv_burst_with_shows_only_data_messages() {
+    use xio_core::layout::{kind, Descriptor};
+    let (mgr, mut server, mut client, peer) = manager_and_pair("burstkinds", addr(9441));
+    for round in 0..2 {
+        let mut s = client.alloc(5).unwrap();
+        s.copy_from(b"bytes");
+        assert!(client
+            .__push_buf_raw(peer, kind::STREAM, 7, s)
+            .unwrap()
+            .is_none());
+        let fin = Descriptor {
+            kind: kind::FIN,
+            conn: 7,
+            ..Descriptor::default()
+        };
+        assert!(client.__push_raw(peer, fin).unwrap());
+        let mut b = client.alloc(4).unwrap();
+        b.copy_from(b"data");
+        client.send_tagged(peer, 3, b).unwrap();
+        let mut got = Vec::new();
+        if round == 0 {
+            while got.is_empty() {
+                server
+                    .recv_burst_with(64, |_, tag, p| got.push((tag, p.to_vec())))
+                    .unwrap();
+            }
+        } else {
+            let m = server.recv_timeout(WATCHDOG).unwrap();
+            got.push((m.tag, m.buf.to_vec()));
+        }
+        assert_eq!(got, [(3, b"data".to_vec())], "round {round}");
+        assert_eq!(server.corrupt_descriptors(), 0, "round {round}");
+    }
+    drop((server, client));
+    wait_pool_whole(&mgr);
+}
