@@ -1929,8 +1929,13 @@ impl Stack {
     /// Receives up to `max` ready messages into `out` after waiting for the
     /// first; returns how many. An error met once messages are in hand
     /// (the manager found gone, say) is returned by the next receive, so
-    /// an `Err` never comes with messages in `out`.
+    /// an `Err` never comes with messages in `out`. With `max` 0 it
+    /// returns 0 at once.
     pub fn recv_burst(&mut self, out: &mut Vec<Message>, max: usize) -> Result<usize, Error> {
+        self.check_not_forked()?;
+        if max == 0 {
+            return Ok(0); // room for none: nothing to wait for
+        }
         let first = self.recv()?;
         out.push(first);
         let mut n = 1;

@@ -1612,3 +1612,18 @@ fn recv_burst_with_shows_only_data_messages() {
     drop((server, client));
     wait_pool_whole(&mgr);
 }
+
+/// `recv_burst` of at most 0 messages takes none (it took, and returned,
+/// one); the message stays for the next receive.
+#[test]
+fn recv_burst_of_at_most_zero_messages_takes_none() {
+    let (mgr, mut server, mut client, peer) = manager_and_pair("burstvec0", addr(9442));
+    let b = client.alloc(8).unwrap();
+    client.send(peer, b).unwrap();
+    let mut out = Vec::new();
+    assert_eq!(server.recv_burst(&mut out, 0).unwrap(), 0);
+    assert!(out.is_empty());
+    assert_eq!(server.recv_timeout(WATCHDOG).unwrap().buf.len(), 8);
+    drop((server, client));
+    wait_pool_whole(&mgr);
+}
