@@ -2029,7 +2029,9 @@ impl Net {
 
     /// Connects, waiting at most `timeout`.
     pub fn connect_timeout(&self, addr: &SocketAddr, timeout: Duration) -> io::Result<XioStream> {
-        self.connect_one(*addr, Some(Instant::now() + timeout), true)
+        // A timeout past what an `Instant` holds (`Duration::MAX`) is no
+        // deadline, not an overflow panic.
+        self.connect_one(*addr, Instant::now().checked_add(timeout), true)
             .map(|s| s.expect("a connect that may ask always answers"))
             .map_err(no_manager_refuses)
     }
@@ -2462,7 +2464,8 @@ impl Net {
         // reading the clock for a deadline.
         let r = match self.block(Key::Poll, true, None, &mut collect) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock && timeout != Some(Duration::ZERO) => {
-                let deadline = timeout.map(|t| Instant::now() + t);
+                // (`Duration::MAX` and the like: no deadline.)
+                let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
                 self.block(Key::Poll, false, deadline, &mut collect)
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),

@@ -3244,3 +3244,37 @@ fn dropping_a_stream_with_undrained_bytes_resets_the_peer() {
         "{r:?}"
     );
 }
+
+/// `Duration::MAX` as a timeout ("forever") waits without a deadline
+/// instead of panicking on `Instant` overflow (found in review, as
+/// `Stack::recv_timeout`'s).
+#[test]
+fn timeouts_of_duration_max_mean_no_deadline() {
+    let (_mgr, p) = start("maxtimeout");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "10.3.0.47:80".parse().unwrap();
+    let l = server.listen(addr).unwrap();
+    let c = client.connect_timeout(&addr, Duration::MAX).unwrap();
+    let (s, _) = l.accept().unwrap();
+    s.set_nonblocking(true).unwrap();
+    s.set_token(3);
+    (&c).write_all(b"x").unwrap();
+    let mut events = Vec::new();
+    loop {
+        server.poll(&mut events, Some(Duration::MAX)).unwrap();
+        if events.iter().any(|e| {
+            matches!(
+                e,
+                Event::Stream {
+                    token: 3,
+                    readable: true,
+                    ..
+                }
+            )
+        }) {
+            break;
+        }
+        events.clear();
+    }
+}
