@@ -111,10 +111,19 @@ impl PoolView {
 
     /// Runs a free-list operation of stack `me` on `class` inside the
     /// intent/gate bracket (see the module docs). Returns `None` while the
-    /// manager holds the gate and `wait` is false.
+    /// manager holds the gate and `wait` is false, and when the manager
+    /// died holding it (killed in the middle of a sweep): nobody will open
+    /// it, and the lists behind it may be half rebuilt.
     fn global_op<R>(&self, me: u16, class: usize, wait: bool, op: impl FnOnce() -> R) -> Option<R> {
         let intent = &self.seg.stack_slot(me).intent;
-        bracket(intent, &self.seg.free_head(class).gate, wait, op)
+        let alive = self.seg.manager_alive();
+        bracket(
+            intent,
+            &self.seg.free_head(class).gate,
+            wait,
+            || crate::liveness::died(alive),
+            op,
+        )
     }
 
     /// Pops a magazine off the tagged stack at `head`.
@@ -413,11 +422,13 @@ fn enter<'a>(intent: &'a AtomicU64, gate: &AtomicU32) -> Option<Intent<'a>> {
 
 /// Runs `op` as a free-list operation bracketed by `intent` and `gate`
 /// (see the module docs); waits out a closed gate if `wait`, else returns
-/// `None`.
+/// `None`. Also `None` if the gate is closed and `closer_died()`: the
+/// manager that closed it is gone and will never open it.
 fn bracket<R>(
     intent: &AtomicU64,
     gate: &AtomicU32,
     wait: bool,
+    closer_died: impl Fn() -> bool,
     op: impl FnOnce() -> R,
 ) -> Option<R> {
     loop {
@@ -430,6 +441,9 @@ fn bracket<R>(
         // Acquire: pairs with the Release store in `open_gates`; the
         // rebuilt lists are visible to the operation we retry.
         while gate.load(Ordering::Acquire) != 0 {
+            if closer_died() {
+                return None;
+            }
             yield_thread();
         }
     }
@@ -532,6 +546,11 @@ pub enum AllocError {
     /// handle (see [`crate::fork`]).
     #[error("the pool handle was inherited across fork(); attach a new stack")]
     Forked,
+    /// The private cache is empty and the manager died while it held the
+    /// shared list closed (killed in the middle of a reclamation sweep):
+    /// nothing will open it again.
+    #[error("the manager died while it held the free list closed")]
+    ManagerGone,
 }
 
 impl StackPool {
@@ -605,10 +624,17 @@ impl StackPool {
         let class = self.view.class_for(len).ok_or(AllocError::TooLarge(len))?;
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let c = &mut cache[class];
-        if c.is_empty() {
-            self.view.global_op(self.me, class, wait, || {
-                self.view.pop_batch(self.me, class, self.limit[class], c)
-            });
+        if c.is_empty()
+            && self
+                .view
+                .global_op(self.me, class, wait, || {
+                    self.view.pop_batch(self.me, class, self.limit[class], c)
+                })
+                .is_none()
+            && wait
+        {
+            // Waiting, it gives up only on a gate a dead manager left closed.
+            return Err(AllocError::ManagerGone);
         }
         let idx = c.pop().ok_or(AllocError::Exhausted)?;
         drop(cache);
@@ -637,14 +663,19 @@ impl StackPool {
         }
         let class = self.view.class_for(len).ok_or(AllocError::TooLarge(len))?;
         let mut got = 0;
+        // The gate a dead manager left closed (see `alloc`).
+        let mut stranded = false;
         {
             let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
             let c = &mut cache[class];
             while got < out.len() {
                 if c.is_empty() {
-                    self.view.global_op(self.me, class, true, || {
-                        self.view.pop_batch(self.me, class, self.limit[class], c)
-                    });
+                    stranded = self
+                        .view
+                        .global_op(self.me, class, true, || {
+                            self.view.pop_batch(self.me, class, self.limit[class], c)
+                        })
+                        .is_none();
                 }
                 let Some(idx) = c.pop() else { break };
                 out[got] = RawBuf {
@@ -667,7 +698,11 @@ impl StackPool {
             );
         }
         if got == 0 {
-            return Err(AllocError::Exhausted);
+            return Err(if stranded {
+                AllocError::ManagerGone
+            } else {
+                AllocError::Exhausted
+            });
         }
         Ok(got)
     }
@@ -1503,11 +1538,17 @@ mod loom_tests {
                 .map(|i| {
                     let (intent, gate, lists) = (intent.clone(), gate.clone(), lists.clone());
                     thread::spawn(move || {
-                        bracket(&intent, &gate, i == 0, || {
-                            // SAFETY: inside the bracket; the model checks
-                            // that the manager does not touch it meanwhile.
-                            lists[i].with_mut(|p| unsafe { *p += 1 })
-                        })
+                        bracket(
+                            &intent,
+                            &gate,
+                            i == 0,
+                            || false,
+                            || {
+                                // SAFETY: inside the bracket; the model checks
+                                // that the manager does not touch it meanwhile.
+                                lists[i].with_mut(|p| unsafe { *p += 1 })
+                            },
+                        )
                         .is_some()
                     })
                 })

@@ -1978,6 +1978,7 @@ impl Stack {
                 }
                 Err(AllocError::TooLarge(n)) => return Err(Error::TooLarge(n)),
                 Err(AllocError::Forked) => return Err(Error::Forked),
+                Err(AllocError::ManagerGone) => return Err(Error::ManagerGone),
                 Err(AllocError::Exhausted) => {
                     if self.mode == WaitMode::NonBlocking {
                         return Err(Error::WouldBlock);
@@ -2000,6 +2001,7 @@ impl Stack {
                 Ok(g) => g,
                 Err(AllocError::TooLarge(l)) => return Err(Error::TooLarge(l)),
                 Err(AllocError::Forked) => return Err(Error::Forked),
+                Err(AllocError::ManagerGone) => return Err(Error::ManagerGone),
                 Err(AllocError::Exhausted) => 0,
             };
             for &raw in &raws[..got] {
@@ -2156,6 +2158,7 @@ impl Stack {
                 Ok(g) => g,
                 Err(AllocError::TooLarge(l)) => return Err(Error::TooLarge(l)),
                 Err(AllocError::Forked) => return Err(Error::Forked),
+                Err(AllocError::ManagerGone) => return Err(Error::ManagerGone),
                 Err(AllocError::Exhausted) => {
                     Self::notify(&self.seg, &self.channels[ci]);
                     if self.mode == WaitMode::NonBlocking {
@@ -2193,6 +2196,7 @@ impl Stack {
             Err(AllocError::TooLarge(n)) => Err(Error::TooLarge(n)),
             Err(AllocError::Exhausted) => Err(Error::WouldBlock),
             Err(AllocError::Forked) => Err(Error::Forked),
+            Err(AllocError::ManagerGone) => Err(Error::ManagerGone),
         }
     }
 
