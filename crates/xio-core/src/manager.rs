@@ -935,6 +935,11 @@ impl Manager {
         slot.sleeping.store(0, Ordering::Relaxed);
         slot.cpu.store(0, Ordering::Relaxed);
         slot.intent.store(0, Ordering::Relaxed);
+        // The counters the status report shows are the newcomer's own,
+        // not those of the stack that had the id before.
+        slot.sleeps.store(0, Ordering::Relaxed);
+        slot.corrupt.store(0, Ordering::Relaxed);
+        slot.rung_at.store(0, Ordering::Relaxed);
         slot.pid.store(pid, Ordering::Relaxed);
         slot.state.store(slot_state::ACTIVE, Ordering::Release);
         let seg_fd = self.seg.region().fd().expect("manager segments are memfds");

@@ -522,3 +522,47 @@ fn a_flood_of_connections_that_leave_does_not_keep_others_from_attaching() {
     );
     wait_pool_whole(&mgr);
 }
+
+/// The number after `key` on the status line of the one stack.
+fn status_count(prefix: &str, key: &str) -> u64 {
+    let text = xio_core::manager::query_status(prefix).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("stack ") && l.contains(key))
+        .unwrap_or_else(|| panic!("no stack line in {text}"));
+    let after = &line[line.find(key).unwrap() + key.len()..];
+    after.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// A stack given a departed one's id (here the only one there is) starts
+/// with counters of its own: the status report must not say the newcomer
+/// slept or rejected descriptors because the stack before it did.
+#[test]
+fn a_reused_ids_status_counts_are_the_newcomers_own() {
+    setup();
+    let p = prefix("idcounts");
+    let cfg = PoolConfig {
+        classes: vec![(2048, 64)],
+        max_stacks: 1,
+        ..PoolConfig::default()
+    };
+    let mgr = manager_builder(&p).pool(cfg).spawn().unwrap();
+    let mut first = Stack::builder(&p)
+        .wait_mode(WaitMode::Blocking)
+        .attach()
+        .unwrap();
+    // Its waiter goes to sleep (nothing comes).
+    let _ = first.recv_timeout(std::time::Duration::from_millis(20));
+    assert!(status_count(&p, "sleeps") > 0, "the first stack slept");
+    drop(first);
+    wait_until("the manager frees the slot", || {
+        mgr.snapshot().stacks.is_empty()
+    });
+    let second = Stack::attach(&p).unwrap();
+    assert_eq!(
+        status_count(&p, "sleeps"),
+        0,
+        "the newcomer is reported with the departed stack's sleeps"
+    );
+    drop(second);
+}
