@@ -487,6 +487,42 @@ fn hung_up_now(sock: &impl AsFd) -> bool {
         && fds[0].revents().intersects(PollFlags::HUP | PollFlags::ERR)
 }
 
+/// Refuses a run dir another user could write to: one owned by another
+/// user than this one or root (anyone can make `/tmp/xio-<uid>` before
+/// the user does), or one every user may write to without the sticky bit.
+/// Either could swap the manager's socket (or its lock) for its own, and
+/// take every stack that attaches.
+fn check_run_dir(dir: &std::path::Path) -> Result<(), ManagerError> {
+    use std::os::unix::fs::MetadataExt;
+    let me = rustix::process::geteuid().as_raw();
+    let mut why = None;
+    for md in [std::fs::symlink_metadata(dir), std::fs::metadata(dir)] {
+        let md = md.map_err(io_err(format!("stat {}", dir.display())))?;
+        if md.uid() != me && md.uid() != 0 {
+            why = Some(format!(
+                "owned by uid {}, not by this user (uid {me}) or root",
+                md.uid()
+            ));
+        } else if !md.file_type().is_symlink() && md.mode() & 0o1002 == 0o002 {
+            why = Some("writable by every user (and not sticky)".into());
+        }
+        if why.is_some() {
+            break;
+        }
+    }
+    match why {
+        None => Ok(()),
+        Some(why) => Err(ManagerError::Io {
+            what: format!(
+                "run dir {}: {why}; another user could replace the manager's socket \
+                 (set XIO_RUN_DIR to a directory of this user's)",
+                dir.display()
+            ),
+            err: io::Error::from(io::ErrorKind::PermissionDenied),
+        }),
+    }
+}
+
 /// A listening socket's temporary path: removed if the manager fails to
 /// start, renamed to the real path once it has.
 struct Staged(std::path::PathBuf);
@@ -524,7 +560,12 @@ impl Manager {
         paths::check_prefix(&b.prefix)?;
         let geo = b.pool.geometry().map_err(SegmentError::from)?;
         let dir = paths::run_dir();
-        std::fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
+        // Made private (only what is missing): the socket in it is one
+        // every stack of the user trusts.
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(&dir)
+            .map_err(io_err(format!("create {}", dir.display())))?;
+        check_run_dir(&dir)?;
         let lock_path = paths::lock_path(&b.prefix);
         let lock = rustix::fs::open(
             &lock_path,

@@ -6,6 +6,8 @@
 //! manager accepts on it (it listens under `<prefix>.sock.new` first), so
 //! waiting for the file is waiting for the manager. The run dir is
 //! `$XIO_RUN_DIR` if set, else `$XDG_RUNTIME_DIR/xio`, else `/tmp/xio-<uid>`.
+//! The manager makes it private (0700) if missing, and refuses one another
+//! user owns or every user may write to without the sticky bit.
 
 use std::path::PathBuf;
 
