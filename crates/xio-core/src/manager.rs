@@ -1199,6 +1199,23 @@ impl Manager {
     }
 
     fn bind_addr(&mut self, id: u16, addr: SocketAddr) -> Option<Msg> {
+        // A holder whose process is gone, its end of file not read yet
+        // (this same pass of the loop, or requests of its own still
+        // waiting to be read before it): its death is handled now, and
+        // its addresses are free. What it sent that is not read yet
+        // needs no answer: its death settles its channels (released or
+        // not) as it would at its end of file.
+        if let Some(&other) = self.bindings.get(&addr) {
+            if other != id
+                && self
+                    .stacks
+                    .get(&other)
+                    .is_some_and(|e| hung_up_now(&e.sock))
+            {
+                let e = self.stacks.remove(&other).expect("present");
+                self.on_death(other, e);
+            }
+        }
         match self.bindings.get(&addr) {
             Some(&other) if other != id => Some(Msg::Error {
                 code: ErrorCode::AddrInUse,
