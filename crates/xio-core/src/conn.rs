@@ -970,6 +970,14 @@ impl<B: Chunk> Table<B> {
         (conns, accepts)
     }
 
+    /// Whether nothing more can come from the peer on `c` that a close
+    /// should look at: its FIN or a reset is in, or this end shut reads
+    /// (what comes then is dropped anyway).
+    pub fn input_ended(&self, c: ConnId) -> bool {
+        self.get(c)
+            .is_none_or(|e| e.peer_fin || e.read_shut || e.state == State::Reset)
+    }
+
     /// Whether a read on `c` would return at once (data, end, or error).
     pub fn is_readable(&self, c: ConnId) -> bool {
         self.get(c).is_none_or(|e| {

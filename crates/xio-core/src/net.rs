@@ -3099,7 +3099,8 @@ impl Drop for StreamInner {
             // received, as a socket's kernel has them: take them in first,
             // so that leaving them unread resets the peer (as TCP's close
             // does) instead of a FIN telling it all it sent was read.
-            if peer.is_some_and(|p| p != g.me()) && !g.driving {
+            // (Not needed once the peer's FIN is in: all it sent is here.)
+            if peer.is_some_and(|p| p != g.me()) && !g.driving && !g.table.input_ended(c) {
                 for _ in 0..DROP_DRAIN_MAX {
                     if !g.stack.has_input() || g.drain(&mut wake).is_err() {
                         break;
