@@ -488,6 +488,8 @@ pub unsafe extern "C" fn xio_dial(
 /// data sent to us was left unread). A process that calls `exit()` (or
 /// returns from `main`) with streams open has them closed this way, after
 /// its own `atexit` handlers ran; one killed by a signal resets them.
+/// As with `close` on an fd in an `epoll` set, `xio_net_poll` reports
+/// nothing for the stream after this, not even readiness it had before.
 ///
 /// # Safety
 /// `stream` is NULL or a stream handle no other thread uses, not used after.

@@ -485,3 +485,60 @@ fn a_full_pool_is_no_space_not_a_protocol_error() {
         }
     }
 }
+
+/// A closed stream's readiness not yet returned by `xio_net_poll` is not
+/// returned after the close, as `epoll_wait` reports nothing for a
+/// closed fd: its token may be a pointer the program freed with the
+/// stream. (The close itself used to queue a readable event, under the
+/// program's token, for the bytes still unread.)
+#[test]
+fn a_closed_streams_token_is_not_reported_by_a_later_poll() {
+    let (_m, p) = manager("closed-token");
+    // SAFETY: live handles, valid out-parameters and buffers of the
+    // lengths given, NUL-terminated strings throughout.
+    unsafe {
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+        let mut net2 = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net2), XIO_OK);
+        let a = addr("10.9.2.1:80");
+        let mut l = null_mut();
+        assert_eq!(xio_listen(net, a.as_ptr(), &mut l), XIO_OK);
+        let mut events = [XioEvent {
+            token: 0,
+            events: 0,
+        }; 64];
+        let mut n = 0;
+        for (dialer, tok) in [(net, 0xdead_0001u64), (net2, 0xdead_0002)] {
+            let mut c = null_mut();
+            assert_eq!(xio_dial(dialer, a.as_ptr(), &mut c), XIO_OK);
+            let mut s = null_mut();
+            assert_eq!(xio_accept(l, &mut s), XIO_OK);
+            assert_eq!(xio_stream_set_token(s, tok), XIO_OK);
+            assert_eq!(xio_stream_set_nonblocking(s, 1), XIO_OK);
+            // From now on readiness is tracked; take what is there.
+            assert_eq!(
+                xio_net_poll(net, events.as_mut_ptr(), 64, 0, &mut n),
+                XIO_OK
+            );
+            let mut k = 0;
+            assert_eq!(xio_write(c, b"x".as_ptr().cast(), 1, &mut k), XIO_OK);
+            assert_eq!(k, 1);
+            // Unread bytes in, not yet polled: closed.
+            assert_eq!(xio_stream_close(s), XIO_OK);
+            for _ in 0..3 {
+                assert_eq!(
+                    xio_net_poll(net, events.as_mut_ptr(), 64, 10, &mut n),
+                    XIO_OK
+                );
+                for e in &events[..n] {
+                    assert_ne!(e.token, tok, "an event of a closed stream");
+                }
+            }
+            assert_eq!(xio_stream_close(c), XIO_OK);
+        }
+        assert_eq!(xio_listener_close(l), XIO_OK);
+        assert_eq!(xio_net_close(net2), XIO_OK);
+        assert_eq!(xio_net_close(net), XIO_OK);
+    }
+}

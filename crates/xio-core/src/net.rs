@@ -1275,6 +1275,15 @@ impl Core {
         }
     }
 
+    /// Takes `c`'s event out of `ready`, if it is there.
+    fn forget_ready(&mut self, c: ConnId) {
+        if let Some(i) = self.ready_index(c) {
+            self.ready.remove(i);
+            self.ready_conn.remove(i);
+            self.reindex_ready();
+        }
+    }
+
     fn note_ready(&mut self, c: ConnId, r: bool, w: bool) {
         // Not yet accepted: reported when it is (see `accept_on`), under
         // the token the program gives it then.
@@ -3129,6 +3138,11 @@ impl Drop for StreamInner {
             }
             // The FIN (or RST) goes now, or waits behind a full ring.
             g.run_actions(&mut wake);
+            // Readiness not yet returned by `poll` (the drain above may
+            // have just noted some) is no event of a closed stream, as
+            // `epoll_wait` reports none for a closed fd: its token may
+            // name what the program freed with the stream.
+            g.forget_ready(c);
             peer.filter(|&p| g.pending_for(p))
         });
         wake_all(&mut wake);
