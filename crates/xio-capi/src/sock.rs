@@ -389,6 +389,7 @@ pub unsafe extern "C" fn xio_listen_backlog(
 
 /// Stops listening and frees the handle (NULL is a no-op). Connections
 /// not yet accepted are reset; accepted ones are unaffected.
+/// `xio_net_poll` reports nothing for the listener after this.
 ///
 /// # Safety
 /// `listener` is NULL or a listener handle no other thread uses, not

@@ -542,3 +542,46 @@ fn a_closed_streams_token_is_not_reported_by_a_later_poll() {
         assert_eq!(xio_net_close(net), XIO_OK);
     }
 }
+
+/// A closed listener's accept readiness not yet returned by
+/// `xio_net_poll` is not returned after the close, as for a closed
+/// stream (and a closed fd under `epoll`).
+#[test]
+fn a_closed_listeners_token_is_not_reported_by_a_later_poll() {
+    let (_m, p) = manager("closed-listener");
+    // SAFETY: live handles, valid out-parameters, NUL-terminated strings.
+    unsafe {
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+        let a = addr("10.9.5.1:80");
+        let mut l = null_mut();
+        assert_eq!(xio_listen(net, a.as_ptr(), &mut l), XIO_OK);
+        let mut tok = 0;
+        assert_eq!(xio_listener_token(l, &mut tok), XIO_OK);
+        let mut events = [XioEvent {
+            token: 0,
+            events: 0,
+        }; 64];
+        let mut n = 0;
+        // From now on readiness is tracked.
+        assert_eq!(
+            xio_net_poll(net, events.as_mut_ptr(), 64, 0, &mut n),
+            XIO_OK
+        );
+        let mut c = null_mut();
+        assert_eq!(xio_dial(net, a.as_ptr(), &mut c), XIO_OK);
+        // A connection waits to be accepted, not yet polled: closed.
+        assert_eq!(xio_listener_close(l), XIO_OK);
+        for _ in 0..3 {
+            assert_eq!(
+                xio_net_poll(net, events.as_mut_ptr(), 64, 10, &mut n),
+                XIO_OK
+            );
+            for e in &events[..n] {
+                assert_ne!(e.token, tok, "an event of a closed listener");
+            }
+        }
+        assert_eq!(xio_stream_close(c), XIO_OK);
+        assert_eq!(xio_net_close(net), XIO_OK);
+    }
+}

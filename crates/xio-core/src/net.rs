@@ -3068,6 +3068,13 @@ impl Drop for ListenerInner {
         // The table and the request in one step (see `Net::listen_one`).
         let asked = net.update(|g| {
             g.table.unlisten(addr);
+            // As for a closed stream (see `Core::forget_ready`): no accept
+            // event of a closed listener.
+            if let Some(i) = g.ready.iter().position(|e| *e == Event::Accept(addr)) {
+                g.ready.remove(i);
+                g.ready_conn.remove(i);
+                g.reindex_ready();
+            }
             g.wake_key(Key::Accept(addr), &mut waiting);
             g.ask(&crate::proto::Msg::Unbind { addr })
         });
