@@ -515,7 +515,9 @@ xio_result xio_read(struct xio_stream *stream, void *buf, size_t len, size_t *n_
  * A blocking stream's write timeout (`xio_stream_set_timeouts`) that
  * passes after some of the bytes went ends the call with success and
  * their count in `n_out`, as `send` with `SO_SNDTIMEO` does (write the
- * rest again); `XIO_ERR_TIMED_OUT` means that nothing went.
+ * rest again); `XIO_ERR_TIMED_OUT` means that nothing went. So does a
+ * reset or shutdown that cuts the write short after some bytes went:
+ * the next call reports it.
  *
  * Thread-safe.
  *

@@ -537,7 +537,9 @@ pub unsafe extern "C" fn xio_read(
 /// A blocking stream's write timeout (`xio_stream_set_timeouts`) that
 /// passes after some of the bytes went ends the call with success and
 /// their count in `n_out`, as `send` with `SO_SNDTIMEO` does (write the
-/// rest again); `XIO_ERR_TIMED_OUT` means that nothing went.
+/// rest again); `XIO_ERR_TIMED_OUT` means that nothing went. So does a
+/// reset or shutdown that cuts the write short after some bytes went:
+/// the next call reports it.
 ///
 /// Thread-safe.
 ///
@@ -608,9 +610,14 @@ pub unsafe extern "C" fn xio_writev(
                 Err(e) if done > 0 && e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => return Err(e.into()),
             };
+            let whole = n == want - done;
             done += n;
             IoSlice::advance_slices(&mut rest, n);
-            if s.is_nonblocking() {
+            // A blocking write stops short only when something ended it
+            // (the write timeout, or a reset after some bytes went, which
+            // the next call reports, as a socket keeps its pending error):
+            // report what went now, as `send` does.
+            if s.is_nonblocking() || !whole {
                 break;
             }
         }

@@ -196,6 +196,65 @@ fn a_failing_call_during_thread_teardown_returns_its_code() {
     );
 }
 
+/// A blocking write that the peer's reset cuts short after some bytes
+/// went returns success with their count, as Linux's `send` does; the
+/// next write reports the reset. (It returned the reset and left `n_out`
+/// unwritten: the caller could not know what had been sent.)
+#[test]
+fn a_write_cut_short_by_a_reset_reports_what_went() {
+    struct Send<T>(T);
+    // SAFETY: the stream handle is used by the writer thread alone until
+    // it is joined.
+    unsafe impl<T> std::marker::Send for Send<T> {}
+    let (_m, p) = manager("write-reset");
+    // SAFETY: live handles, valid out-parameters and buffers of the
+    // lengths given, NUL-terminated strings throughout.
+    unsafe {
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+        let mut other = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut other), XIO_OK);
+        let a = addr("10.9.1.2:80");
+        let mut l = null_mut();
+        assert_eq!(xio_listen(other, a.as_ptr(), &mut l), XIO_OK);
+        let mut c = null_mut();
+        assert_eq!(xio_dial(net, a.as_ptr(), &mut c), XIO_OK);
+        let mut s = null_mut();
+        assert_eq!(xio_accept(l, &mut s), XIO_OK);
+        // The watchdog: a write that never ends times out instead.
+        assert_eq!(xio_stream_set_timeouts(c, 0, WATCHDOG_MS), XIO_OK);
+        let h = Send(c);
+        let writer = std::thread::spawn(move || {
+            let h = h;
+            // Far more than the reader's window.
+            let big = vec![7u8; 64 << 20];
+            let mut n = usize::MAX;
+            let r = xio_write(h.0, big.as_ptr().cast(), big.len(), &mut n);
+            let mut m = usize::MAX;
+            let r2 = xio_write(h.0, big.as_ptr().cast(), 1, &mut m);
+            (r, n, r2)
+        });
+        // Some bytes arrive; the reader then closes with the rest unread.
+        assert_eq!(xio_stream_set_timeouts(s, WATCHDOG_MS, 0), XIO_OK);
+        let mut buf = vec![0u8; 4096];
+        let mut k = 0;
+        assert_eq!(
+            xio_read(s, buf.as_mut_ptr().cast(), buf.len(), &mut k),
+            XIO_OK
+        );
+        assert!(k > 0);
+        assert_eq!(xio_stream_close(s), XIO_OK);
+        let (r, n, r2) = writer.join().unwrap();
+        assert_eq!(r, XIO_OK, "a write the reset cut short is a success");
+        assert!(n > 0 && n < 64 << 20, "n_out = {n}");
+        assert_eq!(r2, XIO_ERR_CONNECTION_RESET, "the next write reports it");
+        assert_eq!(xio_stream_close(c), XIO_OK);
+        assert_eq!(xio_listener_close(l), XIO_OK);
+        assert_eq!(xio_net_close(other), XIO_OK);
+        assert_eq!(xio_net_close(net), XIO_OK);
+    }
+}
+
 /// A blocking write with a write timeout that sent part of its bytes
 /// before the timeout returns success with that count, as `send` with
 /// `SO_SNDTIMEO` does; the next write reports the timeout. (It used to
