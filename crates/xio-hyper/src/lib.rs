@@ -32,11 +32,12 @@
 //! refuses it, or no manager runs), so a service keeps working when its
 //! peers move to another node; [`XioConnector::or_tcp`] does the same
 //! and builds even where no X-IO manager runs at all; [`serve_on`] listens
-//! on X-IO and TCP at once. With a fallback, a connection over X-IO is
-//! returned once the listener has answered (a round trip over shared
-//! memory), so that an address whose X-IO service went away since this
-//! process last reached it is dialled over TCP rather than failing the
-//! request.
+//! on X-IO and TCP at once. A connection over X-IO is returned once the
+//! listener has answered (a round trip over shared memory, as TCP's
+//! handshake), so that a refusal is a connect error (hyper-util's
+//! `Error::is_connect`), and with a fallback an address whose X-IO
+//! service went away since this process last reached it is dialled over
+//! TCP rather than failing the request.
 //!
 //! **No TLS.** `https` URIs are refused (`InvalidInput`), as hyper's
 //! `HttpConnector` does: the request would go out in clear. Under a TLS
@@ -300,13 +301,16 @@ impl tower_service::Service<http::Uri> for XioConnector {
                     Some(net) => XioStream::connect_with(net, addr).await,
                     None => XioStream::connect(addr).await,
                 };
-                // With a fallback, wait for the listener's answer (one
-                // round trip over shared memory): a route this process
-                // learnt earlier may be stale (the address handed over, or
-                // now served on TCP only), and its refusal must come here,
-                // where TCP can still be tried, not as the request's error.
+                // Wait for the listener's answer (one round trip over
+                // shared memory), as TCP's connect waits for the SYN-ACK:
+                // a route this process learnt earlier may be stale (the
+                // address handed over, or now served on TCP only), and its
+                // refusal must come here, as a connect error (hyper-util's
+                // `is_connect`: the request never left, so it is safe to
+                // retry) where the next address or TCP can still be tried,
+                // not as the request's error after it was written.
                 let dialled = match dialled {
-                    Ok(s) if fallback => s.connected().await.map(|()| s),
+                    Ok(s) => s.connected().await.map(|()| s),
                     r => r,
                 };
                 match dialled {

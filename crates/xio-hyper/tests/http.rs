@@ -676,3 +676,58 @@ fn serve_hands_an_upgraded_connection_to_the_service() {
             .unwrap();
     });
 }
+
+/// A connection the listener refuses is a connect error, as over TCP
+/// (`hyper_util`'s `Error::is_connect`, which retry policies use to tell
+/// a request that never left from one that may have been processed),
+/// also when this process's route to the address is stale (the service
+/// stopped listening there since it was last reached) and the refusal
+/// comes from the listener's process rather than the manager.
+#[test]
+fn a_refused_connection_is_a_connect_error() {
+    let (_mgr, p) = setup("refusedconn");
+    rt().block_on(async {
+        // TCP: nobody listens on the port.
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let tcp: Client<_, Body> = Client::builder(TokioExecutor::new()).build_http::<Body>();
+        let req = http::Request::post(format!("http://127.0.0.1:{port}/x"))
+            .body(Full::from("never sent"))
+            .unwrap();
+        let e = tcp.request(req).await.unwrap_err();
+        assert!(e.is_connect(), "TCP: {e:?}");
+
+        // X-IO, a stale route.
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        // The server process keeps another listener (it keeps answering).
+        let _other = XioListener::bind_with(&srv, "10.5.0.31:80").unwrap();
+        let x = XioListener::bind_with(&srv, "10.5.0.30:80").unwrap();
+        let stop = Shutdown::new();
+        let server = tokio::spawn(xio_hyper::serve(
+            x,
+            hyper::service::service_fn(echo),
+            Protocol::Auto,
+            stop.clone(),
+        ));
+        let uri = "http://10.5.0.30/x";
+        let req = http::Request::post(uri).body(Full::from("one")).unwrap();
+        let r = client(&cli).request(req).await.unwrap();
+        assert_eq!(body_string(r).await, "one");
+        stop.shutdown();
+        tokio::time::timeout(WATCHDOG, server)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        // A new client: no pooled connection.
+        let req = http::Request::post(uri).body(Full::from("two")).unwrap();
+        let e = tokio::time::timeout(WATCHDOG, client(&cli).request(req))
+            .await
+            .expect("watchdog")
+            .unwrap_err();
+        assert!(e.is_connect(), "X-IO: {e:?}");
+    });
+}
