@@ -673,12 +673,18 @@ fn a_sleeping_driver_learns_of_a_killed_manager() {
 /// one by itself and new clients reach it there.
 #[test]
 fn a_global_listener_binds_again_on_a_restarted_manager() {
+    service_follows_a_restart("follow", "follower", "10.4.0.20:80");
+}
+
+/// Kills the manager of a service (child role `role`, listening on
+/// `addr`) with -9, starts another on the same prefix after a while with
+/// none, and waits (watchdog) until new clients reach the service there.
+fn service_follows_a_restart(test: &str, role: &str, addr: &'static str) {
     // Only the run directory: the managers and the service are children.
-    drop(setup("follow"));
-    let p = format!("tt-follow-child-{}", std::process::id());
+    drop(setup(test));
+    let p = format!("tt-{test}-child-{}", std::process::id());
     let mut first = spawn_child("manager", &p);
-    let mut service = spawn_child("follower", &p);
-    let addr = "10.4.0.20:80";
+    let mut service = spawn_child(role, &p);
     let echo = |net: Net| async move {
         let mut c = XioStream::connect_with(&net, addr).await?;
         c.write_all(b"ping").await?;
@@ -1443,40 +1449,5 @@ fn a_blocking_call_on_the_same_net_leaves_the_tasks_driver_reachable() {
 /// last): the remaining task must still be woken to try the next manager.
 #[test]
 fn a_listener_follows_a_restart_after_one_of_its_acceptors_left() {
-    drop(setup("follow2"));
-    let p = format!("tt-follow2-child-{}", std::process::id());
-    let mut first = spawn_child("manager", &p);
-    let mut service = spawn_child("two_acceptors", &p);
-    let addr = "10.4.0.22:80";
-    let echo = |net: Net| async move {
-        let mut c = XioStream::connect_with(&net, addr).await?;
-        c.write_all(b"ping").await?;
-        let mut b = [0u8; 4];
-        c.read_exact(&mut b).await?;
-        assert_eq!(&b, b"ping");
-        io::Result::Ok(())
-    };
-    rt(1).block_on(async {
-        echo(Net::attach(&p).unwrap()).await.unwrap();
-        first.kill().unwrap();
-        first.wait().unwrap();
-    });
-    // Longer than the second task's accepting after the manager's death.
-    std::thread::sleep(Duration::from_millis(700));
-    let mut second = spawn_child("manager", &p);
-    rt(1).block_on(async {
-        let net = Net::attach(&p).unwrap();
-        tokio::time::timeout(WATCHDOG, async {
-            while let Err(e) = echo(net.clone()).await {
-                assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await
-        .expect("watchdog: the service never bound again on the new manager");
-    });
-    for c in [&mut service, &mut second] {
-        c.kill().unwrap();
-        c.wait().unwrap();
-    }
+    service_follows_a_restart("follow2", "two_acceptors", "10.4.0.22:80");
 }
