@@ -1243,11 +1243,21 @@ impl Core {
             if self.wake_key(Key::Poll, wake) && self.driving {
                 self.stack.kick();
             }
-            if readable || self.bell_out {
+            if readable {
                 let _ = self.stack.ring_self();
+            } else {
+                self.ring_reactor();
             }
         }
         Ok(c)
+    }
+
+    /// Rings the doorbell if a reactor may sleep on it ([`Net::doorbell`]
+    /// was handed out): for news it would not hear otherwise.
+    fn ring_reactor(&mut self) {
+        if self.bell_out {
+            let _ = self.stack.ring_self();
+        }
     }
 
     /// The token `poll` reports `c` under: the one chosen with
@@ -1278,10 +1288,15 @@ impl Core {
     /// Takes `c`'s event out of `ready`, if it is there.
     fn forget_ready(&mut self, c: ConnId) {
         if let Some(i) = self.ready_index(c) {
-            self.ready.remove(i);
-            self.ready_conn.remove(i);
-            self.reindex_ready();
+            self.forget_ready_at(i);
         }
+    }
+
+    /// Takes entry `i` out of `ready` (and its index).
+    fn forget_ready_at(&mut self, i: usize) {
+        self.ready.remove(i);
+        self.ready_conn.remove(i);
+        self.reindex_ready();
     }
 
     fn note_ready(&mut self, c: ConnId, r: bool, w: bool) {
@@ -1797,9 +1812,7 @@ impl Net {
                 // during our spin cleared it. Ring it, so it drives again
                 // (draining what we leave, arming again) and hears the
                 // peers once we are gone; else its tasks waited for good.
-                if g.bell_out {
-                    let _ = g.stack.ring_self();
-                }
+                g.ring_reactor();
                 match res {
                     Ok(true) => g.force_ctrl = true,
                     Ok(false) | Err(Error::TimedOut) => {}
@@ -3071,9 +3084,7 @@ impl Drop for ListenerInner {
             // As for a closed stream (see `Core::forget_ready`): no accept
             // event of a closed listener.
             if let Some(i) = g.ready.iter().position(|e| *e == Event::Accept(addr)) {
-                g.ready.remove(i);
-                g.ready_conn.remove(i);
-                g.reindex_ready();
+                g.forget_ready_at(i);
             }
             g.wake_key(Key::Accept(addr), &mut waiting);
             g.ask(&crate::proto::Msg::Unbind { addr })
@@ -3769,9 +3780,7 @@ impl Net {
         let mut wake = Vec::new();
         let mut g = self.lock();
         g.take_wakers(&mut wake);
-        if g.bell_out {
-            let _ = g.stack.ring_self();
-        }
+        g.ring_reactor();
         drop(g);
         wake_all(&mut wake);
     }
