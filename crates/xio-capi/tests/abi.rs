@@ -36,6 +36,28 @@ fn addr(s: &str) -> CString {
     CString::new(s).unwrap()
 }
 
+/// A listener of `server` at `a`, a stream `client` dials to it, and the
+/// accepted end: `(listener, dialled, accepted)`.
+///
+/// # Safety
+/// `server` and `client` are live nets.
+unsafe fn connected(
+    server: *mut XioNet,
+    client: *mut XioNet,
+    a: &str,
+) -> (*mut XioListener, *mut XioStream, *mut XioStream) {
+    let a = addr(a);
+    let (mut l, mut c, mut s) = (null_mut(), null_mut(), null_mut());
+    // SAFETY: live nets (contract), valid out-parameters, a NUL-terminated
+    // address.
+    unsafe {
+        assert_eq!(xio_listen(server, a.as_ptr(), &mut l), XIO_OK);
+        assert_eq!(xio_dial(client, a.as_ptr(), &mut c), XIO_OK);
+        assert_eq!(xio_accept(l, &mut s), XIO_OK);
+    }
+    (l, c, s)
+}
+
 /// A stack attached to pool `p`.
 fn stack(p: &CString) -> *mut XioStack {
     let mut s = null_mut();
@@ -214,13 +236,7 @@ fn a_write_cut_short_by_a_reset_reports_what_went() {
         assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
         let mut other = null_mut();
         assert_eq!(xio_net_attach(p.as_ptr(), &mut other), XIO_OK);
-        let a = addr("10.9.1.2:80");
-        let mut l = null_mut();
-        assert_eq!(xio_listen(other, a.as_ptr(), &mut l), XIO_OK);
-        let mut c = null_mut();
-        assert_eq!(xio_dial(net, a.as_ptr(), &mut c), XIO_OK);
-        let mut s = null_mut();
-        assert_eq!(xio_accept(l, &mut s), XIO_OK);
+        let (l, c, s) = connected(other, net, "10.9.1.2:80");
         // The watchdog: a write that never ends times out instead.
         assert_eq!(xio_stream_set_timeouts(c, 0, WATCHDOG_MS), XIO_OK);
         let h = Send(c);
@@ -268,13 +284,7 @@ fn a_write_timeout_after_some_bytes_reports_their_count() {
     unsafe {
         let mut net = null_mut();
         assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
-        let a = addr("10.9.1.1:80");
-        let mut l = null_mut();
-        assert_eq!(xio_listen(net, a.as_ptr(), &mut l), XIO_OK);
-        let mut c = null_mut();
-        assert_eq!(xio_dial(net, a.as_ptr(), &mut c), XIO_OK);
-        let mut s = null_mut();
-        assert_eq!(xio_accept(l, &mut s), XIO_OK);
+        let (l, c, s) = connected(net, net, "10.9.1.1:80");
         assert_eq!(xio_stream_set_timeouts(c, 0, 200), XIO_OK);
         // Far more than the reader's window: the write stops part way.
         let big = vec![7u8; 64 << 20];
@@ -336,13 +346,7 @@ fn a_child_forked_while_another_thread_polls_the_net_does_not_hang() {
     unsafe {
         let mut net = null_mut();
         assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
-        let a = addr("10.9.2.1:80");
-        let mut l = null_mut();
-        assert_eq!(xio_listen(net, a.as_ptr(), &mut l), XIO_OK);
-        let mut c = null_mut();
-        assert_eq!(xio_dial(net, a.as_ptr(), &mut c), XIO_OK);
-        let mut s = null_mut();
-        assert_eq!(xio_accept(l, &mut s), XIO_OK);
+        let (l, c, s) = connected(net, net, "10.9.2.1:80");
         assert_eq!(xio_stream_set_nonblocking(s, 1), XIO_OK);
 
         struct Send<T>(T);
