@@ -56,9 +56,14 @@ fn serving(role: &str, p: &str, addr: SocketAddr) -> ChildProc {
 }
 
 fn start(test: &str) -> (ManagerHandle, String) {
+    start_with(test, Default::default())
+}
+
+/// [`start`] with the pool `pool` (small rings or classes, say).
+fn start_with(test: &str, pool: xio_core::layout::PoolConfig) -> (ManagerHandle, String) {
     setup();
     let p = prefix(test);
-    let mgr = manager_builder(&p).spawn().unwrap();
+    let mgr = manager_builder(&p).pool(pool).spawn().unwrap();
     (mgr, p)
 }
 
@@ -1964,15 +1969,13 @@ fn event_loop_server_sees_every_reset_of_a_killed_client() {
 /// of waiting for a reader that may never read.
 #[test]
 fn a_stalled_reader_holding_a_class_does_not_stop_other_writes() {
-    setup();
-    let p = prefix("stalled");
-    let mgr = manager_builder(&p)
-        .pool(xio_core::layout::PoolConfig {
+    let (mgr, p) = start_with(
+        "stalled",
+        xio_core::layout::PoolConfig {
             classes: vec![(2 << 10, 64), (64 << 10, 64)],
             ..Default::default()
-        })
-        .spawn()
-        .unwrap();
+        },
+    );
     let srv = Net::attach(&p).unwrap();
     let cli = Net::attach(&p).unwrap();
     let stalled = srv.listen("10.3.0.10:80").unwrap();
@@ -2065,15 +2068,13 @@ fn pipelined_small_writes_do_not_fill_the_window() {
 /// arrives once it reads.
 #[test]
 fn pool_exhaustion_is_a_wait_not_an_error() {
-    setup();
-    let p = prefix("tinypool");
-    let mgr = manager_builder(&p)
-        .pool(xio_core::layout::PoolConfig {
+    let (mgr, p) = start_with(
+        "tinypool",
+        xio_core::layout::PoolConfig {
             classes: vec![(2 << 10, 128), (16 << 10, 16)],
             ..Default::default()
-        })
-        .spawn()
-        .unwrap();
+        },
+    );
     let total: u64 = 4 << 20;
     {
         let srv = Net::attach(&p).unwrap();
@@ -2792,15 +2793,13 @@ fn a_write_batch_holds_writes_until_it_ends_and_keeps_their_order() {
 /// after all of them.
 #[test]
 fn a_write_batch_larger_than_the_ring_loses_nothing() {
-    setup();
-    let p = prefix("batchfull");
-    let _mgr = manager_builder(&p)
-        .pool(xio_core::layout::PoolConfig {
+    let (_mgr, p) = start_with(
+        "batchfull",
+        xio_core::layout::PoolConfig {
             ring_capacity: 64,
             ..Default::default()
-        })
-        .spawn()
-        .unwrap();
+        },
+    );
     let server = Net::attach(&p).unwrap();
     let client = Net::attach(&p).unwrap();
     let l = server.listen("10.3.0.31:80").unwrap();
@@ -3003,15 +3002,13 @@ fn a_same_net_write_beyond_the_window_wakes_the_driving_reader() {
 /// closed socket.
 #[test]
 fn a_closed_streams_pending_retry_reports_nothing() {
-    setup();
-    let p = prefix("retryclosed");
-    let _mgr = manager_builder(&p)
-        .pool(xio_core::layout::PoolConfig {
+    let (_mgr, p) = start_with(
+        "retryclosed",
+        xio_core::layout::PoolConfig {
             ring_capacity: 64,
             ..Default::default()
-        })
-        .spawn()
-        .unwrap();
+        },
+    );
     let server = Net::attach(&p).unwrap();
     let client = Net::attach(&p).unwrap();
     let l = server.listen("10.3.0.43:80").unwrap();
@@ -3053,15 +3050,13 @@ fn a_closed_streams_pending_retry_reports_nothing() {
 /// another stream): the waiting poll must look again after the pause.
 #[test]
 fn a_poll_waiting_behind_a_blocking_reader_reports_a_write_retry() {
-    setup();
-    let p = prefix("retrybehind");
-    let _mgr = manager_builder(&p)
-        .pool(xio_core::layout::PoolConfig {
+    let (_mgr, p) = start_with(
+        "retrybehind",
+        xio_core::layout::PoolConfig {
             ring_capacity: 64,
             ..Default::default()
-        })
-        .spawn()
-        .unwrap();
+        },
+    );
     let server = Net::attach(&p).unwrap();
     let client = Net::attach(&p).unwrap();
     let l = server.listen("10.3.0.44:80").unwrap();
@@ -3127,15 +3122,13 @@ fn a_poll_waiting_behind_a_blocking_reader_reports_a_write_retry() {
 /// has them.
 #[test]
 fn an_alloc_waiting_for_the_pool_sends_what_a_write_batch_holds() {
-    setup();
-    let p = prefix("allocbatch");
-    let _mgr = manager_builder(&p)
-        .pool(xio_core::layout::PoolConfig {
+    let (_mgr, p) = start_with(
+        "allocbatch",
+        xio_core::layout::PoolConfig {
             classes: vec![(2 << 10, 1024), (64 << 10, 8)],
             ..Default::default()
-        })
-        .spawn()
-        .unwrap();
+        },
+    );
     let server = Net::attach(&p).unwrap();
     let client = Net::attach(&p).unwrap();
     let l = server.listen("10.3.0.45:80").unwrap();
