@@ -1649,8 +1649,27 @@ impl Net {
     /// the stack found it out when it last talked to it. Connections
     /// already made keep working; new ones need a net attached to a
     /// running manager ([`Net::global`] attaches again by itself).
+    ///
+    /// When the liveness word says so before the stack found it, the stack
+    /// is made to look now (unless another thread drives the net, which
+    /// will): it reads what the manager queued before it went, and the fd
+    /// of [`Net::manager_watch`] goes quiet in the same step, so a `true`
+    /// here never leaves that fd to wake its loop once more.
     pub fn manager_gone(&self) -> bool {
-        self.manager_died_now() || self.lock().stack.manager_gone()
+        if !self.manager_died_now() {
+            return self.lock().stack.manager_gone();
+        }
+        let mut wake = Vec::new();
+        let mut g = self.lock();
+        if !g.stack.manager_gone() && !g.driving {
+            g.force_ctrl = true;
+            if let Err(e) = g.drain(&mut wake) {
+                tracing::debug!(error = %e, "drain on finding the manager gone");
+            }
+        }
+        drop(g);
+        wake_all(&mut wake);
+        true
     }
 
     /// Runs `f` on the core, then what it asked the table for (sends, and

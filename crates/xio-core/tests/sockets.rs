@@ -2677,6 +2677,30 @@ fn the_manager_watch_goes_quiet_when_a_request_finds_the_manager_gone() {
     );
 }
 
+/// `manager_gone` answering yes from the liveness word alone (no poll
+/// since the manager stopped) leaves the watch quiet too: a C loop that
+/// woke on the closed socket, polled before the word was marked, then
+/// asked, must not be woken again by the same closed socket.
+#[test]
+fn manager_gone_from_the_liveness_word_quiets_the_watch() {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let (mgr, p) = start("mgrwatchword");
+    let net = Net::attach(&p).unwrap();
+    let w = net.manager_watch().unwrap();
+    mgr.stop();
+    assert!(net.manager_gone());
+    let mut fds = [PollFd::new(&w, PollFlags::IN)];
+    let now = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    assert_eq!(
+        poll(&mut fds, Some(&now)).unwrap(),
+        0,
+        "readable after manager_gone said yes"
+    );
+}
+
 /// Reads exactly `n` bytes from `s` (blocking, with a watchdog timeout).
 fn read_n(s: &XioStream, n: usize) -> Vec<u8> {
     s.set_nonblocking(false).unwrap();
