@@ -557,8 +557,22 @@ pub struct HttpArgs {
 pub enum HttpVersion {
     /// HTTP/1.1, keep-alive.
     H1,
-    /// HTTP/2 with prior knowledge.
+    /// HTTP/2 with prior knowledge, one connection per request in flight.
     H2c,
+    /// HTTP/2 with prior knowledge, every request in flight a stream of
+    /// one connection (the count is then of streams; ANCHORS.md's h2c rows
+    /// are measured this way).
+    H2cMux,
+}
+
+impl HttpVersion {
+    /// The connections a run of `n` requests in flight opens.
+    fn conns(self, n: usize) -> usize {
+        match self {
+            HttpVersion::H2cMux => 1,
+            _ => n,
+        }
+    }
 }
 
 /// Runs `xio-bench http`.
@@ -615,6 +629,7 @@ pub fn run_http(a: &HttpArgs) -> Result<()> {
                 match v {
                     HttpVersion::H1 => "HTTP/1.1",
                     HttpVersion::H2c => "h2c",
+                    HttpVersion::H2cMux => "h2c, one connection (the count is of streams)",
                 },
                 crate::compare::fmt_size(size)
             );
@@ -653,7 +668,7 @@ fn run_http_one(
     warm: Duration,
     measure: Duration,
 ) -> Result<Outcome> {
-    let (child, endpoint, _cleanup) = spawn_server("serve-http", t, prefix, n)?;
+    let (child, endpoint, _cleanup) = spawn_server("serve-http", t, prefix, v.conns(n))?;
     let res = (|| {
         let _pin = pin_scoped(Some(0))?;
         let rt = runtime()?;
@@ -686,7 +701,7 @@ async fn http_conn(
             tokio::spawn(conn);
             Sender::H1(send)
         }
-        HttpVersion::H2c => {
+        HttpVersion::H2c | HttpVersion::H2cMux => {
             let (send, conn) =
                 hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
                     .await
@@ -727,11 +742,12 @@ async fn http_client(
     };
     let mut senders = vec![first];
     for _ in 1..n {
-        senders.push(
-            http_conn(t, v, &endpoint, net.as_ref())
+        senders.push(match (v, &senders[0]) {
+            (HttpVersion::H2cMux, Sender::H2(s)) => Sender::H2(s.clone()),
+            _ => http_conn(t, v, &endpoint, net.as_ref())
                 .await
                 .context("connecting")?,
-        );
+        });
     }
     let body = bytes::Bytes::from((0..size).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
     let uri: http::Uri = "http://bench/echo".parse()?;
