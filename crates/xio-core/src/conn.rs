@@ -1006,6 +1006,19 @@ impl<B: Chunk> Table<B> {
         }
     }
 
+    /// The peer a write on `c` would go to, or `None` if it would fail:
+    /// what [`Table::send_target`] says, without reporting a reset (a
+    /// readiness check, whose error is the next read's or write's).
+    pub fn send_peer(&self, c: ConnId) -> Option<PeerId> {
+        let e = self.get(c)?;
+        match e.state {
+            State::Reset => None,
+            _ if e.fin_sent => None,
+            State::Established if e.peer_gone => None,
+            State::SynSent | State::Established => Some(e.peer),
+        }
+    }
+
     /// A reset that a write reported but whose caller was told of a
     /// partial write instead: the next call reports it again.
     pub fn unreport_reset(&mut self, c: ConnId) {

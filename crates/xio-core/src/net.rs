@@ -4050,7 +4050,9 @@ impl XioStream {
         let net = &self.inner.net;
         let smallest = net.shared.classes[0];
         let mut g = net.lock();
-        let Ok((peer, ..)) = g.table.send_target(c) else {
+        // Not `send_target`: that takes a reset as reported, and the next
+        // read would then see end of stream instead of the reset.
+        let Some(peer) = g.table.send_peer(c) else {
             return Poll::Ready(Ok(()));
         };
         if g.table.credit_left(c) < smallest {

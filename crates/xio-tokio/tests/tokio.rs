@@ -1451,3 +1451,43 @@ fn a_blocking_call_on_the_same_net_leaves_the_tasks_driver_reachable() {
 fn a_listener_follows_a_restart_after_one_of_its_acceptors_left() {
     service_follows_a_restart("follow2", "two_acceptors", "10.4.0.22:80");
 }
+
+/// Write readiness of a reset connection is only a hint, as a socket's
+/// `EPOLLOUT|EPOLLERR` is: it must not consume the error. A peer that
+/// closed with data unread resets us; `writable()` (or `ready` with
+/// `WRITABLE`) then says ready, and the next read must still report
+/// `ConnectionReset`. (It read end of stream: the readiness check took the
+/// reset as reported, so a reset looked like a clean close.)
+#[test]
+fn write_readiness_leaves_a_reset_for_the_read() {
+    use tokio::io::Interest;
+    let (_mgr, p) = setup("ready-reset");
+    rt(1).block_on(async {
+        tokio::time::timeout(WATCHDOG, async {
+            for (i, how) in ["writable", "ready"].into_iter().enumerate() {
+                let addr = format!("10.4.0.47:{}", 80 + i);
+                let (mut c, s) = connected(&p, &addr).await;
+                c.write_all(b"never read").await.unwrap();
+                s.readable().await.unwrap();
+                drop(s); // unread data: a reset
+                c.readable().await.unwrap(); // the reset is in
+                match how {
+                    "writable" => c.writable().await.unwrap(),
+                    _ => {
+                        let r = c.ready(Interest::WRITABLE).await.unwrap();
+                        assert!(r.is_writable(), "{r:?}");
+                    }
+                }
+                let mut b = [0u8; 4];
+                let r = c.read(&mut b).await;
+                assert_eq!(
+                    r.as_ref().map_err(io::Error::kind).err(),
+                    Some(io::ErrorKind::ConnectionReset),
+                    "after {how}: {r:?}"
+                );
+            }
+        })
+        .await
+        .expect("watchdog");
+    });
+}
