@@ -1405,6 +1405,23 @@ impl Manager {
             self.dead.insert(id, waiting);
         }
         self.owe_sweep(id, Owed { first: true, last });
+        // The channels it was to release (their other end died, or gave
+        // them up): nobody will now. Settled at once, not left for the
+        // loop to find: a newcomer registered in this same pass may get
+        // its id, and would be taken for the end that owes the release.
+        let owed: Vec<(u32, u16)> = self
+            .channels
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let (live, dead) = c.as_ref()?.closing?;
+                (live == id).then_some((i as u32, dead))
+            })
+            .collect();
+        for (ch, dead) in owed {
+            self.free_channel(ch);
+            self.finish_dead(dead, ch);
+        }
     }
 
     /// Records that dead stack `id` is owed `what`, and sweeps at once.
