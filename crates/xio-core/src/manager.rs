@@ -412,6 +412,13 @@ impl std::fmt::Debug for Manager {
 
 const MAX_PENDING: usize = 256;
 
+/// Most addresses one stack may hold bound at once. The manager goes over
+/// every binding at each pass of its loop (the snapshot) and in every
+/// status report: without a bound, one stack binding ever more addresses
+/// would grow the manager's memory and slow it down for every stack. A
+/// bind past this is refused ([`ErrorCode::NoSpace`]).
+pub const MAX_BINDINGS_PER_STACK: usize = 4096;
+
 /// Most fds the messages queued for a stack that does not read its control
 /// socket (stopped, or stuck) may hold: a new peer's channel carries two,
 /// and the manager's fds are for every stack. Past this, connections to
@@ -1226,6 +1233,12 @@ impl Manager {
                     ),
                     None => format!("{addr} is bound by stack {other}"),
                 },
+            }),
+            None if self.stacks[&id].addrs.len() >= MAX_BINDINGS_PER_STACK => Some(Msg::Error {
+                code: ErrorCode::NoSpace,
+                message: format!(
+                    "this stack holds {MAX_BINDINGS_PER_STACK} addresses bound, the most it may"
+                ),
             }),
             _ => {
                 self.bindings.insert(addr, id);

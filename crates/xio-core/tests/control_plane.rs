@@ -566,3 +566,48 @@ fn a_reused_ids_status_counts_are_the_newcomers_own() {
     );
     drop(second);
 }
+
+/// Sends `msg` on a raw stack's socket and returns the manager's answer.
+fn ask(s: &impl AsFd, msg: &Msg) -> Msg {
+    ctrl::send(s.as_fd(), msg, &[]).unwrap();
+    ctrl::recv_until(s.as_fd(), Some(std::time::Instant::now() + WATCHDOG))
+        .unwrap()
+        .0
+}
+
+/// A stack cannot make the manager hold an unbounded number of addresses
+/// for it (every pass of the manager's loop, and every status report,
+/// goes over them all): past its share, a bind of a new address is
+/// refused, while what it holds stays bound and others still bind.
+#[test]
+fn a_stacks_bindings_are_bounded() {
+    setup();
+    let p = prefix("manybinds");
+    let mgr = Manager::builder(&p).spawn().unwrap();
+    let (hog, _) = deaf_stack(&p);
+    let max = xio_core::manager::MAX_BINDINGS_PER_STACK;
+    let addr = |i: usize| -> std::net::SocketAddr {
+        std::net::SocketAddr::new([10, 65, (i >> 8) as u8, i as u8].into(), 1000)
+    };
+    for i in 0..max {
+        assert_eq!(ask(&hog, &Msg::Bind { addr: addr(i) }), Msg::Ok, "bind {i}");
+    }
+    match ask(&hog, &Msg::Bind { addr: addr(max) }) {
+        Msg::Error {
+            code: xio_core::proto::ErrorCode::NoSpace,
+            ..
+        } => {}
+        other => panic!("bind {max}: expected NoSpace, got {other:?}"),
+    }
+    // What it holds it may bind again; what it gives back makes room.
+    assert_eq!(ask(&hog, &Msg::Bind { addr: addr(0) }), Msg::Ok);
+    assert_eq!(ask(&hog, &Msg::Unbind { addr: addr(0) }), Msg::Ok);
+    assert_eq!(ask(&hog, &Msg::Bind { addr: addr(max) }), Msg::Ok);
+    // Others are served as before.
+    let mut other = Stack::attach(&p).unwrap();
+    other.bind(addr(0)).unwrap();
+    drop((hog, other));
+    wait_until("the manager lets both go", || {
+        mgr.snapshot().stacks.is_empty()
+    });
+}
