@@ -1246,9 +1246,22 @@ impl Stack {
             return Ok(());
         }
         self.send_releases();
+        // A message that could not be acted on is reported once the
+        // socket is read out, not at once: those behind it came with the
+        // same wake-up, and nothing else makes the stack read them.
+        let mut failed = None;
         loop {
             match ctrl::recv(self.ctrl_fd(), true) {
-                Ok((m, fds)) => self.handle_async(m, fds)?,
+                Ok((m, fds)) => {
+                    match (self.handle_async(m, fds), &failed) {
+                        (Ok(()), _) => {}
+                        (Err(e), None) => failed = Some(e),
+                        // Only the first is returned.
+                        (Err(e), Some(_)) => {
+                            tracing::warn!(error = %e, "control message from the manager not handled")
+                        }
+                    }
+                }
                 // Everything a manager sent is queued before it dies, so a
                 // dead one whose socket is not closed yet (a process
                 // releases its robust futexes before its files) has
@@ -1260,7 +1273,9 @@ impl Stack {
                     self.manager_gone = true;
                     return Err(Error::ManagerGone);
                 }
-                Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return failed.map_or(Ok(()), Err)
+                }
                 Err(RecvError::Closed) => {
                     self.manager_gone = true;
                     return Err(Error::ManagerGone);

@@ -611,3 +611,66 @@ fn a_stacks_bindings_are_bounded() {
         mgr.snapshot().stacks.is_empty()
     });
 }
+
+/// A control message the stack cannot act on (here a `ChannelUp` without
+/// its doorbell, as a manager out of fds sends it) does not strand the
+/// messages queued behind it: they came with the same wake-up, and the
+/// stack looks at its socket again only at the next. A `PeerDown` left
+/// unread would keep the dead peer's channel (and slot) for good.
+#[test]
+fn a_control_message_that_fails_does_not_strand_those_behind_it() {
+    use xio_core::segment::{Region, Segment};
+    setup();
+    let p = prefix("stranded");
+    let path = xio_core::paths::socket_path(&p);
+    let _ = std::fs::remove_file(&path);
+    // A stand-in manager: a real segment, a listener, no loop.
+    let cfg = PoolConfig {
+        classes: vec![(2048, 16)],
+        max_stacks: 4,
+        max_channels: 4,
+        ring_capacity: 16,
+    };
+    let geo = cfg.geometry().unwrap();
+    let region = Region::create_memfd("stranded", geo.total_len as usize).unwrap();
+    let seg = Segment::init(region, &cfg, &geo).unwrap();
+    let _pool = xio_core::pool::ManagerPool::init(seg.clone());
+    let listener = ctrl::listen(&path).unwrap();
+    let seg_fd = seg.region().fd().unwrap().try_clone_to_owned().unwrap();
+    let mgr = std::thread::spawn(move || {
+        let s = ctrl::accept(listener.as_fd()).unwrap();
+        let (m, _) = ctrl::recv(s.as_fd(), false).unwrap();
+        assert!(matches!(m, Msg::Hello { .. }), "{m:?}");
+        let bell = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+        let welcome = Msg::Welcome { stack_id: 1 };
+        ctrl::send(s.as_fd(), &welcome, &[seg_fd.as_fd(), bell.as_fd()]).unwrap();
+        s
+    });
+    let mut stack = Stack::builder(&p)
+        .wait_mode(WaitMode::NonBlocking)
+        .attach()
+        .unwrap();
+    let s = mgr.join().unwrap();
+    // Two channels come up with one wake-up: the first without its fd.
+    seg.reset_channel_rings(0);
+    seg.reset_channel_rings(1);
+    let up = |channel, peer| Msg::ChannelUp {
+        channel,
+        dir: 1,
+        peer,
+    };
+    ctrl::send(s.as_fd(), &up(0, 2), &[]).unwrap();
+    let bell = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+    ctrl::send(s.as_fd(), &up(1, 3), &[bell.as_fd()]).unwrap();
+    seg.stack_slot(1)
+        .ctrl_seq
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    // Whatever the first receives say of the broken one, the second
+    // channel is up after them.
+    for _ in 0..3 {
+        let _ = stack.try_recv();
+    }
+    assert_eq!(stack.peers(), vec![PeerId(3)]);
+    drop((stack, s));
+    let _ = std::fs::remove_file(&path);
+}
