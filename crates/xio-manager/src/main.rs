@@ -88,8 +88,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .unwrap_or_else(xio_core::paths::default_prefix);
     if let Some(Cmd::Status) = cli.cmd {
         let text = xio_core::manager::query_status(&prefix)?;
-        print!("{text}");
-        return Ok(());
+        // A reader that stopped early (`| head`) is not an error.
+        use std::io::Write;
+        return match std::io::stdout().lock().write_all(text.as_bytes()) {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                Err(e).context("writing the status")
+            }
+            _ => Ok(()),
+        };
     }
     let mut pool = PoolConfig {
         max_stacks: cli.max_stacks,

@@ -52,6 +52,22 @@ fn run_status_refuse_second_and_stop_on_signals() {
         assert!(text.contains("status-probe"), "{text}");
         assert!(text.contains("192.0.2.1:443"), "{text}");
         assert!(text.contains("4096 B:"), "{text}");
+        // Into a pipe whose reader is gone (`status | head` once head has
+        // what it wants): a quiet success, not a panic.
+        let (r, w) = rustix::pipe::pipe().unwrap();
+        drop(r);
+        let out = Command::new(BIN)
+            .args(["status", "--prefix", prefix])
+            .stdout(Stdio::from(w))
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
         drop(held);
 
         let second = Command::new(BIN)
