@@ -944,6 +944,13 @@ impl Manager {
     }
 
     fn register(&mut self, sock: CloseOnFork, claimed_pid: u32, name: String) {
+        // The name is the stack's to choose and goes into the logs and the
+        // status report: no control characters, so it cannot forge lines
+        // there or send a terminal escape sequences.
+        let name: String = name
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
         let cred = ctrl::peer_pid(&sock).ok();
         let pid = cred.unwrap_or(claimed_pid);
         // Only a pid the kernel vouched for: a claimed one may name anyone.

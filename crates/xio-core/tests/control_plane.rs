@@ -674,3 +674,29 @@ fn a_control_message_that_fails_does_not_strand_those_behind_it() {
     drop((stack, s));
     let _ = std::fs::remove_file(&path);
 }
+
+/// A stack's name reaches the status report and the logs without its
+/// control characters: a name holding a newline (or a terminal escape)
+/// could otherwise forge a line of `xio-manager status`.
+#[test]
+fn a_stacks_name_cannot_forge_status_lines() {
+    setup();
+    let p = prefix("name");
+    let _mgr = manager_builder(&p).spawn().unwrap();
+    let s = raw_conn(&p);
+    let hello = Msg::Hello {
+        pid: 1,
+        name: "x\n  stack 99   pid 1        forged\u{1b}[2J".into(),
+    };
+    ctrl::send(s.as_fd(), &hello, &[]).unwrap();
+    let (m, _fds) = ctrl::recv(s.as_fd(), false).unwrap();
+    assert!(matches!(m, Msg::Welcome { .. }), "{m:?}");
+    let text = xio_core::manager::query_status(&p).unwrap();
+    let stacks = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("stack "))
+        .count();
+    assert_eq!(stacks, 1, "{text}");
+    assert!(!text.contains('\u{1b}'), "{text}");
+    drop(s);
+}
