@@ -166,13 +166,33 @@ pub fn connect_within(path: &Path, timeout: std::time::Duration) -> io::Result<O
     let s = socket()?;
     // A Unix socket's connect waits for room at most its send timeout.
     let t = timeout.max(std::time::Duration::from_micros(1));
-    set_socket_timeout(&s, Timeout::Send, Some(t))?;
-    match rustix::net::connect(&s, &SocketAddrUnix::new(path)?) {
-        Ok(()) => Ok(s),
-        // What a blocking connect says when its time ran out.
-        Err(rustix::io::Errno::AGAIN) => Err(io::ErrorKind::TimedOut.into()),
-        Err(e) => Err(e.into()),
+    let addr = SocketAddrUnix::new(path)?;
+    let deadline = std::time::Instant::now().checked_add(t);
+    let mut left = t;
+    loop {
+        set_socket_timeout(&s, Timeout::Send, Some(left))?;
+        match rustix::net::connect(&s, &addr) {
+            Ok(()) => break,
+            // What a blocking connect says when its time ran out.
+            Err(rustix::io::Errno::AGAIN) => return Err(io::ErrorKind::TimedOut.into()),
+            // A signal: with a timeout set, even SA_RESTART gives EINTR.
+            // A Unix socket's interrupted connect left it unconnected, so
+            // it is asked again, for what is left of the time.
+            Err(rustix::io::Errno::INTR) => {
+                left = match deadline {
+                    Some(d) => d.saturating_duration_since(std::time::Instant::now()),
+                    None => t,
+                };
+                if left.is_zero() {
+                    return Err(io::ErrorKind::TimedOut.into());
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
+    // The limit stays on the socket's sends: the whole of it.
+    set_socket_timeout(&s, Timeout::Send, Some(t))?;
+    Ok(s)
 }
 
 /// Binds and listens at `path`.

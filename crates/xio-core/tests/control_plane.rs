@@ -700,3 +700,63 @@ fn a_stacks_name_cannot_forge_status_lines() {
     assert!(!text.contains('\u{1b}'), "{text}");
     drop(s);
 }
+
+extern "C" fn ignore_signal(_: libc::c_int) {}
+
+/// An attach waiting for room in a busy manager's listen queue is not
+/// failed by a signal: with a send timeout on the socket even an
+/// `SA_RESTART` handler's signal interrupts the connect, which is asked
+/// again, so the wait ends in its own time-out (here: a queue that never
+/// drains), not in `Interrupted`.
+#[test]
+fn a_signal_does_not_fail_a_connect_waiting_for_the_queue() {
+    setup();
+    let dir = std::env::temp_dir().join(format!("xio-t-intr-{}", std::process::id()));
+    let _ = std::fs::remove_file(&dir);
+    let l = ctrl::listen(&dir).unwrap();
+    // A queue nobody accepts from, filled.
+    let mut filled = Vec::new();
+    loop {
+        let s = rustix::net::socket_with(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::NONBLOCK | rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        match rustix::net::connect(&s, &rustix::net::SocketAddrUnix::new(&dir).unwrap()) {
+            Ok(()) => filled.push(s),
+            Err(rustix::io::Errno::AGAIN) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // SAFETY: installs a handler that does nothing, for SIGUSR2, which
+    // nothing else in this test process uses.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = ignore_signal as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+    }
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = dir.clone();
+    let d = done.clone();
+    let t = std::thread::spawn(move || {
+        // SAFETY: pthread_self has no preconditions.
+        tx.send(unsafe { libc::pthread_self() }).unwrap();
+        let r = ctrl::connect_within(&path, std::time::Duration::from_millis(500));
+        d.store(true, std::sync::atomic::Ordering::SeqCst);
+        r.map(drop)
+    });
+    let thread = rx.recv().unwrap();
+    while !done.load(std::sync::atomic::Ordering::SeqCst) {
+        // SAFETY: the thread is joined only after `done`, so it is alive.
+        unsafe { libc::pthread_kill(thread, libc::SIGUSR2) };
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let e = t.join().unwrap().unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+    drop((l, filled));
+    let _ = std::fs::remove_file(&dir);
+}
