@@ -257,7 +257,8 @@ typedef uint16_t xio_peer;
 
 /**
  * The handle was inherited across `fork()`: its stack belongs to the
- * parent. Attach a new stack (or net) in the child.
+ * parent (so does an inherited buffer, which no stack of the child can
+ * send). Attach a new stack (or net) in the child.
  */
 #define XIO_ERR_FORKED 18
 

@@ -13,7 +13,7 @@ use xio_core::net::{Event, Net, XioListener as Listener, XioStream as Stream};
 
 use crate::error::*;
 use crate::handle::*;
-use crate::zc::{buf_out, close_buf, BufState};
+use crate::zc::{buf_out, close_buf, sendable, BufState};
 use crate::XioBuf;
 
 /// `xio_event.events`: a read may make progress (data, end of stream, or
@@ -803,7 +803,7 @@ pub unsafe extern "C" fn xio_stream_send_buf(
         // SAFETY: per this function's contract.
         let s = unsafe { borrow(stream) }?;
         // SAFETY: per this function's contract.
-        let state = unsafe { borrow_mut(buf) }?;
+        let state = unsafe { sendable(buf) }?;
         let b = state.take_mut("the buffer")?;
         match s.send_buf(b) {
             Ok(()) => {

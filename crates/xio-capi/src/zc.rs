@@ -88,6 +88,23 @@ impl Opaque for XioBuf {
     const NAME: &'static str = "buf";
 }
 
+/// The buffer behind `p`, to be sent: refused with `XIO_ERR_FORKED` when
+/// the handle was inherited across `fork()`. The parent still holds that
+/// buffer (and frees or sends it); a new stack of the child, of the same
+/// pool, would pass the pool check and hand a peer the parent's buffer.
+///
+/// # Safety
+/// As [`borrow_mut`].
+pub(crate) unsafe fn sendable<'a>(p: *mut XioBuf) -> Res<&'a mut BufState> {
+    // SAFETY: forwarded contract.
+    let state = unsafe { borrow_mut(p) }?;
+    // SAFETY: a live buffer handle (borrowed above).
+    if unsafe { made_before_fork(p) } {
+        return Err(StackError::Forked.into());
+    }
+    Ok(state)
+}
+
 /// A new handle for a buffer handed to C, in a spare allocation if this
 /// thread has one.
 fn new_buf(state: BufState) -> *mut XioBuf {
@@ -471,7 +488,7 @@ pub unsafe extern "C" fn xio_send_tagged(
         // SAFETY: per this function's contract.
         let mut s = unsafe { using(stack, true) }?;
         // SAFETY: per this function's contract.
-        let state = unsafe { borrow_mut(buf) }?;
+        let state = unsafe { sendable(buf) }?;
         let b = state.take_mut("the buffer")?;
         match s.stack().send_or_return(PeerId(peer), tag, b) {
             Ok(()) => {
@@ -667,7 +684,7 @@ pub unsafe extern "C" fn xio_send_burst(
             // SAFETY: i < n entries (contract).
             let h = unsafe { *bufs.add(i) };
             // SAFETY: a live buffer handle per the contract (checked).
-            let st = unsafe { borrow_mut(h) }?;
+            let st = unsafe { sendable(h) }?;
             if !matches!(st, BufState::Mut(_)) {
                 return Err(Fail::new(
                     XIO_ERR_READ_ONLY,

@@ -508,6 +508,91 @@ fn a_stack_another_thread_owned_at_the_fork_says_forked_in_the_child() {
     }
 }
 
+/// A buffer inherited across `fork()` is the parent's: a child that
+/// attached stacks and a net of its own still cannot send it (the header:
+/// calls that touch an inherited stack's pool fail with
+/// `XIO_ERR_FORKED`). Sending it would hand a peer a buffer the parent
+/// still holds, writes and frees: two owners of one pool buffer. (The
+/// pool check let it through, as a buffer of the same pool.) Each child
+/// is killed by `alarm` (the watchdog) if a call hangs.
+#[test]
+fn a_child_cannot_send_a_buffer_it_inherited() {
+    let (_m, p) = manager("fork-send-buf");
+    // SAFETY: live handles, valid out-parameters and NUL-terminated
+    // strings throughout; the child calls only xio_ functions and exits
+    // with `_exit`.
+    unsafe {
+        let a = stack(&p);
+        let r = stack(&p);
+        let r_addr = addr("10.9.6.1:80");
+        assert_eq!(xio_stack_bind(r, r_addr.as_ptr()), XIO_OK);
+        let mut b = null_mut();
+        assert_eq!(xio_alloc(a, 8, &mut b), XIO_OK);
+        assert_eq!(xio_buf_set_len(b, 8), XIO_OK);
+        // Each way of sending, in a child of its own: 0 `xio_send`,
+        // 1 `xio_send_burst`, 2 `xio_stream_send_buf`.
+        for way in 0..3 {
+            let pid = fork();
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                alarm(60);
+                let r = match way {
+                    0 | 1 => {
+                        let c = stack(&p);
+                        let mut peer = 0;
+                        if xio_stack_connect(c, r_addr.as_ptr(), &mut peer) != XIO_OK {
+                            _exit(100);
+                        }
+                        if way == 0 {
+                            xio_send(c, peer, b)
+                        } else {
+                            let mut bufs = [b];
+                            let mut sent = 0;
+                            xio_send_burst(c, peer, bufs.as_mut_ptr(), 1, &mut sent)
+                        }
+                    }
+                    _ => {
+                        let mut net = null_mut();
+                        if xio_net_attach(p.as_ptr(), &mut net) != XIO_OK {
+                            _exit(101);
+                        }
+                        let (_l, c, _s) = connected(net, net, "10.9.6.2:80");
+                        xio_stream_send_buf(c, b)
+                    }
+                };
+                _exit(r);
+            }
+            let mut status = 0;
+            assert_eq!(waitpid(pid, &mut status, 0), pid);
+            assert_eq!(
+                status & 0x7f,
+                0,
+                "way {way}: the child was killed: {status:#x}"
+            );
+            assert_eq!(
+                (status >> 8) & 0xff,
+                XIO_ERR_FORKED,
+                "way {way} (0: xio_send, 1: xio_send_burst, 2: xio_stream_send_buf)"
+            );
+        }
+        // Nothing reached the parent's receiver (a buffer would come
+        // before the reset of the child's stack that sent it); the buffer
+        // is still ours.
+        let mut got = null_mut();
+        let mut from = 0;
+        let r_got = loop {
+            match xio_recv(r, 0, &mut got, &mut from) {
+                XIO_ERR_CONNECTION_RESET => continue,
+                other => break other,
+            }
+        };
+        assert_eq!(r_got, XIO_ERR_WOULD_BLOCK, "the child sent the buffer");
+        assert_eq!(xio_buf_free(b), XIO_OK);
+        assert_eq!(xio_stack_close(a), XIO_OK);
+        assert_eq!(xio_stack_close(r), XIO_OK);
+    }
+}
+
 /// A pool with no stack slot or channel slot left refuses the attach or
 /// the connect with `XIO_ERR_NO_SPACE`, a condition that passes once
 /// others leave, not with `XIO_ERR_PROTOCOL`, which the header keeps for
