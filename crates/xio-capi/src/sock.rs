@@ -595,6 +595,12 @@ pub unsafe extern "C" fn xio_writev(
         let want: usize = slices.iter().map(|s| s.len()).sum();
         let mut done = 0;
         let mut w = s;
+        if want == 0 {
+            // A write of nothing still reports the stream's state (a
+            // shut-down or reset stream fails), as `send` does: the
+            // stream checks it (the loop below would not ask it at all).
+            let _none: usize = w.write_vectored(&[])?;
+        }
         let mut rest: &mut [IoSlice<'_>] = &mut slices;
         // A blocking stream writes everything (write_vectored may stop
         // between pool buffers); a non-blocking one reports what it took.

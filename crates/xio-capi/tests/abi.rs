@@ -319,6 +319,47 @@ fn a_write_timeout_after_some_bytes_reports_their_count() {
     }
 }
 
+/// A write of no bytes reports what a write would: `XIO_ERR_BROKEN_PIPE`
+/// after this side shut down writes, as the header (and `send(2)`) say,
+/// and success with 0 on a healthy stream. (The C layer returned success
+/// without asking the stream, so a zero-length write could not tell a
+/// broken stream from a live one.)
+#[test]
+fn a_zero_length_write_reports_a_shut_down_stream() {
+    let (_m, p) = manager("write-zero");
+    // SAFETY: live handles, valid out-parameters and buffers of the
+    // lengths given, NUL-terminated strings throughout.
+    unsafe {
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+        let (l, c, s) = connected(net, net, "10.9.7.1:80");
+        let mut n = usize::MAX;
+        assert_eq!(xio_write(c, b"x".as_ptr().cast(), 0, &mut n), XIO_OK);
+        assert_eq!(n, 0);
+        assert_eq!(xio_shutdown(c, XIO_SHUT_WR), XIO_OK);
+        let mut n = usize::MAX;
+        assert_eq!(
+            xio_write(c, b"x".as_ptr().cast(), 1, &mut n),
+            XIO_ERR_BROKEN_PIPE
+        );
+        assert_eq!(
+            xio_write(c, b"x".as_ptr().cast(), 0, &mut n),
+            XIO_ERR_BROKEN_PIPE,
+            "a write of nothing after SHUT_WR"
+        );
+        let iov = XioIovec {
+            base: std::ptr::null(),
+            len: 0,
+        };
+        assert_eq!(xio_writev(c, &iov, 1, &mut n), XIO_ERR_BROKEN_PIPE);
+        assert_eq!(n, usize::MAX, "n_out is written only on success");
+        assert_eq!(xio_stream_close(c), XIO_OK);
+        assert_eq!(xio_stream_close(s), XIO_OK);
+        assert_eq!(xio_listener_close(l), XIO_OK);
+        assert_eq!(xio_net_close(net), XIO_OK);
+    }
+}
+
 extern "C" {
     fn fork() -> i32;
     fn _exit(code: i32) -> !;
