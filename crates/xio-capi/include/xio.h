@@ -389,7 +389,8 @@ xio_result xio_net_poll(struct xio_net *net,
  * change order), and when 256 are held. Do not keep a batch open across
  * work that does not return to `net` soon: the bytes wait for it, as
  * with `TCP_CORK`. Calls do not nest (the first `xio_net_batch_end`
- * ends the batch). Streams to the same process are never held.
+ * ends the batch); a thread that exits ends its batch too. Streams to
+ * the same process are never held.
  *
  * `XIO_ERR_BUSY` if another thread's batch is under way on `net` (this
  * thread's writes then go out as usual).

@@ -2,14 +2,16 @@
 //! blocking or non-blocking, and readiness for event loops (`xio_net_poll`,
 //! or `xio_net_fd` inside an existing `epoll` loop).
 
+use std::cell::RefCell;
 use std::ffi::{c_char, c_void};
 use std::hash::{Hash, Hasher};
 use std::io::{IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
-use xio_core::net::{Event, Net, XioListener as Listener, XioStream as Stream};
+use xio_core::net::{Event, Net, WeakNet, XioListener as Listener, XioStream as Stream};
 
 use crate::error::*;
 use crate::handle::*;
@@ -287,6 +289,50 @@ pub unsafe extern "C" fn xio_net_poll(
     })
 }
 
+/// The nets on which this thread began a write batch and has not ended
+/// it, each with the fork generation it was begun in and its
+/// [`Net::id`] (not reused while the weak handle keeps its allocation):
+/// ended when the
+/// thread exits, as a thread's exit gives up the stacks it owns. Without
+/// it a thread that exits inside a batch (an error path, `pthread_exit`)
+/// leaves its writes held and every other thread's batch refused.
+struct OpenBatches(Vec<(u32, usize, WeakNet)>);
+
+impl Drop for OpenBatches {
+    fn drop(&mut self) {
+        for (born, _, weak) in self.0.drain(..) {
+            // A forked child's entries are the parent's nets, behind a
+            // lock a thread of the parent may have held at the fork.
+            if born != xio_core::fork::generation() {
+                continue;
+            }
+            if let Some(net) = weak.upgrade() {
+                // No unwinding out of a thread-local destructor.
+                let _ = catch_unwind(AssertUnwindSafe(|| net.end_write_batch()));
+            }
+        }
+    }
+}
+
+thread_local! {
+    static OPEN_BATCHES: RefCell<OpenBatches> = const { RefCell::new(OpenBatches(Vec::new())) };
+}
+
+/// Notes (`open`) or forgets this thread's write batch on `net`.
+fn note_batch(net: &Net, open: bool) {
+    let id = net.id();
+    // At thread exit (the list already gone) there is nothing to note.
+    let _ = OPEN_BATCHES.try_with(|b| {
+        let mut b = b.borrow_mut();
+        let now = xio_core::fork::generation();
+        // Also forgets nets gone since, and a forked child's inherited ones.
+        b.0.retain(|(born, i, w)| *born == now && *i != id && w.upgrade().is_some());
+        if open {
+            b.0.push((now, id, net.downgrade()));
+        }
+    });
+}
+
 /// Holds the stream writes this thread makes on `net`'s streams until
 /// [`xio_net_batch_end`], which sends them together: for an event loop,
 /// around its handling of one `xio_net_poll`'s events when there are
@@ -300,7 +346,8 @@ pub unsafe extern "C" fn xio_net_poll(
 /// change order), and when 256 are held. Do not keep a batch open across
 /// work that does not return to `net` soon: the bytes wait for it, as
 /// with `TCP_CORK`. Calls do not nest (the first `xio_net_batch_end`
-/// ends the batch). Streams to the same process are never held.
+/// ends the batch); a thread that exits ends its batch too. Streams to
+/// the same process are never held.
 ///
 /// `XIO_ERR_BUSY` if another thread's batch is under way on `net` (this
 /// thread's writes then go out as usual).
@@ -313,6 +360,7 @@ pub unsafe extern "C" fn xio_net_batch_begin(net: *mut XioNet) -> XioResult {
         // SAFETY: per this function's contract.
         let n = unsafe { borrow(net) }?;
         if n.net.begin_write_batch() {
+            note_batch(&n.net, true);
             Ok(())
         } else {
             Err(Fail::new(
@@ -334,6 +382,7 @@ pub unsafe extern "C" fn xio_net_batch_end(net: *mut XioNet) -> XioResult {
         // SAFETY: per this function's contract.
         let n = unsafe { borrow(net) }?;
         n.net.end_write_batch();
+        note_batch(&n.net, false);
         Ok(())
     })
 }

@@ -360,6 +360,62 @@ fn a_zero_length_write_reports_a_shut_down_stream() {
     }
 }
 
+/// A thread that exits inside a write batch (`xio_net_batch_begin`
+/// without `xio_net_batch_end`: an error path, `pthread_exit`) ends it,
+/// as a thread's exit gives up the stacks it owns: its held writes leave
+/// and other threads may batch again. (The batch stayed the dead
+/// thread's: every other thread's `xio_net_batch_begin` said
+/// `XIO_ERR_BUSY` for good, and the held bytes waited for some other
+/// traffic on the net to push them out.)
+#[test]
+fn a_thread_that_exits_inside_a_write_batch_ends_it() {
+    struct Send<T>(T);
+    // SAFETY: nets and streams may be used from any thread (the header).
+    unsafe impl<T> std::marker::Send for Send<T> {}
+    let (_m, p) = manager("batch-exit");
+    // SAFETY: live handles, valid out-parameters and buffers of the
+    // lengths given, NUL-terminated strings throughout.
+    unsafe {
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+        // Another net (another stack) dials: a stream to the same net is
+        // never held.
+        let mut net2 = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net2), XIO_OK);
+        let (l, c, s) = connected(net, net2, "10.9.8.1:80");
+        let h = Send((net2, c));
+        std::thread::spawn(move || {
+            let h = h;
+            let (net2, c) = h.0;
+            assert_eq!(xio_net_batch_begin(net2), XIO_OK);
+            let mut k = 0;
+            assert_eq!(xio_write(c, b"held".as_ptr().cast(), 4, &mut k), XIO_OK);
+            assert_eq!(k, 4);
+            // Exits with the batch open.
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            xio_net_batch_begin(net2),
+            XIO_OK,
+            "the exited thread's batch is still under way: {:?}",
+            std::ffi::CStr::from_ptr(xio_last_error())
+        );
+        assert_eq!(xio_net_batch_end(net2), XIO_OK);
+        // The held bytes went out (the timeout is only a watchdog).
+        assert_eq!(xio_stream_set_timeouts(s, WATCHDOG_MS, 0), XIO_OK);
+        let mut buf = [0u8; 8];
+        let mut n = 0;
+        assert_eq!(xio_read(s, buf.as_mut_ptr().cast(), 8, &mut n), XIO_OK);
+        assert_eq!(&buf[..n], b"held");
+        assert_eq!(xio_stream_close(c), XIO_OK);
+        assert_eq!(xio_stream_close(s), XIO_OK);
+        assert_eq!(xio_listener_close(l), XIO_OK);
+        assert_eq!(xio_net_close(net2), XIO_OK);
+        assert_eq!(xio_net_close(net), XIO_OK);
+    }
+}
+
 extern "C" {
     fn fork() -> i32;
     fn _exit(code: i32) -> !;
