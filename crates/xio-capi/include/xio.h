@@ -257,8 +257,8 @@ typedef uint16_t xio_peer;
 
 /**
  * The handle was inherited across `fork()`: its stack belongs to the
- * parent (so does an inherited buffer, which no stack of the child can
- * send). Attach a new stack (or net) in the child.
+ * parent (so does an inherited buffer, which the child can neither send
+ * nor write). Attach a new stack (or net) in the child.
  */
 #define XIO_ERR_FORKED 18
 
@@ -832,7 +832,9 @@ xio_result xio_buf_data(struct xio_buf *buf, const uint8_t **data_out, size_t *l
 /**
  * A writable buffer's memory: its address and capacity (its class, at
  * least the length asked for). Write the payload, then
- * `xio_buf_set_len`. `XIO_ERR_READ_ONLY` for a received buffer.
+ * `xio_buf_set_len`. `XIO_ERR_READ_ONLY` for a received buffer;
+ * `XIO_ERR_FORKED` for one inherited across `fork()` (its memory is the
+ * parent's buffer, shared, not copied).
  *
  * # Safety
  * `buf` is a live buffer handle or NULL; the out-pointers valid for writes.

@@ -66,8 +66,8 @@ pub const XIO_ERR_READ_ONLY: XioResult = 16;
 /// A bug inside the library (a caught panic); see `xio_last_error`.
 pub const XIO_ERR_INTERNAL: XioResult = 17;
 /// The handle was inherited across `fork()`: its stack belongs to the
-/// parent (so does an inherited buffer, which no stack of the child can
-/// send). Attach a new stack (or net) in the child.
+/// parent (so does an inherited buffer, which the child can neither send
+/// nor write). Attach a new stack (or net) in the child.
 pub const XIO_ERR_FORKED: XioResult = 18;
 /// The manager has no room for it: every stack slot (attach) or channel
 /// slot (connect, dial) of the pool is taken. It passes once others

@@ -752,7 +752,9 @@ pub unsafe extern "C" fn xio_buf_data(
 
 /// A writable buffer's memory: its address and capacity (its class, at
 /// least the length asked for). Write the payload, then
-/// `xio_buf_set_len`. `XIO_ERR_READ_ONLY` for a received buffer.
+/// `xio_buf_set_len`. `XIO_ERR_READ_ONLY` for a received buffer;
+/// `XIO_ERR_FORKED` for one inherited across `fork()` (its memory is the
+/// parent's buffer, shared, not copied).
 ///
 /// # Safety
 /// `buf` is a live buffer handle or NULL; the out-pointers valid for writes.
@@ -772,6 +774,10 @@ pub unsafe extern "C" fn xio_buf_mut(
                 "a received buffer is read-only",
             ));
         };
+        // SAFETY: a live buffer handle (borrowed above).
+        if unsafe { made_before_fork(buf) } {
+            return Err(StackError::Forked.into());
+        }
         let full = b.as_full_mut();
         // SAFETY: checked non-NULL.
         unsafe {

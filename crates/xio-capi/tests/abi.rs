@@ -690,6 +690,46 @@ fn a_child_cannot_send_a_buffer_it_inherited() {
     }
 }
 
+/// A writable buffer inherited across `fork()` is the parent's memory
+/// (the pool is shared, not copied on write): the child's `xio_buf_mut`
+/// fails with `XIO_ERR_FORKED` instead of handing out a pointer through
+/// which the child would rewrite the parent's buffer under it.
+#[test]
+fn a_child_cannot_write_a_buffer_it_inherited() {
+    let (_m, p) = manager("fork-buf-mut");
+    // SAFETY: a live stack and buffer, valid out-parameters; the child
+    // calls only xio_ functions and exits with `_exit`.
+    unsafe {
+        let a = stack(&p);
+        let mut b = null_mut();
+        assert_eq!(xio_alloc(a, 8, &mut b), XIO_OK);
+        let (mut data, mut cap) = (null_mut(), 0);
+        assert_eq!(xio_buf_mut(b, &mut data, &mut cap), XIO_OK);
+        std::ptr::copy_nonoverlapping(b"parent".as_ptr(), data, 6);
+        assert_eq!(xio_buf_set_len(b, 6), XIO_OK);
+        let pid = fork();
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            alarm(60);
+            let (mut d, mut c) = (null_mut(), 0);
+            let r = xio_buf_mut(b, &mut d, &mut c);
+            if r == XIO_OK {
+                std::ptr::copy_nonoverlapping(b"child!".as_ptr(), d, 6);
+            }
+            _exit(r);
+        }
+        let mut status = 0;
+        assert_eq!(waitpid(pid, &mut status, 0), pid);
+        assert_eq!(status & 0x7f, 0, "the child was killed: {status:#x}");
+        assert_eq!((status >> 8) & 0xff, XIO_ERR_FORKED);
+        let (mut d, mut len) = (std::ptr::null(), 0);
+        assert_eq!(xio_buf_data(b, &mut d, &mut len), XIO_OK);
+        assert_eq!(std::slice::from_raw_parts(d, len), b"parent");
+        assert_eq!(xio_buf_free(b), XIO_OK);
+        assert_eq!(xio_stack_close(a), XIO_OK);
+    }
+}
+
 /// A pool with no stack slot or channel slot left refuses the attach or
 /// the connect with `XIO_ERR_NO_SPACE`, a condition that passes once
 /// others leave, not with `XIO_ERR_PROTOCOL`, which the header keeps for
