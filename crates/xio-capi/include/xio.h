@@ -9,8 +9,12 @@
  * other codes are stable); outputs go to trailing out-parameters and are
  * written only on success; a NULL or foreign handle gives
  * XIO_ERR_INVALID_ARGUMENT or XIO_ERR_INVALID_HANDLE; xio_last_error()
- * says more about the last failure on this thread. Each function says
- * whether it is thread-safe.
+ * says more about the last failure on this thread.
+ *
+ * Threads: a net, its listeners and streams may be used from any number
+ * of threads at once (a handle is closed when no other thread uses it);
+ * a stack is used by one thread at a time (see xio_stack_attach), and so
+ * is a buffer. Functions that differ say so.
  *
  * fork(): handles stay with the process that made them. In a forked
  * child, calls that would touch an inherited stack's rings, pool or
@@ -423,7 +427,8 @@ xio_result xio_listen(struct xio_net *net, const char *addr, struct xio_listener
 /**
  * [`xio_listen`] holding at most `backlog` (0 counts as 1) connections not
  * yet accepted, as `listen(2)`'s argument: a connect beyond them is
- * refused (the client's first read reports `XIO_ERR_CONNECTION_REFUSED`).
+ * refused (`xio_dial` reports `XIO_ERR_CONNECTION_REFUSED`, or the
+ * client's first read does when the dial returned before the answer).
  *
  * # Safety
  * As for [`xio_listen`].
@@ -609,7 +614,10 @@ xio_result xio_stream_local_addr(struct xio_stream *stream, char *buf, size_t ca
 
 /**
  * A writable pool buffer of `len` bytes to fill and `xio_stream_send_buf`
- * (zero-copy writes). Waits while the pool is exhausted.
+ * (zero-copy writes). Waits while the pool is exhausted, up to the write
+ * timeout (`XIO_ERR_TIMED_OUT`); a non-blocking stream says
+ * `XIO_ERR_WOULD_BLOCK` instead. `XIO_ERR_TOO_LARGE` above the largest
+ * class.
  *
  * # Safety
  * `stream` is a live stream handle or NULL; `out` valid for a write.
@@ -852,7 +860,9 @@ xio_result xio_buf_set_len(struct xio_buf *buf, size_t len);
 /**
  * Turns a received buffer into a writable one in place, without a new
  * allocation or a copy (the L2-forwarder pattern: receive, rewrite a
- * header, send on). A no-op for a buffer that is already writable.
+ * header, send on). A no-op for a buffer that is already writable. (A
+ * stream chunk from `xio_stream_recv_buf` that `xio_read` had taken bytes
+ * from first has the rest moved to the front of its memory.)
  *
  * # Safety
  * `buf` is a live buffer handle or NULL.

@@ -406,7 +406,8 @@ pub unsafe extern "C" fn xio_listen(
 
 /// [`xio_listen`] holding at most `backlog` (0 counts as 1) connections not
 /// yet accepted, as `listen(2)`'s argument: a connect beyond them is
-/// refused (the client's first read reports `XIO_ERR_CONNECTION_REFUSED`).
+/// refused (`xio_dial` reports `XIO_ERR_CONNECTION_REFUSED`, or the
+/// client's first read does when the dial returned before the answer).
 ///
 /// # Safety
 /// As for [`xio_listen`].
@@ -823,7 +824,10 @@ pub unsafe extern "C" fn xio_stream_local_addr(
 }
 
 /// A writable pool buffer of `len` bytes to fill and `xio_stream_send_buf`
-/// (zero-copy writes). Waits while the pool is exhausted.
+/// (zero-copy writes). Waits while the pool is exhausted, up to the write
+/// timeout (`XIO_ERR_TIMED_OUT`); a non-blocking stream says
+/// `XIO_ERR_WOULD_BLOCK` instead. `XIO_ERR_TOO_LARGE` above the largest
+/// class.
 ///
 /// # Safety
 /// `stream` is a live stream handle or NULL; `out` valid for a write.

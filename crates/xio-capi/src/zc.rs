@@ -815,7 +815,9 @@ pub unsafe extern "C" fn xio_buf_set_len(buf: *mut XioBuf, len: usize) -> XioRes
 
 /// Turns a received buffer into a writable one in place, without a new
 /// allocation or a copy (the L2-forwarder pattern: receive, rewrite a
-/// header, send on). A no-op for a buffer that is already writable.
+/// header, send on). A no-op for a buffer that is already writable. (A
+/// stream chunk from `xio_stream_recv_buf` that `xio_read` had taken bytes
+/// from first has the rest moved to the front of its memory.)
 ///
 /// # Safety
 /// `buf` is a live buffer handle or NULL.
