@@ -385,6 +385,29 @@ impl Shutdown {
     }
 }
 
+/// Spawns a connection of [`serve_on`]'s that finishes gracefully (its
+/// `graceful_shutdown`) when `stop` changes, and drops `stop` when it ends.
+macro_rules! spawn_conn {
+    ($conn:expr, $stop:expr) => {{
+        let conn = $conn;
+        let mut stop = $stop;
+        tokio::spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            let r = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = stop.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            drop(stop);
+        });
+    }};
+}
+
 /// Serves `service` on every connection `listener` accepts, until
 /// `shutdown` fires; then waits for the connections in progress to finish
 /// their requests (graceful) and returns. HTTP/1 upgrades (a WebSocket's
@@ -425,17 +448,25 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // The connections in progress: each holds a receiver, told to finish
+    // at a graceful shutdown, which waits until all of them dropped
+    // theirs. (hyper-util's `GracefulShutdown` cannot watch hyper's HTTP/1
+    // connection with upgrades, which `Protocol::Http1` needs.)
+    let (stop_conns, conn_stopped) = tokio::sync::watch::channel(());
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // With a timer, hyper closes an HTTP/1 connection whose request head
     // does not come within its header-read timeout (30 s by default);
     // without one it waits for good, and so would a graceful shutdown.
     builder.http1().timer(TokioTimer::new());
     builder.http2().timer(TokioTimer::new());
-    builder = match protocol {
-        Protocol::Auto => builder,
-        Protocol::Http1 => builder.http1_only(),
+    let mut h1 = hyper::server::conn::http1::Builder::new();
+    h1.timer(TokioTimer::new());
+    // Only `Auto` goes through the auto builder with upgrades: that one
+    // ignores `http1_only` and `http2_only`, and would serve either
+    // version whatever `protocol` says.
+    let builder = match protocol {
         Protocol::Http2 => builder.http2_only(),
+        Protocol::Auto | Protocol::Http1 => builder,
     };
     loop {
         let accepted = tokio::select! {
@@ -468,20 +499,32 @@ where
                 continue;
             }
         };
+        let stop = conn_stopped.clone();
         // With upgrades: a WebSocket (or any `Upgrade:`) handshake hands
-        // the service the connection, as hyper's own servers allow.
-        let conn = builder
-            .serve_connection_with_upgrades(conn, service.clone())
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-        });
+        // the service the connection, as hyper's own servers allow (an
+        // HTTP/2 one, extended CONNECT, is hyper's h2 server's own).
+        match protocol {
+            Protocol::Auto => spawn_conn!(
+                builder
+                    .serve_connection_with_upgrades(conn, service.clone())
+                    .into_owned(),
+                stop
+            ),
+            Protocol::Http1 => spawn_conn!(
+                h1.serve_connection(conn, service.clone()).with_upgrades(),
+                stop
+            ),
+            Protocol::Http2 => spawn_conn!(
+                builder.serve_connection(conn, service.clone()).into_owned(),
+                stop
+            ),
+        }
     }
-    drop((xio, tcp));
-    graceful.shutdown().await;
+    drop((xio, tcp, conn_stopped));
+    // Every connection is told (those that start waiting later see the
+    // value changed), and each drops its receiver when it ends.
+    stop_conns.send_replace(());
+    stop_conns.closed().await;
     Ok(())
 }
 

@@ -621,59 +621,65 @@ fn serve_hands_an_upgraded_connection_to_the_service() {
     rt().block_on(async {
         let srv = Net::attach(&p).unwrap();
         let cli = Net::attach(&p).unwrap();
-        let l = XioListener::bind_with(&srv, ("10.5.0.9", 80)).unwrap();
-        let stop = Shutdown::new();
-        let service = hyper::service::service_fn(
-            |mut req: http::Request<hyper::body::Incoming>| async move {
-                let on = hyper::upgrade::on(&mut req);
-                tokio::spawn(async move {
-                    // The raw connection: echo one message in upper case.
-                    let mut io = hyper_util::rt::TokioIo::new(on.await.expect("upgraded"));
-                    let mut buf = [0u8; 5];
-                    io.read_exact(&mut buf).await.unwrap();
-                    io.write_all(&buf.to_ascii_uppercase()).await.unwrap();
-                    io.flush().await.unwrap();
-                });
-                let mut r = http::Response::new(Full::<Bytes>::default());
-                *r.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
-                r.headers_mut()
-                    .insert("connection", "upgrade".parse().unwrap());
-                r.headers_mut().insert("upgrade", "echo".parse().unwrap());
-                Ok::<_, Infallible>(r)
-            },
-        );
-        let server = tokio::spawn(xio_hyper::serve(l, service, Protocol::Auto, stop.clone()));
-        tokio::time::timeout(WATCHDOG, async {
-            let io = XioConnector::with_net(cli.clone());
-            let s =
-                tower_service::Service::call(&mut { io }, "http://10.5.0.9:80".parse().unwrap())
-                    .await
-                    .unwrap();
-            let (mut send, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(s)
+        // HTTP/1 only as well as detected (HTTP/1 only went through the
+        // auto builder, which ignored it).
+        for (port, protocol) in [(80u16, Protocol::Auto), (85, Protocol::Http1)] {
+            let l = XioListener::bind_with(&srv, ("10.5.0.9", port)).unwrap();
+            let stop = Shutdown::new();
+            let service = hyper::service::service_fn(
+                |mut req: http::Request<hyper::body::Incoming>| async move {
+                    let on = hyper::upgrade::on(&mut req);
+                    tokio::spawn(async move {
+                        // The raw connection: echo one message in upper case.
+                        let mut io = hyper_util::rt::TokioIo::new(on.await.expect("upgraded"));
+                        let mut buf = [0u8; 5];
+                        io.read_exact(&mut buf).await.unwrap();
+                        io.write_all(&buf.to_ascii_uppercase()).await.unwrap();
+                        io.flush().await.unwrap();
+                    });
+                    let mut r = http::Response::new(Full::<Bytes>::default());
+                    *r.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+                    r.headers_mut()
+                        .insert("connection", "upgrade".parse().unwrap());
+                    r.headers_mut().insert("upgrade", "echo".parse().unwrap());
+                    Ok::<_, Infallible>(r)
+                },
+            );
+            let server = tokio::spawn(xio_hyper::serve(l, service, protocol, stop.clone()));
+            tokio::time::timeout(WATCHDOG, async {
+                let io = XioConnector::with_net(cli.clone());
+                let s = tower_service::Service::call(
+                    &mut { io },
+                    format!("http://10.5.0.9:{port}").parse().unwrap(),
+                )
                 .await
                 .unwrap();
-            tokio::spawn(conn.with_upgrades());
-            let req = http::Request::get("http://10.5.0.9/")
-                .header("connection", "upgrade")
-                .header("upgrade", "echo")
-                .body(Full::default())
-                .unwrap();
-            let r = send.send_request(req).await.unwrap();
-            assert_eq!(r.status(), http::StatusCode::SWITCHING_PROTOCOLS);
-            let mut io = hyper_util::rt::TokioIo::new(hyper::upgrade::on(r).await.unwrap());
-            io.write_all(b"hello").await.unwrap();
-            let mut got = [0u8; 5];
-            io.read_exact(&mut got).await.unwrap();
-            assert_eq!(&got, b"HELLO");
-        })
-        .await
-        .expect("watchdog");
-        stop.shutdown();
-        tokio::time::timeout(WATCHDOG, server)
+                let (mut send, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(s)
+                    .await
+                    .unwrap();
+                tokio::spawn(conn.with_upgrades());
+                let req = http::Request::get("http://10.5.0.9/")
+                    .header("connection", "upgrade")
+                    .header("upgrade", "echo")
+                    .body(Full::default())
+                    .unwrap();
+                let r = send.send_request(req).await.unwrap();
+                assert_eq!(r.status(), http::StatusCode::SWITCHING_PROTOCOLS);
+                let mut io = hyper_util::rt::TokioIo::new(hyper::upgrade::on(r).await.unwrap());
+                io.write_all(b"hello").await.unwrap();
+                let mut got = [0u8; 5];
+                io.read_exact(&mut got).await.unwrap();
+                assert_eq!(&got, b"HELLO");
+            })
             .await
-            .expect("graceful shutdown finishes")
-            .unwrap()
-            .unwrap();
+            .expect("watchdog");
+            stop.shutdown();
+            tokio::time::timeout(WATCHDOG, server)
+                .await
+                .expect("graceful shutdown finishes")
+                .unwrap()
+                .unwrap();
+        }
     });
 }
 
@@ -729,5 +735,53 @@ fn a_refused_connection_is_a_connect_error() {
             .expect("watchdog")
             .unwrap_err();
         assert!(e.is_connect(), "X-IO: {e:?}");
+    });
+}
+
+/// `Protocol::Http1` speaks HTTP/1.1 only and `Protocol::Http2` h2c only,
+/// as documented: a client of the other version is not served. (Since
+/// `serve` took connections with upgrades, hyper-util's builder ignored
+/// `http1_only`/`http2_only` and served either version whatever was
+/// asked.) What each does serve still works.
+#[test]
+fn a_protocol_restricted_server_serves_only_its_version() {
+    let (_mgr, p) = setup("protoonly");
+    rt().block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        for (port, protocol) in [(83u16, Protocol::Http1), (84, Protocol::Http2)] {
+            let l = XioListener::bind_with(&srv, ("10.5.0.40", port)).unwrap();
+            let stop = Shutdown::new();
+            let server = tokio::spawn(xio_hyper::serve(
+                l,
+                hyper::service::service_fn(echo),
+                protocol,
+                stop.clone(),
+            ));
+            let uri = format!("http://10.5.0.40:{port}/x");
+            for h2 in [false, true] {
+                let c: Client<XioConnector, Body> = Client::builder(TokioExecutor::new())
+                    .http2_only(h2)
+                    .build(XioConnector::with_net(cli.clone()));
+                let req = http::Request::post(uri.as_str())
+                    .body(Full::from("v"))
+                    .unwrap();
+                let r = tokio::time::timeout(WATCHDOG, c.request(req))
+                    .await
+                    .expect("watchdog");
+                let served = h2 == (protocol == Protocol::Http2);
+                match r {
+                    Ok(r) if served => assert_eq!(body_string(r).await, "v"),
+                    Ok(r) => panic!("{protocol:?} served {:?}", r.headers().get("x-version")),
+                    Err(e) => assert!(!served, "{protocol:?}, h2 {h2}: {e:?}"),
+                }
+            }
+            stop.shutdown();
+            tokio::time::timeout(WATCHDOG, server)
+                .await
+                .expect("graceful shutdown finishes")
+                .unwrap()
+                .unwrap();
+        }
     });
 }
