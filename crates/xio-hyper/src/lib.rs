@@ -39,8 +39,9 @@
 //! service went away since this process last reached it is dialled over
 //! TCP rather than failing the request.
 //!
-//! **No TLS.** `https` URIs are refused (`InvalidInput`), as hyper's
-//! `HttpConnector` does: the request would go out in clear. Under a TLS
+//! **No TLS.** `https` URIs (any scheme but `http`: `wss` too) are
+//! refused (`InvalidInput`), as hyper's `HttpConnector` does: the request
+//! would go out in clear. Under a TLS
 //! connector that wraps this one, [`XioConnector::enforce_http`]`(false)`.
 //!
 //! **tonic** (feature `tonic`, on by default): the client uses
@@ -216,8 +217,8 @@ impl XioConnector {
         self
     }
 
-    /// Whether `https` URIs are refused (`InvalidInput`), as hyper's
-    /// `HttpConnector` does by default: this connector speaks no TLS, and
+    /// Whether `https` URIs (any scheme but `http`) are refused
+    /// (`InvalidInput`), as hyper's `HttpConnector` does by default: this connector speaks no TLS, and
     /// hyper-util's client sends whatever it connects plain, so an
     /// `https` request would leave unencrypted (over TCP too, with the
     /// fallback). On by default; turn it off only under a TLS connector
@@ -283,7 +284,9 @@ impl tower_service::Service<http::Uri> for XioConnector {
         let fallback = self.tcp_fallback;
         let enforce_http = self.enforce_http;
         Box::pin(async move {
-            if enforce_http && uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
+            // Any scheme but `http`, as `HttpConnector` does: `wss` (say)
+            // asks for TLS as much as `https` does.
+            if enforce_http && uri.scheme() != Some(&http::uri::Scheme::HTTP) {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
                     format!(

@@ -550,8 +550,8 @@ fn the_fallback_follows_a_service_that_left_xio() {
     });
 }
 
-/// The connector speaks no TLS: an `https` URI is refused rather than
-/// sent in clear (over TCP too, with the fallback), unless a TLS
+/// The connector speaks no TLS: an `https` URI (or any but `http`) is
+/// refused rather than sent in clear (over TCP too, with the fallback), unless a TLS
 /// connector wrapping it says it encrypts.
 #[test]
 fn https_is_refused_unless_a_tls_layer_says_otherwise() {
@@ -565,6 +565,17 @@ fn https_is_refused_unless_a_tls_layer_says_otherwise() {
                 .unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
         assert!(e.to_string().contains("TLS"), "{e}");
+        // Nor any scheme but `http`, as hyper's `HttpConnector` (`wss`,
+        // which hyper-util's client counts as secure, went out in clear
+        // to a listener on port 80).
+        let _l = XioListener::bind_with(&cli, "10.5.0.11:80").unwrap();
+        for uri in ["wss://10.5.0.11/", "grpcs://10.5.0.11/", "ftp://10.5.0.11/"] {
+            let e = tower_service::Service::call(&mut connector, uri.parse().unwrap())
+                .await
+                .map(|c| c.is_xio())
+                .unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{uri}: {e}");
+        }
         // Allowed, it dials (and finds nobody there).
         let mut connector = XioConnector::with_net(cli).enforce_http(false);
         let e = tower_service::Service::call(&mut connector, "https://10.5.0.10/".parse().unwrap())
