@@ -267,9 +267,10 @@ typedef uint16_t xio_peer;
 #define XIO_ERR_FORKED 18
 
 /**
- * The manager has no room for it: every stack slot (attach) or channel
- * slot (connect, dial) of the pool is taken. It passes once others
- * leave (see the pool's `max_stacks` and `max_channels`).
+ * No room for it: every stack slot (attach) or channel slot (connect,
+ * dial) of the pool is taken, or the net's connection table is full
+ * (dial, accept: about a million connections open at once). It passes
+ * once others leave (see the pool's `max_stacks` and `max_channels`).
  */
 #define XIO_ERR_NO_SPACE 19
 

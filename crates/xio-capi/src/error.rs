@@ -69,9 +69,10 @@ pub const XIO_ERR_INTERNAL: XioResult = 17;
 /// parent (so does an inherited buffer, which the child can neither send
 /// nor write). Attach a new stack (or net) in the child.
 pub const XIO_ERR_FORKED: XioResult = 18;
-/// The manager has no room for it: every stack slot (attach) or channel
-/// slot (connect, dial) of the pool is taken. It passes once others
-/// leave (see the pool's `max_stacks` and `max_channels`).
+/// No room for it: every stack slot (attach) or channel slot (connect,
+/// dial) of the pool is taken, or the net's connection table is full
+/// (dial, accept: about a million connections open at once). It passes
+/// once others leave (see the pool's `max_stacks` and `max_channels`).
 pub const XIO_ERR_NO_SPACE: XioResult = 19;
 
 /// An error on its way to C: a code and the message for `xio_last_error`.
@@ -122,6 +123,8 @@ impl From<io::Error> for Fail {
             io::ErrorKind::AddrInUse => XIO_ERR_ADDR_IN_USE,
             io::ErrorKind::BrokenPipe => XIO_ERR_BROKEN_PIPE,
             io::ErrorKind::InvalidData => XIO_ERR_PROTOCOL,
+            // The net's connection table is full (`ConnError::TooMany`).
+            io::ErrorKind::OutOfMemory => XIO_ERR_NO_SPACE,
             _ => XIO_ERR_IO,
         };
         Fail::new(code, e.to_string())
@@ -227,7 +230,7 @@ pub extern "C" fn xio_strerror(code: XioResult) -> *const c_char {
         XIO_ERR_READ_ONLY => c"buffer is read-only",
         XIO_ERR_INTERNAL => c"internal error",
         XIO_ERR_FORKED => c"handle inherited across fork(); attach a new stack",
-        XIO_ERR_NO_SPACE => c"no free stack or channel slot in the pool",
+        XIO_ERR_NO_SPACE => c"no free stack, channel or connection slot",
         _ => c"unknown error",
     };
     s.as_ptr()
@@ -245,4 +248,17 @@ pub extern "C" fn xio_strerror(code: XioResult) -> *const c_char {
 pub extern "C" fn xio_last_error() -> *const c_char {
     LAST.try_with(|l| l.borrow().as_ptr())
         .unwrap_or(c"(no message: the thread is exiting)".as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full connection table is a lack of room, as a full pool is, not
+    /// an unexplained I/O error.
+    #[test]
+    fn a_full_connection_table_is_no_space() {
+        let e = io::Error::from(xio_core::conn::ConnError::TooMany);
+        assert_eq!(Fail::from(e).code, XIO_ERR_NO_SPACE);
+    }
 }
