@@ -60,6 +60,8 @@ int main(int argc, char **argv) {
         r = xio_recv_tagged(stack, -1, &buf, &from, &tag);
         if (r == XIO_ERR_CONNECTION_RESET)
             continue; /* a client left: its channel is gone, others go on */
+        if (r == XIO_ERR_MANAGER_GONE)
+            continue; /* a one-time notice: the channels made keep working */
         if (r != XIO_OK)
             die("recv", r);
         if (tag == TAG_STOP) {

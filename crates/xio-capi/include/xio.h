@@ -215,7 +215,8 @@ typedef uint16_t xio_peer;
  * made keep carrying buffers, and only what needs the manager fails from
  * then on (`xio_stack_bind` and `xio_stack_connect` to a new peer return
  * this code again). A net's connections likewise keep working; its
- * `xio_listen` and `xio_dial` fail with it. To reach a restarted manager,
+ * `xio_listen`, and its `xio_dial` to a listener of another process,
+ * fail with it (one of the same net still answers). To reach a restarted manager,
  * attach again (`xio_stack_attach`, `xio_net_attach`: a handle attached
  * before, NULL prefix included, stays with the old pool) and bind or
  * listen again. With no manager left to announce a peer's death, an
@@ -361,9 +362,10 @@ xio_result xio_net_manager_fd(struct xio_net *net, int32_t *fd_out);
 xio_result xio_net_manager_gone(struct xio_net *net, int32_t *gone_out);
 
 /**
- * Waits for readiness of this net's non-blocking streams and listeners
- * (an `epoll_wait` for X-IO): writes up to `cap` events to `events` and
- * their number to `n_out`. `timeout_ms` < 0 waits until something is
+ * Waits for readiness of this net's streams and listeners (an
+ * `epoll_wait` for X-IO; blocking ones are reported too, though a loop
+ * usually makes them non-blocking): writes up to `cap` events to `events`
+ * (`cap` 0 is `XIO_ERR_INVALID_ARGUMENT`) and their number to `n_out`. `timeout_ms` < 0 waits until something is
  * ready, 0 does not wait (and re-arms `xio_net_fd`), > 0 waits at most
  * that long (`*n_out` = 0 when nothing came). The wait follows the
  * adaptive policy: it spins briefly when a peer is active, then sleeps.
@@ -795,6 +797,7 @@ xio_result xio_recv_tagged(struct xio_stack *stack,
  * reported as `xio_recv` does, when they come first; after some buffers
  * they end the burst and are reported by the next receive call on the
  * stack (`xio_recv`, `xio_recv_tagged` or `xio_recv_burst`), at once.
+ * `cap` 0 is `XIO_ERR_INVALID_ARGUMENT`.
  *
  * # Safety
  * `stack` is a live stack handle or NULL; `bufs` (and `froms`, unless

@@ -242,9 +242,10 @@ pub unsafe extern "C" fn xio_net_manager_gone(net: *mut XioNet, gone_out: *mut i
     })
 }
 
-/// Waits for readiness of this net's non-blocking streams and listeners
-/// (an `epoll_wait` for X-IO): writes up to `cap` events to `events` and
-/// their number to `n_out`. `timeout_ms` < 0 waits until something is
+/// Waits for readiness of this net's streams and listeners (an
+/// `epoll_wait` for X-IO; blocking ones are reported too, though a loop
+/// usually makes them non-blocking): writes up to `cap` events to `events`
+/// (`cap` 0 is `XIO_ERR_INVALID_ARGUMENT`) and their number to `n_out`. `timeout_ms` < 0 waits until something is
 /// ready, 0 does not wait (and re-arms `xio_net_fd`), > 0 waits at most
 /// that long (`*n_out` = 0 when nothing came). The wait follows the
 /// adaptive policy: it spins briefly when a peer is active, then sleeps.

@@ -576,6 +576,7 @@ pub unsafe extern "C" fn xio_recv_tagged(
 /// reported as `xio_recv` does, when they come first; after some buffers
 /// they end the burst and are reported by the next receive call on the
 /// stack (`xio_recv`, `xio_recv_tagged` or `xio_recv_burst`), at once.
+/// `cap` 0 is `XIO_ERR_INVALID_ARGUMENT`.
 ///
 /// # Safety
 /// `stack` is a live stack handle or NULL; `bufs` (and `froms`, unless
