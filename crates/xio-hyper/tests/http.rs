@@ -93,6 +93,50 @@ async fn body_string(r: http::Response<hyper::body::Incoming>) -> String {
     String::from_utf8(b.to_vec()).unwrap()
 }
 
+/// `ConnectInfo<SocketAddr>` over X-IO: axum's own `Connected` impl is for
+/// its `TcpListener` only, and its generic one covers any listener behind
+/// `tap_io`, as xio-tokio's docs say; the handler sees the client's X-IO
+/// address.
+#[test]
+fn axum_connect_info_through_a_tapped_listener() {
+    use axum::extract::ConnectInfo;
+    use axum::serve::ListenerExt;
+    use std::net::SocketAddr;
+    let (_mgr, p) = setup("axumci");
+    rt().block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, "10.5.0.9:80").unwrap();
+        let app = axum::Router::new().route(
+            "/who",
+            axum::routing::get(
+                |ConnectInfo(a): ConnectInfo<SocketAddr>| async move { a.to_string() },
+            ),
+        );
+        let server = tokio::spawn(async move {
+            axum::serve(
+                l.tap_io(|_| {}),
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await
+        });
+        let r = tokio::time::timeout(
+            WATCHDOG,
+            client(&cli).get("http://10.5.0.9/who".parse().unwrap()),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.status(), 200);
+        let who: SocketAddr = body_string(r).await.parse().unwrap();
+        // The client's address: the one an X-IO dial is given, not the
+        // listener's.
+        assert_ne!(who, "10.5.0.9:80".parse::<SocketAddr>().unwrap());
+        assert_ne!(who.port(), 0, "{who}");
+        server.abort();
+    });
+}
+
 #[test]
 fn axum_app_with_only_the_listener_swapped() {
     let (_mgr, p) = setup("axum");

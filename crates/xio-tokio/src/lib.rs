@@ -1192,6 +1192,20 @@ pub fn is_connection_error(e: &io::Error) -> bool {
 }
 
 /// `axum::serve(listener, app)` over X-IO (feature `axum`).
+///
+/// For `ConnectInfo<SocketAddr>` (axum implements `Connected` for its own
+/// `TcpListener` only, and Rust's coherence rules keep this crate from
+/// adding one for this listener), tap the listener with a no-op: axum's
+/// impl for any tapped listener applies.
+///
+/// ```ignore
+/// use axum::serve::ListenerExt;
+/// axum::serve(
+///     listener.tap_io(|_| {}),
+///     app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+/// )
+/// .await?;
+/// ```
 #[cfg(feature = "axum")]
 impl axum::serve::Listener for XioListener {
     type Io = XioStream;
