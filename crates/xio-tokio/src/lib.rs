@@ -919,16 +919,27 @@ impl XioStream {
     /// Waits until any of `interest` is ready (as `TcpStream::ready`):
     /// `READABLE` (with `READ_CLOSED` at end of stream), `WRITABLE` (also
     /// when a write would fail: the write reports why; `WRITE_CLOSED` is
-    /// not reported). Readiness is a hint, as with a socket:
-    /// `try_read`/`try_write` may still say `WouldBlock` if another task
-    /// got there first.
+    /// not reported). With `ERROR` next to `READABLE`, a reset reports
+    /// `ERROR` too; `ERROR` or `PRIORITY` alone is refused (`Unsupported`):
+    /// there is no wait for an error alone. Readiness is a hint, as with a
+    /// socket: `try_read`/`try_write` may still say `WouldBlock` if another
+    /// task got there first.
     pub async fn ready(&self, interest: Interest) -> io::Result<Ready> {
+        if !interest.is_readable() && !interest.is_writable() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "an X-IO stream reports READABLE and WRITABLE readiness only",
+            ));
+        }
         std::future::poll_fn(|cx| {
             let mut ready = Ready::EMPTY;
             if interest.is_readable() {
                 let mut one = [0u8; 1];
                 match self.poll_peek(cx, &mut one) {
                     Poll::Ready(Ok(0)) => ready |= Ready::READABLE | Ready::READ_CLOSED,
+                    Poll::Ready(Err(_)) if interest.is_error() => {
+                        ready |= Ready::READABLE | Ready::ERROR
+                    }
                     Poll::Ready(_) => ready |= Ready::READABLE,
                     Poll::Pending => {}
                 }

@@ -1491,3 +1491,35 @@ fn write_readiness_leaves_a_reset_for_the_read() {
         .expect("watchdog");
     });
 }
+
+/// `ready` with `ERROR` (or `PRIORITY`) alone waited for ever: nothing
+/// wakes such a wait. It is refused now; next to `READABLE`, a reset
+/// reports `ERROR` too.
+#[test]
+fn ready_for_errors_alone_is_refused_and_a_reset_reports_error() {
+    use tokio::io::Interest;
+    let (_mgr, p) = setup("ready-error");
+    rt(1).block_on(async {
+        tokio::time::timeout(WATCHDOG, async {
+            let (mut c, s) = connected(&p, "10.4.0.48:80").await;
+            for i in [Interest::ERROR, Interest::PRIORITY] {
+                let e = c.ready(i).await.unwrap_err();
+                assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{i:?}: {e}");
+            }
+            c.write_all(b"never read").await.unwrap();
+            s.readable().await.unwrap();
+            drop(s); // unread data: a reset
+            let r = c.ready(Interest::READABLE | Interest::ERROR).await.unwrap();
+            assert!(r.is_readable() && r.is_error(), "{r:?}");
+            let mut b = [0u8; 4];
+            let r = c.read(&mut b).await;
+            assert_eq!(
+                r.as_ref().map_err(io::Error::kind).err(),
+                Some(io::ErrorKind::ConnectionReset),
+                "{r:?}"
+            );
+        })
+        .await
+        .expect("watchdog");
+    });
+}
