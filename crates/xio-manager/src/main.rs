@@ -162,6 +162,11 @@ fn main() -> ExitCode {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // A log write that fails (stderr a pipe whose reader is gone) is
+        // dropped: tracing-subscriber would report it with `eprintln!`,
+        // which panics on that same stderr, killing the manager at its
+        // next log line (or its signal thread, so SIGTERM did nothing).
+        .log_internal_errors(false)
         // Colours only for a terminal, not in a log file or a pipe.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if cli.json {

@@ -148,3 +148,66 @@ fn the_socket_appears_only_when_it_listens() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A manager whose log went away (its stderr a pipe nobody reads any
+/// more: `xio-manager 2>&1 | head`, a logger that died) keeps serving and
+/// still stops on SIGTERM. tracing-subscriber reported the failed write
+/// with `eprintln!`, which panics on that same stderr: the first log line
+/// killed the manager, or the signal thread, so SIGTERM was ignored.
+#[test]
+fn a_manager_whose_stderr_is_closed_serves_and_stops() {
+    let dir = std::env::temp_dir().join(format!("xio-bin-nolog-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prefix = "nolog-test";
+    let sock = dir.join(format!("{prefix}.sock"));
+    let (read_end, write_end) = rustix::pipe::pipe().unwrap();
+    drop(read_end); // every write to the manager's stderr fails (EPIPE)
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut m = Reap(
+        Command::new(BIN)
+            .args(["--prefix", prefix, "--class", "2K:16"])
+            .env("XIO_RUN_DIR", &dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(write_end))
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("manager socket", || {
+        sock.exists() || m.0.try_wait().unwrap().is_some()
+    });
+    for _ in 0..3 {
+        // Each status request and each attach is a log line at least.
+        let out = Command::new(BIN)
+            .args(["status", "--prefix", prefix])
+            .env("XIO_RUN_DIR", &dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(m.0.try_wait().unwrap().is_none(), "the manager died");
+    signal(&m.0, rustix::process::Signal::TERM);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let st = loop {
+        if let Some(st) = m.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "SIGTERM did not stop the manager"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(st.success(), "manager exit: {st:?}");
+    assert!(!sock.exists(), "socket removed on exit");
+    let _ = std::fs::remove_dir_all(&dir);
+}
