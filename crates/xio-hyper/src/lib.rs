@@ -27,6 +27,28 @@
 //! hyper's header-read timeout (30 s) closes its connection, so a
 //! stalled client cannot hold a graceful shutdown for good.
 //!
+//! An axum app that takes the client's address (`ConnectInfo<SocketAddr>`,
+//! through `into_make_service_with_connect_info`) needs one more call:
+//! axum implements that for its own `TcpListener` only, and for any
+//! listener wrapped by `ListenerExt::tap_io`:
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use axum::extract::ConnectInfo;
+//! use axum::serve::ListenerExt;
+//!
+//! # async fn run() -> std::io::Result<()> {
+//! let app = axum::Router::new().route(
+//!     "/",
+//!     axum::routing::get(|ConnectInfo(peer): ConnectInfo<SocketAddr>| async move {
+//!         peer.to_string()
+//!     }),
+//! );
+//! let listener = xio_hyper::XioListener::bind("0.0.0.0:3000").await?.tap_io(|_| ());
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await
+//! # }
+//! ```
+//!
 //! **Fallback to TCP.** [`XioConnector::with_tcp_fallback`] dials over TCP
 //! when no X-IO service is bound to the address on this node (the manager
 //! refuses it, or no manager runs), so a service keeps working when its
