@@ -127,9 +127,9 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 
 /// `64 B`, `1 KiB`, `1 MiB`.
 pub(crate) fn fmt_size(n: usize) -> String {
-    if n >= MIB && n.is_multiple_of(MIB) {
+    if n >= MIB && n % MIB == 0 {
         format!("{} MiB", n / MIB)
-    } else if n >= KIB && n.is_multiple_of(KIB) {
+    } else if n >= KIB && n % KIB == 0 {
         format!("{} KiB", n / KIB)
     } else {
         format!("{n} B")

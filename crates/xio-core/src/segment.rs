@@ -283,7 +283,7 @@ impl Segment {
             n.checked_mul(size)
                 .and_then(|b| b.checked_add(off))
                 .is_some_and(|end| end <= len)
-                && off.is_multiple_of(64)
+                && off % 64 == 0
         };
         let ring_end = crate::layout::ring_offset(h.ring_capacity, 1)
             + crate::layout::ring_bytes(h.ring_capacity);
@@ -296,7 +296,7 @@ impl Segment {
             h.max_stacks as u64 + 1,
             core::mem::size_of::<StackSlot>() as u64,
         ) && (h.channel_stride as u64) >= ring_end
-            && h.channel_stride.is_multiple_of(128)
+            && h.channel_stride % 128 == 0
             && fits(
                 h.channels_off,
                 h.max_channels as u64,

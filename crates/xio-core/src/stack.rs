@@ -2715,7 +2715,7 @@ fn wait_on(
                 }
                 spin_hint();
                 i = i.wrapping_add(1);
-                if i.is_multiple_of(256) {
+                if i % 256 == 0 {
                     let now = now_ns();
                     if now - start >= budget || !may_spin() || !view.worth_spinning(my_cpu) {
                         break;

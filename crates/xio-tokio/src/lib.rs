@@ -465,7 +465,7 @@ async fn drive(
         // Clock reads are slow on VMs: look at the time now and then only.
         rounds = rounds.wrapping_add(1);
         let liveness = std::mem::take(&mut ctrl_due)
-            || (tick_due || rounds.is_multiple_of(64)) && last_tick.elapsed() >= LIVENESS;
+            || (tick_due || rounds % 64 == 0) && last_tick.elapsed() >= LIVENESS;
         tick_due = false;
         if liveness {
             last_tick = std::time::Instant::now();
@@ -550,7 +550,7 @@ async fn drive(
                     }
                 }
                 looks = looks.wrapping_add(1);
-                if looks.is_multiple_of(8) {
+                if looks % 8 == 0 {
                     let since = *start.get_or_insert_with(std::time::Instant::now);
                     if since.elapsed() >= budget {
                         break false;

@@ -310,7 +310,7 @@ fn cancelled_reads_lose_nothing() {
                 let chunk: Vec<u8> = (sent..sent + n).map(|i| stream_byte(5, i)).collect();
                 s.write_all(&chunk).await.unwrap();
                 sent += n;
-                if sent.is_multiple_of(7770) {
+                if sent % 7770 == 0 {
                     tokio::time::sleep(Duration::from_micros(300)).await;
                 }
             }
