@@ -18,7 +18,8 @@ use xio_core::manager::Manager;
 #[command(
     name = "xio-manager",
     version,
-    about = "The X-IO per-node manager: owns a shared-memory pool and sets up channels between services"
+    about = "The X-IO per-node manager: owns a shared-memory pool and sets up channels between services",
+    after_help = "Logs go to stderr at level info; $XIO_LOG sets the filter (e.g. XIO_LOG=debug)."
 )]
 struct Cli {
     /// Pool prefix (one pool per security domain). Default: $XIO_PREFIX or "xio".
