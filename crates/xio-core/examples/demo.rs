@@ -1,6 +1,7 @@
-//! The end-to-end demonstration: an X-IO manager, an echo service and a
-//! client in separate processes exchanging zero-copy messages, side by
-//! side with the same echo over a Unix-domain socket.
+//! The end-to-end demonstration: an echo service and a client in
+//! separate processes exchanging zero-copy messages (the X-IO manager runs
+//! on a thread of the client's process), side by side with the same echo
+//! over a Unix-domain socket.
 //!
 //! ```text
 //! cargo run --release -p xio-core --example demo
