@@ -2002,13 +2002,14 @@ impl Net {
         loop {
             {
                 let mut g = self.lock();
+                // A call to the manager: what a write batch of this thread
+                // holds leaves first, as before any wait, and is out when
+                // the call returns, however soon the answer came.
+                g.release_held();
+                g.ring_unrung();
                 if let Some(kept) = g.stack.take_answer(n)? {
                     return Ok(kept);
                 }
-                // About to wait for the manager: what a write batch of
-                // this thread holds leaves first, as before any wait.
-                g.release_held();
-                g.ring_unrung();
                 if until.is_some_and(|u| Instant::now() >= u) {
                     g.stack.give_up(n);
                     tracing::warn!(request = ?what, "the manager did not answer in time");
