@@ -947,18 +947,26 @@ impl<B: Chunk> Table<B> {
         }
     }
 
-    /// Connections a read would not wait on, and listeners with
-    /// connections to accept (what a poller starting late must hear of).
-    pub fn ready_now(&self) -> (Vec<ConnId>, Vec<SocketAddr>) {
+    /// What a poller starting late must hear of, as epoll reports a
+    /// socket's readiness when it is added: the connections a read would
+    /// not wait on, and those a write may go on (connected: every one not
+    /// waiting for its SYN-ACK), as (connection, readable, writable); and
+    /// listeners with connections to accept.
+    pub fn ready_now(&self) -> (Vec<(ConnId, bool, bool)>, Vec<SocketAddr>) {
         let conns = self
             .entries
             .iter()
             .enumerate()
             .filter_map(|(i, e)| {
-                let e = e.as_ref().filter(|e| !e.unaccepted)?;
-                let ready =
+                let e = e.as_ref().filter(|e| !e.unaccepted && !e.closed)?;
+                let readable =
                     !e.rx.is_empty() || e.peer_fin || e.read_shut || e.state == State::Reset;
-                ready.then_some(ConnId(e.gen << INDEX_BITS | i as u32))
+                let writable = readable || e.state != State::SynSent;
+                (readable || writable).then_some((
+                    ConnId(e.gen << INDEX_BITS | i as u32),
+                    readable,
+                    writable,
+                ))
             })
             .collect();
         let accepts = self

@@ -2477,8 +2477,8 @@ impl Net {
                 // is reported first.
                 core.track_ready = true;
                 let (conns, accepts) = core.table.ready_now();
-                for c in conns {
-                    core.note_ready(c, true, true);
+                for (c, r, w) in conns {
+                    core.note_ready(c, r, w);
                 }
                 for a in accepts {
                     core.ready.push(Event::Accept(a));

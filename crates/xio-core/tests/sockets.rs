@@ -1864,8 +1864,20 @@ fn zero_copy_buffers_vectored_writes_timeouts_and_poll() {
         .get_ref()
         .is_some_and(|i| i.is::<xio_core::net::TimeoutElapsed>()));
 
-    // poll: readiness of the server's stream once the client writes.
+    // poll: the first reports the stream writable (as epoll reports a
+    // socket added), then readiness of the server's stream once the
+    // client writes.
     let mut evs = Vec::new();
+    srv.poll(&mut evs, Some(Duration::from_millis(1))).unwrap();
+    assert_eq!(
+        evs,
+        [Event::Stream {
+            token: s.token(),
+            readable: false,
+            writable: true
+        }]
+    );
+    evs.clear();
     assert_eq!(
         srv.poll(&mut evs, Some(Duration::from_millis(1))).unwrap(),
         0
@@ -3294,4 +3306,37 @@ fn timeouts_of_duration_max_mean_no_deadline() {
         }
         events.clear();
     }
+}
+
+/// A net's first `poll` reports the streams connected and accepted before
+/// it as writable, as epoll reports a socket when it is added: an event
+/// loop that starts after its streams exist and waits to be told it may
+/// write (to greet, say) is told, as it is for a stream accepted later.
+/// (Only readable ones were reported; the loop waited for good.)
+#[test]
+fn the_first_poll_reports_streams_made_before_it_writable() {
+    let (_mgr, p) = start("firstpollwr");
+    let net = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "10.3.0.48:80".parse().unwrap();
+    let l = net.listen(addr).unwrap();
+    let c = net.connect(addr).unwrap();
+    let (s, _) = l.accept().unwrap();
+    for (st, token) in [(&c, 1), (&s, 2)] {
+        st.set_nonblocking(true).unwrap();
+        st.set_token(token);
+    }
+    let mut events = Vec::new();
+    net.poll(&mut events, Some(Duration::ZERO)).unwrap();
+    events.sort_by_key(|e| match e {
+        Event::Stream { token, .. } => *token,
+        Event::Accept(_) => 0,
+    });
+    assert_eq!(
+        events,
+        [1, 2].map(|token| Event::Stream {
+            token,
+            readable: false,
+            writable: true
+        })
+    );
 }
