@@ -1062,9 +1062,14 @@ impl<B: Chunk> Table<B> {
     }
 
     /// No more writes on `c` (the peer reads end of stream after our data).
+    /// A reset (or refused) connection is `NotConnected`, as Linux's
+    /// `shutdown` says `ENOTCONN` once a RST closed the socket.
     pub fn shutdown_write(&mut self, c: ConnId) -> Result<(), ConnError> {
         let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
-        if e.state == State::Reset || e.fin_sent || e.peer_gone {
+        if e.state == State::Reset {
+            return Err(ConnError::NotConnected);
+        }
+        if e.fin_sent || e.peer_gone {
             return Ok(());
         }
         e.fin_sent = true;
@@ -1086,9 +1091,13 @@ impl<B: Chunk> Table<B> {
     }
 
     /// No more reads on `c`: reads return end of stream, what is queued
-    /// and what still arrives is discarded (and credited back).
+    /// and what still arrives is discarded (and credited back). A reset
+    /// connection is `NotConnected`, as for [`Table::shutdown_write`].
     pub fn shutdown_read(&mut self, c: ConnId) -> Result<(), ConnError> {
         let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
+        if e.state == State::Reset {
+            return Err(ConnError::NotConnected);
+        }
         e.read_shut = true;
         let n: usize = e.rx.drain(..).map(|b| b.footprint()).sum();
         e.offset = 0;

@@ -3446,7 +3446,8 @@ impl XioStream {
 
     /// Shuts down reading, writing or both. Writing: the peer reads end of
     /// stream after the data already written. Reading: reads return end of
-    /// stream; what arrives is discarded.
+    /// stream; what arrives is discarded. A reset (or refused) stream is
+    /// `NotConnected`, as a TCP socket's `shutdown` after a RST on Linux.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         let c = self.inner.id;
         self.inner.net.update(|g| {

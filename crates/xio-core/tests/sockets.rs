@@ -3340,3 +3340,55 @@ fn the_first_poll_reports_streams_made_before_it_writable() {
         })
     );
 }
+
+/// `shutdown` of a reset (or refused) stream fails with `NotConnected`, as
+/// Linux's does (`ENOTCONN`: the connection is gone), instead of saying
+/// `Ok` to a FIN that never goes; a refused connect's too. Shutting down
+/// twice stays `Ok`, as on Linux.
+#[test]
+fn shutdown_of_a_reset_stream_is_not_connected() {
+    let (_mgr, p) = start("shutreset");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "10.3.0.49:80".parse().unwrap();
+    let l = server.listen(addr).unwrap();
+    let mut c = client.connect(addr).unwrap();
+    let (s, _) = l.accept().unwrap();
+    c.write_all(b"unread").unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    // Data left unread: the server's close resets the client.
+    let mut one = [0u8; 1];
+    s.peek(&mut one).unwrap();
+    drop(s);
+    c.set_read_timeout(Some(WATCHDOG)).unwrap();
+    let mut rest = Vec::new();
+    let e = loop {
+        match c.read(&mut one) {
+            Ok(0) => panic!("end of stream, not a reset"),
+            Ok(_) => rest.push(one[0]),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    for how in [Shutdown::Read, Shutdown::Write, Shutdown::Both] {
+        let r = c.shutdown(how);
+        assert_eq!(
+            r.as_ref().map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::NotConnected),
+            "{how:?}: {r:?}"
+        );
+    }
+    // Refused: nobody listens.
+    let r = client.connect("10.3.0.50:80");
+    if let Ok(c) = r {
+        c.set_read_timeout(Some(WATCHDOG)).unwrap();
+        let _ = (&c).read(&mut one);
+        let r = c.shutdown(Shutdown::Write);
+        assert_eq!(
+            r.as_ref().map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::NotConnected),
+            "{r:?}"
+        );
+    }
+}
