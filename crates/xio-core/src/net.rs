@@ -2069,8 +2069,15 @@ impl Net {
         }))
     }
 
-    /// Connects, waiting at most `timeout`.
+    /// Connects, waiting at most `timeout` (a zero one is `InvalidInput`,
+    /// as with `TcpStream::connect_timeout`).
     pub fn connect_timeout(&self, addr: &SocketAddr, timeout: Duration) -> io::Result<XioStream> {
+        if timeout.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "cannot set a 0 duration timeout",
+            ));
+        }
         // A timeout past what an `Instant` holds (`Duration::MAX`) is no
         // deadline, not an overflow panic.
         self.connect_one(*addr, Instant::now().checked_add(timeout), true)

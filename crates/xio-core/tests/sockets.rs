@@ -3392,3 +3392,29 @@ fn shutdown_of_a_reset_stream_is_not_connected() {
         );
     }
 }
+
+/// `connect_timeout` with a zero timeout is `InvalidInput`, as
+/// `TcpStream::connect_timeout`'s (and as `set_read_timeout` here): it
+/// connected (or timed out) instead, a call std would have refused.
+#[test]
+fn connect_timeout_of_zero_is_invalid_input() {
+    let (_mgr, p) = start("ctzero");
+    let net = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "10.3.0.51:80".parse().unwrap();
+    let _l = net.listen(addr).unwrap();
+    let std_l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let tcp = std::net::TcpStream::connect_timeout(&std_l.local_addr().unwrap(), Duration::ZERO);
+    assert_eq!(
+        tcp.map(drop).map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::InvalidInput)
+    );
+    for to in [addr, "10.3.0.52:80".parse().unwrap()] {
+        let r = net.connect_timeout(&to, Duration::ZERO);
+        assert_eq!(
+            r.map(drop).map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::InvalidInput),
+            "{to}"
+        );
+    }
+    net.connect_timeout(&addr, Duration::from_secs(60)).unwrap();
+}
