@@ -40,7 +40,9 @@
 //! its runtime lives. A current_thread runtime runs its driver only while
 //! some thread is in its `block_on`, so that driver serves that runtime's
 //! own tasks alone: a task of another runtime that waits starts a driver
-//! on its own runtime. When a runtime shuts down, its drivers end and
+//! on its own runtime. While a net has other drivers, a current_thread
+//! runtime's does not watch the rings (below): its `block_on` may return
+//! mid-watch, with the doorbell the others sleep on switched off. When a runtime shuts down, its drivers end and
 //! wake every task waiting on their nets, and those of the runtimes still
 //! running start a driver of their own if they need one.
 //!
@@ -81,7 +83,7 @@ use std::collections::HashMap;
 use std::io::{self, IoSlice};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -104,7 +106,17 @@ const RETRY: Duration = Duration::from_micros(50);
 /// The driver tasks of each net, by [`Net::id`]: usually one, more when
 /// tasks of several runtimes use the net (see the crate docs).
 struct Registry {
-    drivers: HashMap<usize, Vec<Arc<Driver>>>,
+    drivers: HashMap<usize, NetDrivers>,
+}
+
+/// The drivers of one net.
+struct NetDrivers {
+    list: Vec<Arc<Driver>>,
+    /// How many of its driver tasks exist (counted up before one is
+    /// spawned, down when it ends or is dropped): a current_thread
+    /// runtime's driver watches the rings only while it is alone (see
+    /// [`drive`]).
+    live: Arc<AtomicUsize>,
 }
 
 /// One driver task of a net.
@@ -140,6 +152,8 @@ impl Driver {
 struct Running {
     driver: Arc<Driver>,
     net: xio_core::net::WeakNet,
+    /// Its net's [`NetDrivers::live`], counted down.
+    live: Arc<AtomicUsize>,
 }
 
 impl Drop for Running {
@@ -149,6 +163,7 @@ impl Drop for Running {
         // cleared, which the net's lock (taken by `wake_tasks`, then by
         // the woken task's poll) also ensures.
         self.driver.alive.store(false, Ordering::Release);
+        self.live.fetch_sub(1, Ordering::Relaxed);
         // Not the registry's lock: this may run inside `ensure_driver`,
         // which holds it (a spawn on a runtime that is shutting down drops
         // the future at once). No net lock is held here either: nothing
@@ -206,12 +221,18 @@ fn current_runtime() -> Option<tokio::runtime::Id> {
 /// lock, so the drains do not interleave, and a task's waker is woken by
 /// whichever drains its connection. The doorbell is one eventfd: each
 /// driver polls its own duplicate, so a ring makes every sleeping driver
-/// readable, and the one that drives second finds little to do. It is
-/// disarmed only by `watch_begin`, whose driver always drives (arming it
-/// again) before it sleeps, so it is armed whenever all drivers sleep.
-/// What overlapping watches cost is the adaptive policy's learning (each
-/// watch carries the policy; the later end wins) and, in busy-poll mode,
-/// a busy worker per runtime.
+/// readable, and the one that drives second finds little to do. Peers
+/// ring it only while it is armed, and a driver disarms it (`watch_begin`,
+/// or a `drive` that finds something as it arms) only to drive again
+/// soon, arming it before it sleeps. "Soon" holds for a multi-thread
+/// runtime's driver; a current_thread runtime's stops wherever it was
+/// when its `block_on` returns, maybe for good, which would leave the
+/// others asleep on a doorbell nobody rings. So such a driver, while the
+/// net has other drivers, does not watch and rings the doorbell when it
+/// finds it could not arm it (see [`drive`]). What overlapping watches
+/// cost is the adaptive policy's learning (each watch carries the policy;
+/// the later end wins) and, in busy-poll mode, a busy worker per
+/// multi-thread runtime.
 fn ensure_driver(net: &Net) -> io::Result<()> {
     let id = net.id();
     // A net's id cannot be reused while one of its drivers lives (the
@@ -232,7 +253,7 @@ fn ensure_driver(net: &Net) -> io::Result<()> {
     if let Some(d) = r
         .drivers
         .get(&id)
-        .and_then(|ds| ds.iter().find(|d| d.serves(|| current)))
+        .and_then(|ds| ds.list.iter().find(|d| d.serves(|| current)))
     {
         let d = d.clone();
         LAST_DRIVER.with(|l| *l.borrow_mut() = Some((gen, id, d)));
@@ -263,21 +284,32 @@ fn ensure_driver(net: &Net) -> io::Result<()> {
             tokio::runtime::RuntimeFlavor::MultiThread
         ),
     });
-    let running = Running {
-        driver: driver.clone(),
-        net: weak.clone(),
-    };
-    handle.spawn(async move {
-        let _running = running;
-        drive(weak, fd, manager).await
-    });
     // Forget the drivers that ended, of every net (spawns are rare).
     // Relaxed: a stale "alive" only keeps an entry until the next spawn.
     r.drivers.retain(|_, ds| {
-        ds.retain(|d| d.alive.load(Ordering::Relaxed));
-        !ds.is_empty()
+        ds.list.retain(|d| d.alive.load(Ordering::Relaxed));
+        !ds.list.is_empty()
     });
-    r.drivers.entry(id).or_default().push(driver.clone());
+    let entry = r.drivers.entry(id).or_insert_with(|| NetDrivers {
+        list: Vec::new(),
+        live: Arc::default(),
+    });
+    // Counted before the task can run (or be dropped, by a runtime
+    // shutting down): see `drive` for why the order matters.
+    entry.live.fetch_add(1, Ordering::Relaxed);
+    let live = entry.live.clone();
+    entry.list.push(driver.clone());
+    let running = Running {
+        driver: driver.clone(),
+        net: weak.clone(),
+        live: live.clone(),
+    };
+    // A multi-thread runtime polls its driver for as long as it lives.
+    let suspendable = (!driver.serves_all).then_some(live);
+    handle.spawn(async move {
+        let _running = running;
+        drive(weak, fd, manager, suspendable).await
+    });
     LAST_DRIVER.with(|l| *l.borrow_mut() = Some((gen, id, driver)));
     Ok(())
 }
@@ -446,11 +478,35 @@ async fn on_blocking_thread<T: Send + 'static>(
 /// The driver task of one net (see the crate docs). `manager`: the net's
 /// [`Net::manager_watch`], polled beside the doorbell while the driver
 /// sleeps, so a sleeping driver needs no timer to notice a dead manager.
+///
+/// `suspendable`: the net's count of drivers ([`NetDrivers::live`]), for
+/// a driver on a current_thread runtime. That runtime polls it only
+/// while some thread is in its `block_on`, which may return at any of the
+/// driver's yields and not come back for a long while (or ever, until the
+/// runtime drops). A driver left there in a watch, or after a `drive`
+/// that found the doorbell could not be armed, leaves the doorbell off:
+/// the peers do not ring it, and another runtime's driver asleep on it
+/// (its tasks too) waits for this runtime to run again. So while the net
+/// has another driver, this one sleeps instead of watching (it drains at
+/// every ring; the fast path, one driver per net or a multi-thread
+/// runtime's, watches as before), and rings the doorbell itself when a
+/// `drive` could not arm it, so the others drain what came. Counted
+/// before a driver is spawned, it is seen by a watch that the new
+/// driver's first `drive` (which arms the doorbell) does not follow:
+/// both run under the net's lock, and the count is read after
+/// `watch_begin`.
 async fn drive(
     net: xio_core::net::WeakNet,
     fd: AsyncFd<std::os::fd::OwnedFd>,
     mut manager: Option<AsyncFd<std::os::fd::OwnedFd>>,
+    suspendable: Option<Arc<AtomicUsize>>,
 ) {
+    // Relaxed: see above (the net's lock orders what matters).
+    let shared = || {
+        suspendable
+            .as_ref()
+            .is_some_and(|live| live.load(Ordering::Relaxed) > 1)
+    };
     let yielder = Yielder::new();
     let mut last_tick = std::time::Instant::now();
     let mut rung = true;
@@ -479,6 +535,11 @@ async fn drive(
                 continue;
             }
         };
+        if !d.armed && shared() {
+            // Something came as we armed: we may yield below and not be
+            // polled again for a while; the others must hear it.
+            let _ = n.ring_doorbell();
+        }
         if liveness && manager.is_some() && n.manager_gone() {
             // No manager to announce a peer's death any more: the tick
             // looks at the peers itself (`Stack` checks their pidfds).
@@ -518,7 +579,7 @@ async fn drive(
         // in place (it keeps the policy learning: a reply that comes soon
         // after it grows the budget back), then sleep, so that the tasks
         // the drain woke run at once.
-        let budget = if std::mem::take(&mut token_watched) && d.sparse {
+        let budget = if (std::mem::take(&mut token_watched) && d.sparse) || shared() {
             Duration::ZERO
         } else {
             n.spin_budget()
@@ -531,6 +592,13 @@ async fn drive(
             // came for a budget, now and then for the liveness tick, or
             // when something waits on a retry.
             let mut w = n.watch_begin();
+            if shared() {
+                // A driver of another runtime started meanwhile: its
+                // first drive may have armed the doorbell before we
+                // disarmed it. Arm it again (drive) and sleep.
+                n.watch_end(w, true, Duration::ZERO);
+                continue;
+            }
             let began = std::time::Instant::now();
             // When the current budget started: read lazily (clock reads are
             // slow here), at the first time check after an arrival.

@@ -1523,3 +1523,82 @@ fn ready_for_errors_alone_is_refused_and_a_reset_reports_error() {
         .expect("watchdog");
     });
 }
+
+/// Two current_thread runtimes on two threads share one net (as
+/// concurrent `#[tokio::test]`s share `Net::global()`), so each has a
+/// driver of it. One runtime runs in short `block_on`s, each an echo
+/// exchange that may return while its driver watches the rings (the
+/// doorbell switched off, peers not ringing it), and then waits for the
+/// other runtime, always in its `block_on`, to make an exchange of its
+/// own. That one's driver sleeps on the doorbell: it must still hear the
+/// echo. (It did not: the first runtime's driver, no longer polled, left
+/// the doorbell off until that runtime ran again, which here was never.)
+#[test]
+fn a_block_on_returning_mid_watch_leaves_the_other_runtimes_driver_reachable() {
+    let (_mgr, p) = setup("watch-suspended");
+    let addr = "10.4.0.51:80";
+    // The echo server, on a net of its own and a runtime of its own.
+    let server = rt(1);
+    let l = server.block_on(async { XioListener::bind_with(&Net::attach(&p).unwrap(), addr) });
+    server.spawn(echo_server(l.unwrap()));
+    // The adaptive policy starts out watching: fresh nets, fresh runtimes.
+    for attempt in 0..20 {
+        exchanges_beside_short_block_ons(&p, addr, attempt);
+    }
+}
+
+/// One attempt of the test above, on a shared net of its own: it is used
+/// first by this thread's runtime (so it gets a driver of its own), then
+/// by the other's.
+fn exchanges_beside_short_block_ons(p: &str, addr: &'static str, attempt: usize) {
+    let shared = Net::attach(p).unwrap();
+    let a = current_thread_runtime();
+    let mut ca = a.block_on(async { XioStream::connect_with(&shared, addr).await.unwrap() });
+    let (go_tx, mut go_rx) = tokio::sync::mpsc::unbounded_channel::<u8>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let b = {
+        let shared = shared.clone();
+        std::thread::spawn(move || {
+            current_thread_runtime().block_on(async move {
+                let mut cb = XioStream::connect_with(&shared, addr).await.unwrap();
+                while let Some(i) = go_rx.recv().await {
+                    cb.write_all(&[i]).await.unwrap();
+                    let mut got = [0u8];
+                    cb.read_exact(&mut got).await.unwrap();
+                    assert_eq!(got, [i]);
+                    if done_tx.send(()).is_err() {
+                        return;
+                    }
+                }
+            })
+        })
+    };
+    for round in 0..100 {
+        let i = round as u8;
+        a.block_on(async {
+            ca.write_all(&[i]).await.unwrap();
+            let mut got = [0u8];
+            ca.read_exact(&mut got).await.unwrap();
+            assert_eq!(got, [i]);
+            // Hold the thread a varying while (a task's work), giving the
+            // other runtime's driver time to settle asleep, then let this
+            // runtime's driver go on a varying number of steps (into a
+            // watch of the rings, say) before returning.
+            let t = std::time::Instant::now();
+            let hold = Duration::from_micros(20 * (round % 8) as u64);
+            while t.elapsed() < hold {
+                std::hint::spin_loop();
+            }
+            for _ in 0..round % 5 {
+                tokio::task::yield_now().await;
+            }
+        });
+        go_tx.send(i).unwrap();
+        done_rx.recv_timeout(WATCHDOG).unwrap_or_else(|e| {
+            panic!("watchdog: attempt {attempt}, round {round}: the other runtime's exchange never ended ({e})")
+        });
+    }
+    drop(go_tx);
+    b.join().unwrap();
+    drop(a);
+}
