@@ -1429,16 +1429,23 @@ impl Manager {
         // them up): nobody will now. Settled at once, not left for the
         // loop to find: a newcomer registered in this same pass may get
         // its id, and would be taken for the end that owes the release.
-        let owed: Vec<(u32, u16)> = self
+        self.settle_closing(|_, live| live == id);
+    }
+
+    /// Frees the closing channels (a dead peer's, waiting for the release
+    /// of their live end) whose live end `gone` says will never release
+    /// them, and finishes their dead end's reclaim.
+    fn settle_closing(&mut self, gone: impl Fn(&Self, u16) -> bool) {
+        let settled: Vec<(u32, u16)> = self
             .channels
             .iter()
             .enumerate()
             .filter_map(|(i, c)| {
                 let (live, dead) = c.as_ref()?.closing?;
-                (live == id).then_some((i as u32, dead))
+                gone(self, live).then_some((i as u32, dead))
             })
             .collect();
-        for (ch, dead) in owed {
+        for (ch, dead) in settled {
             self.free_channel(ch);
             self.finish_dead(dead, ch);
         }
@@ -1623,19 +1630,7 @@ impl Manager {
 
     fn publish(&mut self) {
         // Live stacks that died while a dead peer's channel waited on them.
-        let waiting_on_gone: Vec<(u32, u16)> = self
-            .channels
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| {
-                let (live, dead) = c.as_ref()?.closing?;
-                (!self.stacks.contains_key(&live)).then_some((i as u32, dead))
-            })
-            .collect();
-        for (ch, dead) in waiting_on_gone {
-            self.free_channel(ch);
-            self.finish_dead(dead, ch);
-        }
+        self.settle_closing(|m, live| !m.stacks.contains_key(&live));
         let mut s = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
         s.unswept = self.unswept.len();
         s.stacks = self
