@@ -42,10 +42,10 @@ pub const XIO_ERR_TOO_LARGE: XioResult = 10;
 /// then on (`xio_stack_bind` and `xio_stack_connect` to a new peer return
 /// this code again). A net's connections likewise keep working; its
 /// `xio_listen`, and its `xio_dial` to a listener of another process,
-/// fail with it (one of the same net still answers). To reach a restarted manager,
-/// attach again (`xio_stack_attach`, `xio_net_attach`: a handle attached
-/// before, NULL prefix included, stays with the old pool) and bind or
-/// listen again. With no manager left to announce a peer's death, an
+/// fail with it (one of the same net still answers). To reach a
+/// restarted manager, attach again (`xio_stack_attach`, `xio_net_attach`:
+/// a handle attached before, NULL prefix included, stays with the old
+/// pool) and bind or listen again. With no manager left to announce a peer's death, an
 /// event loop that keeps the old net should call `xio_net_poll` at least
 /// once a second (a timeout on its own `epoll_wait`): each call looks at
 /// the peers' processes, and a dead one's streams become readable with

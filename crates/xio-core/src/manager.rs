@@ -946,7 +946,7 @@ impl Manager {
     fn register(&mut self, sock: CloseOnFork, claimed_pid: u32, name: String) {
         // The name is the stack's to choose and goes into the logs and the
         // status report: no control characters, so it cannot forge lines
-        // there or send a terminal escape sequences.
+        // there or send escape sequences to a terminal.
         let name: String = name
             .chars()
             .map(|c| if c.is_control() { '?' } else { c })

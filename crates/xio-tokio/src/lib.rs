@@ -42,9 +42,10 @@
 //! own tasks alone: a task of another runtime that waits starts a driver
 //! on its own runtime. While a net has other drivers, a current_thread
 //! runtime's does not watch the rings (below): its `block_on` may return
-//! mid-watch, with the doorbell the others sleep on switched off. When a runtime shuts down, its drivers end and
-//! wake every task waiting on their nets, and those of the runtimes still
-//! running start a driver of their own if they need one.
+//! mid-watch, with the doorbell the others sleep on switched off. When a
+//! runtime shuts down, its drivers end and wake every task waiting on
+//! their nets, and those of the runtimes still running start a driver of
+//! their own if they need one.
 //!
 //! The runtime needs its I/O and time drivers (`#[tokio::main]` and
 //! `#[tokio::test]` enable both; a hand-built runtime needs `enable_all()`
