@@ -5,33 +5,13 @@
 
 mod support;
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::process::{Command, Stdio};
 
 use xio_core::ctrl;
 use xio_core::proto::Msg;
 
-use crate::support::{wait_until, Reap, BIN, WATCHDOG};
-
-/// A raw control connection registered as a stack; its replies are
-/// waited for at most the watchdog.
-fn raw_stack(sock: &std::path::Path, name: &str) -> OwnedFd {
-    let s = ctrl::connect(sock).unwrap();
-    rustix::net::sockopt::set_socket_timeout(
-        &s,
-        rustix::net::sockopt::Timeout::Recv,
-        Some(WATCHDOG),
-    )
-    .unwrap();
-    let hello = Msg::Hello {
-        pid: std::process::id(),
-        name: name.into(),
-    };
-    ctrl::send(s.as_fd(), &hello, &[]).unwrap();
-    let (m, _fds) = ctrl::recv(s.as_fd(), false).unwrap();
-    assert!(matches!(m, Msg::Welcome { .. }), "{m:?}");
-    s
-}
+use crate::support::{raw_stack, wait_until, Reap, BIN};
 
 #[test]
 fn an_address_whose_owner_died_binds_at_once() {

@@ -7,42 +7,13 @@
 
 mod support;
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::process::{Command, Stdio};
 
 use xio_core::ctrl;
 use xio_core::proto::Msg;
 
-use crate::support::{wait_until, Reap, BIN, WATCHDOG};
-
-/// A raw control connection, its replies waited for at most the watchdog.
-fn raw_conn(sock: &std::path::Path) -> OwnedFd {
-    let s = ctrl::connect(sock).unwrap();
-    rustix::net::sockopt::set_socket_timeout(
-        &s,
-        rustix::net::sockopt::Timeout::Recv,
-        Some(WATCHDOG),
-    )
-    .unwrap();
-    s
-}
-
-/// Registers `s` as a stack: the answer to its Hello.
-fn hello(s: &OwnedFd, name: &str) -> Msg {
-    let hello = Msg::Hello {
-        pid: std::process::id(),
-        name: name.into(),
-    };
-    ctrl::send(s.as_fd(), &hello, &[]).unwrap();
-    ctrl::recv(s.as_fd(), false).unwrap().0
-}
-
-fn raw_stack(sock: &std::path::Path, name: &str) -> OwnedFd {
-    let s = raw_conn(sock);
-    let m = hello(&s, name);
-    assert!(matches!(m, Msg::Welcome { .. }), "{name}: {m:?}");
-    s
-}
+use crate::support::{hello, raw_conn, raw_stack, wait_until, Reap, BIN};
 
 fn status(sock: &std::path::Path) -> String {
     let s = raw_conn(sock);

@@ -1,9 +1,15 @@
 //! What the `xio-manager` binary's tests share: the binary, a watchdog,
-//! and a guard that reaps a manager child. Each test binary uses a part.
+//! a guard that reaps a manager child, and raw control connections. Each
+//! test binary uses a part.
 #![allow(dead_code)]
 
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
+
+use xio_core::ctrl;
+use xio_core::proto::Msg;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_xio-manager");
 
@@ -43,4 +49,35 @@ impl Reap {
         let after = &stat[stat.rfind(')').unwrap() + 1..];
         after.trim_start().chars().next().unwrap()
     }
+}
+
+/// A raw control connection to the manager at `sock`, its replies waited
+/// for at most the watchdog.
+pub fn raw_conn(sock: &Path) -> OwnedFd {
+    let s = ctrl::connect(sock).unwrap();
+    rustix::net::sockopt::set_socket_timeout(
+        &s,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(WATCHDOG),
+    )
+    .unwrap();
+    s
+}
+
+/// Registers `s` as a stack: the answer to its Hello.
+pub fn hello(s: &OwnedFd, name: &str) -> Msg {
+    let hello = Msg::Hello {
+        pid: std::process::id(),
+        name: name.into(),
+    };
+    ctrl::send(s.as_fd(), &hello, &[]).unwrap();
+    ctrl::recv(s.as_fd(), false).unwrap().0
+}
+
+/// A raw control connection registered as a stack.
+pub fn raw_stack(sock: &Path, name: &str) -> OwnedFd {
+    let s = raw_conn(sock);
+    let m = hello(&s, name);
+    assert!(matches!(m, Msg::Welcome { .. }), "{name}: {m:?}");
+    s
 }
