@@ -3,7 +3,7 @@
 
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use rustix::net::{
@@ -208,10 +208,48 @@ pub fn accept(listener: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     Ok(rustix::net::accept_with(listener, SocketFlags::CLOEXEC)?)
 }
 
-/// Process id of the peer of a Unix socket.
-pub fn peer_pid(sock: impl AsFd) -> io::Result<u32> {
-    let c = rustix::net::sockopt::socket_peercred(sock)?;
-    Ok(c.pid.as_raw_nonzero().get() as u32)
+/// Who is at the other end of a Unix socket, as the kernel recorded it
+/// at `connect` (or, for a listener's side, at `listen`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Its process id, `None` when that process is in a pid namespace
+    /// this one cannot see (the kernel reports 0 then).
+    pub pid: Option<u32>,
+    /// Its effective user id.
+    pub uid: u32,
+}
+
+/// The kernel's record of a Unix socket's peer (`SO_PEERCRED`).
+///
+/// Not rustix's `socket_peercred`: its `UCred` holds the pid as a
+/// non-zero type, and the kernel reports pid 0 for a peer in a pid
+/// namespace this process cannot see (a container's stack talking to a
+/// manager outside it, or the other way round).
+pub fn peer_cred(sock: impl AsFd) -> io::Result<PeerCred> {
+    let mut c = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `c` is a writable `ucred` of `len` bytes, the size
+    // SO_PEERCRED fills; the fd is borrowed for the call.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut c as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(PeerCred {
+        pid: u32::try_from(c.pid).ok().filter(|&p| p != 0),
+        uid: c.uid,
+    })
 }
 
 /// Sets a socket's blocking mode.

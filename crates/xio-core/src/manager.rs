@@ -855,8 +855,8 @@ impl Manager {
             match ctrl::accept(self.listener.as_fd()) {
                 Ok(s) => {
                     // Same user (or root) only: one pool per security domain.
-                    match rustix::net::sockopt::socket_peercred(&s) {
-                        Ok(c) if c.uid.as_raw() == self.uid || c.uid.is_root() => {}
+                    match ctrl::peer_cred(&s) {
+                        Ok(c) if c.uid == self.uid || c.uid == 0 => {}
                         _ => {
                             let _ = ctrl::send_nowait(
                                 s.as_fd(),
@@ -951,7 +951,8 @@ impl Manager {
             .chars()
             .map(|c| if c.is_control() { '?' } else { c })
             .collect();
-        let cred = ctrl::peer_pid(&sock).ok();
+        // None for a stack in a pid namespace the manager cannot see.
+        let cred = ctrl::peer_cred(&sock).ok().and_then(|c| c.pid);
         let pid = cred.unwrap_or(claimed_pid);
         // Only a pid the kernel vouched for: a claimed one may name anyone.
         let pidfd = cred
