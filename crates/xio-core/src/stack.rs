@@ -244,8 +244,26 @@ impl StackBuilder {
         // before.
         rustix::net::sockopt::set_socket_timeout(&sock, rustix::net::sockopt::Timeout::Send, None)
             .map_err(io::Error::from)?;
+        // Only a manager of this user's (or root's): whoever answers gets
+        // every byte this stack sends, and a run dir can be shared.
+        let cred = ctrl::peer_cred(&sock)?;
+        let me = rustix::process::geteuid().as_raw();
+        if cred.uid != me && cred.uid != 0 {
+            return Err(Error::NoManager {
+                prefix: self.prefix.clone(),
+                path: path.display().to_string(),
+                err: io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "the socket's listener runs as uid {}, not as this user (uid {me}) \
+                         or root; refusing it",
+                        cred.uid
+                    ),
+                ),
+            });
+        }
         let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
-        let manager_here = ctrl::peer_pid(&sock).ok() == Some(pid);
+        let manager_here = cred.pid == Some(pid);
         ctrl::send(
             sock.as_fd(),
             &Msg::Hello {
