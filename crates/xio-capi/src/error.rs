@@ -136,7 +136,7 @@ fn stack_code(e: &StackError) -> XioResult {
     use xio_core::proto::ErrorCode;
     match e {
         StackError::NoManager { .. } => XIO_ERR_NO_MANAGER,
-        StackError::BadPrefix(_) => XIO_ERR_INVALID_ARGUMENT,
+        StackError::BadPrefix(_) | StackError::BadEnv { .. } => XIO_ERR_INVALID_ARGUMENT,
         StackError::Refused {
             code: ErrorCode::AddrInUse,
             ..

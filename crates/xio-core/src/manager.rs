@@ -1788,7 +1788,7 @@ impl Manager {
 /// `xio-manager status` prints), waiting at most the control timeout
 /// (`$XIO_CONTROL_TIMEOUT_MS`, else 5 s; see [`query_status_within`]).
 pub fn query_status(prefix: &str) -> Result<String, crate::stack::Error> {
-    query_status_within(prefix, crate::stack::default_control_timeout())
+    query_status_within(prefix, crate::stack::default_control_timeout()?)
 }
 
 /// [`query_status`], waiting at most `timeout` for the manager to take the

@@ -143,6 +143,16 @@ pub enum Error {
     /// then (a late channel is set up, a late bind given back).
     #[error("the X-IO manager did not answer within {0:?}: is it stopped (SIGSTOP, a debugger) or stuck? See StackBuilder::control_timeout / $XIO_CONTROL_TIMEOUT_MS")]
     ManagerUnresponsive(Duration),
+    /// An environment variable X-IO reads has a value it cannot use.
+    #[error("${var}={value:?} is not valid: expected {expected}")]
+    BadEnv {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What it should be.
+        expected: &'static str,
+    },
     /// A system call failed.
     #[error(transparent)]
     Io(#[from] io::Error),
@@ -152,7 +162,7 @@ impl From<Error> for io::Error {
     fn from(e: Error) -> io::Error {
         let k = match &e {
             Error::NoManager { .. } => io::ErrorKind::NotFound,
-            Error::BadPrefix(_) => io::ErrorKind::InvalidInput,
+            Error::BadPrefix(_) | Error::BadEnv { .. } => io::ErrorKind::InvalidInput,
             Error::Refused {
                 code: ErrorCode::AddrInUse,
                 ..
@@ -186,7 +196,8 @@ pub struct StackBuilder {
     name: String,
     mode: WaitMode,
     backend: Option<crate::manager::Backend>,
-    ctrl_timeout: Duration,
+    /// `None`: `$XIO_CONTROL_TIMEOUT_MS`, else 5 s, read at attach.
+    ctrl_timeout: Option<Duration>,
 }
 
 impl StackBuilder {
@@ -205,11 +216,12 @@ impl StackBuilder {
     /// How long a request to the manager (attach, bind, a connect to an
     /// address not resolved yet) waits for its answer before failing with
     /// [`Error::ManagerUnresponsive`] (`TimedOut`). Default 5 s, or
-    /// `$XIO_CONTROL_TIMEOUT_MS`. A manager answers in microseconds; this
+    /// `$XIO_CONTROL_TIMEOUT_MS` (milliseconds, 1 or more; another value
+    /// makes the attach fail with [`Error::BadEnv`]). A manager answers in microseconds; this
     /// bounds the wait on one that is stopped or stuck, during which the
     /// caller (and, in the socket layer, its net) waits.
     pub fn control_timeout(mut self, timeout: Duration) -> Self {
-        self.ctrl_timeout = timeout;
+        self.ctrl_timeout = Some(timeout);
         self
     }
 
@@ -224,13 +236,17 @@ impl StackBuilder {
     /// Registers with the pool's manager and maps the pool.
     pub fn attach(self) -> Result<Stack, Error> {
         paths::check_prefix(&self.prefix)?;
+        let ctrl_timeout = match self.ctrl_timeout {
+            Some(t) => t,
+            None => default_control_timeout()?,
+        };
         let path = paths::socket_path(&self.prefix);
         // Bounded: a stopped manager accepts nothing, and once its
         // listen queue is full a plain connect waits for it for good.
-        let sock = match ctrl::connect_within(&path, self.ctrl_timeout) {
+        let sock = match ctrl::connect_within(&path, ctrl_timeout) {
             Ok(s) => s,
             Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                return Err(Error::ManagerUnresponsive(self.ctrl_timeout))
+                return Err(Error::ManagerUnresponsive(ctrl_timeout))
             }
             Err(err) => {
                 return Err(Error::NoManager {
@@ -272,10 +288,10 @@ impl StackBuilder {
             },
             &[],
         )?;
-        let answer = ctrl::recv_until(sock.as_fd(), Instant::now().checked_add(self.ctrl_timeout));
+        let answer = ctrl::recv_until(sock.as_fd(), Instant::now().checked_add(ctrl_timeout));
         let (msg, mut fds) = match answer {
             Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
-                return Err(Error::ManagerUnresponsive(self.ctrl_timeout))
+                return Err(Error::ManagerUnresponsive(ctrl_timeout))
             }
             r => r.map_err(recv_err)?,
         };
@@ -342,7 +358,7 @@ impl StackBuilder {
             manager_gone: false,
             deferred: None,
             manager_here,
-            ctrl_timeout: self.ctrl_timeout,
+            ctrl_timeout,
             unanswered: VecDeque::new(),
             awaited: Vec::new(),
             answered: Vec::new(),
@@ -378,11 +394,22 @@ pub(crate) enum Kept {
 const RELEASE_RETRY: Duration = Duration::from_millis(1);
 
 /// The control timeout unless set: `$XIO_CONTROL_TIMEOUT_MS`, else 5 s.
-pub(crate) fn default_control_timeout() -> Duration {
-    std::env::var("XIO_CONTROL_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .map_or(Duration::from_secs(5), Duration::from_millis)
+/// A value that is not a whole number of milliseconds from 1 up is an
+/// error, not ignored: 0 would fail every request at once, and a typo
+/// would quietly give the default.
+pub(crate) fn default_control_timeout() -> Result<Duration, Error> {
+    const VAR: &str = "XIO_CONTROL_TIMEOUT_MS";
+    let Some(v) = std::env::var_os(VAR) else {
+        return Ok(Duration::from_secs(5));
+    };
+    match v.to_str().and_then(|v| v.trim().parse::<u64>().ok()) {
+        Some(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+        _ => Err(Error::BadEnv {
+            var: VAR,
+            value: v.to_string_lossy().into_owned(),
+            expected: "a whole number of milliseconds, 1 or more",
+        }),
+    }
 }
 
 /// The stack's buffer pool: the shm backend's, or DPDK's mempools. An
@@ -623,7 +650,7 @@ impl Stack {
             name,
             mode: WaitMode::default(),
             backend: None,
-            ctrl_timeout: default_control_timeout(),
+            ctrl_timeout: None,
         }
     }
 

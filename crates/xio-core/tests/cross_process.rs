@@ -29,6 +29,7 @@ fn child_main() {
         "forks_holding_locks" => forks_holding_locks(&a[0]),
         "echo_until_reset" => echo_until_reset(&a[0], a[1].parse().unwrap()),
         "bind_and_park" => bind_and_park(&a[0], a[1].parse().unwrap()),
+        "attach_and_say" => attach_and_say(&a[0]),
         "forks_with_queued_messages" => forks_with_queued_messages(&a[0], a[1].parse().unwrap()),
         "burst_sink" => burst_sink(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "dies_mid_burst" => dies_mid_burst(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
@@ -110,6 +111,19 @@ fn bind_and_park(prefix: &str, addr: SocketAddr) {
     println!("XIO:ready");
     loop {
         std::thread::park();
+    }
+}
+
+/// Attaches with default options and says how that went: `XIO:attach
+/// ok`, or the error's kind and message.
+fn attach_and_say(prefix: &str) {
+    match Stack::attach(prefix) {
+        Ok(_) => println!("XIO:attach ok"),
+        Err(e) => {
+            let msg = e.to_string();
+            let kind = std::io::Error::from(e).kind();
+            println!("XIO:attach err {kind:?} {msg}");
+        }
     }
 }
 
@@ -1626,4 +1640,38 @@ fn recv_burst_of_at_most_zero_messages_takes_none() {
     assert_eq!(server.recv_timeout(WATCHDOG).unwrap().buf.len(), 8);
     drop((server, client));
     wait_pool_whole(&mgr);
+}
+
+/// `$XIO_CONTROL_TIMEOUT_MS` that cannot be used is an error naming the
+/// variable: 0 would time every request out at once, and a typo would
+/// quietly give the default. A good value attaches.
+#[test]
+fn a_bad_control_timeout_in_the_environment_is_an_error() {
+    setup();
+    let p = prefix("badenv");
+    let _mgr = manager_builder(&p).spawn().unwrap();
+    for (value, ok) in [
+        ("abc", false),
+        ("0", false),
+        ("-5", false),
+        ("", false),
+        (" 250 ", true),
+    ] {
+        let mut child = ChildProc::spawn_env(
+            "child_main",
+            "attach_and_say",
+            std::slice::from_ref(&p),
+            &[("XIO_CONTROL_TIMEOUT_MS", value)],
+        );
+        let said = child.expect("attach");
+        if ok {
+            assert_eq!(said, "ok", "{value:?}");
+        } else {
+            assert!(
+                said.starts_with("err InvalidInput $XIO_CONTROL_TIMEOUT_MS="),
+                "{value:?}: {said}"
+            );
+        }
+        child.wait_success();
+    }
 }
