@@ -983,7 +983,17 @@ impl Manager {
         let bell = match EventFdDoorbell::new() {
             Ok(b) => b,
             Err(e) => {
-                tracing::error!(error = %e, "eventfd");
+                // Out of fds, most likely: say so, rather than leave the
+                // stack to find a closed socket.
+                tracing::error!(error = %e, "eventfd for a new stack");
+                let _ = ctrl::send_nowait(
+                    sock.as_fd(),
+                    &Msg::Error {
+                        code: ErrorCode::NoSpace,
+                        message: format!("the manager could not make a doorbell: {e}"),
+                    },
+                    &[],
+                );
                 return;
             }
         };

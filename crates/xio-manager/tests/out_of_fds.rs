@@ -3,16 +3,11 @@
 //! its listener instead of polling it again at once (it spun at full CPU,
 //! logging a warning per turn), and go on serving its stacks meanwhile.
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
-
 use xio_core::prelude::*;
 
 mod support;
 
-use support::{wait_until, Reap, BIN};
+use support::{fds_of, spawn_fd_limited, wait_until};
 
 /// The manager's fd limit: a few more than it holds once started with one
 /// stack registered (stdio, lock, listener, segment, eventfds, the signal
@@ -27,37 +22,7 @@ fn a_manager_out_of_fds_rests_its_listener_and_still_serves_its_stacks() {
     std::env::set_var("XIO_RUN_DIR", &dir);
     let prefix = "fds-test";
     let sock = dir.join(format!("{prefix}.sock"));
-    let mut cmd = Command::new(BIN);
-    cmd.args(["--prefix", prefix, "--class", "2K:64"])
-        .args(["--max-stacks", "8", "--max-channels", "8"])
-        .env("XIO_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    // SAFETY: between fork and exec the child only makes one system call,
-    // setrlimit, which is async-signal-safe; nothing allocates or locks.
-    unsafe {
-        cmd.pre_exec(|| {
-            use rustix::process::{setrlimit, Resource, Rlimit};
-            // Hard limit too: the binary raises its soft limit to the hard.
-            let lim = Rlimit {
-                current: Some(FD_LIMIT),
-                maximum: Some(FD_LIMIT),
-            };
-            setrlimit(Resource::Nofile, lim).map_err(std::io::Error::from)
-        });
-    }
-    let mut m = Reap(cmd.spawn().unwrap());
-    let log = Arc::new(Mutex::new(Vec::<String>::new()));
-    {
-        let log = log.clone();
-        let err = BufReader::new(m.0.stderr.take().unwrap());
-        std::thread::spawn(move || {
-            for line in err.lines().map_while(Result::ok) {
-                log.lock().unwrap_or_else(|e| e.into_inner()).push(line);
-            }
-        });
-    }
+    let (mut m, log) = spawn_fd_limited(&dir, prefix, FD_LIMIT);
     let count = |what: &str| {
         log.lock()
             .unwrap()
@@ -71,9 +36,7 @@ fn a_manager_out_of_fds_rests_its_listener_and_still_serves_its_stacks() {
     // Connections that say nothing: the manager holds an fd for each until
     // it has none left; the last two stay in the listener's queue (few
     // enough that, once the others go, all fit).
-    let open = std::fs::read_dir(format!("/proc/{}/fd", m.0.id()))
-        .unwrap()
-        .count() as u64;
+    let open = fds_of(m.0.id());
     assert!(open < FD_LIMIT, "the manager holds {open} fds at start");
     let path = xio_core::paths::socket_path(prefix);
     let silent: Vec<_> = (0..FD_LIMIT - open + 2)

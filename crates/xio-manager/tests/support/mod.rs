@@ -81,3 +81,54 @@ pub fn raw_stack(sock: &Path, name: &str) -> OwnedFd {
     assert!(matches!(m, Msg::Welcome { .. }), "{name}: {m:?}");
     s
 }
+
+/// Starts the manager binary with at most `fd_limit` fds (soft and hard
+/// limit) on `prefix` in run dir `dir`, logging at info level; returns it
+/// and its log lines as they come. The caller waits for its socket.
+pub fn spawn_fd_limited(
+    dir: &Path,
+    prefix: &str,
+    fd_limit: u64,
+) -> (Reap, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--prefix", prefix, "--class", "2K:64"])
+        .args(["--max-stacks", "8", "--max-channels", "8"])
+        .env("XIO_RUN_DIR", dir)
+        .env("XIO_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: between fork and exec the child only makes one system call,
+    // setrlimit, which is async-signal-safe; nothing allocates or locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            use rustix::process::{setrlimit, Resource, Rlimit};
+            // Hard limit too: the binary raises its soft limit to the hard.
+            let lim = Rlimit {
+                current: Some(fd_limit),
+                maximum: Some(fd_limit),
+            };
+            setrlimit(Resource::Nofile, lim).map_err(std::io::Error::from)
+        });
+    }
+    let mut m = Reap(cmd.spawn().unwrap());
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let err = BufReader::new(m.0.stderr.take().unwrap());
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        for line in err.lines().map_while(Result::ok) {
+            sink.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+        }
+    });
+    (m, log)
+}
+
+/// How many fds process `pid` holds.
+pub fn fds_of(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count() as u64
+}
