@@ -507,7 +507,8 @@ xio_result xio_dial(struct xio_net *net, const char *addr, struct xio_stream **o
 xio_result xio_stream_close(struct xio_stream *stream);
 
 /**
- * Reads up to `len` bytes into `buf`; `*n_out` = 0 means end of stream.
+ * Reads up to `len` bytes into `buf`; `*n_out` = 0 means end of stream
+ * (or `len` was 0: `buf` may then be NULL, and nothing waits).
  * Waits for data (or the read timeout), or `XIO_ERR_WOULD_BLOCK` in
  * non-blocking mode.
  *

@@ -551,7 +551,8 @@ pub unsafe extern "C" fn xio_stream_close(stream: *mut crate::XioStream) -> XioR
     guard(|| unsafe { take(stream) }.map(drop))
 }
 
-/// Reads up to `len` bytes into `buf`; `*n_out` = 0 means end of stream.
+/// Reads up to `len` bytes into `buf`; `*n_out` = 0 means end of stream
+/// (or `len` was 0: `buf` may then be NULL, and nothing waits).
 /// Waits for data (or the read timeout), or `XIO_ERR_WOULD_BLOCK` in
 /// non-blocking mode.
 ///
@@ -569,11 +570,20 @@ pub unsafe extern "C" fn xio_read(
 ) -> XioResult {
     guard(|| {
         need_out(n_out, "n_out")?;
-        need_out(buf, "buf")?;
+        // NULL with no bytes to read is allowed, as `read(fd, NULL, 0)`
+        // and `xio_write` allow it.
+        if len > 0 {
+            need_out(buf, "buf")?;
+        }
         // SAFETY: per this function's contract.
         let s = unsafe { borrow(stream) }?;
-        // SAFETY: buf is valid for len bytes (contract); we only write it.
-        let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
+        let out: &mut [u8] = if len == 0 {
+            &mut []
+        } else {
+            // SAFETY: buf is non-NULL and valid for len bytes (contract);
+            // we only write it.
+            unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
+        };
         let mut r = s;
         let n = r.read(out)?;
         // SAFETY: checked non-NULL.
