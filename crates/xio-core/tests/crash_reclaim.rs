@@ -3,6 +3,11 @@
 //! die together inside such operations, and a live stack stopped inside
 //! one while another dies, or while a dead sender's last sweep is due
 //! (see "Crash reclamation" in docs/design.md).
+//!
+//! Real processes and the real segment's atomics: not built under
+//! `--cfg loom`, whose atomics the segment's types then use (the loom
+//! models are the library's `loom_` tests).
+#![cfg(not(loom))]
 
 mod common;
 
