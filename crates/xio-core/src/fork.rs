@@ -29,11 +29,12 @@
 //! an inert socket, so the only open copy of the real one is the parent's.
 //! A child that wants X-IO attaches its own stack (or `Net`;
 //! [`crate::net::Net::global`] does so by itself). An inherited `Net` (and
-//! its streams and listeners) is not to be used at all in the child: its
-//! calls take the net's lock first, and if another thread of the parent
-//! held it at the fork, the child's copy stays taken and the call waits
-//! for ever (the C API's handles check the fork generation before the
-//! lock and answer `XIO_ERR_FORKED`). `posix_spawn` and
+//! its streams and listeners) is not to be used in the child: its calls
+//! fail with `Forked`, and if another thread of the parent held the net's
+//! lock at the fork (the child's copy of it stays taken), they panic
+//! saying so instead of waiting for ever. Dropping inherited streams and
+//! listeners does nothing (the C API's handles check the fork generation
+//! before the lock and answer `XIO_ERR_FORKED`). `posix_spawn` and
 //! `std::process::Command` do not run fork handlers and need none: the
 //! descriptors are close-on-exec.
 

@@ -248,6 +248,7 @@ impl NetBuilder {
                 waking,
                 seg,
                 batch_owner,
+                born: crate::fork::Birth::now(),
             }),
         };
         close_at_exit_register(&net);
@@ -369,6 +370,9 @@ struct Shared {
     /// The thread ([`thread_key`]) whose stream writes a [`WriteBatch`]
     /// holds, 0 for none. Also in `Core`.
     batch_owner: Arc<AtomicUsize>,
+    /// The process that attached: in a forked child the net is the
+    /// parent's (see [`Net::lock`]).
+    born: crate::fork::Birth,
 }
 
 /// What waits for a key: a blocked thread, or a task's waker.
@@ -1695,7 +1699,41 @@ impl Net {
     }
 
     fn lock(&self) -> MutexGuard<'_, Core> {
+        if self.shared.born.forked() {
+            return self.lock_inherited();
+        }
         self.shared.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// [`Net::lock`] in a process forked from the one that attached. The
+    /// net's calls then fail with `Forked` (its stack is the parent's),
+    /// but they take the lock first, and a lock another thread of the
+    /// parent held at the fork stays taken here for good: rather than
+    /// wait for ever, say what happened.
+    #[cold]
+    fn lock_inherited(&self) -> MutexGuard<'_, Core> {
+        match self.shared.core.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => panic!(
+                "an X-IO net inherited across fork() was in use by another thread of the \
+                 parent at the fork, and its lock stays taken in this process: attach a \
+                 new Net in the child instead (see xio_core::fork)"
+            ),
+        }
+    }
+
+    /// Whether this process is a fork of the one that attached the net.
+    fn inherited(&self) -> bool {
+        self.shared.born.forked()
+    }
+
+    /// Test hook: holds the net's lock until the returned guard drops,
+    /// as another thread may when the process forks. Not for
+    /// applications.
+    #[doc(hidden)]
+    pub fn __hold_lock(&self) -> impl Drop + '_ {
+        self.lock()
     }
 
     /// This net's stack id in the pool.
@@ -3097,6 +3135,14 @@ const UNBIND_WAIT: Duration = Duration::from_millis(100);
 
 impl Drop for ListenerInner {
     fn drop(&mut self) {
+        if self
+            .net
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .inherited()
+        {
+            return; // the parent's listener: nothing of it to undo here
+        }
         let addr = self.addr;
         let net = self.net.get_mut().unwrap_or_else(|e| e.into_inner());
         // Waiters still registered for the address (an async accept
@@ -3142,6 +3188,9 @@ struct StreamInner {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
+        if self.net.inherited() {
+            return; // the parent's stream: nothing of it to undo here
+        }
         let c = self.id;
         // Wakers still registered for the stream (a read's, say) are
         // dropped after the lock is released: nothing will wake them.

@@ -27,6 +27,7 @@ fn child_main() {
         "forker" => forker(&a[0], a[1].parse().unwrap()),
         "manager_forker" => manager_forker(&a[0]),
         "forks_holding_locks" => forks_holding_locks(&a[0]),
+        "forks_holding_a_nets_lock" => forks_holding_a_nets_lock(&a[0]),
         "echo_until_reset" => echo_until_reset(&a[0], a[1].parse().unwrap()),
         "bind_and_park" => bind_and_park(&a[0], a[1].parse().unwrap()),
         "attach_and_say" => attach_and_say(&a[0]),
@@ -397,6 +398,66 @@ fn forks_holding_locks(prefix: &str) {
     println!("XIO:ready");
 }
 
+/// Forks while this thread holds a net's lock, with a stream and a
+/// listener of that net open. In the child, where nothing will ever
+/// release it, dropping the inherited stream and listener returns, and a
+/// call on the inherited net panics saying why instead of waiting for
+/// ever. Reports through a pipe; the parent waits for the report (or its
+/// watchdog).
+fn forks_holding_a_nets_lock(prefix: &str) {
+    let net = xio_core::net::Net::attach(prefix).unwrap();
+    let a: SocketAddr = "10.0.9.1:80".parse().unwrap();
+    let l = net.listen(a).unwrap();
+    let c = net.connect(a).unwrap();
+    let held = net.__hold_lock();
+    let (rd, wr) = rustix::pipe::pipe().unwrap();
+    // SAFETY: the child drops handles, catches a panic, writes to a pipe
+    // and `_exit`s; the other thread of this process (the test
+    // harness's) holds no lock X-IO uses.
+    let pid = unsafe { fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        drop(rd);
+        std::mem::forget(held);
+        let _ =
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+        drop(c);
+        drop(l);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| net.stack_id()));
+        let verdict = match r {
+            Err(e) => {
+                let m = e
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| e.downcast_ref::<&str>().copied())
+                    .unwrap_or("");
+                if m.contains("inherited across fork()") {
+                    "panicked"
+                } else {
+                    "panicked otherwise"
+                }
+            }
+            Ok(_) => "returned",
+        };
+        rustix::io::write(&wr, verdict.as_bytes()).unwrap();
+        // SAFETY: ends the forked child without running the parent's exit
+        // handlers a second time.
+        unsafe { _exit(0) }
+    }
+    let _reap = Reap(pid);
+    drop(wr);
+    drop(held);
+    wait_readable(&rd, "the forked child hung");
+    let mut verdict = [0u8; 32];
+    let n = rustix::io::read(&rd, &mut verdict).unwrap();
+    assert_eq!(
+        std::str::from_utf8(&verdict[..n]).unwrap(),
+        "panicked",
+        "the forked child's call on the inherited net (empty: it died)"
+    );
+    println!("XIO:ready");
+}
+
 /// A forked child's wait: until killed, or until `test_process` is gone
 /// (its test failed) or longer than its watchdog. Then `_exit`.
 fn linger_until_killed(test_process: rustix::process::Pid) -> ! {
@@ -458,6 +519,26 @@ fn a_child_forked_while_x_io_locks_are_held_attaches() {
     let c = ChildProc::spawn(
         "child_main",
         "forks_holding_locks",
+        std::slice::from_ref(&p),
+    );
+    c.wait_success();
+}
+
+/// A process forked while one of its threads held a net's lock: in the
+/// child, dropping the inherited stream and listener returns, and a call
+/// on the inherited net panics with a message that says what happened
+/// (its copy of the lock is never released; the call waited for ever).
+#[test]
+fn a_nets_lock_held_at_a_fork_is_an_error_in_the_child_not_a_hang() {
+    if skip_fork_on_dpdk() {
+        return;
+    }
+    setup();
+    let p = prefix("forknetlock");
+    let _mgr = manager_builder(&p).spawn().unwrap();
+    let c = ChildProc::spawn(
+        "child_main",
+        "forks_holding_a_nets_lock",
         std::slice::from_ref(&p),
     );
     c.wait_success();
