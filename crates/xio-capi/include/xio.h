@@ -869,6 +869,8 @@ xio_result xio_buf_set_len(struct xio_buf *buf, size_t len);
  * header, send on). A no-op for a buffer that is already writable. (A
  * stream chunk from `xio_stream_recv_buf` that `xio_read` had taken bytes
  * from first has the rest moved to the front of its memory.)
+ * `XIO_ERR_FORKED` for a received buffer inherited across `fork()` (its
+ * memory is the parent's buffer, shared, not copied).
  *
  * # Safety
  * `buf` is a live buffer handle or NULL.

@@ -819,6 +819,8 @@ pub unsafe extern "C" fn xio_buf_set_len(buf: *mut XioBuf, len: usize) -> XioRes
 /// header, send on). A no-op for a buffer that is already writable. (A
 /// stream chunk from `xio_stream_recv_buf` that `xio_read` had taken bytes
 /// from first has the rest moved to the front of its memory.)
+/// `XIO_ERR_FORKED` for a received buffer inherited across `fork()` (its
+/// memory is the parent's buffer, shared, not copied).
 ///
 /// # Safety
 /// `buf` is a live buffer handle or NULL.
@@ -828,6 +830,11 @@ pub unsafe extern "C" fn xio_buf_make_writable(buf: *mut XioBuf) -> XioResult {
         // SAFETY: per this function's contract.
         let state = unsafe { borrow_mut(buf) }?;
         if matches!(state, BufState::Ro(_)) {
+            // The move to the front would rewrite the parent's bytes.
+            // SAFETY: a live buffer handle (borrowed above).
+            if unsafe { made_before_fork(buf) } {
+                return Err(StackError::Forked.into());
+            }
             if let BufState::Ro(b) = std::mem::replace(state, BufState::Moving) {
                 *state = BufState::Mut(b.into_mut());
             }

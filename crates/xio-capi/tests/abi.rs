@@ -736,6 +736,57 @@ fn a_child_cannot_write_a_buffer_it_inherited() {
     }
 }
 
+/// A received buffer inherited across `fork()` is the parent's memory
+/// too: the child's `xio_buf_make_writable` fails with `XIO_ERR_FORKED`.
+/// On a stream chunk that `xio_read` had taken bytes from, making it
+/// writable moves the rest to the front of the buffer, and in the child
+/// that rewrote the parent's received bytes under it (the pool is
+/// shared, not copied on write).
+#[test]
+fn a_child_cannot_make_writable_a_buffer_it_inherited() {
+    let (_m, p) = manager("fork-make-writable");
+    // SAFETY: live handles, valid out-parameters and buffers of the
+    // lengths given, NUL-terminated strings; the child calls only xio_
+    // functions and exits with `_exit`.
+    unsafe {
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+        let (l, c, s) = connected(net, net, "10.9.10.1:80");
+        let mut n = 0;
+        assert_eq!(xio_write(c, b"hello".as_ptr().cast(), 5, &mut n), XIO_OK);
+        assert_eq!(n, 5);
+        let mut two = [0u8; 2];
+        assert_eq!(xio_read(s, two.as_mut_ptr().cast(), 2, &mut n), XIO_OK);
+        assert_eq!(&two[..n], b"he");
+        // The rest of the chunk, 2 bytes into its buffer.
+        let mut b = null_mut();
+        assert_eq!(xio_stream_recv_buf(s, &mut b), XIO_OK);
+        assert!(!b.is_null());
+        let pid = fork();
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            alarm(60);
+            _exit(xio_buf_make_writable(b));
+        }
+        let mut status = 0;
+        assert_eq!(waitpid(pid, &mut status, 0), pid);
+        assert_eq!(status & 0x7f, 0, "the child was killed: {status:#x}");
+        let (mut d, mut len) = (std::ptr::null(), 0);
+        assert_eq!(xio_buf_data(b, &mut d, &mut len), XIO_OK);
+        assert_eq!(
+            std::slice::from_raw_parts(d, len),
+            b"llo",
+            "the child rewrote the parent's buffer"
+        );
+        assert_eq!((status >> 8) & 0xff, XIO_ERR_FORKED);
+        assert_eq!(xio_buf_free(b), XIO_OK);
+        assert_eq!(xio_stream_close(c), XIO_OK);
+        assert_eq!(xio_stream_close(s), XIO_OK);
+        assert_eq!(xio_listener_close(l), XIO_OK);
+        assert_eq!(xio_net_close(net), XIO_OK);
+    }
+}
+
 /// A pool with no stack slot or channel slot left refuses the attach or
 /// the connect with `XIO_ERR_NO_SPACE`, a condition that passes once
 /// others leave, not with `XIO_ERR_PROTOCOL`, which the header keeps for
