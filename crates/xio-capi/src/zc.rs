@@ -181,17 +181,21 @@ thread_local! {
 }
 
 /// Records that this thread owns `owner` until it releases it or exits.
-fn remember_claim(owner: &std::sync::Arc<AtomicUsize>) {
-    let _ = CLAIMS.try_with(|c| {
-        let mut c = c.borrow_mut();
-        // Forget stacks that were closed since.
-        c.owners.retain(|o| std::sync::Arc::strong_count(o) > 1);
-        // A stack claimed again after `xio_stack_release` is listed once
-        // (a list growing per claim would also make each claim slower).
-        if !c.owners.iter().any(|o| std::sync::Arc::ptr_eq(o, owner)) {
-            c.owners.push(owner.clone());
-        }
-    });
+/// False while the thread exits (its list already gone): nothing would
+/// release the claim then, so the caller must not keep it.
+fn remember_claim(owner: &std::sync::Arc<AtomicUsize>) -> bool {
+    CLAIMS
+        .try_with(|c| {
+            let mut c = c.borrow_mut();
+            // Forget stacks that were closed since.
+            c.owners.retain(|o| std::sync::Arc::strong_count(o) > 1);
+            // A stack claimed again after `xio_stack_release` is listed once
+            // (a list growing per claim would also make each claim slower).
+            if !c.owners.iter().any(|o| std::sync::Arc::ptr_eq(o, owner)) {
+                c.owners.push(owner.clone());
+            }
+        })
+        .is_ok()
 }
 
 impl Using<'_> {
@@ -250,12 +254,13 @@ unsafe fn using<'a>(p: *mut XioStack, sticky: bool) -> Res<Using<'a>> {
             .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
     {
-        if sticky {
-            remember_claim(&inner.owner);
-        }
+        // A claim made while the thread exits (from a thread-specific data
+        // destructor that runs after its list of claims is gone) lasts
+        // for this call only: kept, it would outlive the thread.
+        let keep = sticky && remember_claim(&inner.owner);
         return Ok(Using {
             inner,
-            release: !sticky,
+            release: !keep,
         });
     }
     // SAFETY: a live stack handle (borrowed above).

@@ -218,6 +218,73 @@ fn a_failing_call_during_thread_teardown_returns_its_code() {
     );
 }
 
+/// A stack that a thread claims while it exits, from a thread-local
+/// destructor that runs after libxio's own thread-locals are gone (a C
+/// program's `pthread_key_create` destructor, say), is not left owned by
+/// the dead thread: the header says a thread owns a stack until it
+/// releases it or exits. (The claim could not be recorded for release
+/// at exit, so it was kept for good: every other thread's calls said
+/// `XIO_ERR_BUSY` for ever.)
+#[test]
+fn a_stack_claimed_during_thread_teardown_is_not_kept_by_the_dead_thread() {
+    struct Send<T>(T);
+    // SAFETY: each stack is used by one thread at a time: the spawned
+    // thread until it ends (joined), then the main thread.
+    unsafe impl<T> std::marker::Send for Send<T> {}
+    let (_m, p) = manager("teardown-claim");
+    let (s, other) = (stack(&p), stack(&p));
+    struct LateCaller(std::cell::Cell<*mut XioStack>);
+    impl Drop for LateCaller {
+        fn drop(&mut self) {
+            let s = self.0.get();
+            if s.is_null() {
+                return;
+            }
+            let mut b = null_mut();
+            // SAFETY: a live stack nobody else uses now; the buffer is
+            // freed once.
+            unsafe {
+                assert_eq!(xio_alloc(s, 8, &mut b), XIO_OK);
+                assert_eq!(xio_buf_free(b), XIO_OK);
+            }
+        }
+    }
+    thread_local!(static LATE: LateCaller = const { LateCaller(std::cell::Cell::new(null_mut())) });
+    let h = Send((s, other));
+    std::thread::spawn(move || {
+        let h = h;
+        let (s, other) = h.0;
+        // Registered before libxio's: destroyed after them.
+        LATE.with(|l| l.0.set(s));
+        // libxio's thread-locals (its list of this thread's claims).
+        let mut b = null_mut();
+        // SAFETY: a live stack, used by this thread alone; the buffer is
+        // freed once.
+        unsafe {
+            assert_eq!(xio_alloc(other, 8, &mut b), XIO_OK);
+            assert_eq!(xio_buf_free(b), XIO_OK);
+        }
+    })
+    .join()
+    .unwrap();
+    // SAFETY: live stacks, the spawned thread is gone; valid
+    // out-parameters.
+    unsafe {
+        let mut b = null_mut();
+        assert_eq!(
+            xio_alloc(s, 8, &mut b),
+            XIO_OK,
+            "the exited thread still owns the stack: {:?}",
+            std::ffi::CStr::from_ptr(xio_last_error())
+        );
+        assert_eq!(xio_buf_free(b), XIO_OK);
+        assert_eq!(xio_alloc(other, 8, &mut b), XIO_OK);
+        assert_eq!(xio_buf_free(b), XIO_OK);
+        assert_eq!(xio_stack_close(s), XIO_OK);
+        assert_eq!(xio_stack_close(other), XIO_OK);
+    }
+}
+
 /// A blocking write that the peer's reset cuts short after some bytes
 /// went returns success with their count, as Linux's `send` does; the
 /// next write reports the reset. (It returned the reset and left `n_out`
