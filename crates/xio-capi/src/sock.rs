@@ -319,19 +319,22 @@ thread_local! {
     static OPEN_BATCHES: RefCell<OpenBatches> = const { RefCell::new(OpenBatches(Vec::new())) };
 }
 
-/// Notes (`open`) or forgets this thread's write batch on `net`.
-fn note_batch(net: &Net, open: bool) {
+/// Notes (`open`) or forgets this thread's write batch on `net`. False
+/// while the thread exits (the list already gone): nothing would end a
+/// batch begun then.
+fn note_batch(net: &Net, open: bool) -> bool {
     let id = net.id();
-    // At thread exit (the list already gone) there is nothing to note.
-    let _ = OPEN_BATCHES.try_with(|b| {
-        let mut b = b.borrow_mut();
-        let now = xio_core::fork::generation();
-        // Also forgets nets gone since, and a forked child's inherited ones.
-        b.0.retain(|(born, i, w)| *born == now && *i != id && w.upgrade().is_some());
-        if open {
-            b.0.push((now, id, net.downgrade()));
-        }
-    });
+    OPEN_BATCHES
+        .try_with(|b| {
+            let mut b = b.borrow_mut();
+            let now = xio_core::fork::generation();
+            // Also forgets nets gone since, and a forked child's inherited ones.
+            b.0.retain(|(born, i, w)| *born == now && *i != id && w.upgrade().is_some());
+            if open {
+                b.0.push((now, id, net.downgrade()));
+            }
+        })
+        .is_ok()
 }
 
 /// Holds the stream writes this thread makes on `net`'s streams until
@@ -361,7 +364,12 @@ pub unsafe extern "C" fn xio_net_batch_begin(net: *mut XioNet) -> XioResult {
         // SAFETY: per this function's contract.
         let n = unsafe { borrow(net) }?;
         if n.net.begin_write_batch() {
-            note_batch(&n.net, true);
+            if !note_batch(&n.net, true) {
+                // Begun while the thread exits (from a thread-specific
+                // data destructor): it would outlive the thread, so the
+                // writes go out as usual instead.
+                n.net.end_write_batch();
+            }
             Ok(())
         } else {
             Err(Fail::new(

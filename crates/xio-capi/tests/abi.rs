@@ -285,6 +285,79 @@ fn a_stack_claimed_during_thread_teardown_is_not_kept_by_the_dead_thread() {
     }
 }
 
+/// A write batch that a thread begins while it exits, from a
+/// thread-local destructor that runs after libxio's own thread-locals are
+/// gone (a C program's `pthread_key_create` destructor, say), does not
+/// outlive the thread: the header says a thread that exits ends its
+/// batch. (The batch could not be recorded for ending at exit, so it
+/// stayed the dead thread's: every other thread's `xio_net_batch_begin`
+/// said `XIO_ERR_BUSY` for ever, and its held bytes waited.)
+#[test]
+fn a_batch_begun_during_thread_teardown_is_not_kept_by_the_dead_thread() {
+    struct Send<T>(T);
+    // SAFETY: nets and streams may be used from any thread (the header).
+    unsafe impl<T> std::marker::Send for Send<T> {}
+    let (_m, p) = manager("teardown-batch");
+    // SAFETY: live handles, valid out-parameters and buffers of the
+    // lengths given, NUL-terminated strings throughout.
+    unsafe {
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+        // Another net dials: a stream to the same net is never held.
+        let mut net2 = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net2), XIO_OK);
+        let (l, c, s) = connected(net, net2, "10.9.11.1:80");
+        struct LateCaller(std::cell::Cell<(*mut XioNet, *mut XioStream)>);
+        impl Drop for LateCaller {
+            fn drop(&mut self) {
+                let (net2, c) = self.0.get();
+                if net2.is_null() {
+                    return;
+                }
+                let mut k = 0;
+                // SAFETY: a live net and stream of it.
+                unsafe {
+                    assert_eq!(xio_net_batch_begin(net2), XIO_OK);
+                    assert_eq!(xio_write(c, b"late".as_ptr().cast(), 4, &mut k), XIO_OK);
+                }
+                assert_eq!(k, 4);
+                // Ends without xio_net_batch_end.
+            }
+        }
+        thread_local!(static LATE: LateCaller =
+            const { LateCaller(std::cell::Cell::new((null_mut(), null_mut()))) });
+        let h = Send((net2, c));
+        std::thread::spawn(move || {
+            let h = h;
+            // Registered before libxio's: destroyed after them.
+            LATE.with(|l| l.0.set(h.0));
+            // libxio's thread-locals (its list of this thread's batches).
+            assert_eq!(xio_net_batch_begin(h.0 .0), XIO_OK);
+            assert_eq!(xio_net_batch_end(h.0 .0), XIO_OK);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            xio_net_batch_begin(net2),
+            XIO_OK,
+            "the exited thread's batch is still under way: {:?}",
+            std::ffi::CStr::from_ptr(xio_last_error())
+        );
+        assert_eq!(xio_net_batch_end(net2), XIO_OK);
+        // The bytes went out (the timeout is only a watchdog).
+        assert_eq!(xio_stream_set_timeouts(s, WATCHDOG_MS, 0), XIO_OK);
+        let mut buf = [0u8; 8];
+        let mut n = 0;
+        assert_eq!(xio_read(s, buf.as_mut_ptr().cast(), 8, &mut n), XIO_OK);
+        assert_eq!(&buf[..n], b"late");
+        assert_eq!(xio_stream_close(c), XIO_OK);
+        assert_eq!(xio_stream_close(s), XIO_OK);
+        assert_eq!(xio_listener_close(l), XIO_OK);
+        assert_eq!(xio_net_close(net2), XIO_OK);
+        assert_eq!(xio_net_close(net), XIO_OK);
+    }
+}
+
 /// A blocking write that the peer's reset cuts short after some bytes
 /// went returns success with their count, as Linux's `send` does; the
 /// next write reports the reset. (It returned the reset and left `n_out`
