@@ -205,8 +205,13 @@ impl Using<'_> {
         unsafe { &mut *self.inner.stack.get() }
     }
 
-    /// The notice a burst left for the next receive call, taken.
-    fn take_deferred(&mut self) -> Option<StackError> {
+    /// The notice a burst left for the next receive call, taken; none in
+    /// a process `forked` from the stack's (the notice is the parent's,
+    /// and the stack itself reports the fork).
+    fn take_deferred(&mut self, forked: bool) -> Option<StackError> {
+        if forked {
+            return None;
+        }
         // SAFETY: as in `stack`: only the owning thread touches it.
         unsafe { &mut *self.inner.deferred.get() }.take()
     }
@@ -550,7 +555,8 @@ pub unsafe extern "C" fn xio_recv_tagged(
         need_out(buf_out, "buf_out")?;
         // SAFETY: per this function's contract.
         let mut s = unsafe { using(stack, true) }?;
-        if let Some(e) = s.take_deferred() {
+        // SAFETY: a live stack handle (borrowed by `using`).
+        if let Some(e) = s.take_deferred(unsafe { made_before_fork(stack) }) {
             return Err(e.into());
         }
         let st = s.stack();
@@ -603,7 +609,8 @@ pub unsafe extern "C" fn xio_recv_burst(
         }
         // SAFETY: per this function's contract.
         let mut s = unsafe { using(stack, true) }?;
-        if let Some(e) = s.take_deferred() {
+        // SAFETY: a live stack handle (borrowed by `using`).
+        if let Some(e) = s.take_deferred(unsafe { made_before_fork(stack) }) {
             return Err(e.into());
         }
         let st = s.stack();

@@ -927,6 +927,87 @@ fn a_child_cannot_make_writable_a_buffer_it_inherited() {
     }
 }
 
+/// A receive on a stack inherited across `fork()` fails with
+/// `XIO_ERR_FORKED`, as the header says, even when a burst of the parent
+/// left a notice for the next receive call: the child is not the process
+/// the notice concerns. (The child's first receive reported the parent's
+/// `XIO_ERR_CONNECTION_RESET` instead.)
+#[test]
+fn a_childs_receive_on_an_inherited_stack_says_forked_not_the_parents_notice() {
+    let (_m, p) = manager("fork-deferred");
+    // SAFETY: live handles from `stack`, valid out-parameters and
+    // NUL-terminated strings throughout; every received buffer is freed;
+    // the child calls only xio_ functions and exits with `_exit`.
+    unsafe {
+        let rx = stack(&p);
+        let tx = stack(&p);
+        let watcher = stack(&p);
+        let (rx_addr, tx_addr) = (addr("10.9.12.1:80"), addr("10.9.12.2:80"));
+        assert_eq!(xio_stack_bind(rx, rx_addr.as_ptr()), XIO_OK);
+        assert_eq!(xio_stack_bind(tx, tx_addr.as_ptr()), XIO_OK);
+        let mut to_rx = 0;
+        assert_eq!(xio_stack_connect(tx, rx_addr.as_ptr(), &mut to_rx), XIO_OK);
+        let mut to_tx = 0;
+        assert_eq!(
+            xio_stack_connect(watcher, tx_addr.as_ptr(), &mut to_tx),
+            XIO_OK
+        );
+        send_some(tx, to_rx, 2);
+        assert_eq!(xio_stack_close(tx), XIO_OK);
+        // As in `a_reset_after_a_bursts_buffers_is_reported_by_the_next_call`:
+        // once the watcher has its reset, a request of `rx` takes its
+        // notice in, behind the two buffers.
+        let mut b = null_mut();
+        let mut from = 0;
+        assert_eq!(
+            xio_recv(watcher, WATCHDOG_MS, &mut b, &mut from),
+            XIO_ERR_CONNECTION_RESET
+        );
+        let other = addr("10.9.12.3:80");
+        assert_eq!(xio_stack_bind(rx, other.as_ptr()), XIO_OK);
+        let mut bufs = [null_mut(); 16];
+        let mut n = 0;
+        let r = xio_recv_burst(rx, 0, bufs.as_mut_ptr(), null_mut(), 16, &mut n);
+        assert_eq!(r, XIO_OK);
+        assert_eq!(n, 2, "the burst takes both buffers and ends on the reset");
+        for b in &bufs[..n] {
+            assert_eq!(xio_buf_free(*b), XIO_OK);
+        }
+        // Each receive call, in a child of its own: 0 `xio_recv`,
+        // 1 `xio_recv_burst`.
+        for way in 0..2 {
+            let pid = fork();
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                alarm(60);
+                let r = if way == 0 {
+                    xio_recv(rx, 0, &mut b, &mut from)
+                } else {
+                    xio_recv_burst(rx, 0, bufs.as_mut_ptr(), null_mut(), 16, &mut n)
+                };
+                _exit(r);
+            }
+            let mut status = 0;
+            assert_eq!(waitpid(pid, &mut status, 0), pid);
+            assert_eq!(
+                status & 0x7f,
+                0,
+                "way {way}: the child was killed: {status:#x}"
+            );
+            assert_eq!(
+                (status >> 8) & 0xff,
+                XIO_ERR_FORKED,
+                "way {way} (0: xio_recv, 1: xio_recv_burst)"
+            );
+        }
+        // The parent still has its notice.
+        assert_eq!(xio_recv(rx, 0, &mut b, &mut from), XIO_ERR_CONNECTION_RESET);
+        for s in [rx, watcher] {
+            assert_eq!(xio_stack_close(s), XIO_OK);
+        }
+    }
+}
+
 /// A pool with no stack slot or channel slot left refuses the attach or
 /// the connect with `XIO_ERR_NO_SPACE`, a condition that passes once
 /// others leave, not with `XIO_ERR_PROTOCOL`, which the header keeps for
