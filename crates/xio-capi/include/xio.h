@@ -508,7 +508,8 @@ xio_result xio_stream_close(struct xio_stream *stream);
 
 /**
  * Reads up to `len` bytes into `buf`; `*n_out` = 0 means end of stream
- * (or `len` was 0: `buf` may then be NULL, and nothing waits).
+ * (or `len` was 0: `buf` may then be NULL, and the call returns at once
+ * with 0 whatever the stream's state, as read(2) on a socket does).
  * Waits for data (or the read timeout), or `XIO_ERR_WOULD_BLOCK` in
  * non-blocking mode.
  *

@@ -560,7 +560,8 @@ pub unsafe extern "C" fn xio_stream_close(stream: *mut crate::XioStream) -> XioR
 }
 
 /// Reads up to `len` bytes into `buf`; `*n_out` = 0 means end of stream
-/// (or `len` was 0: `buf` may then be NULL, and nothing waits).
+/// (or `len` was 0: `buf` may then be NULL, and the call returns at once
+/// with 0 whatever the stream's state, as read(2) on a socket does).
 /// Waits for data (or the read timeout), or `XIO_ERR_WOULD_BLOCK` in
 /// non-blocking mode.
 ///
@@ -585,13 +586,16 @@ pub unsafe extern "C" fn xio_read(
         }
         // SAFETY: per this function's contract.
         let s = unsafe { borrow(stream) }?;
-        let out: &mut [u8] = if len == 0 {
-            &mut []
-        } else {
-            // SAFETY: buf is non-NULL and valid for len bytes (contract);
-            // we only write it.
-            unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
-        };
+        if len == 0 {
+            // As Linux's read(2) on a socket: 0 at once, whatever the
+            // stream's state (no wait, no error).
+            // SAFETY: checked non-NULL.
+            unsafe { put(n_out, 0) };
+            return Ok(());
+        }
+        // SAFETY: buf is non-NULL and valid for len bytes (contract); we
+        // only write it.
+        let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
         let mut r = s;
         let n = r.read(out)?;
         // SAFETY: checked non-NULL.

@@ -476,11 +476,16 @@ fn a_zero_length_write_reports_a_shut_down_stream() {
         let mut n = usize::MAX;
         assert_eq!(xio_write(c, b"x".as_ptr().cast(), 0, &mut n), XIO_OK);
         assert_eq!(n, 0);
-        // Nothing to read, nothing waited for; NULL allowed, as with
-        // read(2) and xio_write.
+        // Nothing to read, nothing waited for (the stream is blocking
+        // and empty); NULL allowed, as with read(2) and xio_write.
         let mut n = usize::MAX;
         assert_eq!(xio_read(s, null_mut(), 0, &mut n), XIO_OK);
         assert_eq!(n, 0);
+        assert_eq!(xio_stream_set_nonblocking(s, 1), XIO_OK);
+        let mut n = usize::MAX;
+        assert_eq!(xio_read(s, null_mut(), 0, &mut n), XIO_OK, "non-blocking");
+        assert_eq!(n, 0);
+        assert_eq!(xio_stream_set_nonblocking(s, 0), XIO_OK);
         assert_eq!(xio_read(s, null_mut(), 1, &mut n), XIO_ERR_INVALID_ARGUMENT);
         assert_eq!(xio_shutdown(c, XIO_SHUT_WR), XIO_OK);
         let mut n = usize::MAX;
