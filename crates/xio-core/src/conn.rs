@@ -637,6 +637,17 @@ impl<B: Chunk> Table<B> {
             // A sender that ignores its window only hurts itself: its
             // excess waits here, and `unacked` is capped when credited.
             let _ = window;
+            // No bytes (a zero-copy writer's empty buffer): nothing to
+            // read, so nothing queued, as TCP gives a reader no empty
+            // segment. Queued, it stood for data ahead of a reset or the
+            // end: a peek waited on it for good, and a read said
+            // `WouldBlock` with the reset (or end) behind it.
+            if buf.as_ref().is_empty() {
+                let n = buf.footprint();
+                drop(buf);
+                self.consumed(local, n);
+                return;
+            }
             // A reader that lags: pack the bytes into the last chunk's
             // spare room and let this buffer go (credited now), so the
             // window counts bytes rather than buffers. Otherwise a

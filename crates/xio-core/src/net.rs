@@ -3597,7 +3597,8 @@ impl XioStream {
     /// Sends a pool buffer as the next bytes of the stream, without copying
     /// (FABLE's commit). An error hands the buffer back when it was not
     /// sent (`WouldBlock` in non-blocking mode, a reset connection,
-    /// `InvalidInput` for a buffer of another pool).
+    /// `InvalidInput` for a buffer of another pool). An empty buffer is
+    /// no bytes of the stream: the peer's `recv_buf` never returns it.
     pub fn send_buf(&self, buf: BufMut) -> Result<(), (io::Error, Option<BufMut>)> {
         self.send_buf_with(buf, self.nb())
     }

@@ -3418,3 +3418,69 @@ fn connect_timeout_of_zero_is_invalid_input() {
     }
     net.connect_timeout(&addr, Duration::from_secs(60)).unwrap();
 }
+
+/// A zero-copy writer may send an empty buffer (`alloc(0)`, or
+/// `copy_from(b"")`): no bytes, so nothing for a reader to wait on. Ahead
+/// of a reset it hid the reset: a blocking `peek` waited for good (the
+/// empty chunk counted as "something queued", not as the end), and an
+/// event loop's read, told the stream was readable, said `WouldBlock`
+/// and heard of the reset never (as TCP delivers no empty segment to a
+/// reader, the reset must be what comes).
+#[test]
+fn an_empty_buffer_ahead_of_a_reset_does_not_hide_it() {
+    let (_mgr, p) = start("emptyrst");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "10.3.0.53:80".parse().unwrap();
+    let l = server.listen(addr).unwrap();
+    // Each client sends an empty buffer, then leaves unread what the
+    // server wrote: its close resets the server's end.
+    let reset_after_empty = || {
+        let c = client.connect(addr).unwrap();
+        let (s, _) = l.accept().unwrap();
+        c.send_buf(c.alloc(0).unwrap()).map_err(|(e, _)| e).unwrap();
+        (&s).write_all(b"unread").unwrap();
+        c.set_read_timeout(Some(WATCHDOG)).unwrap();
+        c.peek(&mut [0u8; 1]).unwrap();
+        drop(c);
+        s
+    };
+    // A blocking peek (the watchdog: a hang ends in the read timeout's
+    // WouldBlock).
+    let s = reset_after_empty();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let r = s.peek(&mut [0u8; 8]);
+    assert_eq!(
+        r.as_ref().map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionReset),
+        "peek: {r:?}"
+    );
+    // An event loop: after a readable event, reads until WouldBlock.
+    let s = reset_after_empty();
+    s.set_nonblocking(true).unwrap();
+    s.set_token(7);
+    let mut events = Vec::new();
+    loop {
+        events.clear();
+        server.poll(&mut events, None).unwrap();
+        if events.iter().any(|e| {
+            matches!(
+                e,
+                Event::Stream {
+                    token: 7,
+                    readable: true,
+                    ..
+                }
+            )
+        }) && server.connections() == 2
+        {
+            break;
+        }
+    }
+    let r = (&s).read(&mut [0u8; 8]);
+    assert_eq!(
+        r.as_ref().map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionReset),
+        "read: {r:?}"
+    );
+}
