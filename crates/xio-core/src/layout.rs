@@ -113,9 +113,11 @@ pub mod kind {
         k & !EARLY
     }
 
-    /// Whether descriptors of kind `k` carry a pool buffer.
+    /// Whether descriptors of kind `k` carry a pool buffer: a known kind
+    /// whose base carries one. A buffer kind with a flag it may not have
+    /// (`DATA | EARLY`, `SYN | EARLY`) is unknown, and so corrupt.
     pub fn carries_buffer(k: u8) -> bool {
-        matches!(base(k), DATA | SYN | STREAM)
+        matches!(k, DATA | SYN | STREAM) || k == STREAM | EARLY
     }
 
     /// Whether `k` is a kind this version knows.

@@ -1708,6 +1708,45 @@ fn recv_burst_with_shows_only_data_messages() {
     wait_pool_whole(&mgr);
 }
 
+/// A real buffer sent under a kind no version knows (a buffer kind with
+/// the `EARLY` flag, which only a stream's bytes, a FIN and a RST carry)
+/// is a corrupt descriptor, counted and refused like a control descriptor
+/// of unknown kind, by `recv` and by `recv_burst_with` alike; the real
+/// message behind it arrives.
+#[test]
+fn a_buffer_under_an_unknown_kind_is_counted_corrupt() {
+    use xio_core::layout::kind;
+    let (mgr, mut server, mut client, peer) = manager_and_pair("bufkind", addr(9443));
+    let unknown = [kind::DATA | kind::EARLY, kind::SYN | kind::EARLY];
+    for (round, k) in unknown.into_iter().enumerate() {
+        let mut s = client.alloc(5).unwrap();
+        s.copy_from(b"bytes");
+        assert!(client.__push_buf_raw(peer, k, 7, s).unwrap().is_none());
+        let mut b = client.alloc(4).unwrap();
+        b.copy_from(b"data");
+        client.send_tagged(peer, 3, b).unwrap();
+        let mut got = Vec::new();
+        if round == 0 {
+            let m = server.recv_timeout(WATCHDOG).unwrap();
+            got.push((m.tag, m.buf.to_vec()));
+        } else {
+            while got.is_empty() {
+                server
+                    .recv_burst_with(64, |_, tag, p| got.push((tag, p.to_vec())))
+                    .unwrap();
+            }
+        }
+        assert_eq!(got, [(3, b"data".to_vec())], "kind {k:#x}");
+        assert_eq!(
+            server.corrupt_descriptors(),
+            round as u64 + 1,
+            "kind {k:#x} not counted as corrupt"
+        );
+    }
+    drop((server, client));
+    wait_pool_whole(&mgr);
+}
+
 /// `recv_burst` of at most 0 messages takes none (it took, and returned,
 /// one); the message stays for the next receive.
 #[test]
