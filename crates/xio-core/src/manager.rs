@@ -1568,7 +1568,8 @@ impl Manager {
 
     /// A live stack is done with a channel: one whose other end died, or
     /// one it gave up while both ends live (it found the ring from the
-    /// other end corrupt). The latter is closed for the other end too,
+    /// other end corrupt, or could not set the channel up: its fds did not
+    /// reach it). The latter is closed for the other end too,
     /// as a death would close it, and freed once that end is done.
     fn released(&mut self, by: u16, ch: u32) {
         let Some(Some(c)) = self.channels.get_mut(ch as usize) else {
@@ -1592,7 +1593,7 @@ impl Manager {
                 stack = by,
                 peer = other,
                 channel = ch,
-                "channel given up (corrupt ring): reset both ends"
+                "channel given up (a corrupt ring, or one it could not set up): reset both ends"
             );
             match self.stacks.get_mut(&other) {
                 Some(e) => {

@@ -141,8 +141,8 @@ pub enum Msg {
         peer: u16,
     },
     /// Stack -> manager: done with a channel. A closed one is then freed;
-    /// a live one (its ring was found corrupt) is closed for the other end
-    /// too, which gets `PeerDown`.
+    /// a live one (its ring was found corrupt, or the stack could not set
+    /// it up) is closed for the other end too, which gets `PeerDown`.
     ChannelReleased {
         /// Channel slot.
         channel: u32,

@@ -909,7 +909,7 @@ impl Stack {
     /// out: a channel the manager set up is set up here too (its peer has
     /// it already), and an address bound for us is given back.
     /// Errors are logged: the request's caller is gone.
-    fn settle(&mut self, req: Msg, reply: Msg, mut fds: Vec<OwnedFd>) {
+    fn settle(&mut self, req: Msg, reply: Msg, fds: Vec<OwnedFd>) {
         tracing::info!(stack = self.id, request = ?req, ?reply, "late answer from the manager");
         match (req, reply) {
             (
@@ -919,11 +919,7 @@ impl Stack {
                 },
             ) => {
                 if !self.by_peer.contains_key(&peer) {
-                    let Some(fd) = fds.pop() else {
-                        tracing::warn!("late Connected without doorbell ignored");
-                        return;
-                    };
-                    if let Err(e) = self.add_channel(channel, dir, peer, fd, fds.pop()) {
+                    if let Err(e) = self.take_channel(channel, dir, peer, fds, "late Connected") {
                         tracing::warn!(error = %e, "late channel not set up");
                         return;
                     }
@@ -1020,7 +1016,7 @@ impl Stack {
         &mut self,
         addr: SocketAddr,
         m: Msg,
-        mut fds: Vec<OwnedFd>,
+        fds: Vec<OwnedFd>,
     ) -> Result<PeerId, Error> {
         match m {
             Msg::Connected {
@@ -1030,11 +1026,7 @@ impl Stack {
                 existing,
             } => {
                 if !existing || !self.by_peer.contains_key(&peer) {
-                    // The doorbell comes last, after the peer's pidfd.
-                    let fd = fds
-                        .pop()
-                        .ok_or_else(|| Error::Protocol("Connected without doorbell".into()))?;
-                    self.add_channel(channel, dir, peer, fd, fds.pop())?;
+                    self.take_channel(channel, dir, peer, fds, "Connected")?;
                 }
                 self.resolved.insert(addr, peer);
                 Ok(PeerId(peer))
@@ -1042,6 +1034,33 @@ impl Stack {
             Msg::Error { code, message } => Err(Error::Refused { code, message }),
             other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
         }
+    }
+
+    /// Sets up the channel the manager's `what` (a `ChannelUp`, or the
+    /// answer to a `Connect`) names, with the fds that came with it: the
+    /// peer's doorbell last, after its pidfd. A channel this stack cannot
+    /// take (its fds did not arrive: this process was out of fds, and the
+    /// kernel dropped them) is given back to the manager, as one found
+    /// corrupt is: the manager closes it for the peer too, whose sends are
+    /// reset instead of filling a ring nobody reads, and frees it once the
+    /// peer lets go (kept, it stayed taken for good, and so did the
+    /// peer's slot after its death, since this stack never released it).
+    fn take_channel(
+        &mut self,
+        channel: u32,
+        dir: u8,
+        peer: u16,
+        mut fds: Vec<OwnedFd>,
+        what: &str,
+    ) -> Result<(), Error> {
+        let r = match fds.pop() {
+            Some(bell) => self.add_channel(channel, dir, peer, bell, fds.pop()),
+            None => Err(Error::Protocol(format!("{what} without doorbell"))),
+        };
+        if r.is_err() && !self.by_peer.contains_key(&peer) && channel < self.seg.max_channels() {
+            self.release(channel);
+        }
+        r
     }
 
     fn add_channel(
@@ -1109,14 +1128,10 @@ impl Stack {
         Ok((Box::new(tx), Box::new(rx)))
     }
 
-    fn handle_async(&mut self, m: Msg, mut fds: Vec<OwnedFd>) -> Result<(), Error> {
+    fn handle_async(&mut self, m: Msg, fds: Vec<OwnedFd>) -> Result<(), Error> {
         match m {
             Msg::ChannelUp { channel, dir, peer } => {
-                // The doorbell comes last, after the peer's pidfd.
-                let fd = fds
-                    .pop()
-                    .ok_or_else(|| Error::Protocol("ChannelUp without doorbell".into()))?;
-                self.add_channel(channel, dir, peer, fd, fds.pop())
+                self.take_channel(channel, dir, peer, fds, "ChannelUp")
             }
             Msg::PeerDown { channel, peer } => {
                 self.close_channel(peer, Some(channel));

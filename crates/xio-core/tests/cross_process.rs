@@ -34,6 +34,7 @@ fn child_main() {
         "forks_with_queued_messages" => forks_with_queued_messages(&a[0], a[1].parse().unwrap()),
         "burst_sink" => burst_sink(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
         "dies_mid_burst" => dies_mid_burst(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
+        "out_of_fds" => out_of_fds(&a[0], a[1].parse().unwrap()),
         "echo_on_cpu0" => {
             let mut set = rustix::thread::CpuSet::new();
             set.set(0);
@@ -112,6 +113,35 @@ fn bind_and_park(prefix: &str, addr: SocketAddr) {
     println!("XIO:ready");
     loop {
         std::thread::park();
+    }
+}
+
+/// Binds `addr`, then lowers its fd limit to the fds it has, so that the
+/// kernel drops every fd a control message brings (`MSG_CTRUNC`), says
+/// so, and receives on, saying `XIO:err` for each error.
+fn out_of_fds(prefix: &str, addr: SocketAddr) {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let mut s = Stack::builder(prefix).name("out-of-fds").attach().unwrap();
+    s.bind(addr).unwrap();
+    // The lowest free fd number: every new fd would be at least that.
+    let lowest = rustix::io::dup(std::io::stdin()).unwrap();
+    let limit = std::os::fd::AsRawFd::as_raw_fd(&lowest) as u64;
+    drop(lowest);
+    let max = getrlimit(Resource::Nofile).maximum;
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(limit),
+            maximum: max,
+        },
+    )
+    .unwrap();
+    println!("XIO:ready");
+    loop {
+        match s.recv() {
+            Ok(_) => {}
+            Err(e) => println!("XIO:err {e}"),
+        }
     }
 }
 
@@ -1744,6 +1774,48 @@ fn a_buffer_under_an_unknown_kind_is_counted_corrupt() {
         );
     }
     drop((server, client));
+    wait_pool_whole(&mgr);
+}
+
+/// A stack that cannot take a channel a peer opened to it (it is out of
+/// fds: the kernel drops the doorbell that comes with the manager's
+/// `ChannelUp`) gives the channel back, as one it found corrupt: the peer
+/// is reset, instead of filling a ring nobody reads and then waiting on it
+/// for ever, and the channel does not stay taken.
+#[test]
+fn a_channel_a_stack_cannot_take_is_given_back_and_its_peer_reset() {
+    setup();
+    let p = prefix("nofds");
+    let mgr = manager_builder(&p).spawn().unwrap();
+    let a = addr(9444);
+    let mut starved = ChildProc::spawn("child_main", "out_of_fds", &[p.clone(), a.to_string()]);
+    starved.expect("ready");
+    let mut client = Stack::builder(&p)
+        .wait_mode(WaitMode::NonBlocking)
+        .attach()
+        .unwrap();
+    let peer = client.connect(a).unwrap();
+    let err = starved.expect("err");
+    assert!(err.contains("without doorbell"), "{err}");
+    // Sends go into the ring until it is full; then they would block for
+    // good, were the channel not given back.
+    wait_until(
+        "the client's sends to a stack without the channel reset",
+        || {
+            let b = client.alloc(8).unwrap();
+            match client.try_send(peer, b) {
+                Err((Error::Reset(p), _)) if p == peer => true,
+                Ok(()) | Err((Error::WouldBlock, _)) => false,
+                Err((e, _)) => panic!("{e}"),
+            }
+        },
+    );
+    // The client released it in turn (its reset): no channel is left.
+    wait_until("the channel freed", || {
+        !xio_core::manager::query_status(&p).unwrap().contains("<->")
+    });
+    starved.kill9();
+    drop(client);
     wait_pool_whole(&mgr);
 }
 
