@@ -2154,32 +2154,47 @@ impl Stack {
                 };
                 let peer = self.channels[i].peer;
                 self.prefetch_scratch(n, false);
-                // Buffers taken (to free below), and messages shown.
-                let (mut k_ok, mut k_shown) = (0, 0);
+                // Buffers taken (to free below), and messages shown. The
+                // guard sees to them if `f` panics.
+                let mut g = Shown {
+                    stack: &mut *self,
+                    done: &mut done,
+                    taken: 0,
+                    next: 0,
+                    n,
+                    peer,
+                    unwinding: true,
+                };
+                let mut k_shown = 0;
                 for j in 0..n {
-                    let d = self.scratch[j];
+                    g.next = j + 1;
+                    let d = g.stack.scratch[j];
                     if !kind::carries_buffer(d.kind) && kind::is_known(d.kind) {
                         // The socket layer's control kinds are no messages
                         // (`recv` drops them too), and not corrupt.
                         continue;
                     }
-                    if let Some(raw) = self.take_descriptor(peer, &d) {
+                    if let Some(raw) = g.stack.take_descriptor(peer, &d) {
+                        // Counted before `f` sees it: freed if `f` panics.
+                        g.done[g.taken] = raw;
+                        g.taken += 1;
                         // A socket-layer buffer (stream bytes, a SYN) is
                         // no message either: it only goes back.
                         if d.kind == kind::DATA {
-                            let (ptr, _) = self.pool.data(raw);
+                            let (ptr, _) = g.stack.pool.data(raw);
                             // SAFETY: `take_descriptor` checked the buffer
                             // is ours (HELD) and `d.len` fits it; it stays
-                            // ours until `free_many` below.
+                            // ours until `free_many` below (or the guard's).
                             let payload =
                                 unsafe { std::slice::from_raw_parts(ptr, d.len as usize) };
                             f(PeerId(peer), d.conn, payload);
                             k_shown += 1;
                         }
-                        done[k_ok] = raw;
-                        k_ok += 1;
                     }
                 }
+                g.unwinding = false;
+                let k_ok = g.taken;
+                drop(g);
                 self.pool.free_many(&done[..k_ok]);
                 shown += k_shown;
             }
@@ -2243,18 +2258,30 @@ impl Stack {
                     continue;
                 }
             };
-            for (k, raw) in raws[..got].iter().enumerate() {
-                let (ptr, _) = self.pool.data(*raw);
+            // The guard sees to the buffers if `fill` panics.
+            let mut g = Filling {
+                chan: &mut self.channels[ci],
+                seg: &self.seg,
+                pool: &self.pool,
+                raws: &raws[..got],
+                descs: &mut descs,
+                stamped: 0,
+                unwinding: true,
+            };
+            for k in 0..got {
+                let raw = g.raws[k];
+                let (ptr, _) = g.pool.data(raw);
                 // SAFETY: freshly allocated to us (ALLOCATED), `len` fits
                 // the class; nobody else touches it until it is sent.
                 let payload = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
                 fill(sent + k, payload);
-                descs[k] = self
-                    .pool
-                    .prepare_send(*raw, len as u32, peer.0, 0, kind::DATA);
+                g.descs[k] = g.pool.prepare_send(raw, len as u32, peer.0, 0, kind::DATA);
+                g.stamped = k + 1;
             }
-            let pushed = self.channels[ci].tx.push_burst(&descs[..got]).unwrap_or(0);
+            g.unwinding = false;
+            let pushed = g.chan.tx.push_burst(&g.descs[..got]).unwrap_or(0);
             debug_assert_eq!(pushed, got, "we are the only producer and saw room");
+            drop(g);
             sent += got;
         }
         Self::notify(&self.seg, &self.channels[ci]);
@@ -2556,6 +2583,68 @@ impl Stack {
             #[cfg(feature = "dpdk")]
             PoolRef::Dpdk(p) => p.in_flight_to(self.id),
         }
+    }
+}
+
+/// `send_burst_with`'s buffers while the caller's `fill` runs. If `fill`
+/// panics (and the application catches it), the messages filled and
+/// stamped in flight to the peer go out, as whole messages, and the
+/// buffers not filled go back to the pool. Without it they stayed
+/// allocated to this stack, and stamped for the receiver with no
+/// descriptor in its ring, as long as both lived.
+struct Filling<'a> {
+    chan: &'a mut Chan,
+    seg: &'a Segment,
+    pool: &'a PoolRef,
+    raws: &'a [crate::pool::RawBuf],
+    descs: &'a mut [Descriptor; BURST],
+    /// Buffers filled and stamped in flight (`descs[..stamped]`).
+    stamped: usize,
+    /// Until the burst is pushed the normal way.
+    unwinding: bool,
+}
+
+impl Drop for Filling<'_> {
+    fn drop(&mut self) {
+        if !self.unwinding {
+            return;
+        }
+        // There was room for all of them (seen before allocating).
+        let _ = self.chan.tx.push_burst(&self.descs[..self.stamped]);
+        Stack::notify(self.seg, self.chan);
+        self.pool.free_many(&self.raws[self.stamped..]);
+    }
+}
+
+/// `recv_burst_with`'s burst while the caller's `f` runs. If `f` panics
+/// (and the application catches it), the buffers taken go back to the
+/// pool, and the messages of the burst after the one `f` was shown are
+/// kept for the next receive. Without it the buffers stayed held by this
+/// stack with no handle, and the rest of the burst, off the ring and
+/// never taken, were lost and their buffers with them, as long as the
+/// stack lived.
+struct Shown<'a> {
+    stack: &'a mut Stack,
+    done: &'a mut [crate::pool::RawBuf; BURST],
+    /// Buffers taken (`done[..taken]`).
+    taken: usize,
+    /// The first descriptor of `stack.scratch[..n]` not looked at.
+    next: usize,
+    n: usize,
+    peer: u16,
+    /// Until the burst is handled the normal way.
+    unwinding: bool,
+}
+
+impl Drop for Shown<'_> {
+    fn drop(&mut self) {
+        if !self.unwinding {
+            return;
+        }
+        self.stack.pool.free_many(&self.done[..self.taken]);
+        let rest = self.n - self.next;
+        self.stack.scratch.copy_within(self.next..self.n, 0);
+        self.stack.deliver_burst(self.peer, rest);
     }
 }
 
