@@ -126,6 +126,13 @@ impl PoolView {
         )
     }
 
+    /// Whether `class`'s gate is held closed by a manager that died (killed
+    /// in the middle of a sweep): nobody will open it again.
+    fn stranded(&self, class: usize) -> bool {
+        self.seg.free_head(class).gate.load(Ordering::Acquire) != 0
+            && crate::liveness::died(self.seg.manager_alive())
+    }
+
     /// Pops a magazine off the tagged stack at `head`.
     fn mag_pop(&self, class: usize, head: &AtomicU64) -> Option<u32> {
         tagged_pop(head, |m| self.seg.magazine(class, m))
@@ -548,7 +555,8 @@ pub enum AllocError {
     Forked,
     /// The private cache is empty and the manager died while it held the
     /// shared list closed (killed in the middle of a reclamation sweep):
-    /// nothing will open it again.
+    /// nothing will open it again. Also for an allocation that does not
+    /// wait.
     #[error("the manager died while it held the free list closed")]
     ManagerGone,
 }
@@ -631,9 +639,11 @@ impl StackPool {
                     self.view.pop_batch(self.me, class, self.limit[class], c)
                 })
                 .is_none()
-            && wait
+            && (wait || self.view.stranded(class))
         {
-            // Waiting, it gives up only on a gate a dead manager left closed.
+            // Waiting, it gives up only on a gate a dead manager left
+            // closed; not waiting, such a gate is no passing shortage
+            // either (the caller would retry for ever).
             return Err(AllocError::ManagerGone);
         }
         let idx = c.pop().ok_or(AllocError::Exhausted)?;

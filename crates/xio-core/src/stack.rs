@@ -2288,7 +2288,9 @@ impl Stack {
         Ok(())
     }
 
-    /// A writable buffer, or [`Error::WouldBlock`] if the pool is exhausted.
+    /// A writable buffer, or [`Error::WouldBlock`] if the pool is exhausted
+    /// ([`Error::ManagerGone`] if what it needs is behind a free list the
+    /// manager died holding closed: no wait would end that).
     pub fn try_alloc(&self, len: usize) -> Result<BufMut, Error> {
         match self.pool.alloc(len, false) {
             Ok(raw) => {

@@ -1,6 +1,7 @@
 //! The `xio-manager` binary killed with -9 in the middle of a reclamation
 //! sweep, while it holds the free lists' gates closed: the stacks that
-//! live on must not spin for ever waiting for a gate nobody will open.
+//! live on must not spin for ever waiting for a gate nobody will open, nor
+//! be told to retry an allocation that needs it.
 
 mod support;
 
@@ -76,6 +77,12 @@ fn a_manager_killed_mid_sweep_leaves_no_stack_waiting_on_a_closed_gate() {
     let mut m = m;
     m.0.wait().unwrap();
     assert_ne!(gate(), 0, "the dead manager left the gates closed");
+
+    // One that may not wait (`try_alloc`, what the socket layer's writes
+    // use, and a non-blocking stack's `alloc`) is told so too, not that
+    // the pool is exhausted for now: its caller would retry for ever.
+    let r = survivor.try_alloc(1000).map(drop);
+    assert!(matches!(r, Err(Error::ManagerGone)), "{r:?}");
 
     // An allocation that needs the shared list, then the survivor's drop,
     // which gives its cache back to it: neither may wait for ever.
