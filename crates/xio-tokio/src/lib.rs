@@ -719,7 +719,11 @@ pub struct XioListener {
 
 #[derive(Debug, Default)]
 struct Retry {
-    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The timer, and the runtime it was made on: a task of another
+    /// runtime makes its own (tokio panics on polling a timer whose
+    /// runtime was shut down, and a listener may outlive the runtime it
+    /// first waited on).
+    timer: Option<(tokio::runtime::Id, Pin<Box<tokio::time::Sleep>>)>,
     /// What the timer is polled with, so that it wakes every task
     /// accepting meanwhile: a timer wakes only the waker it was polled
     /// with last, and the task that polled it last may have stopped
@@ -830,13 +834,14 @@ impl XioListener {
             }
             Err(at) => {
                 let at = tokio::time::Instant::from_std(at);
+                let here = tokio::runtime::Handle::current().id();
                 match retry.timer.as_mut() {
-                    Some(t) if t.deadline() == at => {}
-                    _ => retry.timer = Some(Box::pin(tokio::time::sleep_until(at))),
+                    Some((rt, t)) if *rt == here && t.deadline() == at => {}
+                    _ => retry.timer = Some((here, Box::pin(tokio::time::sleep_until(at)))),
                 }
                 retry.waiters.add(cx.waker());
                 let all = std::task::Waker::from(retry.waiters.clone());
-                let t = retry.timer.as_mut().expect("just set");
+                let (_, t) = retry.timer.as_mut().expect("just set");
                 if std::future::Future::poll(t.as_mut(), &mut Context::from_waker(&all)).is_ready()
                 {
                     // Due: every waiting task looks again, this one too.

@@ -425,6 +425,53 @@ fn child_main() {
             }
         });
     }
+    if role == "follower_two_runtimes" {
+        // As "follower", but the listener's first runtime waits out part
+        // of the manager's absence in an accept (its retry timer made
+        // there) and is then shut down; a second runtime accepts on.
+        let echo_one = |mut s: XioStream| async move {
+            let mut b = [0u8; 4];
+            if s.read_exact(&mut b).await.is_ok() {
+                let _ = s.write_all(&b).await;
+            }
+        };
+        let first = rt(1);
+        let l = first.block_on(async {
+            let l = XioListener::bind("10.4.0.23:80").await.unwrap();
+            println!("ready");
+            std::io::stdout().flush().unwrap();
+            // Serves the test's first client until the manager is gone,
+            // then waits in accepts (the retry timer made here) a while.
+            while !l.as_core().net().manager_gone() {
+                tokio::select! {
+                    r = l.accept() => if let Ok((s, _)) = r {
+                        tokio::spawn(echo_one(s));
+                    },
+                    () = tokio::time::sleep(Duration::from_millis(1)) => {}
+                }
+            }
+            let until = tokio::time::Instant::now() + Duration::from_millis(300);
+            while tokio::time::Instant::now() < until {
+                tokio::select! {
+                    r = l.accept() => drop(r),
+                    () = tokio::time::sleep(Duration::from_millis(1)) => {}
+                }
+            }
+            l
+        });
+        drop(first);
+        rt(1).block_on(async {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut b = [0u8; 4];
+                    if s.read_exact(&mut b).await.is_ok() {
+                        let _ = s.write_all(&b).await;
+                    }
+                });
+            }
+        });
+    }
     if role == "two_acceptors" {
         // As "follower", with a second task that accepts on the same
         // listener until the manager is gone, then goes on to other work
@@ -674,6 +721,15 @@ fn a_sleeping_driver_learns_of_a_killed_manager() {
 #[test]
 fn a_global_listener_binds_again_on_a_restarted_manager() {
     service_follows_a_restart("follow", "follower", "10.4.0.20:80");
+}
+
+/// As `a_global_listener_binds_again_on_a_restarted_manager`, with the
+/// listener's retry timer made on a runtime that is shut down during the
+/// manager's absence: the runtime that accepts next must not poll that
+/// timer (tokio panics on a timer of a runtime that is gone).
+#[test]
+fn a_global_listener_follows_a_restart_from_a_second_runtime() {
+    service_follows_a_restart("follow2rt", "follower_two_runtimes", "10.4.0.23:80");
 }
 
 /// Kills the manager of a service (child role `role`, listening on
