@@ -1110,13 +1110,13 @@ impl XioStream {
 
     /// Splits into halves that borrow the stream.
     pub fn split(&mut self) -> (ReadHalf<'_>, WriteHalf<'_>) {
-        (ReadHalf(&self.inner), WriteHalf(&self.inner))
+        (ReadHalf(self), WriteHalf(self))
     }
 
     /// Splits into owned halves (movable to other tasks). Dropping the
     /// write half shuts down writing, as tokio's `TcpStream` halves do.
     pub fn into_split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
-        let a = Arc::new(self.inner);
+        let a = Arc::new(self);
         (OwnedReadHalf(a.clone()), OwnedWriteHalf(a))
     }
 
@@ -1184,7 +1184,7 @@ macro_rules! impl_async_io {
                 cx: &mut Context<'_>,
                 buf: &mut ReadBuf<'_>,
             ) -> Poll<io::Result<()>> {
-                poll_read_core(&self.$field, cx, buf)
+                poll_read_core(self.$field.as_core(), cx, buf)
             }
         }
     };
@@ -1195,14 +1195,14 @@ macro_rules! impl_async_io {
                 cx: &mut Context<'_>,
                 buf: &[u8],
             ) -> Poll<io::Result<usize>> {
-                poll_write_core(&self.$field, cx, &[IoSlice::new(buf)])
+                poll_write_core(self.$field.as_core(), cx, &[IoSlice::new(buf)])
             }
             fn poll_write_vectored(
                 self: Pin<&mut Self>,
                 cx: &mut Context<'_>,
                 bufs: &[IoSlice<'_>],
             ) -> Poll<io::Result<usize>> {
-                poll_write_core(&self.$field, cx, bufs)
+                poll_write_core(self.$field.as_core(), cx, bufs)
             }
             fn is_write_vectored(&self) -> bool {
                 true
@@ -1211,7 +1211,7 @@ macro_rules! impl_async_io {
                 Poll::Ready(Ok(()))
             }
             fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-                shutdown_core(&self.$field)
+                shutdown_core(self.$field.as_core())
             }
         }
     };
@@ -1220,19 +1220,122 @@ macro_rules! impl_async_io {
 impl_async_io!(XioStream, inner);
 impl_async_io!(write XioStream, inner);
 
+/// What the core stream is asked through ([`XioStream::as_core`] for the
+/// halves; the core stream itself for `XioStream`'s own impls).
+trait AsCore {
+    fn as_core(&self) -> &xio_core::net::XioStream;
+}
+
+impl AsCore for xio_core::net::XioStream {
+    fn as_core(&self) -> &xio_core::net::XioStream {
+        self
+    }
+}
+
 /// The read half of [`XioStream::split`].
 #[derive(Debug)]
-pub struct ReadHalf<'a>(&'a xio_core::net::XioStream);
+pub struct ReadHalf<'a>(&'a XioStream);
 /// The write half of [`XioStream::split`].
 #[derive(Debug)]
-pub struct WriteHalf<'a>(&'a xio_core::net::XioStream);
+pub struct WriteHalf<'a>(&'a XioStream);
 /// The read half of [`XioStream::into_split`].
 #[derive(Debug)]
-pub struct OwnedReadHalf(Arc<xio_core::net::XioStream>);
+pub struct OwnedReadHalf(Arc<XioStream>);
 /// The write half of [`XioStream::into_split`]; dropping it shuts down
-/// writing.
+/// writing (unless [`OwnedWriteHalf::forget`]).
 #[derive(Debug)]
-pub struct OwnedWriteHalf(Arc<xio_core::net::XioStream>);
+pub struct OwnedWriteHalf(Arc<XioStream>);
+
+/// The methods of tokio's `TcpStream` halves, each as [`XioStream`]'s.
+macro_rules! half_methods {
+    (common $t:ty) => {
+        impl $t {
+            /// The peer's address ([`XioStream::peer_addr`]).
+            pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+                self.0.peer_addr()
+            }
+
+            /// This end's address ([`XioStream::local_addr`]).
+            pub fn local_addr(&self) -> io::Result<SocketAddr> {
+                self.0.local_addr()
+            }
+
+            /// Waits for any of `interest` ([`XioStream::ready`]).
+            pub async fn ready(&self, interest: Interest) -> io::Result<Ready> {
+                self.0.ready(interest).await
+            }
+        }
+
+        impl AsRef<XioStream> for $t {
+            fn as_ref(&self) -> &XioStream {
+                &self.0
+            }
+        }
+    };
+    (read $t:ty) => {
+        half_methods!(common $t);
+        impl $t {
+            /// Waits until a read would not wait ([`XioStream::readable`]).
+            pub async fn readable(&self) -> io::Result<()> {
+                self.0.readable().await
+            }
+
+            /// Polls [`XioStream::readable`] ([`XioStream::poll_read_ready`]).
+            pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                self.0.poll_read_ready(cx)
+            }
+
+            /// Reads what is there without waiting ([`XioStream::try_read`]).
+            pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+                self.0.try_read(buf)
+            }
+
+            /// [`XioStream::try_read_vectored`].
+            pub fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+                self.0.try_read_vectored(bufs)
+            }
+
+            /// Receives without taking the bytes off ([`XioStream::peek`]).
+            pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+                self.0.peek(buf).await
+            }
+
+            /// Polls [`XioStream::peek`].
+            pub fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+                self.0.poll_peek(cx, buf)
+            }
+        }
+    };
+    (write $t:ty) => {
+        half_methods!(common $t);
+        impl $t {
+            /// Waits until a write would not wait ([`XioStream::writable`]).
+            pub async fn writable(&self) -> io::Result<()> {
+                self.0.writable().await
+            }
+
+            /// Polls [`XioStream::writable`] ([`XioStream::poll_write_ready`]).
+            pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                self.0.poll_write_ready(cx)
+            }
+
+            /// Writes what can go now without waiting ([`XioStream::try_write`]).
+            pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+                self.0.try_write(buf)
+            }
+
+            /// [`XioStream::try_write_vectored`].
+            pub fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+                self.0.try_write_vectored(bufs)
+            }
+        }
+    };
+}
+
+half_methods!(read ReadHalf<'_>);
+half_methods!(write WriteHalf<'_>);
+half_methods!(read OwnedReadHalf);
+half_methods!(write OwnedWriteHalf);
 
 impl_async_io!(ReadHalf<'_>, 0);
 impl_async_io!(write WriteHalf<'_>, 0);
@@ -1252,15 +1355,32 @@ impl OwnedReadHalf {
         // once (so its write-half Drop, a shutdown, does not run).
         drop(unsafe { std::ptr::read(&w.0) });
         match Arc::try_unwrap(a) {
-            Ok(inner) => Ok(XioStream { inner }),
+            Ok(s) => Ok(s),
             Err(_) => unreachable!("both halves were given back"),
         }
     }
 }
 
+impl OwnedWriteHalf {
+    /// Puts the halves back together ([`OwnedReadHalf::reunite`]).
+    pub fn reunite(self, r: OwnedReadHalf) -> Result<XioStream, (OwnedReadHalf, OwnedWriteHalf)> {
+        r.reunite(self)
+    }
+
+    /// Drops the half without shutting down writing (as tokio's
+    /// `OwnedWriteHalf::forget`): the stream stays open for writes until
+    /// the read half goes too.
+    pub fn forget(self) {
+        let w = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `w` is never used or dropped again; its Arc is moved out
+        // once (so the shutdown of its Drop does not run).
+        drop(unsafe { std::ptr::read(&w.0) });
+    }
+}
+
 impl Drop for OwnedWriteHalf {
     fn drop(&mut self) {
-        let _ = self.0.shutdown(Shutdown::Write);
+        let _ = self.0.as_core().shutdown(Shutdown::Write);
     }
 }
 

@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use xio_core::manager::{Manager, ManagerHandle};
 use xio_tokio::{Net, XioListener, XioStream};
 
@@ -112,6 +112,64 @@ async fn checked_echo(s: XioStream, seed: u64, total: u64) {
     }
     assert_eq!(got, total);
     writer.await.unwrap();
+}
+
+/// The halves answer what tokio's `TcpStream` halves answer (addresses,
+/// readiness, `try_*`, `peek`), so ported code calling them compiles and
+/// behaves; `forget` leaves writing open, and either half reunites.
+#[test]
+fn halves_have_tcp_stream_halves_methods() {
+    let (_mgr, p) = setup("halves");
+    rt(1).block_on(async {
+        let (mut c, s) = connected(&p, "10.4.0.30:80").await;
+        let (peer, local) = (c.peer_addr().unwrap(), c.local_addr().unwrap());
+        {
+            let (r, w) = c.split();
+            assert_eq!(
+                (r.peer_addr().unwrap(), r.local_addr().unwrap()),
+                (peer, local)
+            );
+            assert_eq!(
+                (w.peer_addr().unwrap(), w.local_addr().unwrap()),
+                (peer, local)
+            );
+            w.writable().await.unwrap();
+            assert_eq!(w.try_write(b"ab").unwrap(), 2);
+            let ready = w.ready(Interest::WRITABLE).await.unwrap();
+            assert!(ready.is_writable());
+            assert_eq!(
+                r.try_read(&mut [0u8; 4]).unwrap_err().kind(),
+                io::ErrorKind::WouldBlock
+            );
+        }
+        let (r, w) = c.into_split();
+        let (sr, sw) = s.into_split();
+        assert_eq!(sr.local_addr().unwrap(), peer);
+        assert_eq!(sw.peer_addr().unwrap(), local);
+        sr.readable().await.unwrap();
+        let mut two = [0u8; 2];
+        assert_eq!(sr.peek(&mut two).await.unwrap(), 2);
+        assert_eq!(sr.try_read(&mut two).unwrap(), 2);
+        assert_eq!(&two, b"ab");
+        let iov = [io::IoSlice::new(b"c"), io::IoSlice::new(b"d")];
+        assert_eq!(sw.try_write_vectored(&iov).unwrap(), 2);
+        r.readable().await.unwrap();
+        assert!(r.ready(Interest::READABLE).await.unwrap().is_readable());
+        let mut got = [0u8; 2];
+        let mut bufs = [io::IoSliceMut::new(&mut got)];
+        assert_eq!(r.try_read_vectored(&mut bufs).unwrap(), 2);
+        assert_eq!(&got, b"cd");
+        // Forgotten, the write half leaves the stream open for writes.
+        w.forget();
+        assert_eq!(r.as_ref().try_write(b"e").unwrap(), 1);
+        let mut e = [0u8; 1];
+        let mut sr = sr;
+        sr.read_exact(&mut e).await.unwrap();
+        assert_eq!(&e, b"e");
+        // Either half reunites.
+        let s = sw.reunite(sr).unwrap();
+        drop((r, s));
+    });
 }
 
 #[test]
