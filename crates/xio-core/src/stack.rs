@@ -797,6 +797,12 @@ impl Stack {
             return Err(Error::ManagerGone);
         }
         self.send_releases();
+        // A release still queued (the socket was full a moment ago) goes
+        // first: a request that overtook it could be answered with the
+        // channel it gives up (a Connect, as `existing`).
+        if !self.unreleased.is_empty() {
+            return Err(Error::ManagerUnresponsive(self.ctrl_timeout));
+        }
         // Not blocking: a manager stopped long enough for timed-out
         // requests to fill the socket's buffer must not hang the sender.
         if let Err(e) = ctrl::send_nowait(self.ctrl_fd(), msg, &[]) {
@@ -1195,12 +1201,25 @@ impl Stack {
         while let Some(&ch) = self.unreleased.first() {
             let msg = Msg::ChannelReleased { channel: ch };
             match ctrl::send_nowait(self.ctrl_fd(), &msg, &[]) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 // Sent, or no manager to tell.
-                _ => {
+                Ok(()) => {
                     self.unreleased.remove(0);
                 }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::BrokenPipe
+                            | io::ErrorKind::ConnectionReset
+                            | io::ErrorKind::NotConnected
+                    ) =>
+                {
+                    self.unreleased.remove(0);
+                }
+                // Full (WouldBlock), or short of kernel memory (ENOBUFS,
+                // ENOMEM): kept for the next try, as the manager waits
+                // for this release before it frees the channel.
+                Err(_) => return,
             }
         }
     }
