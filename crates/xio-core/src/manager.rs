@@ -1704,9 +1704,23 @@ impl Manager {
     fn status_text(&self) -> String {
         use std::fmt::Write;
         let mut t = String::new();
+        // Dead stacks whose slots are not free yet (peers still to let go
+        // of their channels, or buffers still to reclaim): a newcomer
+        // cannot have them, so the count says so.
+        let dead: BTreeSet<u16> = self
+            .dead
+            .keys()
+            .chain(self.unswept.keys())
+            .copied()
+            .collect();
+        let held = if dead.is_empty() {
+            String::new()
+        } else {
+            format!(" (+{} dead, slots not free yet)", dead.len())
+        };
         let _ = writeln!(
             t,
-            "pool {}: {} MiB segment, {}/{} stacks, {}/{} channels",
+            "pool {}: {} MiB segment, {}/{} stacks{held}, {}/{} channels",
             self.prefix,
             self.seg.region().len() >> 20,
             self.stacks.len(),
@@ -1745,6 +1759,14 @@ impl Manager {
                     e.outbox.len()
                 );
             }
+        }
+        if !self.dead.is_empty() {
+            let ids: Vec<String> = self.dead.keys().map(|id| id.to_string()).collect();
+            let _ = writeln!(
+                t,
+                "  dead, slot kept until its peers release their channels: {}",
+                ids.join(", ")
+            );
         }
         if !self.unswept.is_empty() {
             let ids: Vec<String> = self.unswept.keys().map(|id| id.to_string()).collect();

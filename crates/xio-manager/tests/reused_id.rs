@@ -55,6 +55,13 @@ fn a_dead_stacks_owed_release_is_not_handed_to_the_newcomer_with_its_id() {
         let s = status(&sock);
         s.contains("1/2 stacks") && s.contains("(closing)")
     });
+    // A's slot is not free: the count and the list say so.
+    let s = status(&sock);
+    assert!(
+        s.contains("1/2 stacks (+1 dead, slots not free yet)")
+            && s.contains("dead, slot kept until its peers release their channels: 1"),
+        "{s}"
+    );
 
     // A newcomer's connection, accepted (a status query made after it is
     // answered, and the listener's queue is taken in order).
