@@ -63,7 +63,7 @@ mod real {
 
     use super::{sleep_with_tick, TID_MASK};
     use crate::segment::Segment;
-    use crate::sync::{futex_wake, AtomicU32, Ordering};
+    use crate::sync::{fence, futex_wake, AtomicU32, Ordering};
 
     /// Whether sleeps may use futex_waitv: [`WAITV_UNKNOWN`] until the
     /// first sleep reads `XIO_FUTEX_WAITV`; cleared for good when the
@@ -210,7 +210,12 @@ mod real {
             word.store(OWNER_DIED, Ordering::Release);
             futex_wake(word);
             // Stacks of this process do not wait on the word (see
-            // `sleep`): ring every sleeping stack, so they look.
+            // `sleep`): ring every sleeping stack, so they look. The
+            // Dekker half of their sleep (they publish `sleeping`, then
+            // read the word): the store above before the loads below.
+            // (The futex_wake system call orders them too; this does not
+            // lean on that.)
+            fence(Ordering::SeqCst);
             for id in 1..=self.seg.max_stacks() as u16 {
                 let s = &self.seg.stack_slot(id).sleeping;
                 if s.load(Ordering::Relaxed) == crate::layout::SLEEP_FUTEX
