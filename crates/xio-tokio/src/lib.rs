@@ -991,13 +991,13 @@ impl XioStream {
     }
 
     /// Waits until any of `interest` is ready (as `TcpStream::ready`):
-    /// `READABLE` (with `READ_CLOSED` at end of stream), `WRITABLE` (also
-    /// when a write would fail: the write reports why; `WRITE_CLOSED` is
-    /// not reported). With `ERROR` next to `READABLE`, a reset reports
-    /// `ERROR` too; `ERROR` or `PRIORITY` alone is refused (`Unsupported`):
-    /// there is no wait for an error alone. Readiness is a hint, as with a
-    /// socket: `try_read`/`try_write` may still say `WouldBlock` if another
-    /// task got there first.
+    /// `READABLE` (with `READ_CLOSED` at end of stream or after a reset),
+    /// `WRITABLE` (also when a write would fail: the write reports why;
+    /// `WRITE_CLOSED` is not reported). With `ERROR` next to `READABLE`, a
+    /// reset reports `ERROR` too; `ERROR` or `PRIORITY` alone is refused
+    /// (`Unsupported`): there is no wait for an error alone. Readiness is
+    /// a hint, as with a socket: `try_read`/`try_write` may still say
+    /// `WouldBlock` if another task got there first.
     pub async fn ready(&self, interest: Interest) -> io::Result<Ready> {
         if !interest.is_readable() && !interest.is_writable() {
             return Err(io::Error::new(
@@ -1011,10 +1011,14 @@ impl XioStream {
                 let mut one = [0u8; 1];
                 match self.poll_peek(cx, &mut one) {
                     Poll::Ready(Ok(0)) => ready |= Ready::READABLE | Ready::READ_CLOSED,
-                    Poll::Ready(Err(_)) if interest.is_error() => {
-                        ready |= Ready::READABLE | Ready::ERROR
+                    // A reset: as epoll reports one (IN, RDHUP, ERR).
+                    Poll::Ready(Err(_)) => {
+                        ready |= Ready::READABLE | Ready::READ_CLOSED;
+                        if interest.is_error() {
+                            ready |= Ready::ERROR;
+                        }
                     }
-                    Poll::Ready(_) => ready |= Ready::READABLE,
+                    Poll::Ready(Ok(_)) => ready |= Ready::READABLE,
                     Poll::Pending => {}
                 }
             }
