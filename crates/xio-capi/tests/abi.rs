@@ -83,20 +83,29 @@ unsafe fn send_some(s: *mut XioStack, peer: XioPeer, n: usize) {
     }
 }
 
-/// A peer's reset that comes right after a burst's buffers ends the
-/// burst and is reported by the next call, as the header promises. (The
-/// burst used to take it from the stack and drop it: the next call waited
-/// for traffic that the dead peer would never send.)
-#[test]
-fn a_reset_after_a_bursts_buffers_is_reported_by_the_next_call() {
-    let (_m, p) = manager("burst-reset");
+/// Stacks `rx` and `watcher` of pool `p` (addresses in 10.9.`net`.0/24),
+/// with two buffers from a stack that then closed waiting in `rx`'s
+/// ring, and the manager's notice of that close on `rx`'s control socket
+/// behind them: both buffers and then the reset are there before the
+/// next receive starts. Returns them and `rx`'s address.
+///
+/// # Safety
+/// Calls the C ABI with valid handles and arguments; the caller closes
+/// the two stacks.
+unsafe fn two_buffers_then_a_reset(
+    p: &CString,
+    net: u8,
+) -> (*mut XioStack, *mut XioStack, CString) {
     // SAFETY: live handles from `stack`, valid out-parameters and
-    // NUL-terminated strings throughout; every received buffer is freed.
+    // NUL-terminated strings throughout.
     unsafe {
-        let rx = stack(&p);
-        let tx = stack(&p);
-        let watcher = stack(&p);
-        let (rx_addr, tx_addr) = (addr("10.9.0.1:80"), addr("10.9.0.2:80"));
+        let rx = stack(p);
+        let tx = stack(p);
+        let watcher = stack(p);
+        let (rx_addr, tx_addr) = (
+            addr(&format!("10.9.{net}.1:80")),
+            addr(&format!("10.9.{net}.2:80")),
+        );
         assert_eq!(xio_stack_bind(rx, rx_addr.as_ptr()), XIO_OK);
         assert_eq!(xio_stack_bind(tx, tx_addr.as_ptr()), XIO_OK);
         let mut to_rx = 0;
@@ -111,17 +120,31 @@ fn a_reset_after_a_bursts_buffers_is_reported_by_the_next_call() {
         // The manager tells all of a dead stack's peers at once: once the
         // watcher has its reset, `rx`'s notice is on its control socket,
         // and a request of `rx` (its answer comes after the notice) takes
-        // it in, behind the two buffers: both and then the reset are
-        // ready before the burst starts.
+        // it in, behind the two buffers.
         let mut b = null_mut();
         let mut from = 0;
         assert_eq!(
             xio_recv(watcher, WATCHDOG_MS, &mut b, &mut from),
             XIO_ERR_CONNECTION_RESET
         );
-        let other = addr("10.9.0.3:80");
+        let other = addr(&format!("10.9.{net}.3:80"));
         assert_eq!(xio_stack_bind(rx, other.as_ptr()), XIO_OK);
+        (rx, watcher, rx_addr)
+    }
+}
 
+/// A peer's reset that comes right after a burst's buffers ends the
+/// burst and is reported by the next call, as the header promises. (The
+/// burst used to take it from the stack and drop it: the next call waited
+/// for traffic that the dead peer would never send.)
+#[test]
+fn a_reset_after_a_bursts_buffers_is_reported_by_the_next_call() {
+    let (_m, p) = manager("burst-reset");
+    // SAFETY: live handles from `stack`, valid out-parameters and
+    // NUL-terminated strings throughout; every received buffer is freed.
+    unsafe {
+        let (rx, watcher, rx_addr) = two_buffers_then_a_reset(&p, 0);
+        let (mut b, mut from) = (null_mut(), 0);
         let mut bufs = [null_mut(); 16];
         let mut froms = [0; 16];
         let mut n = 0;
@@ -944,32 +967,8 @@ fn a_childs_receive_on_an_inherited_stack_says_forked_not_the_parents_notice() {
     // NUL-terminated strings throughout; every received buffer is freed;
     // the child calls only xio_ functions and exits with `_exit`.
     unsafe {
-        let rx = stack(&p);
-        let tx = stack(&p);
-        let watcher = stack(&p);
-        let (rx_addr, tx_addr) = (addr("10.9.12.1:80"), addr("10.9.12.2:80"));
-        assert_eq!(xio_stack_bind(rx, rx_addr.as_ptr()), XIO_OK);
-        assert_eq!(xio_stack_bind(tx, tx_addr.as_ptr()), XIO_OK);
-        let mut to_rx = 0;
-        assert_eq!(xio_stack_connect(tx, rx_addr.as_ptr(), &mut to_rx), XIO_OK);
-        let mut to_tx = 0;
-        assert_eq!(
-            xio_stack_connect(watcher, tx_addr.as_ptr(), &mut to_tx),
-            XIO_OK
-        );
-        send_some(tx, to_rx, 2);
-        assert_eq!(xio_stack_close(tx), XIO_OK);
-        // As in `a_reset_after_a_bursts_buffers_is_reported_by_the_next_call`:
-        // once the watcher has its reset, a request of `rx` takes its
-        // notice in, behind the two buffers.
-        let mut b = null_mut();
-        let mut from = 0;
-        assert_eq!(
-            xio_recv(watcher, WATCHDOG_MS, &mut b, &mut from),
-            XIO_ERR_CONNECTION_RESET
-        );
-        let other = addr("10.9.12.3:80");
-        assert_eq!(xio_stack_bind(rx, other.as_ptr()), XIO_OK);
+        let (rx, watcher, _) = two_buffers_then_a_reset(&p, 12);
+        let (mut b, mut from) = (null_mut(), 0);
         let mut bufs = [null_mut(); 16];
         let mut n = 0;
         let r = xio_recv_burst(rx, 0, bufs.as_mut_ptr(), null_mut(), 16, &mut n);
