@@ -542,18 +542,19 @@ fn wait_sole_holder(mgr: &xio_core::manager::ManagerHandle, me: &Stack) {
 /// does not exist there.
 #[test]
 fn a_child_forked_while_x_io_locks_are_held_attaches() {
+    fork_role("forklocks", "forks_holding_locks");
+}
+
+/// Runs child role `role` (one that forks and checks its child itself)
+/// on a pool of its own, and waits for it to succeed.
+fn fork_role(name: &str, role: &str) {
     if skip_fork_on_dpdk() {
         return;
     }
     setup();
-    let p = prefix("forklocks");
+    let p = prefix(name);
     let _mgr = manager_builder(&p).spawn().unwrap();
-    let c = ChildProc::spawn(
-        "child_main",
-        "forks_holding_locks",
-        std::slice::from_ref(&p),
-    );
-    c.wait_success();
+    ChildProc::spawn("child_main", role, std::slice::from_ref(&p)).wait_success();
 }
 
 /// A process forked while one of its threads held a net's lock: in the
@@ -562,18 +563,7 @@ fn a_child_forked_while_x_io_locks_are_held_attaches() {
 /// (its copy of the lock is never released; the call waited for ever).
 #[test]
 fn a_nets_lock_held_at_a_fork_is_an_error_in_the_child_not_a_hang() {
-    if skip_fork_on_dpdk() {
-        return;
-    }
-    setup();
-    let p = prefix("forknetlock");
-    let _mgr = manager_builder(&p).spawn().unwrap();
-    let c = ChildProc::spawn(
-        "child_main",
-        "forks_holding_a_nets_lock",
-        std::slice::from_ref(&p),
-    );
-    c.wait_success();
+    fork_role("forknetlock", "forks_holding_a_nets_lock");
 }
 
 fn addr(port: u16) -> SocketAddr {
