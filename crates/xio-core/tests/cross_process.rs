@@ -394,37 +394,17 @@ fn forks_holding_locks(prefix: &str) {
     let _net = xio_core::net::Net::attach(prefix).unwrap();
     std::env::set_var("XIO_PREFIX", prefix);
     let held = xio_core::net::__hold_process_locks();
-    let (rd, wr) = rustix::pipe::pipe().unwrap();
-    // SAFETY: the child only attaches (new fds, new mappings), writes to a
-    // pipe and `_exit`s; the other thread of this process (the test
-    // harness's) holds no lock X-IO uses.
-    let pid = unsafe { fork() };
-    assert!(pid >= 0, "fork failed");
-    if pid == 0 {
-        drop(rd);
-        std::mem::forget(held);
-        // Dies with its parent if it hangs (the failure this tests).
-        let _ =
-            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+    // The child only attaches (new fds, new mappings).
+    let verdict = fork_reporting(held, || {
         let attached = xio_core::net::Net::attach(prefix).is_ok();
         let global = xio_core::net::Net::global().is_ok();
-        let verdict = if attached && global { "ok" } else { "failed" };
-        rustix::io::write(&wr, verdict.as_bytes()).unwrap();
-        // SAFETY: ends the forked child without running the parent's exit
-        // handlers a second time.
-        unsafe { _exit(0) }
-    }
-    let _reap = Reap(pid);
-    drop(wr);
-    drop(held);
-    wait_readable(&rd, "the forked child hung");
-    let mut verdict = [0u8; 16];
-    let n = rustix::io::read(&rd, &mut verdict).unwrap();
-    assert_eq!(
-        &verdict[..n],
-        b"ok",
-        "the forked child's attach (empty: it died)"
-    );
+        if attached && global {
+            "ok"
+        } else {
+            "failed"
+        }
+    });
+    assert_eq!(verdict, "ok", "the forked child's attach (empty: it died)");
     println!("XIO:ready");
 }
 
@@ -432,31 +412,21 @@ fn forks_holding_locks(prefix: &str) {
 /// listener of that net open. In the child, where nothing will ever
 /// release it, dropping the inherited stream and listener returns, and a
 /// call on the inherited net panics saying why instead of waiting for
-/// ever. Reports through a pipe; the parent waits for the report (or its
-/// watchdog).
+/// ever.
 fn forks_holding_a_nets_lock(prefix: &str) {
     let net = xio_core::net::Net::attach(prefix).unwrap();
     let a: SocketAddr = "10.0.9.1:80".parse().unwrap();
     let l = net.listen(a).unwrap();
     let c = net.connect(a).unwrap();
     let held = net.__hold_lock();
-    let (rd, wr) = rustix::pipe::pipe().unwrap();
-    // SAFETY: the child drops handles, catches a panic, writes to a pipe
-    // and `_exit`s; the other thread of this process (the test
-    // harness's) holds no lock X-IO uses.
-    let pid = unsafe { fork() };
-    assert!(pid >= 0, "fork failed");
-    if pid == 0 {
-        drop(rd);
-        std::mem::forget(held);
-        let _ =
-            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+    // The child drops handles and catches a panic.
+    let verdict = fork_reporting(held, || {
         drop(c);
         drop(l);
         // The panic is expected: no report of it in the test's output.
         std::panic::set_hook(Box::new(|_| {}));
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| net.stack_id()));
-        let verdict = match r {
+        match r {
             Err(e) => {
                 let m = e
                     .downcast_ref::<String>()
@@ -470,7 +440,35 @@ fn forks_holding_a_nets_lock(prefix: &str) {
                 }
             }
             Ok(_) => "returned",
-        };
+        }
+    });
+    assert_eq!(
+        verdict, "panicked",
+        "the forked child's call on the inherited net (empty: it died)"
+    );
+    println!("XIO:ready");
+}
+
+/// Forks; the child forgets `held` (a guard of locks this thread holds,
+/// never released there), runs `child` and writes its verdict to a pipe,
+/// dying with the parent if it hangs; the parent releases `held` and
+/// returns the verdict (watchdog: the child hung; empty: it died).
+/// `child` must only use what a forked child of a threaded process may
+/// (new fds and mappings, X-IO's calls), and must not return to the test
+/// harness.
+fn fork_reporting<H>(held: H, child: impl FnOnce() -> &'static str) -> String {
+    let (rd, wr) = rustix::pipe::pipe().unwrap();
+    // SAFETY: the child runs `child` (see above), writes to a pipe and
+    // `_exit`s; the other thread of this process (the test harness's)
+    // holds no lock X-IO uses.
+    let pid = unsafe { fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        drop(rd);
+        std::mem::forget(held);
+        let _ =
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+        let verdict = child();
         rustix::io::write(&wr, verdict.as_bytes()).unwrap();
         // SAFETY: ends the forked child without running the parent's exit
         // handlers a second time.
@@ -482,12 +480,7 @@ fn forks_holding_a_nets_lock(prefix: &str) {
     wait_readable(&rd, "the forked child hung");
     let mut verdict = [0u8; 32];
     let n = rustix::io::read(&rd, &mut verdict).unwrap();
-    assert_eq!(
-        std::str::from_utf8(&verdict[..n]).unwrap(),
-        "panicked",
-        "the forked child's call on the inherited net (empty: it died)"
-    );
-    println!("XIO:ready");
+    String::from_utf8_lossy(&verdict[..n]).into_owned()
 }
 
 /// A forked child's wait: until killed, or until `test_process` is gone
