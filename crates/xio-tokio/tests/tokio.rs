@@ -54,6 +54,15 @@ async fn connected(p: &str, addr: &str) -> (XioStream, XioStream) {
     (c, s)
 }
 
+/// Echoes the first 4 bytes of `s` (a child service's reply to the
+/// test's ping).
+async fn echo4(mut s: XioStream) {
+    let mut b = [0u8; 4];
+    if s.read_exact(&mut b).await.is_ok() {
+        let _ = s.write_all(&b).await;
+    }
+}
+
 async fn echo_server(l: XioListener) {
     loop {
         let Ok((mut s, _)) = l.accept().await else {
@@ -473,13 +482,8 @@ fn child_main() {
             println!("ready");
             std::io::stdout().flush().unwrap();
             loop {
-                let (mut s, _) = l.accept().await.unwrap();
-                tokio::spawn(async move {
-                    let mut b = [0u8; 4];
-                    if s.read_exact(&mut b).await.is_ok() {
-                        let _ = s.write_all(&b).await;
-                    }
-                });
+                let (s, _) = l.accept().await.unwrap();
+                tokio::spawn(echo4(s));
             }
         });
     }
@@ -487,12 +491,6 @@ fn child_main() {
         // As "follower", but the listener's first runtime waits out part
         // of the manager's absence in an accept (its retry timer made
         // there) and is then shut down; a second runtime accepts on.
-        let echo_one = |mut s: XioStream| async move {
-            let mut b = [0u8; 4];
-            if s.read_exact(&mut b).await.is_ok() {
-                let _ = s.write_all(&b).await;
-            }
-        };
         let first = rt(1);
         let l = first.block_on(async {
             let l = XioListener::bind("10.4.0.23:80").await.unwrap();
@@ -503,7 +501,7 @@ fn child_main() {
             while !l.as_core().net().manager_gone() {
                 tokio::select! {
                     r = l.accept() => if let Ok((s, _)) = r {
-                        tokio::spawn(echo_one(s));
+                        tokio::spawn(echo4(s));
                     },
                     () = tokio::time::sleep(Duration::from_millis(1)) => {}
                 }
@@ -520,13 +518,8 @@ fn child_main() {
         drop(first);
         rt(1).block_on(async {
             loop {
-                let (mut s, _) = l.accept().await.unwrap();
-                tokio::spawn(async move {
-                    let mut b = [0u8; 4];
-                    if s.read_exact(&mut b).await.is_ok() {
-                        let _ = s.write_all(&b).await;
-                    }
-                });
+                let (s, _) = l.accept().await.unwrap();
+                tokio::spawn(echo4(s));
             }
         });
     }
@@ -539,13 +532,8 @@ fn child_main() {
             let acceptor = l.clone();
             tokio::spawn(async move {
                 loop {
-                    let (mut s, _) = acceptor.accept().await.unwrap();
-                    tokio::spawn(async move {
-                        let mut b = [0u8; 4];
-                        if s.read_exact(&mut b).await.is_ok() {
-                            let _ = s.write_all(&b).await;
-                        }
-                    });
+                    let (s, _) = acceptor.accept().await.unwrap();
+                    tokio::spawn(echo4(s));
                 }
             });
             println!("ready");

@@ -305,6 +305,11 @@ pub fn dies_mid_burst(prefix: &str, addr: std::net::SocketAddr, at: usize) {
 
 /// Buffers of `seg` whose header says in flight to stack `me`.
 pub fn in_flight_to(seg: &xio_core::segment::Segment, me: u16) -> usize {
+    owned_in_state(seg, me, xio_core::layout::bufword::INFLIGHT)
+}
+
+/// Buffers of `seg` in header state `state` owned by stack `owner`.
+pub fn owned_in_state(seg: &xio_core::segment::Segment, owner: u16, state: u8) -> usize {
     use std::sync::atomic::Ordering;
     use xio_core::layout::bufword;
     let mut n = 0;
@@ -315,7 +320,7 @@ pub fn in_flight_to(seg: &xio_core::segment::Segment, me: u16) -> usize {
                 .unwrap()
                 .word
                 .load(Ordering::SeqCst);
-            if bufword::state(w) == bufword::INFLIGHT && bufword::owner(w) == me {
+            if bufword::state(w) == state && bufword::owner(w) == owner {
                 n += 1;
             }
         }
