@@ -217,9 +217,10 @@ impl StackBuilder {
     /// address not resolved yet) waits for its answer before failing with
     /// [`Error::ManagerUnresponsive`] (`TimedOut`). Default 5 s, or
     /// `$XIO_CONTROL_TIMEOUT_MS` (milliseconds, 1 or more; another value
-    /// makes the attach fail with [`Error::BadEnv`]). A manager answers in microseconds; this
-    /// bounds the wait on one that is stopped or stuck, during which the
-    /// caller (and, in the socket layer, its net) waits.
+    /// makes the attach fail with [`Error::BadEnv`]). A manager answers
+    /// in microseconds; this bounds the wait on one that is stopped or
+    /// stuck, during which the caller (and, in the socket layer, its net)
+    /// waits.
     pub fn control_timeout(mut self, timeout: Duration) -> Self {
         self.ctrl_timeout = Some(timeout);
         self
@@ -1202,10 +1203,10 @@ impl Stack {
             let msg = Msg::ChannelReleased { channel: ch };
             match ctrl::send_nowait(self.ctrl_fd(), &msg, &[]) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // Sent, or no manager to tell.
                 Ok(()) => {
                     self.unreleased.remove(0);
                 }
+                // No manager to tell.
                 Err(e)
                     if matches!(
                         e.kind(),
