@@ -219,11 +219,11 @@ typedef uint16_t xio_peer;
  * fail with it (one of the same net still answers). To reach a
  * restarted manager, attach again (`xio_stack_attach`, `xio_net_attach`:
  * a handle attached before, NULL prefix included, stays with the old
- * pool) and bind or listen again. With no manager left to announce a peer's death, an
- * event loop that keeps the old net should call `xio_net_poll` at least
- * once a second (a timeout on its own `epoll_wait`): each call looks at
- * the peers' processes, and a dead one's streams become readable with
- * `XIO_ERR_CONNECTION_RESET`.
+ * pool) and bind or listen again. With no manager left to announce a
+ * peer's death, an event loop that keeps the old net should call
+ * `xio_net_poll` at least once a second (a timeout on its own
+ * `epoll_wait`): each call looks at the peers' processes, and a dead
+ * one's streams become readable with `XIO_ERR_CONNECTION_RESET`.
  */
 #define XIO_ERR_MANAGER_GONE 11
 
@@ -368,8 +368,8 @@ xio_result xio_net_manager_gone(struct xio_net *net, int32_t *gone_out);
  * (`cap` 0 is `XIO_ERR_INVALID_ARGUMENT`) and their number to `n_out`.
  * `timeout_ms` < 0 waits until something is ready, 0 does not wait (and
  * re-arms `xio_net_fd`), > 0 waits at most that long (`*n_out` = 0 when
- * nothing came). The wait follows the
- * adaptive policy: it spins briefly when a peer is active, then sleeps.
+ * nothing came). The wait follows the adaptive policy: it spins briefly
+ * when a peer is active, then sleeps.
  *
  * Thread-safe, though one thread polling a net is the usual design.
  *

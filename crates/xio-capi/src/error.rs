@@ -45,11 +45,11 @@ pub const XIO_ERR_TOO_LARGE: XioResult = 10;
 /// fail with it (one of the same net still answers). To reach a
 /// restarted manager, attach again (`xio_stack_attach`, `xio_net_attach`:
 /// a handle attached before, NULL prefix included, stays with the old
-/// pool) and bind or listen again. With no manager left to announce a peer's death, an
-/// event loop that keeps the old net should call `xio_net_poll` at least
-/// once a second (a timeout on its own `epoll_wait`): each call looks at
-/// the peers' processes, and a dead one's streams become readable with
-/// `XIO_ERR_CONNECTION_RESET`.
+/// pool) and bind or listen again. With no manager left to announce a
+/// peer's death, an event loop that keeps the old net should call
+/// `xio_net_poll` at least once a second (a timeout on its own
+/// `epoll_wait`): each call looks at the peers' processes, and a dead
+/// one's streams become readable with `XIO_ERR_CONNECTION_RESET`.
 pub const XIO_ERR_MANAGER_GONE: XioResult = 11;
 /// A peer or the manager broke the protocol.
 pub const XIO_ERR_PROTOCOL: XioResult = 12;

@@ -248,8 +248,8 @@ pub unsafe extern "C" fn xio_net_manager_gone(net: *mut XioNet, gone_out: *mut i
 /// (`cap` 0 is `XIO_ERR_INVALID_ARGUMENT`) and their number to `n_out`.
 /// `timeout_ms` < 0 waits until something is ready, 0 does not wait (and
 /// re-arms `xio_net_fd`), > 0 waits at most that long (`*n_out` = 0 when
-/// nothing came). The wait follows the
-/// adaptive policy: it spins briefly when a peer is active, then sleeps.
+/// nothing came). The wait follows the adaptive policy: it spins briefly
+/// when a peer is active, then sleeps.
 ///
 /// Thread-safe, though one thread polling a net is the usual design.
 ///
@@ -294,9 +294,10 @@ pub unsafe extern "C" fn xio_net_poll(
 /// The nets on which this thread began a write batch and has not ended
 /// it, each with the fork generation it was begun in and its [`Net::id`]
 /// (not reused while the weak handle keeps its allocation): ended when
-/// the thread exits, as a thread's exit gives up the stacks it owns. Without
-/// it a thread that exits inside a batch (an error path, `pthread_exit`)
-/// leaves its writes held and every other thread's batch refused.
+/// the thread exits, as a thread's exit gives up the stacks it owns.
+/// Without it a thread that exits inside a batch (an error path,
+/// `pthread_exit`) leaves its writes held and every other thread's batch
+/// refused.
 struct OpenBatches(Vec<(u32, usize, WeakNet)>);
 
 impl Drop for OpenBatches {
