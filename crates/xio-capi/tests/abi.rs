@@ -241,6 +241,33 @@ fn a_failing_call_during_thread_teardown_returns_its_code() {
     );
 }
 
+/// Runs `first` on a new thread and then, as that thread exits, `late`
+/// from a thread-local destructor that runs after libxio's own
+/// thread-locals are gone (as a C program's `pthread_key_create`
+/// destructor may); joins the thread.
+fn on_a_thread_then_at_its_teardown(
+    first: impl FnOnce() + std::marker::Send + 'static,
+    late: impl FnOnce() + std::marker::Send + 'static,
+) {
+    type Late = Box<dyn FnOnce()>;
+    struct AtExit(std::cell::RefCell<Option<Late>>);
+    impl Drop for AtExit {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.borrow_mut().take() {
+                f();
+            }
+        }
+    }
+    thread_local!(static AT_EXIT: AtExit = const { AtExit(std::cell::RefCell::new(None)) });
+    std::thread::spawn(move || {
+        // Registered before libxio's: destroyed after them.
+        AT_EXIT.with(|a| *a.0.borrow_mut() = Some(Box::new(late)));
+        first();
+    })
+    .join()
+    .unwrap();
+}
+
 /// A stack that a thread claims while it exits, from a thread-local
 /// destructor that runs after libxio's own thread-locals are gone (a C
 /// program's `pthread_key_create` destructor, say), is not left owned by
@@ -256,40 +283,30 @@ fn a_stack_claimed_during_thread_teardown_is_not_kept_by_the_dead_thread() {
     unsafe impl<T> std::marker::Send for Send<T> {}
     let (_m, p) = manager("teardown-claim");
     let (s, other) = (stack(&p), stack(&p));
-    struct LateCaller(std::cell::Cell<*mut XioStack>);
-    impl Drop for LateCaller {
-        fn drop(&mut self) {
-            let s = self.0.get();
-            if s.is_null() {
-                return;
+    let (hs, ho) = (Send(s), Send(other));
+    on_a_thread_then_at_its_teardown(
+        move || {
+            let ho = ho;
+            // libxio's thread-locals (its list of this thread's claims).
+            let mut b = null_mut();
+            // SAFETY: a live stack, used by this thread alone; the buffer
+            // is freed once.
+            unsafe {
+                assert_eq!(xio_alloc(ho.0, 8, &mut b), XIO_OK);
+                assert_eq!(xio_buf_free(b), XIO_OK);
             }
+        },
+        move || {
+            let hs = hs;
             let mut b = null_mut();
             // SAFETY: a live stack nobody else uses now; the buffer is
             // freed once.
             unsafe {
-                assert_eq!(xio_alloc(s, 8, &mut b), XIO_OK);
+                assert_eq!(xio_alloc(hs.0, 8, &mut b), XIO_OK);
                 assert_eq!(xio_buf_free(b), XIO_OK);
             }
-        }
-    }
-    thread_local!(static LATE: LateCaller = const { LateCaller(std::cell::Cell::new(null_mut())) });
-    let h = Send((s, other));
-    std::thread::spawn(move || {
-        let h = h;
-        let (s, other) = h.0;
-        // Registered before libxio's: destroyed after them.
-        LATE.with(|l| l.0.set(s));
-        // libxio's thread-locals (its list of this thread's claims).
-        let mut b = null_mut();
-        // SAFETY: a live stack, used by this thread alone; the buffer is
-        // freed once.
-        unsafe {
-            assert_eq!(xio_alloc(other, 8, &mut b), XIO_OK);
-            assert_eq!(xio_buf_free(b), XIO_OK);
-        }
-    })
-    .join()
-    .unwrap();
+        },
+    );
     // SAFETY: live stacks, the spawned thread is gone; valid
     // out-parameters.
     unsafe {
@@ -330,36 +347,25 @@ fn a_batch_begun_during_thread_teardown_is_not_kept_by_the_dead_thread() {
         let mut net2 = null_mut();
         assert_eq!(xio_net_attach(p.as_ptr(), &mut net2), XIO_OK);
         let (l, c, s) = connected(net, net2, "10.9.11.1:80");
-        struct LateCaller(std::cell::Cell<(*mut XioNet, *mut XioStream)>);
-        impl Drop for LateCaller {
-            fn drop(&mut self) {
-                let (net2, c) = self.0.get();
-                if net2.is_null() {
-                    return;
-                }
+        let (first, late) = (Send(net2), Send((net2, c)));
+        on_a_thread_then_at_its_teardown(
+            move || {
+                let first = first;
+                // libxio's thread-locals (its list of this thread's
+                // batches).
+                assert_eq!(xio_net_batch_begin(first.0), XIO_OK);
+                assert_eq!(xio_net_batch_end(first.0), XIO_OK);
+            },
+            move || {
+                let late = late;
+                let (net2, c) = late.0;
                 let mut k = 0;
-                // SAFETY: a live net and stream of it.
-                unsafe {
-                    assert_eq!(xio_net_batch_begin(net2), XIO_OK);
-                    assert_eq!(xio_write(c, b"late".as_ptr().cast(), 4, &mut k), XIO_OK);
-                }
+                assert_eq!(xio_net_batch_begin(net2), XIO_OK);
+                assert_eq!(xio_write(c, b"late".as_ptr().cast(), 4, &mut k), XIO_OK);
                 assert_eq!(k, 4);
                 // Ends without xio_net_batch_end.
-            }
-        }
-        thread_local!(static LATE: LateCaller =
-            const { LateCaller(std::cell::Cell::new((null_mut(), null_mut()))) });
-        let h = Send((net2, c));
-        std::thread::spawn(move || {
-            let h = h;
-            // Registered before libxio's: destroyed after them.
-            LATE.with(|l| l.0.set(h.0));
-            // libxio's thread-locals (its list of this thread's batches).
-            assert_eq!(xio_net_batch_begin(h.0 .0), XIO_OK);
-            assert_eq!(xio_net_batch_end(h.0 .0), XIO_OK);
-        })
-        .join()
-        .unwrap();
+            },
+        );
         assert_eq!(
             xio_net_batch_begin(net2),
             XIO_OK,
