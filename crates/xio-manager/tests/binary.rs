@@ -6,15 +6,9 @@ use std::time::{Duration, Instant};
 
 use xio_core::prelude::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_xio-manager");
+mod support;
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !f() {
-        assert!(Instant::now() < deadline, "watchdog: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+use support::{process_run_dir, wait_until, BIN};
 
 fn signal(child: &std::process::Child, sig: rustix::process::Signal) {
     let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
@@ -23,10 +17,7 @@ fn signal(child: &std::process::Child, sig: rustix::process::Signal) {
 
 #[test]
 fn run_status_refuse_second_and_stop_on_signals() {
-    let dir = std::env::temp_dir().join(format!("xio-bin-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    // This test process only ever uses this run dir.
-    std::env::set_var("XIO_RUN_DIR", &dir);
+    let dir = process_run_dir("xio-bin-test");
     let prefix = "bin-test";
     let sock = dir.join(format!("{prefix}.sock"));
     for sig in [rustix::process::Signal::TERM, rustix::process::Signal::INT] {
@@ -126,9 +117,12 @@ fn the_socket_appears_only_when_it_listens() {
                 .unwrap(),
         );
         // Poll without sleeping, to catch the file the moment it appears.
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = std::time::Instant::now() + support::WATCHDOG;
         while !sock.exists() {
-            assert!(Instant::now() < deadline, "watchdog: manager socket");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "watchdog: manager socket"
+            );
             std::thread::yield_now();
         }
         // The control socket is a seqpacket one.

@@ -11,15 +11,12 @@ use std::time::{Duration, Instant};
 
 use xio_core::prelude::*;
 
-use crate::support::{wait_until, Reap, BIN, WATCHDOG};
+use crate::support::{process_run_dir, wait_until, Reap, BIN, WATCHDOG};
 
 #[test]
 fn a_manager_killed_mid_sweep_leaves_no_stack_waiting_on_a_closed_gate() {
     use rustix::process::Signal;
-    let dir = std::env::temp_dir().join(format!("xio-killed-sweep-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    // This test process only ever uses this run dir.
-    std::env::set_var("XIO_RUN_DIR", &dir);
+    let dir = process_run_dir("xio-killed-sweep");
     let prefix = "killed-sweep";
     let sock = dir.join(format!("{prefix}.sock"));
     // Many small buffers: a sweep scans every header, gates closed, so

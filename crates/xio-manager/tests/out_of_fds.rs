@@ -7,7 +7,7 @@ use xio_core::prelude::*;
 
 mod support;
 
-use support::{fds_of, spawn_fd_limited, wait_until};
+use support::{fds_of, process_run_dir, spawn_fd_limited, wait_until};
 
 /// The manager's fd limit: a few more than it holds once started with one
 /// stack registered (stdio, lock, listener, segment, eventfds, the signal
@@ -16,10 +16,7 @@ const FD_LIMIT: u64 = 32;
 
 #[test]
 fn a_manager_out_of_fds_rests_its_listener_and_still_serves_its_stacks() {
-    let dir = std::env::temp_dir().join(format!("xio-fds-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    // The only test of this process: no other thread reads the environment.
-    std::env::set_var("XIO_RUN_DIR", &dir);
+    let dir = process_run_dir("xio-fds-test");
     let prefix = "fds-test";
     let sock = dir.join(format!("{prefix}.sock"));
     let (mut m, log) = spawn_fd_limited(&dir, prefix, FD_LIMIT);

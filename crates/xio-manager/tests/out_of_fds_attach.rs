@@ -8,16 +8,13 @@ use xio_core::proto::ErrorCode;
 
 mod support;
 
-use support::{fds_of, spawn_fd_limited, wait_until};
+use support::{fds_of, process_run_dir, spawn_fd_limited, wait_until};
 
 const FD_LIMIT: u64 = 32;
 
 #[test]
 fn a_manager_that_cannot_make_a_doorbell_refuses_the_attach_and_says_why() {
-    let dir = std::env::temp_dir().join(format!("xio-fds-attach-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    // The only test of this process: no other thread reads the environment.
-    std::env::set_var("XIO_RUN_DIR", &dir);
+    let dir = process_run_dir("xio-fds-attach");
     let prefix = "fds-attach";
     let (mut m, _log) = spawn_fd_limited(&dir, prefix, FD_LIMIT);
     let path = xio_core::paths::socket_path(prefix);

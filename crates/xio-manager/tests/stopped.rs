@@ -9,14 +9,11 @@ use xio_core::stack::Error;
 
 mod support;
 
-use support::{wait_until, Reap, BIN, WATCHDOG};
+use support::{process_run_dir, wait_until, Reap, BIN, WATCHDOG};
 
 #[test]
 fn status_of_a_stopped_manager_times_out_and_works_once_it_runs() {
-    let dir = std::env::temp_dir().join(format!("xio-stopped-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    // The only test of this process: no other thread reads the environment.
-    std::env::set_var("XIO_RUN_DIR", &dir);
+    let dir = process_run_dir("xio-stopped-test");
     let prefix = "stopped-test";
     let sock = dir.join(format!("{prefix}.sock"));
     let m = Reap(

@@ -132,3 +132,14 @@ pub fn fds_of(pid: u32) -> u64 {
         .unwrap()
         .count() as u64
 }
+
+/// A run dir of its own for this test process, `<tmp>/<name>-<pid>`,
+/// made and set as `$XIO_RUN_DIR` for the process (stacks read it). For
+/// test binaries whose other tests, if any, neither read nor set the
+/// environment while this runs.
+pub fn process_run_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::env::set_var("XIO_RUN_DIR", &dir);
+    dir
+}
