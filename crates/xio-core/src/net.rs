@@ -2249,14 +2249,8 @@ impl Net {
     /// Waits until `c`'s SYN is answered (at once if it was). A refusal is
     /// `ConnectionRefused`, and the address is resolved afresh next time.
     fn ensure_connected(&self, c: ConnId, deadline: Option<Instant>) -> io::Result<()> {
-        let (peer, addr) = {
-            let g = self.lock();
-            if !g.table.is_connecting(c) {
-                return Ok(());
-            }
-            let peer = g.table.peer_of(c).ok_or(ConnError::NotConnected)?;
-            let addr = g.table.addrs(c).map_err(io::Error::from)?.1;
-            (peer, addr)
+        let Some((peer, addr)) = self.syn_target(c)? else {
+            return Ok(());
         };
         let r = self.await_syn_ack(c, peer, addr, deadline);
         if let Err(e) = &r {
@@ -2268,13 +2262,23 @@ impl Net {
         r
     }
 
+    /// The peer and address of `c`'s SYN if it is not answered yet.
+    fn syn_target(&self, c: ConnId) -> io::Result<Option<(PeerId, SocketAddr)>> {
+        let g = self.lock();
+        if !g.table.is_connecting(c) {
+            return Ok(None);
+        }
+        let peer = g.table.peer_of(c).ok_or(ConnError::NotConnected)?;
+        let addr = g.table.addrs(c).map_err(io::Error::from)?.1;
+        Ok(Some((peer, addr)))
+    }
+
     /// Waits for the answer to a SYN. The answer needs the listening
     /// process to look at its rings, which it does whenever one of its
     /// threads waits in X-IO (an accept loop always does). A process that
     /// stopped listening and does nothing with X-IO any more would leave the
     /// SYN unanswered, so after a little while we ask the manager whether
-    /// the address still belongs to that process: if not, the connection is
-    /// refused (and the caller retries with a fresh resolution).
+    /// the address still belongs to that process (`check_syn_route`).
     fn await_syn_ack(
         &self,
         c: ConnId,
@@ -2294,51 +2298,69 @@ impl Net {
                     if e.kind() == io::ErrorKind::TimedOut
                         && deadline.is_none_or(|d| Instant::now() < d) =>
                 {
-                    let mut g = self.lock();
-                    g.stack.forget_resolution(&addr);
-                    // A question, not the connect itself: a manager that
-                    // does not answer at once is not waited for (holding
-                    // the lock), and its late answer is settled later.
-                    // Asked already with no answer yet: not again (each
-                    // ask holds the lock while it waits).
-                    let ask = Instant::now() + ROUTE_CHECK_WAIT;
-                    let ask = deadline.map_or(ask, |d| d.min(ask));
-                    let answer = if g.stack.asking(addr) {
-                        Err(Error::ManagerUnresponsive(ROUTE_CHECK_WAIT))
-                    } else {
-                        g.stack.connect_until(addr, Some(ask))
-                    };
-                    let still = match answer {
-                        Ok(p) => p == peer,
-                        Err(Error::Refused { .. }) => false,
-                        // Nobody to ask, or nobody answering: wait on while
-                        // the process lives (it answers when it next looks
-                        // at its rings), and keep the route.
-                        Err(
-                            Error::ManagerGone | Error::ManagerUnresponsive(_) | Error::TimedOut,
-                        ) => {
-                            let alive = g.stack.peer_alive(peer);
-                            if alive {
-                                g.stack.remember_resolution(addr, peer);
-                            }
-                            alive
-                        }
-                        Err(e) => return Err(stack_err(e)),
-                    };
-                    if !still {
-                        // Nobody will answer: refuse it here.
-                        g.table.on_rst(peer, c);
-                        let mut wake = Vec::new();
-                        g.run_actions(&mut wake);
-                        drop(g);
-                        wake_all(&mut wake);
-                        return Err(ConnError::Refused.into());
-                    }
+                    self.check_syn_route(c, peer, addr, deadline)?;
                     check = (check * 2).min(Duration::from_millis(100));
                 }
                 r => return r,
             }
         }
+    }
+
+    /// For a connection `c` whose SYN to `peer` (for `addr`) is not
+    /// answered yet: asks the manager whether `addr` still belongs to
+    /// `peer`, and if not refuses the connection here
+    /// (`ConnectionRefused`; the caller retries with a fresh resolution).
+    /// Waits for the manager at most [`ROUTE_CHECK_WAIT`] (or `deadline`),
+    /// holding the net.
+    fn check_syn_route(
+        &self,
+        c: ConnId,
+        peer: PeerId,
+        addr: SocketAddr,
+        deadline: Option<Instant>,
+    ) -> io::Result<()> {
+        let mut g = self.lock();
+        if !g.table.is_connecting(c) {
+            return Ok(()); // answered meanwhile
+        }
+        g.stack.forget_resolution(&addr);
+        // A question, not the connect itself: a manager that does not
+        // answer at once is not waited for (holding the lock), and its late
+        // answer is settled later. Asked already with no answer yet: not
+        // again (each ask holds the lock while it waits).
+        let ask = Instant::now() + ROUTE_CHECK_WAIT;
+        let ask = deadline.map_or(ask, |d| d.min(ask));
+        let answer = if g.stack.asking(addr) {
+            Err(Error::ManagerUnresponsive(ROUTE_CHECK_WAIT))
+        } else {
+            g.stack.connect_until(addr, Some(ask))
+        };
+        let still = match answer {
+            Ok(p) => p == peer,
+            Err(Error::Refused { .. }) => false,
+            // Nobody to ask, or nobody answering: wait on while the process
+            // lives (it answers when it next looks at its rings), and keep
+            // the route.
+            Err(Error::ManagerGone | Error::ManagerUnresponsive(_) | Error::TimedOut) => {
+                let alive = g.stack.peer_alive(peer);
+                if alive {
+                    g.stack.remember_resolution(addr, peer);
+                }
+                alive
+            }
+            Err(e) => return Err(stack_err(e)),
+        };
+        // Answered while the manager was asked: the answer stands.
+        if !still && g.table.is_connecting(c) {
+            // Nobody will answer: refuse it here.
+            g.table.on_rst(peer, c);
+            let mut wake = Vec::new();
+            g.run_actions(&mut wake);
+            drop(g);
+            wake_all(&mut wake);
+            return Err(ConnError::Refused.into());
+        }
+        Ok(())
     }
 
     /// A writable pool buffer of `len` bytes, waiting while the pool is
@@ -4188,12 +4210,32 @@ impl XioStream {
     }
 
     /// Waits (as a task) until the SYN is answered: `Ok` once connected,
-    /// `ConnectionRefused` if the listener refused.
+    /// `ConnectionRefused` if the listener refused. A task that keeps
+    /// waiting calls [`XioStream::check_connect_route`] now and then, as a
+    /// blocking connect does on its own.
     pub fn poll_connected(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let c = self.inner.id;
         self.inner
             .net
             .poll_op(Key::Connect(c), cx, |core, _| core.connect_step(c))
+    }
+
+    /// For an adapter whose task has waited a while for the SYN's answer
+    /// ([`XioStream::poll_connected`]): asks the manager whether the
+    /// address still belongs to the process the SYN went to, and if not
+    /// refuses the connection (`ConnectionRefused`, also to the waiting
+    /// task). A process that stopped listening there and makes no X-IO
+    /// call any more would never answer: without this, the task waits for
+    /// good where TCP's connect is refused. `Ok` if the SYN was answered
+    /// or may still be. Waits at most 100 ms for the manager, holding the
+    /// net: call it off the runtime's threads.
+    pub fn check_connect_route(&self) -> io::Result<()> {
+        let c = self.inner.id;
+        let net = &self.inner.net;
+        match net.syn_target(c)? {
+            Some((peer, addr)) => net.check_syn_route(c, peer, addr, None),
+            None => Ok(()),
+        }
     }
 }
 

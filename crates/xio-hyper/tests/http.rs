@@ -840,3 +840,57 @@ fn a_protocol_restricted_server_serves_only_its_version() {
         }
     });
 }
+
+/// A route this process learnt to a process that has since stopped
+/// listening on the address and makes no X-IO call any more (a blocking
+/// program between calls): nobody there reads the SYN, so nobody refuses
+/// it. A blocking connect asks the manager after a little while; the
+/// connector waited for the answer for good, a request hanging where TCP
+/// refuses at once (and the fallback never ran).
+#[test]
+fn a_stale_route_to_a_silent_process_is_refused_not_waited_for() {
+    let (_mgr, p) = setup("silent");
+    let srv = Net::attach(&p).unwrap();
+    rt().block_on(async {
+        let addr = tcp_echo_server().await;
+        // A blocking server, no tokio driver: it reads its rings only
+        // while one of its threads waits in X-IO.
+        let l = srv.listen(addr).unwrap();
+        let served = std::thread::spawn(move || drop(l.accept().unwrap()));
+        let cli = Net::attach(&p).unwrap();
+        let uri: http::Uri = format!("http://{addr}/x").parse().unwrap();
+        let mut strict = XioConnector::with_net(cli.clone());
+        let first = tower_service::Service::call(&mut strict, uri.clone())
+            .await
+            .unwrap();
+        assert!(first.is_xio());
+        // Its listener closes; the process goes quiet (`srv` stays).
+        tokio::task::spawn_blocking(move || served.join().unwrap())
+            .await
+            .unwrap();
+        drop(first);
+        let e = tokio::time::timeout(
+            WATCHDOG,
+            tower_service::Service::call(&mut strict, uri.clone()),
+        )
+        .await
+        .expect("refused, not waited for")
+        .map(|c| c.is_xio())
+        .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+        // With the fallback, a request goes over TCP.
+        let c: Client<XioConnector, Body> = Client::builder(TokioExecutor::new())
+            .build(XioConnector::with_net(cli.clone()).with_tcp_fallback());
+        let req = http::Request::post(uri).body(Full::from("tcp")).unwrap();
+        let r = tokio::time::timeout(WATCHDOG, c.request(req))
+            .await
+            .expect("over TCP, not waited for")
+            .unwrap();
+        assert_eq!(
+            r.extensions().get::<xio_hyper::Transport>(),
+            Some(&xio_hyper::Transport::Tcp)
+        );
+        assert_eq!(body_string(r).await, "tcp");
+    });
+    drop(srv);
+}

@@ -914,11 +914,25 @@ impl XioStream {
 
     /// Waits until the listener answered the SYN (`ConnectionRefused` if it
     /// refused). Optional: reads wait for it anyway.
+    ///
+    /// As a blocking connect does, a wait that goes on asks the manager
+    /// now and then (on the blocking threads) whether the address still
+    /// belongs to the process the SYN went to: a process that stopped
+    /// listening there and makes no X-IO call any more would never answer,
+    /// and the connection is refused instead of waiting for good.
     pub async fn connected(&self) -> io::Result<()> {
-        std::future::poll_fn(|cx| {
-            pending_needs_driver(self.inner.net(), self.inner.poll_connected(cx))
-        })
-        .await
+        let mut check = Duration::from_millis(2);
+        loop {
+            let answered = std::future::poll_fn(|cx| {
+                pending_needs_driver(self.inner.net(), self.inner.poll_connected(cx))
+            });
+            if let Ok(r) = tokio::time::timeout(check, answered).await {
+                return r;
+            }
+            let s = self.inner.try_clone()?;
+            on_blocking_thread(move || s.check_connect_route()).await?;
+            check = (check * 2).min(Duration::from_millis(100));
+        }
     }
 
     /// The peer's address.
