@@ -904,6 +904,11 @@ impl Core {
     fn connect_step(&self, c: ConnId) -> Try<()> {
         match self.table.connect_result(c) {
             Err(ConnError::WouldBlock) => Try::Wait,
+            // Answered, then reset (one drain may bring both): connected.
+            // The reset is for the reads to report, after what arrived
+            // before it (a first read failing here lost that, and reported
+            // the reset twice).
+            Err(ConnError::Reset) => Try::Done(Ok(())),
             r => Try::Done(r.map_err(io::Error::from)),
         }
     }

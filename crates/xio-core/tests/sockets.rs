@@ -3484,3 +3484,63 @@ fn an_empty_buffer_ahead_of_a_reset_does_not_hide_it() {
         "read: {r:?}"
     );
 }
+
+/// A server that answers and closes with the request unread (an HTTP 413
+/// to an upload) resets the client, and the client still reads the answer
+/// before the reset, as over TCP, also when its first read comes after
+/// both: that read waited for the SYN's answer and, finding the
+/// connection reset behind it, failed at once, so the answer was lost to
+/// a client that stops at the first error (and the reset was reported
+/// twice).
+#[test]
+fn an_answer_before_a_reset_is_read_on_a_fresh_connection() {
+    let read_all = |s: &mut dyn Read| {
+        let mut got = Vec::new();
+        let mut b = [0u8; 64];
+        loop {
+            match s.read(&mut b) {
+                Ok(0) => break (got, None),
+                Ok(n) => got.extend_from_slice(&b[..n]),
+                Err(e) => break (got, Some(e.kind())),
+            }
+        }
+    };
+    // The contract, over loopback TCP.
+    {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        c.write_all(b"upload").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        s.write_all(b"413").unwrap();
+        drop(s);
+        std::thread::sleep(Duration::from_millis(50));
+        c.set_read_timeout(Some(WATCHDOG)).unwrap();
+        let (got, e) = read_all(&mut c);
+        assert_eq!(
+            (&got[..], e),
+            (&b"413"[..], Some(std::io::ErrorKind::ConnectionReset))
+        );
+        assert_eq!(c.read(&mut [0u8; 8]).unwrap(), 0, "tcp: the reset once");
+    }
+    let (_mgr, p) = start("answerreset");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let l = server.listen("10.3.0.54:80").unwrap();
+    let mut c = client.connect("10.3.0.54:80").unwrap();
+    c.write_all(b"upload").unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    let mut one = [0u8; 1];
+    s.peek(&mut one).unwrap();
+    s.write_all(b"413").unwrap();
+    // Closed with the upload unread: a reset, behind the SYN-ACK and the
+    // answer in the client's ring (the client has not looked yet).
+    drop(s);
+    c.set_read_timeout(Some(WATCHDOG)).unwrap();
+    let (got, e) = read_all(&mut c);
+    assert_eq!(
+        (&got[..], e),
+        (&b"413"[..], Some(std::io::ErrorKind::ConnectionReset))
+    );
+    assert_eq!(c.read(&mut one).unwrap(), 0, "the reset once");
+}
