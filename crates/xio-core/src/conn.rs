@@ -1048,6 +1048,20 @@ impl<B: Chunk> Table<B> {
         }
     }
 
+    /// The error that ended `c`, once, as a socket's `SO_ERROR`: a
+    /// refusal or reset no read or write has reported yet. Taking it
+    /// counts as reporting it: reads then end (after what arrived before
+    /// it) and writes fail with `BrokenPipe`, as on Linux once `SO_ERROR`
+    /// was read; a refusal stays the reads' error.
+    pub fn take_error(&mut self, c: ConnId) -> Option<ConnError> {
+        let e = self.get_mut(c)?;
+        if e.state != State::Reset || e.reset_reported {
+            return None;
+        }
+        e.reset_reported = true;
+        Some(e.reset_error())
+    }
+
     /// Send credit left on `c`, in bytes of buffer capacity.
     pub fn credit_left(&self, c: ConnId) -> usize {
         self.get(c).map_or(0, |e| e.credit)

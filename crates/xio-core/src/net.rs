@@ -3515,10 +3515,20 @@ impl XioStream {
         Ok(true)
     }
 
-    /// Always `None`: errors are reported by the calls they concern (as
-    /// `SO_ERROR` is cleared by them on a socket).
+    /// The refusal or reset that ended the stream, if no read or write
+    /// reported it yet, once (as `SO_ERROR`, which those calls clear): an
+    /// event loop told a non-blocking connect is ready asks it whether the
+    /// connect failed. What the net has taken in counts (a `poll`, a read
+    /// or write that waited), as a socket's is what its kernel processed.
     pub fn take_error(&self) -> io::Result<Option<io::Error>> {
-        Ok(None)
+        let c = self.inner.id;
+        Ok(self
+            .inner
+            .net
+            .lock()
+            .table
+            .take_error(c)
+            .map(io::Error::from))
     }
 
     /// Reads without taking the bytes off the stream (`MSG_PEEK`): the

@@ -3544,3 +3544,67 @@ fn an_answer_before_a_reset_is_read_on_a_fresh_connection() {
     );
     assert_eq!(c.read(&mut one).unwrap(), 0, "the reset once");
 }
+
+/// `take_error` says what ended a connection, once, as `SO_ERROR` does:
+/// an event loop told a non-blocking connect is writable asks it whether
+/// the connect failed (mio's pattern), and it said `None` to a refused
+/// one. Once taken, reads end and writes say `BrokenPipe`, as after a
+/// socket's `SO_ERROR` was read.
+#[test]
+fn take_error_reports_a_refusal_or_reset_once() {
+    let (_mgr, p) = start("takeerror");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "10.3.0.55:80".parse().unwrap();
+    let l = server.listen_with_backlog(addr, 1).unwrap();
+    let _first = client.connect(addr).unwrap();
+    // The backlog is full: refused.
+    let c = client.connect(addr).unwrap();
+    c.set_nonblocking(true).unwrap();
+    c.set_token(9);
+    let mut events = Vec::new();
+    // The server must look at its rings for the SYN: accept (none comes
+    // out while the first waits unaccepted) until the refusal is in.
+    l.set_nonblocking(true).unwrap();
+    loop {
+        let _ = server.poll_nowait(&mut Vec::new());
+        events.clear();
+        client
+            .poll(&mut events, Some(Duration::from_millis(10)))
+            .unwrap();
+        if events.iter().any(|e| {
+            matches!(
+                e,
+                Event::Stream {
+                    token: 9,
+                    writable: true,
+                    readable: true
+                }
+            )
+        }) {
+            break;
+        }
+    }
+    let e = c.take_error().unwrap().expect("the refusal");
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+    // A reset, taken once.
+    let (s, _) = l.accept().unwrap();
+    let c = _first;
+    (&c).write_all(b"unread").unwrap();
+    s.set_read_timeout(Some(WATCHDOG)).unwrap();
+    s.peek(&mut [0u8; 1]).unwrap();
+    drop(s);
+    c.set_read_timeout(Some(WATCHDOG)).unwrap();
+    assert!(c.take_error().unwrap().is_none(), "nothing taken in yet");
+    wait_until("the reset", || {
+        client.connections();
+        c.take_error().unwrap().is_some_and(|e| {
+            assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+            true
+        })
+    });
+    assert!(c.take_error().unwrap().is_none(), "once");
+    assert_eq!((&c).read(&mut [0u8; 4]).unwrap(), 0);
+    let e = (&c).write(b"x").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+}
