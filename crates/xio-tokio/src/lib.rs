@@ -955,9 +955,12 @@ impl XioStream {
         Ok(true)
     }
 
-    /// Always `None`: errors are reported by the calls they concern.
+    /// The refusal or reset that ended the stream, if no read or write
+    /// reported it yet, once (as `SO_ERROR`, which those calls clear):
+    /// code ported from tokio or mio asks it whether a connect failed.
+    /// See `xio_core::net::XioStream::take_error`.
     pub fn take_error(&self) -> io::Result<Option<io::Error>> {
-        Ok(None)
+        self.inner.take_error()
     }
 
     /// Receives into `buf` without taking the bytes off the stream (as

@@ -1594,6 +1594,30 @@ fn write_readiness_leaves_a_reset_for_the_read() {
     });
 }
 
+/// `take_error` reports a reset once, as `SO_ERROR` does (it always said
+/// `None`, so a ported event loop took a failed connection for a live one).
+#[test]
+fn take_error_reports_a_reset_once() {
+    let (_mgr, p) = setup("take-error");
+    rt(1).block_on(async {
+        tokio::time::timeout(WATCHDOG, async {
+            let (mut c, s) = connected(&p, "10.4.0.49:80").await;
+            assert!(c.take_error().unwrap().is_none(), "a live connection");
+            c.write_all(b"never read").await.unwrap();
+            s.readable().await.unwrap();
+            drop(s); // unread data: a reset
+            c.readable().await.unwrap(); // the reset is in
+            let e = c.take_error().unwrap().expect("the reset");
+            assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}");
+            assert!(c.take_error().unwrap().is_none(), "reported once");
+            // Reported: reads end, as on Linux once SO_ERROR was read.
+            assert_eq!(c.read(&mut [0u8; 4]).await.unwrap(), 0);
+        })
+        .await
+        .expect("watchdog");
+    });
+}
+
 /// `ready` with `ERROR` (or `PRIORITY`) alone waited for ever: nothing
 /// wakes such a wait. It is refused now; next to `READABLE`, a reset
 /// reports `ERROR` too.
