@@ -198,6 +198,7 @@ impl NetBuilder {
         let waking = Arc::new(AtomicUsize::new(0));
         let batch_owner = Arc::new(AtomicUsize::new(0));
         let seg = stack.__segment().clone();
+        let spare_max = stack.keep_aside(SPARE_MAX);
         let net = Net {
             shared: Arc::new(Shared {
                 core: Mutex::new(Core {
@@ -227,6 +228,7 @@ impl NetBuilder {
                     binding: Vec::new(),
                     syn_buf: None,
                     spare: Vec::with_capacity(SPARE_MAX),
+                    spare_max,
                     spare_size: classes[0],
                     unrung: Vec::new(),
                     held: Vec::new(),
@@ -473,6 +475,9 @@ struct Core {
     /// Buffers of the smallest class that reads emptied, kept writable
     /// for the next writes (see `Core::keep_spare`).
     spare: Vec<BufMut>,
+    /// Most spares kept: [`SPARE_MAX`], fewer in a pool whose smallest
+    /// class is small (see [`Stack::keep_aside`]).
+    spare_max: usize,
     /// The smallest class's buffer size.
     spare_size: usize,
     /// Peers sent to without a wake-up yet (see `Core::push`).
@@ -549,15 +554,17 @@ fn thread_key() -> usize {
 const SPARE_MAX: usize = 8;
 
 /// Keeps `b`, a buffer a read has emptied, as a writable spare if it is of
-/// the smallest class (`size`) and fewer than [`SPARE_MAX`] are kept;
-/// otherwise it returns to the pool. In request-response traffic each
+/// the smallest class (`size`) and fewer than `max` are kept; otherwise it
+/// returns to the pool. In request-response traffic each
 /// request's buffer then carries the response: no trip through the pool's
 /// cache (a lock each way) and no pool reference count changes. The spares
 /// stay ours in the segment (`ALLOCATED`, owner us), so a crash returns
-/// them like any held buffer; few and of the most numerous class, they
-/// cannot starve other stacks.
-fn keep_spare(spare: &mut Vec<BufMut>, size: usize, b: Buf) {
-    if spare.len() < SPARE_MAX && b.capacity() == size {
+/// them like any held buffer. `max` is a small share of the class: a
+/// reader that never writes keeps its spares for good, and with
+/// [`SPARE_MAX`] each in a class of few buffers, its writer waited for a
+/// buffer for ever.
+fn keep_spare(spare: &mut Vec<BufMut>, size: usize, max: usize, b: Buf) {
+    if spare.len() < max && b.capacity() == size {
         spare.push(b.into_mut());
     }
 }
@@ -854,10 +861,10 @@ impl Core {
         c: ConnId,
         out: &mut [std::mem::MaybeUninit<u8>],
     ) -> Try<usize> {
-        let (spare, size) = (&mut self.spare, self.spare_size);
+        let (spare, size, max) = (&mut self.spare, self.spare_size, self.spare_max);
         let r = self
             .table
-            .read_uninit_with(c, out, |b| keep_spare(spare, size, b));
+            .read_uninit_with(c, out, |b| keep_spare(spare, size, max, b));
         self.settle_read(wake, r)
     }
 

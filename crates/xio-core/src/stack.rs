@@ -513,6 +513,16 @@ impl PoolRef {
         }
     }
 
+    /// Buffers in size class `class` (a DPDK segment's class table
+    /// records one per class; the mempool knows).
+    fn class_count(&self, seg: &Segment, class: usize) -> usize {
+        match self {
+            PoolRef::Shm(_) => seg.classes().get(class).map_or(0, |c| c.count as usize),
+            #[cfg(feature = "dpdk")]
+            PoolRef::Dpdk(p) => p.classes().get(class).map_or(0, |m| m.len()),
+        }
+    }
+
     /// The control socket, which the pool keeps open as long as a buffer
     /// lives (the manager reclaims nothing before).
     fn keepalive(&self) -> Option<BorrowedFd<'_>> {
@@ -2572,6 +2582,15 @@ impl Stack {
     ) -> Result<Option<BufMut>, Error> {
         self.push_buf(peer, kind, conn, buf, true)
             .map_err(|(e, _)| e)
+    }
+
+    /// How many buffers of the smallest class this stack may keep aside
+    /// beyond its pool cache, at most `want`: a quarter of the class's
+    /// share per admitted stack (the pool caches take at most half of
+    /// it), so what every stack keeps cannot empty the class.
+    pub(crate) fn keep_aside(&self, want: usize) -> usize {
+        let stacks = self.seg.max_stacks().max(1) as usize;
+        want.min(self.pool.class_count(&self.seg, 0) / (4 * stacks))
     }
 
     /// Test hook: the segment.

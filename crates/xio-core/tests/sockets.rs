@@ -3608,3 +3608,39 @@ fn take_error_reports_a_refusal_or_reset_once() {
     let e = (&c).write(b"x").unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
 }
+
+/// A reader keeps the buffers its reads empty as spares for its next
+/// writes. In a pool whose smallest class has few buffers, a reader that
+/// never writes must not keep them all: the writer would wait for a
+/// buffer for good.
+#[test]
+fn a_reader_that_never_writes_does_not_keep_a_small_class() {
+    let (mgr, p) = start_with(
+        "few-spares",
+        xio_core::layout::PoolConfig {
+            classes: vec![(2048, 8)],
+            ..Default::default()
+        },
+    );
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "10.61.0.9:80".parse().unwrap();
+    let l = server.listen(addr).unwrap();
+    let mut c = client.connect(addr).unwrap();
+    c.set_write_timeout(Some(WATCHDOG)).unwrap();
+    c.write_all(b"hi").unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    let mut two = [0u8; 2];
+    s.read_exact(&mut two).unwrap();
+    for i in 0..32u8 {
+        c.write_all(&[i; 100])
+            .unwrap_or_else(|e| panic!("write {i}: {e}"));
+        let mut got = [0u8; 100];
+        s.read_exact(&mut got).unwrap();
+        assert!(got.iter().all(|&b| b == i));
+    }
+    drop((c, s, l));
+    wait_closed(&client, &server);
+    drop((client, server));
+    wait_pool_whole(&mgr);
+}
