@@ -496,6 +496,9 @@ pub enum ConfigError {
     TooLarge,
 }
 
+/// Largest segment a configuration may ask for.
+const MAX_SEGMENT: u64 = 64 << 30;
+
 const fn align_up(v: u64, a: u64) -> u64 {
     (v + a - 1) & !(a - 1)
 }
@@ -554,12 +557,17 @@ impl PoolConfig {
             off += count as u64 * core::mem::size_of::<Magazine>() as u64;
         }
         for (c, &(size, count)) in classes.iter_mut().zip(&self.classes) {
+            // Checked class by class: one class is at most 2^63 bytes
+            // (2^32 a buffer, 2^31 buffers), but eight of them overflowed.
+            if off > MAX_SEGMENT {
+                return Err(ConfigError::TooLarge);
+            }
             off = align_up(off, 4096);
             c.data_off = off;
             off += buf_stride(size) * count as u64;
         }
-        let total_len = align_up(off, 4096);
-        if total_len > 64 << 30 {
+        let total_len = align_up(off.min(MAX_SEGMENT + 1), 4096);
+        if total_len > MAX_SEGMENT {
             return Err(ConfigError::TooLarge);
         }
         Ok(Geometry {
@@ -578,4 +586,21 @@ pub fn ring_offset(ring_capacity: u32, dir: usize) -> u64 {
     let ring_bytes = ring_bytes(ring_capacity);
     align_up(core::mem::size_of::<ChannelHeader>() as u64, 128)
         + dir as u64 * align_up(ring_bytes, 128)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// Classes each within bounds whose buffers together pass the end of
+    /// a `u64`: too large, not an arithmetic overflow (a panic in a debug
+    /// build, a wrapped and wrong layout in a release one).
+    #[test]
+    fn classes_whose_sum_overflows_are_too_large() {
+        let cfg = PoolConfig {
+            classes: vec![(0xFFFF_FF80, 1 << 31), (0xFFFF_FFC0, 1 << 31)],
+            ..PoolConfig::default()
+        };
+        assert_eq!(cfg.geometry().err(), Some(ConfigError::TooLarge));
+    }
 }
