@@ -340,6 +340,11 @@ struct StackEntry {
     /// The outbox's first message was refused for a reason poll does not
     /// signal the end of: it is tried again every [`RETRY_STALLED`].
     stalled: bool,
+    /// The stack left (its end of file read) while its process still
+    /// holds the socket: a buffer of it lives on (see [`Manager::on_leave`]).
+    /// Its peers and addresses are let go; its buffers are reclaimed when
+    /// the socket closes.
+    left: bool,
 }
 
 struct ChanEntry {
@@ -776,7 +781,11 @@ impl Manager {
                     let e = &self.stacks[id];
                     // A stack with messages waiting for room: only room
                     // (or its hang-up) is of interest until they are out.
-                    let want = if e.outbox.is_empty() {
+                    let want = if e.left {
+                        // Only its hang-up (reported unasked): its end of
+                        // file is read, and would wake every poll.
+                        PollFlags::empty()
+                    } else if e.outbox.is_empty() {
                         PollFlags::IN
                     } else if e.stalled {
                         // Room is not what it waits for (a hang-up is
@@ -1034,6 +1043,7 @@ impl Manager {
                 outbox: VecDeque::new(),
                 outbox_fds: 0,
                 stalled: false,
+                left: false,
             },
         );
     }
@@ -1060,6 +1070,11 @@ impl Manager {
                 let e = self.stacks.remove(&id).expect("present");
                 self.bad_message(&e.sock, p.to_string());
                 return self.on_death(id, e);
+            }
+            // Half-closed by a stack dropped while a buffer of it lives:
+            // gone, but its process may still use (and free) the buffer.
+            Err(RecvError::Closed) if !hung_up_now(&self.stacks[&id].sock) => {
+                return self.on_leave(id);
             }
             Err(_) => {
                 let e = self.stacks.remove(&id).expect("present");
@@ -1394,6 +1409,63 @@ impl Manager {
         } else {
             (1, c.a)
         }
+    }
+
+    /// Stack `id` left (dropped) while its process still holds its socket
+    /// open, for a buffer of it that lives on. Its peers are reset and its
+    /// addresses freed as at a death; its buffers, which the process may
+    /// still use, and its slot wait for the socket to close (then
+    /// [`Self::on_death`]). Until then it counts as live for the sweeps:
+    /// freeing those buffers takes the free lists.
+    fn on_leave(&mut self, id: u16) {
+        let Some(e) = self.stacks.get_mut(&id) else {
+            return;
+        };
+        if e.left {
+            return;
+        }
+        e.left = true;
+        // Nobody will read what waits for it.
+        e.outbox.clear();
+        e.outbox_fds = 0;
+        e.stalled = false;
+        let addrs = std::mem::take(&mut e.addrs);
+        let peers = std::mem::take(&mut e.peers);
+        for addr in &addrs {
+            if self.bindings.get(addr) == Some(&id) {
+                self.bindings.remove(addr);
+            }
+        }
+        for (peer, ch) in peers {
+            // Release: pairs with the Acquire loads in the peer's send path.
+            self.seg
+                .channel(ch)
+                .state
+                .store(chan_state::CLOSED, Ordering::Release);
+            match self.stacks.get_mut(&peer) {
+                Some(p) => {
+                    p.peers.remove(&id);
+                    self.deliver(
+                        peer,
+                        Msg::PeerDown {
+                            channel: ch,
+                            peer: id,
+                        },
+                        None,
+                    );
+                    if let Some(c) = self.channels[ch as usize].as_mut() {
+                        c.closing = Some((peer, id));
+                    }
+                }
+                None => self.free_channel(ch),
+            }
+        }
+        tracing::info!(
+            stack = id,
+            "stack left; its buffers are reclaimed once its process lets go of them"
+        );
+        // The releases it owed (a dead peer's channels) will not come.
+        self.settle_closing(|_, live| live == id);
     }
 
     fn on_death(&mut self, id: u16, e: StackEntry) {
@@ -1752,7 +1824,12 @@ impl Manager {
                 slot.corrupt.load(Ordering::Relaxed),
                 addrs.join(", ")
             );
-            if !e.outbox.is_empty() {
+            if e.left {
+                let _ = writeln!(
+                    t,
+                    "             left: its buffers come back when its process lets go of them"
+                );
+            } else if !e.outbox.is_empty() {
                 let _ = writeln!(
                     t,
                     "             not reading its control socket: {} messages wait",

@@ -2627,6 +2627,23 @@ impl Stack {
     }
 }
 
+impl Drop for Stack {
+    /// Tells the manager this stack is gone by half-closing its control
+    /// socket. The socket itself stays open as long as a buffer of the
+    /// stack lives (the pool keeps it: the manager must not reclaim a
+    /// buffer still in use), and the manager used to take the stack for
+    /// alive until then: its peers sent into a ring nobody read, without
+    /// a reset, and its addresses stayed bound. Reading the end of file,
+    /// the manager now resets the peers and frees the addresses, and
+    /// reclaims the buffers only once the socket closes.
+    fn drop(&mut self) {
+        if self.forked() {
+            return; // the parent's socket (here an inert copy)
+        }
+        let _ = rustix::net::shutdown(self.ctrl_fd(), rustix::net::Shutdown::Write);
+    }
+}
+
 /// `send_burst_with`'s buffers while the caller's `fill` runs. If `fill`
 /// panics (and the application catches it), the messages filled and
 /// stamped in flight to the peer go out, as whole messages, and the

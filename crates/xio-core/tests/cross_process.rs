@@ -1922,3 +1922,52 @@ fn a_bad_control_timeout_in_the_environment_is_an_error() {
         child.wait_success();
     }
 }
+
+/// A stack dropped while the application still holds a buffer it
+/// received: the buffer keeps the registration open (the manager must not
+/// reclaim what is still in use), but the stack is gone. Its peers must be
+/// reset, not left sending into a ring nobody reads, and its address must
+/// be free for a new stack.
+#[test]
+fn a_stack_dropped_while_its_buffer_lives_resets_its_peers() {
+    let a = addr(91);
+    let (mgr, mut server, mut client, peer) = manager_and_pair("dropped-held", a);
+    client.send(peer, client.alloc(8).unwrap()).unwrap();
+    let kept = server.recv_timeout(WATCHDOG).unwrap();
+    let gone = server.id().0;
+    drop(server);
+    let mut err = None;
+    wait_until("the client learns its peer is gone", || {
+        match client.try_send(peer, client.alloc(8).unwrap()) {
+            Ok(()) | Err((Error::WouldBlock, _)) => {}
+            Err((e, _)) => err = Some(e),
+        }
+        match client.recv_timeout(std::time::Duration::ZERO) {
+            Ok(_) | Err(Error::TimedOut) | Err(Error::WouldBlock) => {}
+            Err(e) => err = err.take().or(Some(e)),
+        }
+        err.is_some()
+    });
+    let err = err.unwrap();
+    assert!(matches!(err, Error::Reset(p) if p == peer), "{err}");
+    let mut again = Stack::attach(mgr.prefix()).unwrap();
+    again.bind(a).expect("the dropped stack's address is free");
+    // The buffer still held is not reclaimed from under us.
+    let held = |mgr: &xio_core::manager::ManagerHandle| -> u32 {
+        mgr.usage()
+            .iter()
+            .flat_map(|u| u.by_owner.iter())
+            .filter(|(o, _)| *o == gone)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    assert!(held(&mgr) >= 1, "{:?}", mgr.usage());
+    assert_eq!(mgr.snapshot().deaths, 0);
+    assert_eq!(kept.buf.len(), 8);
+    drop(kept);
+    wait_until("the dropped stack's buffers back", || {
+        mgr.snapshot().deaths == 1 && held(&mgr) == 0
+    });
+    drop((client, again));
+    wait_pool_whole(&mgr);
+}
