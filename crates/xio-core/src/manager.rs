@@ -915,7 +915,7 @@ impl Manager {
         }
     }
 
-    fn bad_message(&mut self, sock: &impl AsFd, why: String) {
+    fn bad_message(&self, sock: &impl AsFd, why: String) {
         self.snapshot
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -1067,19 +1067,10 @@ impl Manager {
             Ok((m, _)) => m,
             Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => return,
             Err(RecvError::Proto(p)) => {
-                let e = self.stacks.remove(&id).expect("present");
-                self.bad_message(&e.sock, p.to_string());
-                return self.on_death(id, e);
+                self.bad_message(&self.stacks[&id].sock, p.to_string());
+                return self.cut_off(id);
             }
-            // Half-closed by a stack dropped while a buffer of it lives:
-            // gone, but its process may still use (and free) the buffer.
-            Err(RecvError::Closed) if !hung_up_now(&self.stacks[&id].sock) => {
-                return self.on_leave(id);
-            }
-            Err(_) => {
-                let e = self.stacks.remove(&id).expect("present");
-                return self.on_death(id, e);
-            }
+            Err(_) => return self.cut_off(id),
         };
         let reply = match msg {
             Msg::Bind { addr } => self.bind_addr(id, addr),
@@ -1107,12 +1098,11 @@ impl Manager {
                 return self.deliver_owned(id, msg, fd.into_iter().collect());
             }
             other => {
-                let e = self.stacks.remove(&id).expect("present");
                 self.bad_message(
-                    &e.sock,
+                    &self.stacks[&id].sock,
                     format!("unexpected {other:?} from a registered stack"),
                 );
-                return self.on_death(id, e);
+                return self.cut_off(id);
             }
         };
         if let Some(m) = reply {
@@ -1408,6 +1398,23 @@ impl Manager {
             (0, c.b)
         } else {
             (1, c.a)
+        }
+    }
+
+    /// Stops serving registered stack `id`, whose socket ended (or failed,
+    /// or brought a message it had no business sending). Its death if its
+    /// process has closed the socket; otherwise the process lives on, may
+    /// hold buffers of the stack and be inside a free-list operation, so
+    /// it only leaves ([`Self::on_leave`]) until the socket closes. (A
+    /// malformed message used to end it as a death at once: its buffers,
+    /// still in use, went back to the pool, and the sweep rebuilt the free
+    /// lists without waiting for its operations.)
+    fn cut_off(&mut self, id: u16) {
+        if hung_up_now(&self.stacks[&id].sock) {
+            let e = self.stacks.remove(&id).expect("present");
+            self.on_death(id, e);
+        } else {
+            self.on_leave(id);
         }
     }
 

@@ -86,8 +86,8 @@ fn malformed_control_messages_get_errors_and_the_manager_survives() {
             Some(other) => panic!("{what}: expected an error, got {other:?}"),
         }
     }
-    // A registered stack that then sends garbage is dropped (its resources
-    // reclaimed) without disturbing others.
+    // A registered stack that then sends garbage is cut off (its resources
+    // reclaimed once it closes) without disturbing others.
     let mut good = Stack::attach(&p).unwrap();
     good.bind("10.1.1.1:1".parse().unwrap()).unwrap();
     {
@@ -111,11 +111,10 @@ fn malformed_control_messages_get_errors_and_the_manager_survives() {
             rustix::net::SendFlags::NOSIGNAL,
         )
         .unwrap();
-        // The manager answers with an error and closes.
-        let _ = ctrl::recv(s.as_fd(), false);
+        // The manager answers with an error and reads no more from it.
         assert!(matches!(
             ctrl::recv(s.as_fd(), false),
-            Err(ctrl::RecvError::Closed)
+            Ok((Msg::Error { .. }, _))
         ));
     }
     let snap = mgr.snapshot();
@@ -130,6 +129,62 @@ fn malformed_control_messages_get_errors_and_the_manager_survives() {
     let status = xio_core::manager::query_status(&p).unwrap();
     assert!(status.contains("10.1.1.1:1"), "{status}");
     drop((c, good));
+    wait_pool_whole(&mgr);
+}
+
+/// A registered stack that sends a malformed message is cut off, but its
+/// process lives on and may hold buffers, and be inside a free-list
+/// operation: what it holds must not go back to the pool (to be handed to
+/// another stack while it still writes them) before its socket closes.
+#[test]
+fn a_stack_cut_off_for_a_bad_message_keeps_its_buffers_until_it_exits() {
+    use xio_core::layout::bufword;
+    use xio_core::pool::{PoolView, StackPool};
+    use xio_core::segment::{Region, Segment};
+    setup();
+    let p = prefix("cut-off");
+    let mgr = Manager::builder(&p).spawn().unwrap();
+    let s = raw_conn(&p);
+    let hello = Msg::Hello {
+        pid: 1,
+        name: "buggy".into(),
+    };
+    ctrl::send(s.as_fd(), &hello, &[]).unwrap();
+    let (m, mut fds) = ctrl::recv(s.as_fd(), false).unwrap();
+    let Msg::Welcome { stack_id } = m else {
+        panic!("expected Welcome, got {m:?}");
+    };
+    let _bell = fds.pop().unwrap();
+    let seg = Segment::open(Region::map_fd(fds.pop().unwrap()).unwrap()).unwrap();
+    let pool = StackPool::new(PoolView::new(seg.clone()), stack_id);
+    // The 1 MiB class: not cached, so nothing but this buffer is ours.
+    let held = pool.alloc(1 << 20, true).unwrap();
+    // A Connect whose length field lies.
+    rustix::net::send(
+        &s,
+        &header(V, 5, u32::MAX),
+        rustix::net::SendFlags::NOSIGNAL,
+    )
+    .unwrap();
+    assert!(matches!(
+        ctrl::recv(s.as_fd(), false),
+        Ok((Msg::Error { .. }, _))
+    ));
+    // Answered after the bad message was handled.
+    xio_core::manager::query_status(&p).unwrap();
+    let w = seg
+        .buf_header(held.class as usize, held.index)
+        .unwrap()
+        .word
+        .load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        (bufword::state(w), bufword::owner(w)),
+        (bufword::ALLOCATED, stack_id),
+        "a buffer still in use went back to the pool"
+    );
+    pool.free(held);
+    drop(pool);
+    drop(s);
     wait_pool_whole(&mgr);
 }
 
