@@ -1507,6 +1507,20 @@ impl Manager {
                 self.free_channel(ch);
             }
         }
+        // And those it let go of while alive (it left, or gave one up)
+        // whose other end has not released them yet: their rings may still
+        // hold its descriptors, and its id must name nobody else meanwhile.
+        for (ch, c) in self.channels.iter().enumerate() {
+            if let Some(ChanEntry {
+                closing: Some((live, dead)),
+                ..
+            }) = c
+            {
+                if *dead == id && self.stacks.contains_key(live) {
+                    waiting.insert(ch as u32);
+                }
+            }
+        }
         tracing::info!(stack = id, pid = e.pid, name = %e.name, peers_reset = waiting.len(), "stack left");
         // Its slot is free after the last sweep, once every peer let go of
         // its channels (now, if it had none).

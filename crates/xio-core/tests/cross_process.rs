@@ -1971,3 +1971,35 @@ fn a_stack_dropped_while_its_buffer_lives_resets_its_peers() {
     drop((client, again));
     wait_pool_whole(&mgr);
 }
+
+/// A stack that left (dropped, a buffer of it kept) and then died before
+/// its peer let go of their channel: its slot (its id) must stay taken
+/// until the peer has, as for any dead stack, or a newcomer could get the
+/// id while the peer may still stamp buffers for it.
+#[test]
+fn a_left_stacks_slot_waits_for_its_peers_release() {
+    use std::sync::atomic::Ordering;
+    use xio_core::layout::slot_state;
+    let a = addr(92);
+    let (mgr, mut server, mut client, peer) = manager_and_pair("left-slot", a);
+    client.send(peer, client.alloc(8).unwrap()).unwrap();
+    let kept = server.recv_timeout(WATCHDOG).unwrap();
+    let gone = server.id().0;
+    let seg = client.__segment().clone();
+    drop(server);
+    // The client reads nothing meanwhile: its release waits.
+    drop(kept);
+    wait_until("the stack's death handled", || mgr.snapshot().deaths == 1);
+    let state = &seg.stack_slot(gone).state;
+    assert_ne!(
+        state.load(Ordering::Acquire),
+        slot_state::FREE,
+        "the slot is free before the peer released the channel"
+    );
+    assert!(matches!(client.recv_timeout(WATCHDOG), Err(Error::Reset(p)) if p == peer));
+    wait_until("the slot free once released", || {
+        state.load(Ordering::Acquire) == slot_state::FREE
+    });
+    drop(client);
+    wait_pool_whole(&mgr);
+}
