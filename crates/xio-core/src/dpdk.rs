@@ -192,16 +192,29 @@ impl Eal {
 
     fn start(prefix: &str, role: Role) -> Result<Eal, DpdkError> {
         preflight()?;
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        // One lcore, floating over every CPU: EAL would otherwise pin the
-        // calling thread to one core.
+        // EAL pins the calling thread to its lcore's CPUs: keep the
+        // caller's own placement (a benchmark's pinning, a service's
+        // taskset) instead.
+        let affinity = rustix::thread::sched_getaffinity(None).ok();
+        // One lcore, floating over the CPUs this process may use: EAL
+        // would otherwise pin the calling thread to one core. Named one
+        // by one, not as `0..n`: in a container limited to other CPUs (a
+        // cpuset cgroup) pinning to CPUs outside it fails, and with it
+        // `rte_eal_init`.
+        let cpus = affinity.as_ref().map_or_else(
+            || {
+                let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+                format!("0-{}", n - 1)
+            },
+            cpu_list,
+        );
         let args = [
             "xio".to_string(),
             format!("--proc-type={}", role.name()),
             format!("--file-prefix={prefix}"),
             "--no-pci".into(),
             "--no-telemetry".into(),
-            format!("--lcores=0@(0-{})", cpus - 1),
+            format!("--lcores=0@({cpus})"),
             "--log-level=lib.eal:error".into(),
         ]
         .into_iter()
@@ -218,10 +231,6 @@ impl Eal {
             .collect();
         let mut argv: Vec<*mut std::ffi::c_char> =
             cargs.iter().map(|a| a.as_ptr().cast_mut()).collect();
-        // EAL pins the calling thread to its lcore's CPUs: keep the
-        // caller's own placement (a benchmark's pinning, a service's
-        // taskset) instead.
-        let affinity = rustix::thread::sched_getaffinity(None).ok();
         // SAFETY: argv holds valid NUL-terminated strings that outlive the
         // call (EAL may permute argv, not free it); called once (OnceLock).
         let n = unsafe { sys::rte_eal_init(argv.len() as i32, argv.as_mut_ptr()) };
@@ -276,6 +285,27 @@ impl Eal {
     pub fn role(&self) -> Role {
         self.role
     }
+}
+
+/// The CPUs of `set` in EAL's cpuset syntax, runs as ranges (`0-3,6`).
+fn cpu_list(set: &rustix::thread::CpuSet) -> String {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for c in (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| set.is_set(c)) {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == c => *end = c,
+            _ => runs.push((c, c)),
+        }
+    }
+    runs.iter()
+        .map(|&(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn cname(name: &str, max: usize) -> Result<CString, DpdkError> {
@@ -1065,6 +1095,15 @@ mod tests {
             .to_string();
         assert!(e.contains("no hugetlbfs is mounted"), "{e}");
         assert!(check_hugepages(ok, MOUNTS).is_ok());
+    }
+
+    #[test]
+    fn cpu_lists_name_the_cpus_of_a_set() {
+        let mut set = rustix::thread::CpuSet::new();
+        for c in [1, 2, 3, 6, 9, 10] {
+            set.set(c);
+        }
+        assert_eq!(cpu_list(&set), "1-3,6,9-10");
     }
 
     #[test]

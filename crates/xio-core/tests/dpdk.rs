@@ -98,6 +98,7 @@ fn child_main() {
         "hoard" => hoard(&a[0]),
         "iso_primary" => iso_primary(&a[0], a[1].parse().unwrap()),
         "iso_secondary" => iso_secondary(&a[0]),
+        "in_cgroup_primary" => in_cgroup_primary(&a[0], &a[1]),
         r => panic!("unknown role {r}"),
     }
 }
@@ -223,6 +224,59 @@ fn iso_secondary(prefix: &str) {
     }
 }
 
+/// Joins the cgroup `procs` (a `cgroup.procs` file), then starts a
+/// primary there: what a service in a container limited to some CPUs
+/// does.
+fn in_cgroup_primary(prefix: &str, procs: &str) {
+    std::fs::write(procs, std::process::id().to_string()).unwrap();
+    match Eal::init(prefix, Role::Primary) {
+        Ok(_) => println!("XIO:started"),
+        Err(e) => println!("XIO:error {e}"),
+    }
+}
+
+/// A cpuset cgroup allowed only this machine's last CPU (removed when
+/// dropped), or `None` where cgroups cannot be made (not root, no cpuset
+/// controller, a single CPU).
+struct OneCpuCgroup(std::path::PathBuf);
+
+impl OneCpuCgroup {
+    fn new(name: &str) -> Option<Self> {
+        let cpus = std::thread::available_parallelism().ok()?.get();
+        if cpus < 2 {
+            return None;
+        }
+        let last = (cpus - 1).to_string();
+        // cgroup v1's cpuset hierarchy, else v2 with the cpuset controller.
+        for root in ["/sys/fs/cgroup/cpuset", "/sys/fs/cgroup"] {
+            let root = std::path::Path::new(root);
+            if std::fs::create_dir(root.join(name)).is_err() {
+                continue;
+            }
+            let g = OneCpuCgroup(root.join(name));
+            let mems = std::fs::read_to_string(root.join("cpuset.mems.effective"))
+                .or_else(|_| std::fs::read_to_string(root.join("cpuset.mems")))
+                .unwrap_or_else(|_| "0".into());
+            if std::fs::write(g.0.join("cpuset.cpus"), &last).is_ok()
+                && std::fs::write(g.0.join("cpuset.mems"), mems.trim()).is_ok()
+            {
+                return Some(g);
+            }
+        }
+        None
+    }
+
+    fn procs(&self) -> String {
+        self.0.join("cgroup.procs").display().to_string()
+    }
+}
+
+impl Drop for OneCpuCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
 /// Ends a primary (stdin closed: it returns and exits) and removes what
 /// DPDK leaves of the prefix: its hugepage files and runtime directory (a
 /// new primary of the same prefix would clear them, but test prefixes are
@@ -322,4 +376,25 @@ fn two_prefixes_stay_apart() {
     remove_prefix_files(&dpdk_prefix("none"));
     finish_primary(a, &pa);
     finish_primary(b, &pb);
+}
+
+/// A service in a container limited to some CPUs (a cpuset cgroup, as
+/// `docker run --cpuset-cpus` makes) starts DPDK. The EAL was given the
+/// CPUs `0..n` for its lcore, `n` the number it may use, and pinning to
+/// CPUs outside the cgroup fails: `rte_eal_init` refused with "Cannot
+/// set affinity" whenever the allowed CPUs were not the first ones.
+#[test]
+fn the_eal_starts_in_a_cgroup_limited_to_other_cpus() {
+    setup();
+    let p = dpdk_prefix("cg");
+    let Some(cg) = OneCpuCgroup::new(&p) else {
+        eprintln!("skipped: cannot make a cpuset cgroup here (needs root and cgroups)");
+        return;
+    };
+    let mut c = ChildProc::spawn("child_main", "in_cgroup_primary", &[p.clone(), cg.procs()]);
+    let r = c.expect("");
+    c.wait_success();
+    remove_prefix_files(&p);
+    drop(cg);
+    assert_eq!(r, "started", "the EAL refused to start: {r}");
 }
