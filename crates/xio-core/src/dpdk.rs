@@ -27,7 +27,7 @@ use crate::pool::{AllocError, RawBuf, Reject};
 use crate::ring::RingError;
 
 /// What can go wrong with DPDK, with what to do about it.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum DpdkError {
     /// No hugepages reserved, or none free, or hugetlbfs not mounted.
     #[error("{0}")]
@@ -42,7 +42,7 @@ pub enum DpdkError {
         /// `rte_strerror`.
         reason: String,
         /// What to check.
-        hint: &'static str,
+        hint: String,
     },
     /// The EAL of this process was already initialised differently (one
     /// prefix and role per process: a DPDK limit).
@@ -116,7 +116,9 @@ pub struct Eal {
     role: Role,
 }
 
-static EAL: OnceLock<Result<Eal, String>> = OnceLock::new();
+/// The EAL starts once per process: DPDK cannot start it again, not even
+/// after a failed start, so a failure is kept and answered again.
+static EAL: OnceLock<Result<Eal, DpdkError>> = OnceLock::new();
 
 /// Checks what DPDK needs before `rte_eal_init`, which reports it badly:
 /// free hugepages and a mounted hugetlbfs.
@@ -170,7 +172,7 @@ impl Eal {
     /// `--file-prefix`: one per pool, like X-IO's prefix), or returns the
     /// EAL already running with the same prefix and role.
     pub fn init(prefix: &str, role: Role) -> Result<&'static Eal, DpdkError> {
-        let r = EAL.get_or_init(|| Self::start(prefix, role).map_err(|e| e.to_string()));
+        let r = EAL.get_or_init(|| Self::start(prefix, role));
         match r {
             // A primary uses its own objects: asking for a secondary of
             // the same prefix (a stack in the manager's process) is fine.
@@ -181,12 +183,7 @@ impl Eal {
                 wanted: prefix.into(),
                 wanted_role: role.name(),
             }),
-            Err(msg) => Err(DpdkError::Eal {
-                prefix: prefix.into(),
-                role: role.name(),
-                reason: msg.clone(),
-                hint: "",
-            }),
+            Err(e) => Err(e.clone()),
         }
     }
 
@@ -243,14 +240,24 @@ impl Eal {
                 role: role.name(),
                 reason: errno_text(),
                 hint: match role {
-                    Role::Secondary => {
-                        " (a secondary needs the primary, the X-IO manager started with the \
-                         dpdk backend and this prefix, to be running)"
-                    }
-                    Role::Primary => {
-                        " (is another primary running with this prefix? DPDK needs root or \
-                         access to /dev/hugepages)"
-                    }
+                    Role::Secondary => " (a secondary needs the primary, the X-IO manager \
+                                        started with the dpdk backend and this prefix, to be \
+                                        running)"
+                        .into(),
+                    Role::Primary => match processes_using(prefix).as_slice() {
+                        [] => " (DPDK needs root or access to /dev/hugepages)".into(),
+                        // A manager restarted while processes attached to
+                        // the one before still run: DPDK keeps the prefix
+                        // to them until they exit.
+                        pids => format!(
+                            " (process {} still uses this prefix's DPDK memory, attached to an \
+                             earlier manager; a new primary can start once it has exited)",
+                            pids.iter()
+                                .map(u32::to_string)
+                                .collect::<Vec<_>>()
+                                .join(", process ")
+                        ),
+                    },
                 },
             });
         }
@@ -285,6 +292,30 @@ impl Eal {
     pub fn role(&self) -> Role {
         self.role
     }
+}
+
+/// The processes other than this one that map `prefix`'s DPDK files (its
+/// runtime directory's or its hugepage files): the secondaries that keep a
+/// new primary of the prefix from starting.
+fn processes_using(prefix: &str) -> Vec<u32> {
+    let runtime = format!("/dpdk/{prefix}/");
+    let pages = format!("/{prefix}map_");
+    let me = std::process::id();
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| {
+                m.lines()
+                    .any(|l| l.contains(&runtime) || l.contains(&pages))
+            })
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
 }
 
 /// The CPUs of `set` in EAL's cpuset syntax, runs as ranges (`0-3,6`).

@@ -99,6 +99,8 @@ fn child_main() {
         "iso_primary" => iso_primary(&a[0], a[1].parse().unwrap()),
         "iso_secondary" => iso_secondary(&a[0]),
         "in_cgroup_primary" => in_cgroup_primary(&a[0], &a[1]),
+        "try_primary" => try_primary(&a[0]),
+        "idle_secondary" => idle_secondary(&a[0]),
         r => panic!("unknown role {r}"),
     }
 }
@@ -222,6 +224,21 @@ fn iso_secondary(prefix: &str) {
         }
         Err(e) => println!("XIO:error {e}"),
     }
+}
+
+/// Starts a primary, says how that went, and exits.
+fn try_primary(prefix: &str) {
+    match Eal::init(prefix, Role::Primary) {
+        Ok(_) => println!("XIO:started"),
+        Err(e) => println!("XIO:error {e}"),
+    }
+}
+
+/// A secondary that does nothing until its stdin closes.
+fn idle_secondary(prefix: &str) {
+    Eal::init(prefix, Role::Secondary).unwrap();
+    println!("XIO:ready {}", std::process::id());
+    for _ in std::io::stdin().lock().lines() {}
 }
 
 /// Joins the cgroup `procs` (a `cgroup.procs` file), then starts a
@@ -397,4 +414,32 @@ fn the_eal_starts_in_a_cgroup_limited_to_other_cpus() {
     remove_prefix_files(&p);
     drop(cg);
     assert_eq!(r, "started", "the EAL refused to start: {r}");
+}
+
+/// A manager restarted while processes attached to the one before still
+/// run: DPDK refuses the new primary (those secondaries keep the
+/// prefix's shared files locked). The error said "is another primary
+/// running with this prefix?", which sent the operator looking for a
+/// primary that does not exist, and said it twice. It now names the
+/// processes that must exit first, once.
+#[test]
+fn a_primary_refused_for_a_live_secondary_names_it() {
+    setup();
+    let p = dpdk_prefix("live");
+    let mut prim = ChildProc::spawn("child_main", "primary", std::slice::from_ref(&p));
+    prim.expect("ready");
+    let mut sec = ChildProc::spawn("child_main", "idle_secondary", std::slice::from_ref(&p));
+    let pid = sec.expect("ready");
+    // The primary stops as a manager does: its runtime files stay.
+    drop(prim.child.stdin.take());
+    prim.wait_success();
+    let mut again = ChildProc::spawn("child_main", "try_primary", std::slice::from_ref(&p));
+    let e = again.expect("");
+    again.wait_success();
+    drop(sec.child.stdin.take());
+    sec.wait_success();
+    remove_prefix_files(&p);
+    assert!(e.starts_with("error "), "{e}");
+    assert_eq!(e.matches("EAL init failed").count(), 1, "{e}");
+    assert!(e.contains(&format!("process {pid}")), "{e}");
 }
