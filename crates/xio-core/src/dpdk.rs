@@ -120,12 +120,13 @@ pub struct Eal {
 /// after a failed start, so a failure is kept and answered again.
 static EAL: OnceLock<Result<Eal, DpdkError>> = OnceLock::new();
 
-/// Checks what DPDK needs before `rte_eal_init`, which reports it badly:
-/// free hugepages and a mounted hugetlbfs.
-pub fn preflight() -> Result<(), DpdkError> {
+/// Checks what DPDK needs before `rte_eal_init` as `role`, which reports
+/// it badly: reserved hugepages, free ones for a primary, and a mounted
+/// hugetlbfs.
+pub fn preflight(role: Role) -> Result<(), DpdkError> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    check_hugepages(&meminfo, &mounts)
+    check_hugepages(&meminfo, &mounts, role)
 }
 
 /// The hugetlbfs mount points listed in `/proc/mounts` text.
@@ -138,7 +139,7 @@ fn hugetlbfs_dirs(mounts: &str) -> impl Iterator<Item = &str> {
 }
 
 /// [`preflight`] on the given `/proc/meminfo` and `/proc/mounts` text.
-pub fn check_hugepages(meminfo: &str, mounts: &str) -> Result<(), DpdkError> {
+pub fn check_hugepages(meminfo: &str, mounts: &str, role: Role) -> Result<(), DpdkError> {
     let field = |k: &str| -> u64 {
         meminfo
             .lines()
@@ -153,7 +154,10 @@ pub fn check_hugepages(meminfo: &str, mounts: &str) -> Result<(), DpdkError> {
             "no hugepages are reserved on this machine; the dpdk backend needs them: {fix}"
         )));
     }
-    if field("HugePages_Free:") == 0 {
+    // A secondary maps the primary's pages and takes none of its own: a
+    // manager whose pool fills every reserved page (hugepages sized to
+    // the pool, as DPDK deployments do) still takes stacks.
+    if role == Role::Primary && field("HugePages_Free:") == 0 {
         return Err(DpdkError::Hugepages(format!(
             "all {} hugepages are in use; free some or reserve more: {fix}",
             field("HugePages_Total:")
@@ -188,7 +192,7 @@ impl Eal {
     }
 
     fn start(prefix: &str, role: Role) -> Result<Eal, DpdkError> {
-        preflight()?;
+        preflight(role)?;
         // EAL pins the calling thread to its lcore's CPUs: keep the
         // caller's own placement (a benchmark's pinning, a service's
         // taskset) instead.
@@ -1114,18 +1118,35 @@ mod tests {
     #[test]
     fn preflight_explains_what_is_missing() {
         let none = "HugePages_Total:       0\nHugePages_Free:        0\n";
-        let e = check_hugepages(none, MOUNTS).unwrap_err().to_string();
-        assert!(e.contains("no hugepages are reserved"), "{e}");
-        assert!(e.contains("nr_hugepages"), "{e}");
+        for role in [Role::Primary, Role::Secondary] {
+            let e = check_hugepages(none, MOUNTS, role).unwrap_err().to_string();
+            assert!(e.contains("no hugepages are reserved"), "{e}");
+            assert!(e.contains("nr_hugepages"), "{e}");
+        }
         let used = "HugePages_Total:     256\nHugePages_Free:        0\n";
-        let e = check_hugepages(used, MOUNTS).unwrap_err().to_string();
-        assert!(e.contains("all 256 hugepages are in use"), "{e}");
-        let ok = "HugePages_Total:     256\nHugePages_Free:      100\n";
-        let e = check_hugepages(ok, "proc /proc proc rw 0 0\n")
+        let e = check_hugepages(used, MOUNTS, Role::Primary)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("no hugetlbfs is mounted"), "{e}");
-        assert!(check_hugepages(ok, MOUNTS).is_ok());
+        assert!(e.contains("all 256 hugepages are in use"), "{e}");
+        let ok = "HugePages_Total:     256\nHugePages_Free:      100\n";
+        for role in [Role::Primary, Role::Secondary] {
+            let e = check_hugepages(ok, "proc /proc proc rw 0 0\n", role)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("no hugetlbfs is mounted"), "{e}");
+            assert!(check_hugepages(ok, MOUNTS, role).is_ok());
+        }
+    }
+
+    /// A stack joins a manager whose pool took every reserved hugepage:
+    /// the secondary maps the primary's pages and needs no free one. The
+    /// check refused it ("all 256 hugepages are in use") before DPDK was
+    /// asked, so no service could attach to a manager sized to the
+    /// machine's hugepages.
+    #[test]
+    fn a_secondary_needs_no_free_hugepage() {
+        let used = "HugePages_Total:     256\nHugePages_Free:        0\n";
+        assert!(check_hugepages(used, MOUNTS, Role::Secondary).is_ok());
     }
 
     #[test]
