@@ -941,6 +941,10 @@ impl BufferPool for DpdkPool {
             return;
         }
         let (_, h) = self.obj(b);
+        // A new generation, as an allocation makes (and the shm pool's
+        // `reuse`): a stale or replayed descriptor of the buffer's last
+        // trip must not match its next one.
+        h.gen.fetch_add(1, Ordering::Relaxed);
         h.state.store(obj_state::ALLOCATED, Ordering::Release);
     }
 

@@ -100,6 +100,7 @@ fn child_main() {
         "iso_secondary" => iso_secondary(&a[0]),
         "in_cgroup_primary" => in_cgroup_primary(&a[0], &a[1]),
         "try_primary" => try_primary(&a[0]),
+        "replay" => replay(&a[0]),
         "idle_secondary" => idle_secondary(&a[0]),
         r => panic!("unknown role {r}"),
     }
@@ -224,6 +225,30 @@ fn iso_secondary(prefix: &str) {
         }
         Err(e) => println!("XIO:error {e}"),
     }
+}
+
+/// A buffer goes 1 -> 2 -> 1 -> 2, made writable again by each receiver
+/// (as `Buf::into_mut` does); then a copy of its first descriptor comes
+/// (replayed by a hostile or broken sender): says whether it was taken.
+fn replay(prefix: &str) {
+    Eal::init(prefix, Role::Primary).unwrap();
+    let one = pools(true, PRIMARY);
+    let two = pools(false, SECONDARY);
+    let b = one.alloc(64, false).unwrap();
+    let first = one.prepare_send(b, 64, SECONDARY, 7, kind::DATA);
+    let b = two.accept(&first).unwrap();
+    two.reuse(b);
+    let back = two.prepare_send(b, 64, PRIMARY, 8, kind::DATA);
+    let b = one.accept(&back).unwrap();
+    one.reuse(b);
+    let again = one.prepare_send(b, 32, SECONDARY, 9, kind::DATA);
+    let replayed = two.accept(&first);
+    let genuine = two.accept(&again);
+    println!(
+        "XIO:replay {} genuine {}",
+        if replayed.is_ok() { "taken" } else { "refused" },
+        if genuine.is_ok() { "taken" } else { "refused" },
+    );
 }
 
 /// Starts a primary, says how that went, and exits.
@@ -442,4 +467,22 @@ fn a_primary_refused_for_a_live_secondary_names_it() {
     assert!(e.starts_with("error "), "{e}");
     assert_eq!(e.matches("EAL init failed").count(), 1, "{e}");
     assert!(e.contains(&format!("process {pid}")), "{e}");
+}
+
+/// A stale or replayed descriptor is refused by its generation: the shm
+/// pool bumps it when a received buffer is made writable again, the DPDK
+/// pool did not. A buffer that came back to a stack through a chain of
+/// reuses (an echo's reply, a proxy forwarding) then matched the
+/// descriptor of its first trip, and a replay of that one took it: the
+/// receiver read the new payload under the old length and connection,
+/// and refused the real descriptor as corrupt.
+#[test]
+fn a_replayed_descriptor_does_not_take_a_reused_buffer() {
+    setup();
+    let p = dpdk_prefix("replay");
+    let mut c = ChildProc::spawn("child_main", "replay", std::slice::from_ref(&p));
+    let r = c.expect("replay");
+    c.wait_success();
+    remove_prefix_files(&p);
+    assert_eq!(r, "refused genuine taken");
 }
