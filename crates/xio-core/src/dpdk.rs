@@ -791,6 +791,21 @@ impl DpdkPool {
         mp.header(i as u32)
     }
 
+    /// Marks cached object `i` of `mp` free, for a put: `None` if it is
+    /// not in our cache any more (the manager dropped this stack and took
+    /// it back), when putting it would list it in the mempool twice.
+    fn uncache(&self, mp: &Mempool, i: usize) -> Option<*mut c_void> {
+        let h = mp.header(i as u32)?;
+        if h.owner.load(Ordering::Relaxed) != self.me
+            || h.state.load(Ordering::Relaxed) != obj_state::CACHED
+        {
+            return None;
+        }
+        h.state.store(obj_state::FREE, Ordering::Relaxed);
+        h.owner.store(0, Ordering::Release);
+        Some((h as *const ObjHeader).cast_mut().cast::<c_void>())
+    }
+
     fn obj(&self, b: RawBuf) -> (&Mempool, &ObjHeader) {
         let mp = &self.classes[b.class as usize];
         (mp, mp.header(b.index).expect("a RawBuf we made"))
@@ -809,12 +824,7 @@ impl Drop for DpdkPool {
                 std::mem::take(&mut *self.cache[c].0.lock().unwrap_or_else(|e| e.into_inner()));
             let objs: Vec<*mut c_void> = cached
                 .into_iter()
-                .filter_map(|i| mp.header(i as u32))
-                .map(|h| {
-                    h.state.store(obj_state::FREE, Ordering::Relaxed);
-                    h.owner.store(0, Ordering::Release);
-                    (h as *const ObjHeader).cast_mut().cast::<c_void>()
-                })
+                .filter_map(|i| self.uncache(mp, i))
                 .collect();
             if !objs.is_empty() {
                 mp.put_bulk(&objs);
@@ -860,6 +870,11 @@ impl BufferPool for DpdkPool {
             return; // the parent's buffer: forgotten here
         }
         let (mp, h) = self.obj(b);
+        if h.owner.load(Ordering::Relaxed) != self.me {
+            // Reclaimed by the manager (it dropped this stack); not ours
+            // to give back, as in the shm pool.
+            return;
+        }
         let (cache, limit) = &self.cache[b.class as usize];
         if *limit > 0 {
             let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
@@ -871,12 +886,7 @@ impl BufferPool for DpdkPool {
             // Full: give half back in one bulk put.
             let back: Vec<*mut c_void> = c
                 .drain(limit / 2..)
-                .map(|i| {
-                    let o = mp.header(i as u32).expect("cached index");
-                    o.state.store(obj_state::FREE, Ordering::Relaxed);
-                    o.owner.store(0, Ordering::Release);
-                    (o as *const ObjHeader).cast_mut().cast::<c_void>()
-                })
+                .filter_map(|i| self.uncache(mp, i))
                 .collect();
             mp.put_bulk(&back);
             h.state.store(obj_state::CACHED, Ordering::Release);

@@ -101,6 +101,7 @@ fn child_main() {
         "in_cgroup_primary" => in_cgroup_primary(&a[0], &a[1]),
         "try_primary" => try_primary(&a[0]),
         "replay" => replay(&a[0]),
+        "dropped_stack" => dropped_stack(&a[0]),
         "idle_secondary" => idle_secondary(&a[0]),
         r => panic!("unknown role {r}"),
     }
@@ -249,6 +250,30 @@ fn replay(prefix: &str) {
         if replayed.is_ok() { "taken" } else { "refused" },
         if genuine.is_ok() { "taken" } else { "refused" },
     );
+}
+
+/// A stack's buffer is reclaimed by the manager while the stack lives (it
+/// dropped the stack: a control-protocol error), then the stack frees it:
+/// says how many buffers class 0 then hands out, and how many of them
+/// twice.
+fn dropped_stack(prefix: &str) {
+    Eal::init(prefix, Role::Primary).unwrap();
+    let manager = pools(true, 0);
+    let stack = pools(false, SECONDARY);
+    let b = stack.alloc(100, false).unwrap();
+    assert_eq!(manager.reclaim(&[SECONDARY], &[]), 1);
+    stack.free(b);
+    let mut seen = std::collections::HashSet::new();
+    let mut twice = 0;
+    while let Ok(b) = manager.alloc(100, false) {
+        if b.class != 0 {
+            break;
+        }
+        if !seen.insert(b.index) {
+            twice += 1;
+        }
+    }
+    println!("XIO:handed {} twice {twice}", seen.len() + twice);
 }
 
 /// Starts a primary, says how that went, and exits.
@@ -485,4 +510,20 @@ fn a_replayed_descriptor_does_not_take_a_reused_buffer() {
     c.wait_success();
     remove_prefix_files(&p);
     assert_eq!(r, "refused genuine taken");
+}
+
+/// A stack the manager dropped (a control-protocol error) while its
+/// process lives has its buffers reclaimed; when it frees one afterwards
+/// the shm pool sees it is not the owner any more and leaves it, the
+/// DPDK pool put it into the mempool a second time, and the mempool then
+/// handed the same buffer to two allocations (of any stacks).
+#[test]
+fn a_buffer_reclaimed_from_a_live_stack_is_not_freed_twice() {
+    setup();
+    let p = dpdk_prefix("dropped");
+    let mut c = ChildProc::spawn("child_main", "dropped_stack", std::slice::from_ref(&p));
+    let r = c.expect("handed");
+    c.wait_success();
+    remove_prefix_files(&p);
+    assert_eq!(r, format!("{} twice 0", CLASSES[0].2));
 }
