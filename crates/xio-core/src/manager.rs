@@ -683,9 +683,29 @@ impl Manager {
     fn dpdk_pool(
         b: &ManagerBuilder,
     ) -> Result<(Segment, MgrPool, Vec<[crate::dpdk::Ring; 2]>), ManagerError> {
-        use crate::dpdk::{mempool_name, ring_name, DpdkPool, Eal, Mempool, Ring, Role};
+        use crate::dpdk::{Eal, Role};
         let dpdk = |e: crate::dpdk::DpdkError| ManagerError::Dpdk(e.to_string());
         Eal::init(&b.prefix, Role::Primary).map_err(dpdk)?;
+        // The prefix's hugepages are ours now. Failing past here (the
+        // pool larger than the hugepages left, more rings than DPDK's
+        // memzone limit), nothing would remove their files, which keep
+        // the pages taken after this process exits, until a primary of
+        // the same prefix starts: removed on the way out.
+        let made = Self::dpdk_objects(b);
+        if made.is_err() {
+            Eal::remove_hugepage_files(&b.prefix);
+        }
+        made
+    }
+
+    /// What [`Self::dpdk_pool`] makes once this process is the primary.
+    #[cfg(feature = "dpdk")]
+    #[allow(clippy::type_complexity)]
+    fn dpdk_objects(
+        b: &ManagerBuilder,
+    ) -> Result<(Segment, MgrPool, Vec<[crate::dpdk::Ring; 2]>), ManagerError> {
+        use crate::dpdk::{mempool_name, ring_name, DpdkPool, Mempool, Ring};
+        let dpdk = |e: crate::dpdk::DpdkError| ManagerError::Dpdk(e.to_string());
         let mut shadow = b.pool.clone();
         for c in &mut shadow.classes {
             c.1 = 1;

@@ -102,6 +102,7 @@ fn child_main() {
         "try_primary" => try_primary(&a[0]),
         "replay" => replay(&a[0]),
         "dropped_stack" => dropped_stack(&a[0]),
+        "failed_manager" => failed_manager(&a[0]),
         "idle_secondary" => idle_secondary(&a[0]),
         r => panic!("unknown role {r}"),
     }
@@ -274,6 +275,25 @@ fn dropped_stack(prefix: &str) {
         }
     }
     println!("XIO:handed {} twice {twice}", seen.len() + twice);
+}
+
+/// Starts a manager whose rings DPDK cannot make (more than its memzone
+/// limit), after its mempools were made: says how that went, and exits.
+fn failed_manager(prefix: &str) {
+    let pool = xio_core::layout::PoolConfig {
+        classes: vec![(2048, 64)],
+        max_stacks: 4,
+        max_channels: 4096,
+        ring_capacity: 2,
+    };
+    let r = xio_core::manager::Manager::builder(prefix)
+        .backend(xio_core::manager::Backend::Dpdk)
+        .pool(pool)
+        .spawn();
+    match r {
+        Ok(_) => println!("XIO:started"),
+        Err(e) => println!("XIO:failed {e}"),
+    }
 }
 
 /// Starts a primary, says how that went, and exits.
@@ -526,4 +546,33 @@ fn a_buffer_reclaimed_from_a_live_stack_is_not_freed_twice() {
     c.wait_success();
     remove_prefix_files(&p);
     assert_eq!(r, format!("{} twice 0", CLASSES[0].2));
+}
+
+/// The prefix's hugepage files in the hugetlbfs mounts.
+fn hugepage_files(prefix: &str) -> Vec<String> {
+    let stem = format!("{prefix}map_");
+    ["/dev/hugepages"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&stem))
+        .collect()
+}
+
+/// A manager that fails to start after DPDK made its first objects (a
+/// pool larger than the hugepages left, more rings than DPDK's memzone
+/// limit) left the prefix's hugepage files behind when its process
+/// exited: the pages stayed taken, by nobody, until a manager of the
+/// same prefix started again.
+#[test]
+fn a_manager_that_fails_to_start_leaves_no_hugepages_taken() {
+    setup();
+    let p = dpdk_prefix("failed");
+    let mut c = ChildProc::spawn("child_main", "failed_manager", std::slice::from_ref(&p));
+    let r = c.expect("");
+    c.wait_success();
+    let left = hugepage_files(&p);
+    remove_prefix_files(&p);
+    assert!(r.starts_with("failed "), "{r}");
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
