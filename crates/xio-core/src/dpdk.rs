@@ -674,7 +674,9 @@ impl DpdkPool {
         self.keepalive.as_ref().map(|f| f.as_fd())
     }
 
-    /// Allocates up to `out.len()` buffers of `len` bytes; how many.
+    /// Allocates up to `out.len()` buffers of `len` bytes; how many, at
+    /// least one: none is [`AllocError::Exhausted`], as with the shm pool
+    /// (callers wait, or fail a non-blocking call, on that error).
     pub fn alloc_many(&self, len: usize, out: &mut [RawBuf]) -> Result<usize, AllocError> {
         let mut n = 0;
         for o in out.iter_mut() {
@@ -684,6 +686,9 @@ impl DpdkPool {
                 Err(e) => return Err(e),
             }
             n += 1;
+        }
+        if n == 0 {
+            return Err(AllocError::Exhausted);
         }
         Ok(n)
     }

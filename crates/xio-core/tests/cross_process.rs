@@ -1392,6 +1392,51 @@ fn a_non_blocking_send_burst_on_a_full_ring_would_block() {
     wait_pool_whole(&mgr);
 }
 
+/// `send_burst_with` in non-blocking mode does not wait for buffers
+/// either: with the pool exhausted it fails with `WouldBlock`. On the
+/// DPDK backend the pool answered "none" as `Ok(0)` where the shm pool
+/// says `Exhausted`, and `send_burst_with` took that for a burst of
+/// nothing and went round again: it never returned while the buffers
+/// were held, here by the caller itself.
+#[test]
+fn a_non_blocking_send_burst_with_on_an_exhausted_pool_would_block() {
+    setup();
+    let p = prefix("nbexhaust");
+    let cfg = PoolConfig {
+        classes: vec![(64, 16)],
+        ..PoolConfig::default()
+    };
+    let mgr = manager_builder(&p).pool(cfg).spawn().unwrap();
+    let a = addr(9407);
+    let mut server = Stack::attach(&p).unwrap();
+    server.bind(a).unwrap();
+    let mut client = Stack::attach(&p).unwrap();
+    let peer = client.connect(a).unwrap();
+    client.set_wait_mode(WaitMode::NonBlocking);
+    let mut held = Vec::new();
+    while let Ok(b) = client.try_alloc(8) {
+        held.push(b);
+    }
+    let t = std::thread::spawn(move || {
+        let r = client.send_burst_with(peer, 1, 8, |_, p| p.fill(1));
+        (r, client)
+    });
+    // Watchdog: a wait for buffers the caller holds never ends.
+    let deadline = std::time::Instant::now() + WATCHDOG;
+    while !t.is_finished() {
+        if std::time::Instant::now() >= deadline {
+            // Let the sender go so the process can end cleanly.
+            drop(held);
+            panic!("watchdog: a non-blocking send_burst_with waited for buffers");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let (r, client) = t.join().unwrap();
+    assert!(matches!(r, Err(Error::WouldBlock)), "{r:?}");
+    drop((held, server, client));
+    wait_pool_whole(&mgr);
+}
+
 /// A busy-polling stack never sleeps, so no liveness tick tells it of a
 /// dead manager: it must still report the manager gone, and then a peer
 /// process that dies afterwards (no manager left to say so) as a reset,
