@@ -78,6 +78,11 @@ pub enum DpdkError {
     /// A name was too long or held a NUL.
     #[error("bad DPDK object name {0:?}")]
     Name(String),
+    /// The object headers of a mempool do not number its objects `0..n`
+    /// (overwritten: they live in memory every process of the prefix can
+    /// write).
+    #[error("DPDK mempool {0:?} is corrupt: its object headers do not number its objects")]
+    Corrupt(String),
 }
 
 fn errno_text() -> String {
@@ -474,7 +479,7 @@ impl Mempool {
             name: name.into(),
             reason: errno_text(),
         })?;
-        Self::wrap(mp, size)
+        Self::wrap(mp, name, size)
     }
 
     /// Looks up the pool `name` made by the primary, of `size` payload bytes.
@@ -489,10 +494,13 @@ impl Mempool {
             what: "mempool",
             name: name.into(),
         })?;
-        Self::wrap(mp, size)
+        Self::wrap(mp, name, size)
     }
 
-    fn wrap(mp: NonNull<sys::rte_mempool>, size: usize) -> Result<Mempool, DpdkError> {
+    /// The object table of `mp`, by the index in each object's header.
+    /// Each index must name one object: a slot left unfilled would be
+    /// dereferenced later (a header is shared memory, so untrusted).
+    fn wrap(mp: NonNull<sys::rte_mempool>, name: &str, size: usize) -> Result<Mempool, DpdkError> {
         let mut raw: Vec<*mut c_void> = Vec::new();
         // SAFETY: a live mempool; the callback only pushes into `raw`.
         unsafe {
@@ -502,15 +510,22 @@ impl Mempool {
                 (&mut raw as *mut Vec<*mut c_void>).cast(),
             )
         };
-        let mut objs = vec![NonNull::dangling(); raw.len()];
+        let mut objs: Vec<Option<NonNull<ObjHeader>>> = vec![None; raw.len()];
         for o in raw {
             let h = o.cast::<ObjHeader>();
-            // SAFETY: every object starts with the header written at creation.
+            // SAFETY: every object starts with the header written at
+            // creation (its index is checked below: any process of the
+            // prefix could have overwritten it).
             let i = unsafe { (*h).index } as usize;
-            if i < objs.len() {
-                objs[i] = NonNull::new(h).expect("DPDK objects are not NULL");
+            match objs.get_mut(i) {
+                Some(slot @ None) => *slot = NonNull::new(h),
+                _ => return Err(DpdkError::Corrupt(name.into())),
             }
         }
+        let objs = objs
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| DpdkError::Corrupt(name.into()))?;
         Ok(Mempool { mp, objs, size })
     }
 

@@ -103,6 +103,7 @@ fn child_main() {
         "replay" => replay(&a[0]),
         "dropped_stack" => dropped_stack(&a[0]),
         "failed_manager" => failed_manager(&a[0]),
+        "scribbled_index" => scribbled_index(&a[0]),
         "idle_secondary" => idle_secondary(&a[0]),
         r => panic!("unknown role {r}"),
     }
@@ -293,6 +294,23 @@ fn failed_manager(prefix: &str) {
     match r {
         Ok(_) => println!("XIO:started"),
         Err(e) => println!("XIO:failed {e}"),
+    }
+}
+
+/// Overwrites the index in object 5's header of class 0 (any process that
+/// maps the prefix's hugepages can), then looks the mempool up as a stack
+/// does: says whether it was taken.
+fn scribbled_index(prefix: &str) {
+    Eal::init(prefix, Role::Primary).unwrap();
+    let (name, size, _) = CLASSES[0];
+    let made = Mempool::create(name, 0, CLASSES[0].2, size).unwrap();
+    let h = made.header(5).unwrap() as *const xio_core::dpdk::ObjHeader;
+    // SAFETY: a live object's header in this process's mapping; nothing
+    // else uses the pool. What a broken or hostile process would write.
+    unsafe { (*h.cast_mut()).index = 77_777 };
+    match Mempool::lookup(name, size) {
+        Ok(_) => println!("XIO:lookup taken"),
+        Err(e) => println!("XIO:lookup refused {e}"),
     }
 }
 
@@ -575,4 +593,20 @@ fn a_manager_that_fails_to_start_leaves_no_hugepages_taken() {
     remove_prefix_files(&p);
     assert!(r.starts_with("failed "), "{r}");
     assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Object headers live in memory every process of the prefix can write.
+/// A header whose index was overwritten left its slot in a stack's object
+/// table dangling, and the first descriptor, status report or sweep
+/// naming that slot dereferenced it: undefined behaviour from a value
+/// read from shared memory. The lookup refuses such a pool now.
+#[test]
+fn a_mempool_whose_headers_do_not_number_its_objects_is_refused() {
+    setup();
+    let p = dpdk_prefix("scribble");
+    let mut c = ChildProc::spawn("child_main", "scribbled_index", std::slice::from_ref(&p));
+    let r = c.expect("lookup");
+    c.wait_success();
+    remove_prefix_files(&p);
+    assert!(r.starts_with("refused "), "{r}");
 }
