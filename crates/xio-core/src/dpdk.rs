@@ -129,9 +129,62 @@ static EAL: OnceLock<Result<Eal, DpdkError>> = OnceLock::new();
 /// it badly: reserved hugepages, free ones for a primary, and a mounted
 /// hugetlbfs.
 pub fn preflight(role: Role) -> Result<(), DpdkError> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let pages = HugePages::from_sysfs(std::path::Path::new("/sys/kernel/mm/hugepages"))
+        .unwrap_or_else(|| {
+            HugePages::from_meminfo(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default())
+        });
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    check_hugepages(&meminfo, &mounts, role)
+    check_hugepages(pages, &mounts, role)
+}
+
+/// Hugepages reserved and free on the machine, over every page size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HugePages {
+    /// Reserved.
+    pub total: u64,
+    /// Not in use.
+    pub free: u64,
+}
+
+impl HugePages {
+    /// From a directory laid out as `/sys/kernel/mm/hugepages` (one
+    /// `hugepages-<size>kB` directory per page size, each with
+    /// `nr_hugepages` and `free_hugepages`); `None` if it cannot be read.
+    /// `/proc/meminfo` counts the default page size only: 1 GiB pages
+    /// reserved beside a 2 MiB default, as DPDK deployments do, are
+    /// only here.
+    pub fn from_sysfs(dir: &std::path::Path) -> Option<HugePages> {
+        let read = |d: &std::path::Path, f: &str| -> Option<u64> {
+            std::fs::read_to_string(d.join(f)).ok()?.trim().parse().ok()
+        };
+        let mut pages = HugePages { total: 0, free: 0 };
+        let mut any = false;
+        for e in std::fs::read_dir(dir).ok()?.flatten() {
+            let d = e.path();
+            if !e.file_name().to_string_lossy().starts_with("hugepages-") {
+                continue;
+            }
+            pages.total += read(&d, "nr_hugepages")?;
+            pages.free += read(&d, "free_hugepages")?;
+            any = true;
+        }
+        any.then_some(pages)
+    }
+
+    /// From `/proc/meminfo` text (the default page size's).
+    pub fn from_meminfo(meminfo: &str) -> HugePages {
+        let field = |k: &str| -> u64 {
+            meminfo
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .and_then(|r| r.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        HugePages {
+            total: field("HugePages_Total:"),
+            free: field("HugePages_Free:"),
+        }
+    }
 }
 
 /// The hugetlbfs mount points listed in `/proc/mounts` text.
@@ -143,18 +196,11 @@ fn hugetlbfs_dirs(mounts: &str) -> impl Iterator<Item = &str> {
     })
 }
 
-/// [`preflight`] on the given `/proc/meminfo` and `/proc/mounts` text.
-pub fn check_hugepages(meminfo: &str, mounts: &str, role: Role) -> Result<(), DpdkError> {
-    let field = |k: &str| -> u64 {
-        meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix(k))
-            .and_then(|r| r.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
-    };
+/// [`preflight`] on the given hugepage counts and `/proc/mounts` text.
+pub fn check_hugepages(pages: HugePages, mounts: &str, role: Role) -> Result<(), DpdkError> {
     let fix = "reserve some as root: `echo 256 > /proc/sys/vm/nr_hugepages` and \
                `mount -t hugetlbfs nodev /dev/hugepages` (or run .ci/run)";
-    if field("HugePages_Total:") == 0 {
+    if pages.total == 0 {
         return Err(DpdkError::Hugepages(format!(
             "no hugepages are reserved on this machine; the dpdk backend needs them: {fix}"
         )));
@@ -162,10 +208,10 @@ pub fn check_hugepages(meminfo: &str, mounts: &str, role: Role) -> Result<(), Dp
     // A secondary maps the primary's pages and takes none of its own: a
     // manager whose pool fills every reserved page (hugepages sized to
     // the pool, as DPDK deployments do) still takes stacks.
-    if role == Role::Primary && field("HugePages_Free:") == 0 {
+    if role == Role::Primary && pages.free == 0 {
         return Err(DpdkError::Hugepages(format!(
             "all {} hugepages are in use; free some or reserve more: {fix}",
-            field("HugePages_Total:")
+            pages.total
         )));
     }
     if hugetlbfs_dirs(mounts).next().is_none() {
@@ -1149,20 +1195,25 @@ mod tests {
 
     const MOUNTS: &str = "nodev /dev/hugepages hugetlbfs rw,relatime,pagesize=2M 0 0\n";
 
+    const fn pages(total: u64, free: u64) -> HugePages {
+        HugePages { total, free }
+    }
+
     #[test]
     fn preflight_explains_what_is_missing() {
-        let none = "HugePages_Total:       0\nHugePages_Free:        0\n";
+        let none = HugePages::from_meminfo("HugePages_Total:       0\nHugePages_Free:        0\n");
+        assert_eq!(none, pages(0, 0));
         for role in [Role::Primary, Role::Secondary] {
             let e = check_hugepages(none, MOUNTS, role).unwrap_err().to_string();
             assert!(e.contains("no hugepages are reserved"), "{e}");
             assert!(e.contains("nr_hugepages"), "{e}");
         }
-        let used = "HugePages_Total:     256\nHugePages_Free:        0\n";
-        let e = check_hugepages(used, MOUNTS, Role::Primary)
+        let e = check_hugepages(pages(256, 0), MOUNTS, Role::Primary)
             .unwrap_err()
             .to_string();
         assert!(e.contains("all 256 hugepages are in use"), "{e}");
-        let ok = "HugePages_Total:     256\nHugePages_Free:      100\n";
+        let ok = HugePages::from_meminfo("HugePages_Total:     256\nHugePages_Free:      100\n");
+        assert_eq!(ok, pages(256, 100));
         for role in [Role::Primary, Role::Secondary] {
             let e = check_hugepages(ok, "proc /proc proc rw 0 0\n", role)
                 .unwrap_err()
@@ -1179,8 +1230,29 @@ mod tests {
     /// machine's hugepages.
     #[test]
     fn a_secondary_needs_no_free_hugepage() {
-        let used = "HugePages_Total:     256\nHugePages_Free:        0\n";
-        assert!(check_hugepages(used, MOUNTS, Role::Secondary).is_ok());
+        assert!(check_hugepages(pages(256, 0), MOUNTS, Role::Secondary).is_ok());
+    }
+
+    /// 1 GiB pages reserved beside a 2 MiB default page size (`hugepagesz=1G
+    /// hugepages=4` on the kernel command line, or through sysfs), as
+    /// DPDK deployments do: `/proc/meminfo` counts the default size only,
+    /// and the check read it alone, so it said no hugepages were reserved
+    /// and DPDK, which would have used the 1 GiB mount, was never asked.
+    #[test]
+    fn hugepages_of_every_size_are_counted() {
+        let dir = std::env::temp_dir().join(format!("xio-hp-{}", std::process::id()));
+        for (size, n) in [("2048kB", 0), ("1048576kB", 4)] {
+            let d = dir.join(format!("hugepages-{size}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("nr_hugepages"), format!("{n}\n")).unwrap();
+            std::fs::write(d.join("free_hugepages"), format!("{n}\n")).unwrap();
+        }
+        let found = HugePages::from_sysfs(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(found, Some(pages(4, 4)));
+        let gig = "nodev /mnt/huge1g hugetlbfs rw,relatime,pagesize=1024M 0 0\n";
+        assert!(check_hugepages(pages(4, 4), gig, Role::Primary).is_ok());
+        assert_eq!(HugePages::from_sysfs(&dir), None, "gone: unreadable");
     }
 
     #[test]
