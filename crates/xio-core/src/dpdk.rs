@@ -502,14 +502,23 @@ impl Mempool {
             name,
             sys::xio_shim_limits::XIO_SHIM_MEMPOOL_NAMESIZE as usize,
         )?;
+        // DPDK sizes objects in 32 bits: cut, the size would wrap to a
+        // few bytes, under the header written into each object and the
+        // buffers written after it.
+        let elt = u32::try_from(HEADER + size).map_err(|_| DpdkError::Create {
+            what: "mempool",
+            name: name.into(),
+            reason: format!("{size}-byte buffers do not fit DPDK's 32-bit object size"),
+        })?;
         let mut arg = InitArg { class };
         // SAFETY: valid name; our callback matches rte_mempool_obj_cb_t and
-        // `arg` outlives the call (objects are initialised during it).
+        // `arg` outlives the call (objects are initialised during it, each
+        // of `elt` bytes: room for the header).
         let mp = unsafe {
             sys::rte_mempool_create(
                 c.as_ptr(),
                 n,
-                (HEADER + size) as u32,
+                elt,
                 0,
                 0,
                 None,

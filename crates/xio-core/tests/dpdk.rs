@@ -104,6 +104,7 @@ fn child_main() {
         "dropped_stack" => dropped_stack(&a[0]),
         "failed_manager" => failed_manager(&a[0]),
         "scribbled_index" => scribbled_index(&a[0]),
+        "huge_class" => huge_class(&a[0]),
         "idle_secondary" => idle_secondary(&a[0]),
         r => panic!("unknown role {r}"),
     }
@@ -311,6 +312,16 @@ fn scribbled_index(prefix: &str) {
     match Mempool::lookup(name, size) {
         Ok(_) => println!("XIO:lookup taken"),
         Err(e) => println!("XIO:lookup refused {e}"),
+    }
+}
+
+/// Asks for a mempool of buffers a 64-byte header makes 4 GiB: says
+/// whether it was made.
+fn huge_class(prefix: &str) {
+    Eal::init(prefix, Role::Primary).unwrap();
+    match Mempool::create("xio-huge", 0, 1, (u32::MAX - 63) as usize) {
+        Ok(m) => println!("XIO:mempool made, {} objects", m.len()),
+        Err(e) => println!("XIO:mempool refused {e}"),
     }
 }
 
@@ -606,6 +617,22 @@ fn a_mempool_whose_headers_do_not_number_its_objects_is_refused() {
     let p = dpdk_prefix("scribble");
     let mut c = ChildProc::spawn("child_main", "scribbled_index", std::slice::from_ref(&p));
     let r = c.expect("lookup");
+    c.wait_success();
+    remove_prefix_files(&p);
+    assert!(r.starts_with("refused "), "{r}");
+}
+
+/// A class whose buffers with their 64-byte header need 4 GiB: the
+/// object size was cut to 32 bits, to 0, and DPDK made objects of no
+/// bytes that the header of each was then written over (and stacks
+/// would write whole buffers into): memory corruption from a pool
+/// configuration. It is refused now.
+#[test]
+fn a_class_too_large_for_dpdk_objects_is_refused() {
+    setup();
+    let p = dpdk_prefix("huge");
+    let mut c = ChildProc::spawn("child_main", "huge_class", std::slice::from_ref(&p));
+    let r = c.expect("mempool");
     c.wait_success();
     remove_prefix_files(&p);
     assert!(r.starts_with("refused "), "{r}");
