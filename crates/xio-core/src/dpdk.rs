@@ -1115,9 +1115,16 @@ impl Ring {
         }
     }
 
-    fn pop(&mut self, out: &mut [Descriptor]) -> usize {
-        // SAFETY: `out` has room for out.len() elements; we are the only
-        // consumer. Descriptor is plain data, any bytes are a value.
+    /// Takes up to `out.len()` descriptors. Only the ring's one consumer
+    /// may call it (`DpdkConsumer`, which is not `Clone` and pops through
+    /// `&mut self`): the ring is single-consumer. A shared reference is
+    /// enough otherwise, since the ring is DPDK's memory, not ours, and
+    /// the consumer's watches share the `Ring` (the `&mut` this took was
+    /// made from an `Arc` they also hold: aliasing undefined behaviour).
+    fn pop(&self, out: &mut [Descriptor]) -> usize {
+        // SAFETY: `out` has room for out.len() elements; the caller is the
+        // only consumer (above). Descriptor is plain data, any bytes are a
+        // value.
         unsafe {
             sys::xio_shim_ring_dequeue_burst_elem(
                 self.r.as_ptr(),
@@ -1129,9 +1136,13 @@ impl Ring {
         }
     }
 
-    /// Empties the ring (a channel slot being reused; nobody may use the
-    /// ring meanwhile).
-    pub fn reset(&self) {
+    /// Empties the ring (a channel slot being reused).
+    ///
+    /// # Safety
+    ///
+    /// No process may use the ring meanwhile: `rte_ring_reset` rewrites
+    /// its indices without synchronisation.
+    pub unsafe fn reset(&self) {
         // SAFETY: a live ring no process uses (the caller's contract).
         unsafe { sys::rte_ring_reset(self.r.as_ptr()) }
     }
@@ -1175,12 +1186,9 @@ impl DescProducer for DpdkProducer {
 
 impl DescConsumer for DpdkConsumer {
     fn pop_burst(&mut self, out: &mut [Descriptor]) -> Result<usize, RingError> {
-        // The consumer is the only user of the ring's consumer side; the
-        // watch only reads counts.
-        let r = Arc::as_ptr(&self.0).cast_mut();
-        // SAFETY: pop needs &mut for the SC discipline, which this
-        // consumer alone provides; the watches read indices only.
-        Ok(unsafe { (*r).pop(out) })
+        // This consumer is the ring's only one (`&mut self`, not Clone);
+        // the watches only read counts.
+        Ok(self.0.pop(out))
     }
     fn has_data(&mut self) -> bool {
         self.0.count() > 0

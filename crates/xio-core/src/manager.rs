@@ -1373,8 +1373,13 @@ impl Manager {
         if let Some(r) = self.rings.get(ch as usize) {
             // Stale descriptors of the slot's last channel go; their
             // buffers were reclaimed by owner.
-            r[0].reset();
-            r[1].reset();
+            // SAFETY: the slot is free: no stack has its channel (both
+            // ends released it or died), and none gets it before the
+            // `ACTIVE` store below.
+            unsafe {
+                r[0].reset();
+                r[1].reset();
+            }
         }
         let hdr = self.seg.channel(ch);
         // Release: the ring resets above happen before either end can see
