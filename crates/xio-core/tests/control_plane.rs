@@ -37,6 +37,16 @@ fn header(version: u8, ty: u8, len: u32) -> Vec<u8> {
     h
 }
 
+/// From a registered stack's socket `s`: a Connect whose length field
+/// lies. The manager answers with an error (and reads no more from it).
+fn send_lying_connect(s: &std::os::fd::OwnedFd) {
+    rustix::net::send(s, &header(V, 5, u32::MAX), rustix::net::SendFlags::NOSIGNAL).unwrap();
+    assert!(matches!(
+        ctrl::recv(s.as_fd(), false),
+        Ok((Msg::Error { .. }, _))
+    ));
+}
+
 #[test]
 fn malformed_control_messages_get_errors_and_the_manager_survives() {
     setup();
@@ -104,18 +114,7 @@ fn malformed_control_messages_get_errors_and_the_manager_survives() {
         let (m, fds) = ctrl::recv(s.as_fd(), false).unwrap();
         assert!(matches!(m, Msg::Welcome { .. }));
         assert_eq!(fds.len(), 2);
-        // A Connect whose length field lies.
-        rustix::net::send(
-            &s,
-            &header(V, 5, u32::MAX),
-            rustix::net::SendFlags::NOSIGNAL,
-        )
-        .unwrap();
-        // The manager answers with an error and reads no more from it.
-        assert!(matches!(
-            ctrl::recv(s.as_fd(), false),
-            Ok((Msg::Error { .. }, _))
-        ));
+        send_lying_connect(&s);
     }
     let snap = mgr.snapshot();
     assert!(snap.bad_messages >= cases.len() as u64, "{snap:?}");
@@ -159,17 +158,7 @@ fn a_stack_cut_off_for_a_bad_message_keeps_its_buffers_until_it_exits() {
     let pool = StackPool::new(PoolView::new(seg.clone()), stack_id);
     // The 1 MiB class: not cached, so nothing but this buffer is ours.
     let held = pool.alloc(1 << 20, true).unwrap();
-    // A Connect whose length field lies.
-    rustix::net::send(
-        &s,
-        &header(V, 5, u32::MAX),
-        rustix::net::SendFlags::NOSIGNAL,
-    )
-    .unwrap();
-    assert!(matches!(
-        ctrl::recv(s.as_fd(), false),
-        Ok((Msg::Error { .. }, _))
-    ));
+    send_lying_connect(&s);
     // Answered after the bad message was handled.
     xio_core::manager::query_status(&p).unwrap();
     let w = seg
