@@ -13,6 +13,14 @@ use xio_core::manager::{Manager, ManagerHandle};
 /// Against hangs only; not a performance bound.
 const WATCHDOG_MS: i32 = 120_000;
 
+/// Moves C handles to another thread in the tests below.
+struct Send<T>(T);
+// SAFETY: the tests send only handles the header says any thread may use
+// (nets, streams), or a stack that one thread at a time uses: the other
+// thread until it ends or releases it (joined or signalled), then the
+// test's own.
+unsafe impl<T> std::marker::Send for Send<T> {}
+
 /// A manager for `test`'s own pool prefix.
 fn manager(test: &str) -> (ManagerHandle, CString) {
     manager_with(test, xio_core::prelude::PoolConfig::default())
@@ -277,10 +285,6 @@ fn on_a_thread_then_at_its_teardown(
 /// `XIO_ERR_BUSY` for ever.)
 #[test]
 fn a_stack_claimed_during_thread_teardown_is_not_kept_by_the_dead_thread() {
-    struct Send<T>(T);
-    // SAFETY: each stack is used by one thread at a time: the spawned
-    // thread until it ends (joined), then the main thread.
-    unsafe impl<T> std::marker::Send for Send<T> {}
     let (_m, p) = manager("teardown-claim");
     let (s, other) = (stack(&p), stack(&p));
     let (hs, ho) = (Send(s), Send(other));
@@ -334,9 +338,6 @@ fn a_stack_claimed_during_thread_teardown_is_not_kept_by_the_dead_thread() {
 /// said `XIO_ERR_BUSY` for ever, and its held bytes waited.)
 #[test]
 fn a_batch_begun_during_thread_teardown_is_not_kept_by_the_dead_thread() {
-    struct Send<T>(T);
-    // SAFETY: nets and streams may be used from any thread (the header).
-    unsafe impl<T> std::marker::Send for Send<T> {}
     let (_m, p) = manager("teardown-batch");
     // SAFETY: live handles, valid out-parameters and buffers of the
     // lengths given, NUL-terminated strings throughout.
@@ -393,10 +394,6 @@ fn a_batch_begun_during_thread_teardown_is_not_kept_by_the_dead_thread() {
 /// unwritten: the caller could not know what had been sent.)
 #[test]
 fn a_write_cut_short_by_a_reset_reports_what_went() {
-    struct Send<T>(T);
-    // SAFETY: the stream handle is used by the writer thread alone until
-    // it is joined.
-    unsafe impl<T> std::marker::Send for Send<T> {}
     let (_m, p) = manager("write-reset");
     // SAFETY: live handles, valid out-parameters and buffers of the
     // lengths given, NUL-terminated strings throughout.
@@ -549,9 +546,6 @@ fn a_zero_length_write_reports_a_shut_down_stream() {
 /// traffic on the net to push them out.)
 #[test]
 fn a_thread_that_exits_inside_a_write_batch_ends_it() {
-    struct Send<T>(T);
-    // SAFETY: nets and streams may be used from any thread (the header).
-    unsafe impl<T> std::marker::Send for Send<T> {}
     let (_m, p) = manager("batch-exit");
     // SAFETY: live handles, valid out-parameters and buffers of the
     // lengths given, NUL-terminated strings throughout.
@@ -626,10 +620,6 @@ fn a_child_forked_while_another_thread_polls_the_net_does_not_hang() {
         let (l, c, s) = connected(net, net, "10.9.2.1:80");
         assert_eq!(xio_stream_set_nonblocking(s, 1), XIO_OK);
 
-        struct Send<T>(T);
-        // SAFETY: the handles sent are a net and a stream, which the
-        // header says any thread may use at once.
-        unsafe impl<T> std::marker::Send for Send<T> {}
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let busy = {
             let stop = stop.clone();
@@ -739,10 +729,6 @@ fn a_stack_another_thread_owned_at_the_fork_says_forked_in_the_child() {
     // functions and exits with `_exit`.
     unsafe {
         let s = stack(&p);
-        struct Send<T>(T);
-        // SAFETY: the stack is used by one thread at a time: the owner
-        // until it releases it, then the main thread.
-        unsafe impl<T> std::marker::Send for Send<T> {}
         let (owned_tx, owned_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let h = Send(s);
