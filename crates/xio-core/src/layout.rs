@@ -72,7 +72,9 @@ pub mod kind {
     /// A buffer of payload (the zero-copy interface; `conn` is the tag).
     pub const DATA: u8 = 0;
     /// Socket layer: open a connection. Carries a buffer naming the target
-    /// and source addresses; `conn` is the initiator's connection id.
+    /// and source addresses; `conn` is the initiator's connection id. The
+    /// receiver ignores the source (the sender's word) and derives it from
+    /// the sending stack and `conn`, as for [`SYN4`].
     pub const SYN: u8 = 1;
     /// Socket layer: accept a connection. `conn` is the initiator's id,
     /// `index` the acceptor's. No buffer.

@@ -951,7 +951,13 @@ impl Core {
                 conn,
                 buf,
             } => match decode_syn(&buf) {
-                Some((target, source)) => table.on_syn(from, conn, target, source),
+                // The source the buffer names is the peer's word: a stack
+                // could claim another's client address, or any host's.
+                // The ring says who sent it, and that makes the address
+                // (as for a SYN4).
+                Some((target, _)) => {
+                    table.on_syn(from, conn, target, client_addr(from, ConnId(conn)))
+                }
                 None => {
                     tracing::warn!(peer = from.0, "malformed SYN refused");
                 }

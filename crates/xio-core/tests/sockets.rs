@@ -3644,3 +3644,56 @@ fn a_reader_that_never_writes_does_not_keep_a_small_class() {
     drop((client, server));
     wait_pool_whole(&mgr);
 }
+
+/// An IPv6 SYN names its source address in its buffer, which the peer
+/// writes: a stack could claim any address (another stack's client
+/// address, a real host's) and a server that trusts `peer_addr` would take
+/// the connection for someone else's. The listener now derives the
+/// address from the ring the SYN came on, as for an IPv4 SYN.
+#[test]
+fn an_ipv6_syn_cannot_claim_another_source_address() {
+    use xio_core::layout::kind;
+    use xio_core::stack::Stack;
+
+    let (mgr, p) = start("syn6-source");
+    let server = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "[fd00::61:9]:80".parse().unwrap();
+    let l = server.listen(addr).unwrap();
+    let mut evil = Stack::attach(&p).unwrap();
+    let to = evil.connect(addr).unwrap();
+    // What an honest client's SYN says, but for the source: a forged
+    // address of another stack (`127.88.<stack>:<port>`).
+    let forged: SocketAddr = "127.88.0.63:2222".parse().unwrap();
+    let put = |out: &mut [u8], a: &SocketAddr| {
+        match a {
+            SocketAddr::V4(v) => {
+                out[0] = 4;
+                out[1..5].copy_from_slice(&v.ip().octets());
+            }
+            SocketAddr::V6(v) => {
+                out[0] = 6;
+                out[1..17].copy_from_slice(&v.ip().octets());
+            }
+        }
+        out[17..19].copy_from_slice(&a.port().to_le_bytes());
+    };
+    let mut b = evil.alloc(39).unwrap();
+    b.set_len(39);
+    b.fill(0);
+    b[0] = 1;
+    put(&mut b[1..20], &addr);
+    put(&mut b[20..39], &forged);
+    let conn = 5u32;
+    assert!(evil
+        .__push_buf_raw(to, kind::SYN, conn, b)
+        .unwrap()
+        .is_none());
+    let (s, from) = l.accept().unwrap();
+    let id = evil.id().0.to_be_bytes();
+    let expected = SocketAddr::from(([127, 88, id[0], id[1]], 1024 + conn as u16));
+    assert_eq!(from, expected, "the SYN's claimed source was trusted");
+    assert_eq!(s.peer_addr().unwrap(), expected);
+    drop((s, l, evil));
+    drop(server);
+    wait_pool_whole(&mgr);
+}
