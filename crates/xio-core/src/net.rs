@@ -4153,7 +4153,10 @@ impl XioStream {
     /// reports the error). Otherwise registers the task where a write
     /// would wait. The smallest buffer is taken here and kept for the
     /// write, so pool exhaustion cannot make this ready and the write
-    /// then block.
+    /// then block; in a pool whose smallest class is too small for spares
+    /// (the net keeps none from reads) it is only looked for, and the
+    /// write may then find the pool empty (`WouldBlock`, a readiness
+    /// hint's usual caveat).
     pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let c = self.inner.id;
         let net = &self.inner.net;
@@ -4181,7 +4184,12 @@ impl XioStream {
         }
         if g.spare.is_empty() {
             match g.stack.try_alloc(smallest) {
-                Ok(b) => g.spare.push(b),
+                // Kept only where spares are allowed: a task that polls
+                // and never writes would keep it for good, and in a class
+                // too small for spares that can starve the peer's writer.
+                // Not kept, readiness is a hint, as documented above.
+                Ok(b) if g.spare_max > 0 => g.spare.push(b),
+                Ok(b) => drop(b),
                 Err(Error::WouldBlock) => {
                     g.add_retry(cx.waker());
                     return Poll::Pending;

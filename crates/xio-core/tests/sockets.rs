@@ -3697,3 +3697,42 @@ fn an_ipv6_syn_cannot_claim_another_source_address() {
     drop(server);
     wait_pool_whole(&mgr);
 }
+
+/// `poll_write_ready` sets a buffer aside for the write it promises. In a
+/// pool whose smallest class is too small for spares (the net keeps none
+/// from its reads), it still kept one for good when no write came (a
+/// task that polls `ready(READABLE | WRITABLE)` and only reads): with a
+/// class of one buffer its peer's writer waited for ever.
+#[test]
+fn write_readiness_keeps_no_buffer_where_spares_are_not_allowed() {
+    let (mgr, p) = start_with(
+        "ready-spare",
+        xio_core::layout::PoolConfig {
+            classes: vec![(2048, 1)],
+            ..Default::default()
+        },
+    );
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "10.61.0.10:80".parse().unwrap();
+    let l = server.listen(addr).unwrap();
+    let mut c = client.connect(addr).unwrap();
+    c.set_write_timeout(Some(WATCHDOG)).unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(matches!(
+        s.poll_write_ready(&mut cx),
+        std::task::Poll::Ready(Ok(()))
+    ));
+    for i in 0..4u8 {
+        c.write_all(&[i; 100])
+            .unwrap_or_else(|e| panic!("write {i}: {e}"));
+        let mut got = [0u8; 100];
+        s.read_exact(&mut got).unwrap();
+        assert!(got.iter().all(|&b| b == i));
+    }
+    drop((c, s, l));
+    wait_closed(&client, &server);
+    drop((client, server));
+    wait_pool_whole(&mgr);
+}
