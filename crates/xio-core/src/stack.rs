@@ -2095,18 +2095,31 @@ impl Stack {
     }
 
     /// Allocates `n` buffers of `len` bytes into `out` with one pass over
-    /// the private cache: the burst path of [`Stack::alloc`].
+    /// the private cache: the burst path of [`Stack::alloc`]. While it
+    /// waits for buffers it holds none of them (a burst that kept what it
+    /// had waited for ever on anyone who needed one more before freeing
+    /// theirs, another such burst say), so it gets all `n` at once or
+    /// waits; `n` beyond what the class holds waits for ever. On an error
+    /// `out` is as it was.
     pub fn alloc_burst(&self, len: usize, n: usize, out: &mut Vec<BufMut>) -> Result<(), Error> {
         let mut raws = [crate::pool::RawBuf { class: 0, index: 0 }; BURST];
+        let start = out.len();
         let mut done = 0;
         let mut backoff = 0u32;
         while done < n {
             let want = (n - done).min(BURST);
             let got = match self.pool.alloc_many(len, &mut raws[..want]) {
                 Ok(g) => g,
-                Err(AllocError::TooLarge(l)) => return Err(Error::TooLarge(l)),
-                Err(AllocError::Forked) => return Err(Error::Forked),
-                Err(AllocError::ManagerGone) => return Err(Error::ManagerGone),
+                Err(
+                    e @ (AllocError::TooLarge(_) | AllocError::Forked | AllocError::ManagerGone),
+                ) => {
+                    out.truncate(start);
+                    return Err(match e {
+                        AllocError::TooLarge(l) => Error::TooLarge(l),
+                        AllocError::Forked => Error::Forked,
+                        _ => Error::ManagerGone,
+                    });
+                }
                 Err(AllocError::Exhausted) => 0,
             };
             for &raw in &raws[..got] {
@@ -2115,6 +2128,9 @@ impl Stack {
             }
             done += got;
             if got == 0 {
+                // Give back what this call took before waiting.
+                out.truncate(start);
+                done = 0;
                 if self.mode == WaitMode::NonBlocking {
                     return Err(Error::WouldBlock);
                 }

@@ -1437,6 +1437,67 @@ fn a_non_blocking_send_burst_with_on_an_exhausted_pool_would_block() {
     wait_pool_whole(&mgr);
 }
 
+/// `alloc_burst` kept the buffers it had while it waited for the rest: a
+/// stack that needed one more before it could free its own (another burst
+/// waiting the same way, or a writer finishing a message) waited for
+/// ever. Here `a` wants the whole class of 8 while `m` holds 4 and wants
+/// a fifth: `a` must give back what it took while it waits.
+#[test]
+fn a_waiting_alloc_burst_holds_no_buffers() {
+    use std::sync::atomic::Ordering;
+    use xio_core::layout::bufword;
+    setup();
+    if test_backend() == Backend::Dpdk {
+        eprintln!("skipped on the DPDK backend: it watches the shm buffer headers");
+        return;
+    }
+    let p = prefix("burstwait");
+    let cfg = PoolConfig {
+        classes: vec![(64, 8)],
+        ..PoolConfig::default()
+    };
+    let mgr = manager_builder(&p).pool(cfg).spawn().unwrap();
+    let m = Stack::attach(&p).unwrap();
+    let a = Stack::attach(&p).unwrap();
+    let held: Vec<_> = (0..4).map(|_| m.try_alloc(8).unwrap()).collect();
+    let seg = m.__segment().clone();
+    let gens = || -> Vec<u32> {
+        (0..8)
+            .map(|i| bufword::gen(seg.buf_header(0, i).unwrap().word.load(Ordering::SeqCst)))
+            .collect()
+    };
+    let before = gens();
+    let burst = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let r = a.alloc_burst(8, 8, &mut out);
+        (r, out, a)
+    });
+    // Every allocation bumps a buffer's generation: once four changed,
+    // `a` has taken the four free buffers (at least once).
+    wait_until("the burst took the free buffers", || {
+        gens().iter().zip(&before).filter(|(x, y)| x != y).count() >= 4
+    });
+    let fifth = std::thread::spawn(move || {
+        let b = m.alloc(8);
+        (b, m)
+    });
+    let deadline = std::time::Instant::now() + WATCHDOG;
+    while !fifth.is_finished() {
+        if std::time::Instant::now() >= deadline {
+            drop(held);
+            panic!("watchdog: an alloc waited while a waiting alloc_burst held the pool");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let (b, m) = fifth.join().unwrap();
+    drop((b.unwrap(), held));
+    let (r, out, a) = burst.join().unwrap();
+    r.unwrap();
+    assert_eq!(out.len(), 8);
+    drop((out, a, m));
+    wait_pool_whole(&mgr);
+}
+
 /// A busy-polling stack never sleeps, so no liveness tick tells it of a
 /// dead manager: it must still report the manager gone, and then a peer
 /// process that dies afterwards (no manager left to say so) as a reset,
