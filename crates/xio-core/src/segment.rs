@@ -279,28 +279,35 @@ impl Segment {
         if !h.ring_capacity.is_power_of_two() || h.ring_capacity > 1 << 20 || h.max_stacks > 65534 {
             return Err(SegmentError::Invalid("ring capacity or stack count"));
         }
-        let fits = |off: u64, n: u64, size: u64| -> bool {
+        // Aligned for the type placed there (128 for those holding
+        // `CachePadded` fields, a cache line at least): a reference to a
+        // misaligned one is undefined behaviour, whatever x86 makes of it.
+        let fits = |off: u64, n: u64, size: u64, align: usize| -> bool {
             n.checked_mul(size)
                 .and_then(|b| b.checked_add(off))
                 .is_some_and(|end| end <= len)
-                && off % 64 == 0
+                && off % align.max(64) as u64 == 0
         };
+        use core::mem::align_of;
         let ring_end = crate::layout::ring_offset(h.ring_capacity, 1)
             + crate::layout::ring_bytes(h.ring_capacity);
         let ok = fits(
             h.free_heads_off,
             MAX_CLASSES as u64,
             core::mem::size_of::<FreeHead>() as u64,
+            align_of::<FreeHead>(),
         ) && fits(
             h.stacks_off,
             h.max_stacks as u64 + 1,
             core::mem::size_of::<StackSlot>() as u64,
+            align_of::<StackSlot>(),
         ) && (h.channel_stride as u64) >= ring_end
             && h.channel_stride % 128 == 0
             && fits(
                 h.channels_off,
                 h.max_channels as u64,
                 h.channel_stride as u64,
+                align_of::<ChannelHeader>().max(align_of::<RingHeader>()),
             )
             && h.classes[..n].iter().all(|c| {
                 c.buf_size > 0
@@ -308,11 +315,13 @@ impl Segment {
                         c.data_off,
                         c.count as u64,
                         crate::layout::buf_stride(c.buf_size),
+                        align_of::<BufHeader>(),
                     )
                     && fits(
                         c.mag_off,
                         c.count as u64,
                         core::mem::size_of::<Magazine>() as u64,
+                        align_of::<Magazine>(),
                     )
             });
         if !ok {
@@ -366,8 +375,9 @@ impl Segment {
     #[inline]
     fn at<T>(&self, off: u64) -> &T {
         // SAFETY: callers pass offsets that `open` proved lie inside the
-        // mapping with room for a `T`, suitably aligned (all offsets are
-        // multiples of 64, and strides are multiples of the type's size);
+        // mapping with room for a `T`, suitably aligned (`open` checked
+        // each offset against its type's alignment, and strides are
+        // multiples of the type's size);
         // every type placed there is `ShmSafe` (valid when zeroed, atomics
         // only), so a shared reference is sound even while other processes
         // use it.
@@ -481,6 +491,43 @@ impl Segment {
                     crate::sync::Ordering::Relaxed,
                 );
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Free heads, stack slots, channel headers and magazines hold
+    /// `CachePadded` fields (128-byte aligned): an offset that is only a
+    /// multiple of 64 made a misaligned reference (undefined behaviour)
+    /// out of a header another process wrote.
+    #[test]
+    fn open_refuses_offsets_misaligned_for_their_type() {
+        let cfg = PoolConfig {
+            classes: vec![(2048, 64)],
+            max_stacks: 4,
+            max_channels: 2,
+            ring_capacity: 8,
+        };
+        let good = cfg.geometry().unwrap();
+        let region = || Region::heap(good.total_len as usize).unwrap();
+        Segment::init(region(), &cfg, &good).unwrap();
+        type Shift = fn(&mut Geometry);
+        let shifts: [(&str, Shift); 4] = [
+            ("free heads", |g| g.free_heads_off += 64),
+            ("stack slots", |g| g.stacks_off += 64),
+            ("channels", |g| g.channels_off += 64),
+            ("magazines", |g| g.classes[0].mag_off += 64),
+        ];
+        for (what, shift) in shifts {
+            let mut geo = good.clone();
+            shift(&mut geo);
+            assert!(
+                Segment::init(region(), &cfg, &geo).is_err(),
+                "{what} 64 bytes off their alignment were accepted"
+            );
         }
     }
 }
