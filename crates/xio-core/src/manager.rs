@@ -345,6 +345,9 @@ struct StackEntry {
     /// Its peers and addresses are let go; its buffers are reclaimed when
     /// the socket closes.
     left: bool,
+    /// It left because the manager cut it off for a bad control message
+    /// (not of its own accord): the status report says so.
+    bad: bool,
 }
 
 struct ChanEntry {
@@ -1064,6 +1067,7 @@ impl Manager {
                 outbox_fds: 0,
                 stalled: false,
                 left: false,
+                bad: false,
             },
         );
     }
@@ -1088,7 +1092,7 @@ impl Manager {
             Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => return,
             Err(RecvError::Proto(p)) => {
                 self.bad_message(&self.stacks[&id].sock, p.to_string());
-                return self.cut_off(id);
+                return self.cut_off_for_bad_message(id);
             }
             Err(_) => return self.cut_off(id),
         };
@@ -1122,7 +1126,7 @@ impl Manager {
                     &self.stacks[&id].sock,
                     format!("unexpected {other:?} from a registered stack"),
                 );
-                return self.cut_off(id);
+                return self.cut_off_for_bad_message(id);
             }
         };
         if let Some(m) = reply {
@@ -1441,6 +1445,15 @@ impl Manager {
         } else {
             self.on_leave(id);
         }
+    }
+
+    /// [`Self::cut_off`] for a malformed or unexpected message, noted for
+    /// the status report (which otherwise shows a stack that left).
+    fn cut_off_for_bad_message(&mut self, id: u16) {
+        if let Some(e) = self.stacks.get_mut(&id) {
+            e.bad = true;
+        }
+        self.cut_off(id);
     }
 
     /// Stack `id` left (dropped) while its process still holds its socket
@@ -1870,7 +1883,12 @@ impl Manager {
                 slot.corrupt.load(Ordering::Relaxed),
                 addrs.join(", ")
             );
-            if e.left {
+            if e.left && e.bad {
+                let _ = writeln!(
+                    t,
+                    "             cut off after a bad control message: its buffers come back when its process lets go of them"
+                );
+            } else if e.left {
                 let _ = writeln!(
                     t,
                     "             left: its buffers come back when its process lets go of them"

@@ -159,8 +159,19 @@ fn a_stack_cut_off_for_a_bad_message_keeps_its_buffers_until_it_exits() {
     // The 1 MiB class: not cached, so nothing but this buffer is ours.
     let held = pool.alloc(1 << 20, true).unwrap();
     send_lying_connect(&s);
-    // Answered after the bad message was handled.
-    xio_core::manager::query_status(&p).unwrap();
+    // Answered after the bad message was handled. The report says the
+    // stack was cut off, and why (it read as a stack that left of its
+    // own accord).
+    let status = xio_core::manager::query_status(&p).unwrap();
+    let line = status
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with(&format!("stack {stack_id} ")))
+        .nth(1)
+        .unwrap_or_default();
+    assert!(
+        line.contains("cut off") && line.contains("bad control message"),
+        "{status}"
+    );
     let w = seg
         .buf_header(held.class as usize, held.index)
         .unwrap()
