@@ -177,6 +177,13 @@ impl PoolView {
                 continue;
             };
             let w = hdr.word.load(Ordering::Relaxed);
+            // Every listed buffer is FREE (`push_chain`, `rebuild`). One
+            // that is not was listed twice or is someone's (a corrupt
+            // magazine): taking it would hand one buffer out twice, two
+            // `BufMut`s over the same bytes. Skipped, as a bad index.
+            if bufword::state(w) != bufword::FREE {
+                continue;
+            }
             hdr.word.store(
                 bufword::pack(bufword::CACHED, me, bufword::gen(w)),
                 Ordering::Relaxed,
@@ -1170,6 +1177,47 @@ mod tests {
         p.free(big);
         p.flush();
         assert_eq!(total_free(&m), 43);
+    }
+
+    /// A magazine is shared memory: an index listed twice (or the index
+    /// of a buffer someone holds) must not make this process hand one
+    /// buffer out twice, two `BufMut`s over the same bytes.
+    #[test]
+    fn a_corrupt_magazine_never_hands_out_a_buffer_twice() {
+        for b in BACKINGS {
+            a_corrupt_magazine_never_hands_out_a_buffer_twice_on(b);
+        }
+    }
+
+    fn a_corrupt_magazine_never_hands_out_a_buffer_twice_on(b: Backing) {
+        let (_m, seg) = pool(b, vec![(64, 8)]);
+        // Eight buffers in magazine 0; each pop takes one from its end
+        // (a cache of one: 8 / (2 x 4 stacks)).
+        let mag = seg.magazine(0, 0).unwrap();
+        assert_eq!(mag.len.load(Ordering::Relaxed), 8);
+        let dup = mag.idx[6].load(Ordering::Relaxed);
+        mag.idx[7].store(dup, Ordering::Relaxed);
+        let p = StackPool::new(PoolView::new(seg.clone()), 1);
+        let mut seen = std::collections::HashSet::new();
+        while let Ok(b) = p.alloc(10, false) {
+            assert!(seen.insert(b), "{b:?} handed out twice");
+        }
+        // And one that another stack holds, listed as free.
+        let q = StackPool::new(PoolView::new(seg.clone()), 2);
+        for b in seen.drain() {
+            p.free(b);
+        }
+        p.flush();
+        let theirs = q.alloc(10, false).unwrap();
+        let mag = (0..8)
+            .filter_map(|m| seg.magazine(0, m))
+            .find(|m| m.len.load(Ordering::Relaxed) > 0)
+            .unwrap();
+        let n = mag.len.load(Ordering::Relaxed) as usize;
+        mag.idx[n - 1].store(theirs.index, Ordering::Relaxed);
+        while let Ok(b) = p.alloc(10, false) {
+            assert_ne!(b, theirs, "a buffer stack 2 holds handed to stack 1");
+        }
     }
 
     #[test]
