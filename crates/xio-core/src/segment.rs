@@ -178,6 +178,24 @@ impl Drop for Region {
     }
 }
 
+/// [`SegmentHeader`] without its atomic: what `Segment::open` reads of it,
+/// once.
+struct HeaderCopy {
+    magic: u64,
+    version: u32,
+    n_classes: u32,
+    total_len: u64,
+    max_stacks: u32,
+    max_channels: u32,
+    ring_capacity: u32,
+    channel_stride: u32,
+    backend: u32,
+    free_heads_off: u64,
+    stacks_off: u64,
+    channels_off: u64,
+    classes: [ClassInfo; MAX_CLASSES],
+}
+
 /// A validated segment: a region plus its geometry, copied out of the header
 /// once and checked against the region's size, so later accessors only need
 /// to check indices.
@@ -252,11 +270,35 @@ impl Segment {
 
     /// Validates a region's header. Stack side (and the manager's own view).
     pub fn open(region: Region) -> Result<Self, SegmentError> {
-        // SAFETY: `map` checked the region holds a header; the header is
-        // written once before the fd is shared and, but for the atomic
-        // `manager_alive` (not read here), never changes afterwards. A
-        // reference, not a copy: copying would read that word non-atomically.
-        let h = unsafe { &*region.base.as_ptr().cast::<SegmentHeader>() };
+        let p = region.base.as_ptr().cast::<SegmentHeader>();
+        // Each field read once, into a copy that is then checked and kept:
+        // the header is shared memory any attached process can write, and
+        // checking the mapping's values and then copying them afresh let
+        // one changed in between in unchecked (out-of-bounds accesses
+        // later). Field by field: a copy of the whole header would read the
+        // atomic `manager_alive` non-atomically.
+        macro_rules! field {
+            ($f:ident) => {
+                // SAFETY: `map` checked the region holds a header; the field
+                // is plain data (`ShmSafe`), read without a reference.
+                unsafe { std::ptr::read_volatile(&raw const (*p).$f) }
+            };
+        }
+        let h = HeaderCopy {
+            magic: field!(magic),
+            version: field!(version),
+            n_classes: field!(n_classes),
+            total_len: field!(total_len),
+            max_stacks: field!(max_stacks),
+            max_channels: field!(max_channels),
+            ring_capacity: field!(ring_capacity),
+            channel_stride: field!(channel_stride),
+            backend: field!(backend),
+            free_heads_off: field!(free_heads_off),
+            stacks_off: field!(stacks_off),
+            channels_off: field!(channels_off),
+            classes: field!(classes),
+        };
         if h.magic != MAGIC {
             return Err(SegmentError::Invalid("bad magic: not an X-IO segment"));
         }
@@ -498,6 +540,52 @@ impl Segment {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The header is shared memory any attached process may write: `open`
+    /// checked its offsets and then copied them afresh, so one that
+    /// changed in between (a hostile stack flipping it while a newcomer
+    /// attaches) went unchecked into the segment, and accessors then
+    /// reached outside the mapping.
+    #[test]
+    fn open_uses_the_header_values_it_checked() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let cfg = PoolConfig {
+            classes: vec![(2048, 64)],
+            max_stacks: 4,
+            max_channels: 2,
+            ring_capacity: 8,
+        };
+        let geo = cfg.geometry().unwrap();
+        let region = Region::create_memfd("xio-header-race", geo.total_len as usize).unwrap();
+        let seg = Segment::init(region, &cfg, &geo).unwrap();
+        let good = seg.classes()[0].data_off;
+        let bad = 1u64 << 40;
+        let base = seg.region.base.as_ptr() as usize;
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let off = core::mem::offset_of!(SegmentHeader, classes)
+                    + core::mem::offset_of!(ClassInfo, data_off);
+                // SAFETY: the header's field, 8-byte aligned, in a mapping
+                // `seg` keeps alive; what a hostile process would do.
+                let word = unsafe { AtomicU64::from_ptr((base + off) as *mut u64) };
+                while !stop.load(Ordering::Relaxed) {
+                    word.store(bad, Ordering::Relaxed);
+                    word.store(good, Ordering::Relaxed);
+                }
+            });
+            for _ in 0..20_000 {
+                let fd = seg.region.fd().unwrap().try_clone_to_owned().unwrap();
+                if let Ok(s2) = Segment::open(Region::map_fd(fd).unwrap()) {
+                    if s2.classes()[0].data_off != good {
+                        stop.store(true, Ordering::Relaxed);
+                        panic!("an offset that was not checked was kept");
+                    }
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
 
     /// Free heads, stack slots, channel headers and magazines hold
     /// `CachePadded` fields (128-byte aligned): an offset that is only a
