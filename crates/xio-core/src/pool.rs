@@ -198,15 +198,18 @@ impl PoolView {
         }
     }
 
-    /// Returns `idxs` (owned by `me`) to `class`'s full magazines. Must run
-    /// inside `global_op`. Returns false (and changes nothing) only if no
-    /// empty magazine exists, which the one-magazine-per-buffer sizing rules
-    /// out unless the segment is corrupt.
-    fn push_chain(&self, class: usize, idxs: &[u32]) -> bool {
+    /// Returns `idxs` (owned by `me`) to `class`'s full magazines, a
+    /// magazine's worth at a time. Must run inside `global_op`. Returns how
+    /// many went (the first ones): fewer than all only if the empty
+    /// magazines ran out, which the one-magazine-per-buffer sizing rules
+    /// out unless the segment is corrupt. Those that went are listed free:
+    /// the caller must keep only the rest.
+    fn push_chain(&self, class: usize, idxs: &[u32]) -> usize {
         let fh = self.seg.free_head(class);
+        let mut pushed = 0;
         for chunk in idxs.chunks(MAG_SIZE) {
             let Some(m) = self.mag_pop(class, &fh.empty) else {
-                return false;
+                return pushed;
             };
             let mag = self
                 .seg
@@ -227,8 +230,9 @@ impl PoolView {
             }
             mag.len.store(chunk.len() as u32, Ordering::Relaxed);
             self.mag_push(class, &fh.head, m);
+            pushed += chunk.len();
         }
-        true
+        pushed
     }
 
     /// Stamps a buffer owned by `me` as in flight from `me` to `to` and
@@ -769,13 +773,16 @@ impl StackPool {
                 }
             }
             let Some((class, n)) = spilled else { break };
-            let ok = self.view.global_op(self.me, class, true, || {
-                self.view.push_chain(class, &spill[..n])
-            });
-            if ok != Some(true) {
+            let pushed = self
+                .view
+                .global_op(self.me, class, true, || {
+                    self.view.push_chain(class, &spill[..n])
+                })
+                .unwrap_or(0);
+            if pushed < n {
                 // No empty magazine: the segment is corrupt. Keep them.
                 let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-                cache[class].extend_from_slice(&spill[..n]);
+                cache[class].extend_from_slice(&spill[pushed..n]);
             }
         }
     }
@@ -816,14 +823,15 @@ impl StackPool {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         for (class, c) in cache.iter_mut().enumerate() {
             if !c.is_empty() {
-                let spill = std::mem::take(c);
-                if self
+                let mut spill = std::mem::take(c);
+                let pushed = self
                     .view
                     .global_op(self.me, class, true, || self.view.push_chain(class, &spill))
-                    != Some(true)
-                {
-                    *c = spill;
-                }
+                    .unwrap_or(0);
+                // What went is listed free: keeping it too would hand it
+                // out twice (here and from the list).
+                spill.drain(..pushed);
+                *c = spill;
             }
         }
     }
@@ -1217,6 +1225,45 @@ mod tests {
         mag.idx[n - 1].store(theirs.index, Ordering::Relaxed);
         while let Ok(b) = p.alloc(10, false) {
             assert_ne!(b, theirs, "a buffer stack 2 holds handed to stack 1");
+        }
+    }
+
+    /// Flushing a cache of more than a magazine pushes a chunk at a time.
+    /// When the empty magazines ran out midway (a corrupt list), the cache
+    /// took back every index, the pushed ones too: those were then both
+    /// listed free and cached, and handed to two stacks.
+    #[test]
+    fn a_flush_that_fails_midway_keeps_only_what_it_did_not_push() {
+        for b in BACKINGS {
+            a_flush_that_fails_midway_keeps_only_what_it_did_not_push_on(b);
+        }
+    }
+
+    fn a_flush_that_fails_midway_keeps_only_what_it_did_not_push_on(b: Backing) {
+        let (_m, seg) = pool(b, vec![(64, 1000)]);
+        let p = StackPool::new(PoolView::new(seg.clone()), 1);
+        let held: Vec<_> = (0..2 * MAG_SIZE)
+            .map(|_| p.alloc(10, true).unwrap())
+            .collect();
+        for b in held {
+            p.free(b); // a cache of 60: nothing spills
+        }
+        // One empty magazine left: the flush's second chunk finds none.
+        let fh = seg.free_head(0);
+        let first = fh.empty.load(Ordering::Relaxed) as u32;
+        assert_ne!(first, 0);
+        seg.magazine(0, first - 1)
+            .unwrap()
+            .next
+            .store(0, Ordering::Relaxed);
+        p.flush();
+        let q = StackPool::new(PoolView::new(seg.clone()), 2);
+        let mut theirs = std::collections::HashSet::new();
+        while let Ok(b) = q.alloc(10, false) {
+            theirs.insert(b);
+        }
+        while let Ok(b) = p.alloc(10, false) {
+            assert!(!theirs.contains(&b), "{b:?} handed to both stacks");
         }
     }
 
