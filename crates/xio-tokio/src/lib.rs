@@ -815,7 +815,13 @@ impl XioListener {
         let (s, a) = ready!(p)?;
         // The core's own blocking calls (used by `alloc`) must not wait.
         s.set_nonblocking(true)?;
-        Poll::Ready(Ok((XioStream { inner: s }, a)))
+        Poll::Ready(Ok((
+            XioStream {
+                inner: s,
+                syn: SynWatch::default(),
+            },
+            a,
+        )))
     }
 
     /// The core listener's follow of a restarted manager, with the timer
@@ -866,6 +872,40 @@ impl XioListener {
 #[derive(Debug)]
 pub struct XioStream {
     inner: xio_core::net::XioStream,
+    /// While its SYN may be unanswered: the check that a wait makes.
+    syn: SynWatch,
+}
+
+/// A connecting stream's check of its SYN's route, made by every wait of
+/// it (a read, a write waiting for the window, ...) as [`XioStream::connected`]
+/// makes it: a process that stopped listening on the address and makes
+/// no X-IO call any more never answers, so after a little while the
+/// manager is asked (on the blocking threads) whether the address is
+/// still that process's, and if not the connection is refused.
+#[derive(Debug, Default)]
+struct SynWatch {
+    /// Set until a wait finds the SYN answered (or refused): then the
+    /// check costs a wait one atomic load.
+    waiting: AtomicBool,
+    /// The check's state, from the first wait while connecting.
+    check: Mutex<Option<Box<SynCheck>>>,
+}
+
+#[derive(Debug)]
+struct SynCheck {
+    /// The wait before the next question (2 ms, doubling up to 100 ms, as
+    /// a blocking connect does).
+    every: Duration,
+    /// The timer for the next question, and the runtime it was made on
+    /// (see [`Retry::timer`]).
+    timer: Option<(tokio::runtime::Id, Pin<Box<tokio::time::Sleep>>)>,
+    /// The question on a blocking thread.
+    asking: Option<tokio::task::JoinHandle<io::Result<()>>>,
+    /// What the timer and the question are polled with: every task
+    /// waiting on the stream (a read half's and a write half's, say), so
+    /// that one dropping its future does not stop the checks for the
+    /// others.
+    waiters: Arc<Waiters>,
 }
 
 impl XioStream {
@@ -909,30 +949,96 @@ impl XioStream {
         ensure_driver(inner.net())?;
         // The core's own blocking calls (used by `alloc`) must not wait.
         inner.set_nonblocking(true)?;
-        Ok(XioStream { inner })
+        Ok(XioStream {
+            inner,
+            syn: SynWatch {
+                waiting: AtomicBool::new(true),
+                check: Mutex::default(),
+            },
+        })
+    }
+
+    /// [`pending_needs_driver`] for a wait on the stream, which while the
+    /// SYN may be unanswered also makes the route check (see
+    /// [`SynWatch`]). A ready result costs nothing, nor (beyond an atomic
+    /// load) does a wait once the SYN was answered.
+    fn pending<T>(&self, cx: &mut Context<'_>, p: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        let p = pending_needs_driver(self.inner.net(), p);
+        // Relaxed: the flag only saves the look below; the net's lock
+        // orders what that look finds.
+        if p.is_pending() && self.syn.waiting.load(Ordering::Relaxed) {
+            self.poll_syn_check(cx);
+        }
+        p
+    }
+
+    /// The route check of a task about to wait while the stream connects.
+    /// A refusal wakes the connection's waiting tasks itself (the core
+    /// resets the connection), so the check's outcome needs no handling.
+    fn poll_syn_check(&self, cx: &mut Context<'_>) {
+        let mut check = self.syn.check.lock().unwrap_or_else(|e| e.into_inner());
+        if self.inner.poll_connected(cx).is_ready() {
+            // Answered or refused: waits are plain from now on.
+            self.syn.waiting.store(false, Ordering::Relaxed);
+            *check = None;
+            return;
+        }
+        // Outside a runtime (a multi-thread runtime's driver serves the
+        // task) there is no timer: the next wait in one checks.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let st = check.get_or_insert_with(|| {
+            Box::new(SynCheck {
+                every: Duration::from_millis(2),
+                timer: None,
+                asking: None,
+                waiters: Arc::default(),
+            })
+        });
+        st.waiters.add(cx.waker());
+        let all = std::task::Waker::from(st.waiters.clone());
+        let mut acx = Context::from_waker(&all);
+        loop {
+            if let Some(h) = st.asking.as_mut() {
+                if std::future::Future::poll(Pin::new(h), &mut acx).is_pending() {
+                    return;
+                }
+                st.asking = None;
+            }
+            let here = rt.id();
+            match st.timer.as_ref() {
+                Some((id, _)) if *id == here => {}
+                _ => st.timer = Some((here, Box::pin(tokio::time::sleep(st.every)))),
+            }
+            let (_, t) = st.timer.as_mut().expect("just set");
+            if std::future::Future::poll(t.as_mut(), &mut acx).is_pending() {
+                return;
+            }
+            st.timer = None;
+            st.every = (st.every * 2).min(Duration::from_millis(100));
+            let Ok(s) = self.inner.try_clone() else {
+                return;
+            };
+            st.asking = Some(rt.spawn_blocking(move || s.check_connect_route()));
+        }
     }
 
     /// Waits until the listener answered the SYN (`ConnectionRefused` if it
     /// refused). Optional: reads wait for it anyway.
     ///
-    /// As a blocking connect does, a wait that goes on asks the manager
-    /// now and then (on the blocking threads) whether the address still
+    /// As a blocking connect does, a wait that goes on (this one, or any
+    /// read's or write's while the SYN is unanswered) asks the manager now
+    /// and then (on the blocking threads) whether the address still
     /// belongs to the process the SYN went to: a process that stopped
     /// listening there and makes no X-IO call any more would never answer,
     /// and the connection is refused instead of waiting for good.
     pub async fn connected(&self) -> io::Result<()> {
-        let mut check = Duration::from_millis(2);
-        loop {
-            let answered = std::future::poll_fn(|cx| {
-                pending_needs_driver(self.inner.net(), self.inner.poll_connected(cx))
-            });
-            if let Ok(r) = tokio::time::timeout(check, answered).await {
-                return r;
-            }
-            let s = self.inner.try_clone()?;
-            on_blocking_thread(move || s.check_connect_route()).await?;
-            check = (check * 2).min(Duration::from_millis(100));
-        }
+        std::future::poll_fn(|cx| {
+            let p = self.inner.poll_connected(cx);
+            self.pending(cx, p)
+        })
+        .await
     }
 
     /// The peer's address.
@@ -972,7 +1078,8 @@ impl XioStream {
 
     /// Polls [`XioStream::peek`].
     pub fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
-        pending_needs_driver(self.inner.net(), self.inner.poll_peek(cx, buf))
+        let p = self.inner.poll_peek(cx, buf);
+        self.pending(cx, p)
     }
 
     /// Waits until a read would not wait: bytes, end of stream or an
@@ -1004,7 +1111,8 @@ impl XioStream {
 
     /// Polls [`XioStream::writable`] (as `TcpStream::poll_write_ready`).
     pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        pending_needs_driver(self.inner.net(), self.inner.poll_write_ready(cx))
+        let p = self.inner.poll_write_ready(cx);
+        self.pending(cx, p)
     }
 
     /// Waits until any of `interest` is ready (as `TcpStream::ready`):
@@ -1042,10 +1150,8 @@ impl XioStream {
             if interest.is_writable() {
                 // A write's error is the next write's to report (a
                 // missing driver is this call's).
-                let w = pending_needs_driver(
-                    self.inner.net(),
-                    self.inner.poll_write_ready(cx).map(|_| Ok(())),
-                );
+                let w = self.inner.poll_write_ready(cx).map(|_| Ok(()));
+                let w = self.pending(cx, w);
                 match w {
                     Poll::Ready(Ok(())) => ready |= Ready::WRITABLE,
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -1097,7 +1203,8 @@ impl XioStream {
 
     /// Polls for the next received pool buffer.
     pub fn poll_recv_buf(&self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Buf>>> {
-        pending_needs_driver(self.inner.net(), self.inner.poll_recv_buf(cx))
+        let p = self.inner.poll_recv_buf(cx);
+        self.pending(cx, p)
     }
 
     /// The next received pool buffer as [`Bytes`], without a copy: the
@@ -1124,7 +1231,8 @@ impl XioStream {
     pub async fn send_buf(&self, buf: BufMut) -> io::Result<()> {
         let mut slot = Some(buf);
         std::future::poll_fn(|cx| {
-            pending_needs_driver(self.inner.net(), self.inner.poll_send_buf(cx, &mut slot))
+            let p = self.inner.poll_send_buf(cx, &mut slot);
+            self.pending(cx, p)
         })
         .await
     }
@@ -1154,17 +1262,15 @@ pub fn into_bytes(b: Buf) -> Bytes {
 }
 
 fn poll_read_core(
-    s: &xio_core::net::XioStream,
+    s: &XioStream,
     cx: &mut Context<'_>,
     buf: &mut ReadBuf<'_>,
 ) -> Poll<io::Result<()>> {
     // SAFETY: `poll_read_uninit` only writes into the slice (never reads
     // it or de-initialises anything), and reports how many bytes it wrote.
     let unfilled = unsafe { buf.unfilled_mut() };
-    let n = ready!(pending_needs_driver(
-        s.net(),
-        s.poll_read_uninit(cx, unfilled)
-    ))?;
+    let p = s.inner.poll_read_uninit(cx, unfilled);
+    let n = ready!(s.pending(cx, p))?;
     // SAFETY: the first `n` bytes of the unfilled part were just written.
     unsafe { buf.assume_init(n) };
     buf.advance(n);
@@ -1172,11 +1278,12 @@ fn poll_read_core(
 }
 
 fn poll_write_core(
-    s: &xio_core::net::XioStream,
+    s: &XioStream,
     cx: &mut Context<'_>,
     bufs: &[IoSlice<'_>],
 ) -> Poll<io::Result<usize>> {
-    pending_needs_driver(s.net(), s.poll_write_vectored(cx, bufs))
+    let p = s.inner.poll_write_vectored(cx, bufs);
+    s.pending(cx, p)
 }
 
 /// A task that will wait needs the net's driver to wake it: make sure it
@@ -1198,32 +1305,32 @@ fn shutdown_core(s: &xio_core::net::XioStream) -> Poll<io::Result<()>> {
 }
 
 macro_rules! impl_async_io {
-    ($t:ty, $field:tt) => {
+    ($t:ty) => {
         impl AsyncRead for $t {
             fn poll_read(
                 self: Pin<&mut Self>,
                 cx: &mut Context<'_>,
                 buf: &mut ReadBuf<'_>,
             ) -> Poll<io::Result<()>> {
-                poll_read_core(self.$field.as_core(), cx, buf)
+                poll_read_core(self.stream(), cx, buf)
             }
         }
     };
-    (write $t:ty, $field:tt) => {
+    (write $t:ty) => {
         impl AsyncWrite for $t {
             fn poll_write(
                 self: Pin<&mut Self>,
                 cx: &mut Context<'_>,
                 buf: &[u8],
             ) -> Poll<io::Result<usize>> {
-                poll_write_core(self.$field.as_core(), cx, &[IoSlice::new(buf)])
+                poll_write_core(self.stream(), cx, &[IoSlice::new(buf)])
             }
             fn poll_write_vectored(
                 self: Pin<&mut Self>,
                 cx: &mut Context<'_>,
                 bufs: &[IoSlice<'_>],
             ) -> Poll<io::Result<usize>> {
-                poll_write_core(self.$field.as_core(), cx, bufs)
+                poll_write_core(self.stream(), cx, bufs)
             }
             fn is_write_vectored(&self) -> bool {
                 true
@@ -1232,26 +1339,37 @@ macro_rules! impl_async_io {
                 Poll::Ready(Ok(()))
             }
             fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-                shutdown_core(self.$field.as_core())
+                shutdown_core(self.stream().as_core())
             }
         }
     };
 }
 
-impl_async_io!(XioStream, inner);
-impl_async_io!(write XioStream, inner);
+impl_async_io!(XioStream);
+impl_async_io!(write XioStream);
 
-/// What the core stream is asked through ([`XioStream::as_core`] for the
-/// halves; the core stream itself for `XioStream`'s own impls).
-trait AsCore {
-    fn as_core(&self) -> &xio_core::net::XioStream;
+/// The stream a half (or the stream itself) reads and writes through.
+trait AsStream {
+    fn stream(&self) -> &XioStream;
 }
 
-impl AsCore for xio_core::net::XioStream {
-    fn as_core(&self) -> &xio_core::net::XioStream {
+impl AsStream for XioStream {
+    fn stream(&self) -> &XioStream {
         self
     }
 }
+
+macro_rules! as_stream {
+    ($($t:ty),*) => {$(
+        impl AsStream for $t {
+            fn stream(&self) -> &XioStream {
+                &self.0
+            }
+        }
+    )*};
+}
+
+as_stream!(ReadHalf<'_>, WriteHalf<'_>, OwnedReadHalf, OwnedWriteHalf);
 
 /// The read half of [`XioStream::split`].
 #[derive(Debug)]
@@ -1358,10 +1476,10 @@ half_methods!(write WriteHalf<'_>);
 half_methods!(read OwnedReadHalf);
 half_methods!(write OwnedWriteHalf);
 
-impl_async_io!(ReadHalf<'_>, 0);
-impl_async_io!(write WriteHalf<'_>, 0);
-impl_async_io!(OwnedReadHalf, 0);
-impl_async_io!(write OwnedWriteHalf, 0);
+impl_async_io!(ReadHalf<'_>);
+impl_async_io!(write WriteHalf<'_>);
+impl_async_io!(OwnedReadHalf);
+impl_async_io!(write OwnedWriteHalf);
 
 impl OwnedReadHalf {
     /// Puts the halves back together (they must come from one stream).

@@ -1738,3 +1738,50 @@ fn exchanges_beside_short_block_ons(p: &str, addr: &'static str, attempt: usize)
     b.join().unwrap();
     drop(a);
 }
+
+/// A route this process learnt to a process that has since stopped
+/// listening on the address and makes no X-IO call any more (a blocking
+/// program between calls): nobody there reads the SYN. `connected()` asks
+/// the manager after a little while; a read (or a write that waits for
+/// the window) straight after `connect`, as code ported from tokio does,
+/// waited for good where TCP's connect is refused.
+#[test]
+fn a_read_on_a_stale_route_to_a_silent_process_is_refused() {
+    let (_mgr, p) = setup("silent-read");
+    let srv = Net::attach(&p).unwrap();
+    let addrs = ["10.4.0.44:80", "10.4.0.45:80"];
+    rt(1).block_on(async {
+        // A blocking server, no tokio driver: it reads its rings only
+        // while one of its threads waits in X-IO.
+        let ls: Vec<_> = addrs.iter().map(|a| srv.listen(*a).unwrap()).collect();
+        let served = std::thread::spawn(move || {
+            for l in ls {
+                drop(l.accept().unwrap());
+            }
+        });
+        let cli = Net::attach(&p).unwrap();
+        for a in addrs {
+            let first = XioStream::connect_with(&cli, a).await.unwrap();
+            first.connected().await.unwrap();
+        }
+        // Its listeners close; the process goes quiet (`srv` stays).
+        tokio::task::spawn_blocking(move || served.join().unwrap())
+            .await
+            .unwrap();
+        tokio::time::timeout(WATCHDOG, async {
+            // The cached route: connected at once, the SYN unanswered.
+            let mut c = XioStream::connect_with(&cli, addrs[0]).await.unwrap();
+            let mut b = [0u8; 8];
+            let e = c.read(&mut b).await.unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
+            // A write that waits for a window nobody opens.
+            let mut c = XioStream::connect_with(&cli, addrs[1]).await.unwrap();
+            let big = vec![7u8; 16 << 20];
+            let e = c.write_all(&big).await.unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
+        })
+        .await
+        .expect("refused, not waited for");
+    });
+    drop(srv);
+}
