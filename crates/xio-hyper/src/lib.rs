@@ -59,7 +59,9 @@
 //! handshake), so that a refusal is a connect error (hyper-util's
 //! `Error::is_connect`), and with a fallback an address whose X-IO
 //! service went away since this process last reached it is dialled over
-//! TCP rather than failing the request.
+//! TCP rather than failing the request. A listener that refuses because
+//! its backlog is full is on this node: that refusal is the connect's
+//! error, never a reason to dial TCP.
 //!
 //! **No TLS.** `https` URIs (any scheme but `http`: `wss` too) are
 //! refused (`InvalidInput`), as hyper's `HttpConnector` does: the request
@@ -233,7 +235,9 @@ impl XioConnector {
         }
     }
 
-    /// Dials over TCP when the address has no X-IO listener on this node.
+    /// Dials over TCP when the address has no X-IO listener on this node
+    /// (not when its listener refuses for a full backlog: see the crate
+    /// docs).
     pub fn with_tcp_fallback(mut self) -> Self {
         self.tcp_fallback = true;
         self
@@ -292,6 +296,33 @@ async fn uri_addrs(uri: &http::Uri) -> io::Result<Vec<SocketAddr>> {
     Ok(addrs)
 }
 
+/// Why an X-IO dial failed.
+enum Dial {
+    /// The connect itself (the manager refused the address, say).
+    Connect(io::Error),
+    /// The listener's answer to the SYN: refused (`ConnectionRefused`).
+    Listener(io::Error),
+}
+
+/// Connects to `addr` over X-IO and waits for the listener's answer (one
+/// round trip over shared memory), as TCP's connect waits for the
+/// SYN-ACK: a refusal must come here, as a connect error (hyper-util's
+/// `is_connect`: the request never left, so it is safe to retry) where
+/// the next address or TCP can still be tried, not as the request's error
+/// after it was written.
+async fn dial(net: Option<&Net>, addr: SocketAddr) -> Result<XioStream, Dial> {
+    let s = match net {
+        Some(net) => XioStream::connect_with(net, addr).await,
+        None => XioStream::connect(addr).await,
+    }
+    .map_err(Dial::Connect)?;
+    match s.connected().await {
+        Ok(()) => Ok(s),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Err(Dial::Listener(e)),
+        Err(e) => Err(Dial::Connect(e)),
+    }
+}
+
 impl tower_service::Service<http::Uri> for XioConnector {
     type Response = XioConn;
     type Error = io::Error;
@@ -321,31 +352,34 @@ impl tower_service::Service<http::Uri> for XioConnector {
             // ::1 first, where only 127.0.0.1 is listened on).
             let addrs = uri_addrs(&uri).await?;
             let mut refused = None;
+            // A refusal by a listener bound here (its backlog full): the
+            // service is on this node, so no TCP.
+            let mut busy = None;
             for &addr in &addrs {
-                let dialled = match &net {
-                    Some(net) => XioStream::connect_with(net, addr).await,
-                    None => XioStream::connect(addr).await,
-                };
-                // Wait for the listener's answer (one round trip over
-                // shared memory), as TCP's connect waits for the SYN-ACK:
-                // a route this process learnt earlier may be stale (the
-                // address handed over, or now served on TCP only), and its
-                // refusal must come here, as a connect error (hyper-util's
-                // `is_connect`: the request never left, so it is safe to
-                // retry) where the next address or TCP can still be tried,
-                // not as the request's error after it was written.
-                let dialled = match dialled {
-                    Ok(s) => s.connected().await.map(|()| s),
-                    r => r,
-                };
+                let mut dialled = dial(net.as_ref(), addr).await;
+                // A route this process learnt earlier may be stale (the
+                // address handed over, or now served on TCP only); the
+                // refusal made the net forget it, so a second dial asks
+                // the manager: it refuses an address nobody binds, and
+                // finds a new owner. A refusal by the listener it names
+                // is the listener's own (its backlog is full).
+                if matches!(&dialled, Err(Dial::Listener(_))) {
+                    dialled = dial(net.as_ref(), addr).await;
+                }
                 match dialled {
                     Ok(s) => return Ok(XioConn::Xio(TokioIo::new(s))),
-                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => refused = Some(e),
-                    Err(e) => {
+                    Err(Dial::Listener(e)) => busy = Some(e),
+                    Err(Dial::Connect(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                        refused = Some(e)
+                    }
+                    Err(Dial::Connect(e)) => {
                         refused = Some(e);
                         break;
                     }
                 }
+            }
+            if let Some(e) = busy {
+                return Err(e);
             }
             let e = refused.expect("at least one address");
             if !(fallback

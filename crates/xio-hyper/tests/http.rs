@@ -894,3 +894,47 @@ fn a_stale_route_to_a_silent_process_is_refused_not_waited_for() {
     });
     drop(srv);
 }
+
+/// A listener whose backlog is full refuses a SYN (design: "Backlog"):
+/// the service is bound here and busy. The fallback is for an address no
+/// X-IO service binds on this node; it dialled TCP for such a refusal
+/// too, sending the request to whatever answers on TCP (or nowhere). A
+/// stale route's refusal still falls back (the manager, asked again, says
+/// nobody binds the address), and once the backlog has room the request
+/// goes over X-IO.
+#[test]
+fn a_full_backlog_is_refused_not_dialled_over_tcp() {
+    let (_mgr, p) = setup("backlogfull");
+    rt().block_on(async {
+        // A TCP server on the same address, to show where the request went.
+        let addr = tcp_echo_server().await;
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::from_std(srv.listen_with_backlog(addr, 1).unwrap()).unwrap();
+        // Fills the backlog (not accepted).
+        let first = xio_hyper::XioStream::connect_with(&cli, addr)
+            .await
+            .unwrap();
+        first.connected().await.unwrap();
+        let uri: http::Uri = format!("http://{addr}/x").parse().unwrap();
+        let mut fallback = XioConnector::with_net(cli.clone()).with_tcp_fallback();
+        let r = tokio::time::timeout(
+            WATCHDOG,
+            tower_service::Service::call(&mut fallback, uri.clone()),
+        )
+        .await
+        .expect("watchdog");
+        match r {
+            Ok(c) => panic!("connected, over X-IO: {}", c.is_xio()),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}"),
+        }
+        // Room again: over X-IO.
+        let (_s, _) = l.accept().await.unwrap();
+        let c = tokio::time::timeout(WATCHDOG, tower_service::Service::call(&mut fallback, uri))
+            .await
+            .expect("watchdog")
+            .unwrap();
+        assert!(c.is_xio());
+        drop(first);
+    });
+}
