@@ -125,13 +125,16 @@ pub enum Transport {
     Tcp,
 }
 
+/// The response's extensions get the [`Transport`]; over TCP also
+/// hyper-util's `HttpInfo` (the peer's and our address), as its
+/// `HttpConnector` gives (hyper-util offers no way to make one for an
+/// X-IO stream: its `peer_addr` and `local_addr` tell them).
 impl Connection for XioConn {
     fn connected(&self) -> Connected {
-        Connected::new().extra(if self.is_xio() {
-            Transport::Xio
-        } else {
-            Transport::Tcp
-        })
+        match self {
+            XioConn::Xio(_) => Connected::new().extra(Transport::Xio),
+            XioConn::Tcp(s) => s.connected().extra(Transport::Tcp),
+        }
     }
 }
 

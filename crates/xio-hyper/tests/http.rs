@@ -319,6 +319,18 @@ fn tcp_fallback_when_no_xio_listener_on_this_node() {
             .body(Full::from("via tcp"))
             .unwrap();
         let r = c.request(req).await.unwrap();
+        // What hyper's `HttpConnector` tells of a TCP connection (its
+        // users read the peer's address there), as well as the transport.
+        let info = r
+            .extensions()
+            .get::<hyper_util::client::legacy::connect::HttpInfo>()
+            .expect("HttpInfo over TCP");
+        assert_eq!(info.remote_addr(), addr);
+        assert_ne!(info.local_addr().port(), 0);
+        assert_eq!(
+            r.extensions().get::<xio_hyper::Transport>(),
+            Some(&xio_hyper::Transport::Tcp)
+        );
         assert_eq!(body_string(r).await, "via tcp");
     });
 }
