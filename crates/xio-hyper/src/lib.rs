@@ -22,10 +22,11 @@
 //! [`xio_tokio::XioListener`] (HTTP/1.1, h2c, or auto-detected), with
 //! graceful shutdown; with xio-tokio's `axum` feature, `axum::serve(listener,
 //! app)` works directly. An accept error does not stop it (one
-//! connection's is skipped; others, such as running out of fds, pause it
-//! for a second), and an HTTP/1 request head that does not come within
-//! hyper's header-read timeout (30 s) closes its connection, so a
-//! stalled client cannot hold a graceful shutdown for good.
+//! connection's is skipped; others, such as running out of fds, pause the
+//! listener that had it for a second), and an HTTP/1 request head that
+//! does not come within hyper's header-read timeout (30 s) closes its
+//! connection, so a stalled client cannot hold a graceful shutdown for
+//! good.
 //!
 //! An axum app that takes the client's address (`ConnectInfo<SocketAddr>`,
 //! through `into_make_service_with_connect_info`) needs one more call:
@@ -530,36 +531,17 @@ where
         Protocol::Http2 => builder.http2_only(),
         Protocol::Auto | Protocol::Http1 => builder,
     };
+    let (mut xio, mut tcp) = (Paced::new(xio), Paced::new(tcp));
     loop {
-        let accepted = tokio::select! {
-            r = async { xio.as_ref().expect("guarded").accept().await }, if xio.is_some() => {
-                r.map(|(s, _)| XioConn::Xio(TokioIo::new(s)))
-            }
-            r = async { tcp.as_ref().expect("guarded").accept().await }, if tcp.is_some() => {
-                r.map(|(s, _)| {
-                    if let Err(e) = s.set_nodelay(true) {
-                        tracing::debug!(error = %e, "TCP_NODELAY not set");
-                    }
-                    XioConn::Tcp(TokioIo::new(s))
-                })
+        let conn = tokio::select! {
+            s = xio.accept() => XioConn::Xio(TokioIo::new(s)),
+            s = tcp.accept() => {
+                if let Err(e) = s.set_nodelay(true) {
+                    tracing::debug!(error = %e, "TCP_NODELAY not set");
+                }
+                XioConn::Tcp(TokioIo::new(s))
             }
             () = shutdown.wait() => break,
-        };
-        // An accept error is no reason to stop serving (nor to drop the
-        // connections in progress): one connection's trouble is skipped,
-        // anything else (out of fds, say) waits a moment first, as
-        // axum's and tonic's loops do.
-        let conn = match accepted {
-            Ok(c) => c,
-            Err(e) if xio_tokio::is_connection_error(&e) => continue,
-            Err(e) => {
-                tracing::error!(error = %e, "accept failed; retrying in 1 s");
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    () = shutdown.wait() => break,
-                }
-                continue;
-            }
         };
         let stop = conn_stopped.clone();
         // With upgrades: a WebSocket (or any `Upgrade:`) handshake hands
@@ -589,6 +571,72 @@ where
     stop_conns.closed().await;
     Ok(())
 }
+
+/// A listener [`serve_on`] accepts on.
+trait Accept {
+    type Conn;
+    fn accept(&self) -> impl Future<Output = io::Result<Self::Conn>> + Send + '_;
+}
+
+impl Accept for XioListener {
+    type Conn = XioStream;
+    async fn accept(&self) -> io::Result<XioStream> {
+        XioListener::accept(self).await.map(|(s, _)| s)
+    }
+}
+
+impl Accept for tokio::net::TcpListener {
+    type Conn = tokio::net::TcpStream;
+    async fn accept(&self) -> io::Result<tokio::net::TcpStream> {
+        tokio::net::TcpListener::accept(self).await.map(|(s, _)| s)
+    }
+}
+
+/// One of [`serve_on`]'s listeners, with its own pause after an accept
+/// error. An accept error is no reason to stop serving (nor to drop the
+/// connections in progress): one connection's trouble is skipped,
+/// anything else (out of fds, say) waits a moment first, as axum's and
+/// tonic's loops do. The pause is this listener's alone: the other one
+/// (X-IO beside TCP) goes on accepting meanwhile.
+struct Paced<L> {
+    listener: Option<L>,
+    /// Until when accepting waits, after an error.
+    paused: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<L: Accept> Paced<L> {
+    fn new(listener: Option<L>) -> Self {
+        Self {
+            listener,
+            paused: None,
+        }
+    }
+
+    /// The next connection; never, without a listener. Cancellation safe
+    /// (a pause in progress goes on at the next call).
+    async fn accept(&mut self) -> L::Conn {
+        let Some(l) = &self.listener else {
+            return std::future::pending().await;
+        };
+        loop {
+            if let Some(p) = self.paused.as_mut() {
+                p.await;
+                self.paused = None;
+            }
+            match l.accept().await {
+                Ok(c) => return c,
+                Err(e) if xio_tokio::is_connection_error(&e) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "accept failed; retrying in 1 s");
+                    self.paused = Some(Box::pin(tokio::time::sleep(ACCEPT_PAUSE)));
+                }
+            }
+        }
+    }
+}
+
+/// The pause after an accept error that is not one connection's.
+const ACCEPT_PAUSE: Duration = Duration::from_secs(1);
 
 /// tonic's server side: `Server::builder().add_service(svc)
 /// .serve_with_incoming(xio_hyper::incoming(listener))` (feature `tonic`).

@@ -10,10 +10,46 @@ use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use xio_hyper::{Protocol, Shutdown};
+use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+use xio_hyper::{Net, Protocol, Shutdown, XioConnector, XioListener};
 
 /// Generous: a guard against hangs, not a performance bound.
 const WATCHDOG: Duration = Duration::from_secs(120);
+
+/// The tests here lower the process's fd limit one at a time.
+static FDS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Takes every fd but one (for a connection the test makes), with the
+/// limit lowered so that this is quick; `release` gives them back.
+struct Starved {
+    held: Vec<std::fs::File>,
+    old: Rlimit,
+}
+
+impl Starved {
+    fn all_but_one() -> Starved {
+        let old = getrlimit(Resource::Nofile);
+        setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: Some(256),
+                maximum: old.maximum,
+            },
+        )
+        .unwrap();
+        let mut held = Vec::new();
+        while let Ok(f) = std::fs::File::open("/dev/null") {
+            held.push(f);
+        }
+        held.pop();
+        Starved { held, old }
+    }
+
+    fn release(self) {
+        drop(self.held);
+        setrlimit(Resource::Nofile, self.old).unwrap();
+    }
+}
 
 async fn hello(
     _: http::Request<hyper::body::Incoming>,
@@ -26,7 +62,7 @@ async fn hello(
 /// waits a moment and serves on, the waiting connection included.
 #[test]
 fn serve_on_survives_running_out_of_fds() {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let _one = FDS.lock().unwrap_or_else(|e| e.into_inner());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -47,28 +83,14 @@ fn serve_on_survives_running_out_of_fds() {
             Client::builder(TokioExecutor::new()).build(HttpConnector::new());
         let uri: http::Uri = format!("http://{addr}/").parse().unwrap();
         assert!(client.get(uri.clone()).await.unwrap().status().is_success());
-        let old = getrlimit(Resource::Nofile);
-        setrlimit(
-            Resource::Nofile,
-            Rlimit {
-                current: Some(256),
-                maximum: old.maximum,
-            },
-        )
-        .unwrap();
-        let mut held = Vec::new();
-        while let Ok(f) = std::fs::File::open("/dev/null") {
-            held.push(f);
-        }
         // The last free fd for this connection: the server's accept of
         // it then finds none.
-        held.pop();
+        let starved = Starved::all_but_one();
         let waiting = std::net::TcpStream::connect(addr).unwrap();
         // Let the server try (not a bound: with the fix the test passes
         // however long it takes).
         tokio::time::sleep(Duration::from_millis(200)).await;
-        drop(held);
-        setrlimit(Resource::Nofile, old).unwrap();
+        starved.release();
         assert!(!server.is_finished(), "serve_on stopped at EMFILE");
         // The waiting connection is served too, after the pause.
         let waiting = tokio::net::TcpStream::from_std({
@@ -98,4 +120,96 @@ fn serve_on_survives_running_out_of_fds() {
             .unwrap()
             .unwrap();
     });
+}
+
+/// Sets a flag at the first ERROR event on the thread it is the default
+/// of (`serve_on` logs its accept errors so).
+struct ErrorSeen(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl tracing::Subscriber for ErrorSeen {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, e: &tracing::Event<'_>) {
+        if *e.metadata().level() == tracing::Level::ERROR {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// `serve_on` on X-IO and TCP, the TCP listener out of fds (EMFILE at
+/// every accept): its pause after the error held up the X-IO listener
+/// too, so a peer on this node waited for the pause (1 s after each
+/// error) as well. The clock is paused and a task keeps the runtime
+/// busy, so a pause never ends: an X-IO connection must be accepted
+/// during it.
+#[test]
+fn an_accept_error_on_tcp_does_not_pause_the_xio_listener() {
+    let _one = FDS.lock().unwrap_or_else(|e| e.into_inner());
+    let p = format!("ta-pace-{}", std::process::id());
+    let dir = std::env::temp_dir().join(format!("xio-hyper-acc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::env::set_var("XIO_RUN_DIR", &dir);
+    let mgr = xio_core::manager::Manager::builder(&p).spawn().unwrap();
+    let (done, finished) = std::sync::mpsc::channel();
+    let run = std::thread::spawn(move || {
+        let erred = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let _log = tracing::subscriber::set_default(ErrorSeen(erred.clone()));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let srv = Net::attach(&p).unwrap();
+            let cli = Net::attach(&p).unwrap();
+            let t = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = t.local_addr().unwrap();
+            let x = XioListener::bind_with(&srv, "10.6.0.1:80").unwrap();
+            let stop = Shutdown::new();
+            tokio::spawn(xio_hyper::serve_on(
+                Some(x),
+                Some(t),
+                hyper::service::service_fn(hello),
+                Protocol::Auto,
+                stop.clone(),
+            ));
+            let get = || async {
+                // A client of its own: a new connection, to be accepted.
+                let c: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+                    .build(XioConnector::with_net(cli.clone()));
+                c.get("http://10.6.0.1/".parse().unwrap()).await.unwrap()
+            };
+            // Both nets' drivers and the route, while fds are there.
+            assert!(get().await.status().is_success());
+            let starved = Starved::all_but_one();
+            let _waiting = std::net::TcpStream::connect(addr).unwrap();
+            // Busy: the paused clock never jumps to a timer.
+            tokio::spawn(async {
+                loop {
+                    tokio::task::yield_now().await;
+                }
+            });
+            while !erred.load(std::sync::atomic::Ordering::SeqCst) {
+                tokio::task::yield_now().await;
+            }
+            // The TCP listener pauses now; X-IO serves meanwhile.
+            assert!(get().await.status().is_success());
+            starved.release();
+            stop.shutdown();
+        });
+        done.send(()).unwrap();
+    });
+    finished
+        .recv_timeout(WATCHDOG)
+        .expect("watchdog: the X-IO listener waited for the TCP listener's pause");
+    run.join().unwrap();
+    drop(mgr);
 }
