@@ -642,14 +642,25 @@ const ACCEPT_PAUSE: Duration = Duration::from_secs(1);
 /// .serve_with_incoming(xio_hyper::incoming(listener))` (feature `tonic`).
 #[cfg(feature = "tonic")]
 pub fn incoming(listener: XioListener) -> XioIncoming {
-    XioIncoming { listener }
+    XioIncoming {
+        listener,
+        paused: None,
+    }
 }
 
 /// The stream of accepted connections [`incoming`] returns.
+///
+/// An accept error is an item, as with tonic's own `TcpIncoming`; after
+/// one that is not one connection's (out of fds, say) the stream waits a
+/// second before it accepts again. tonic's server loop takes the next
+/// item at once after an error, so an error that persists would
+/// otherwise spin it in one poll, starving its runtime's other tasks.
 #[cfg(feature = "tonic")]
 #[derive(Debug)]
 pub struct XioIncoming {
     listener: XioListener,
+    /// Until when accepting waits, after an error.
+    paused: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 #[cfg(feature = "tonic")]
@@ -657,7 +668,12 @@ impl futures_core::Stream for XioIncoming {
     type Item = io::Result<GrpcStream>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        match self.listener.poll_accept(cx) {
+        let this = self.get_mut();
+        if let Some(p) = this.paused.as_mut() {
+            std::task::ready!(p.as_mut().poll(cx));
+            this.paused = None;
+        }
+        match this.listener.poll_accept(cx) {
             Poll::Ready(Ok((s, peer))) => {
                 let local = s.local_addr().ok();
                 Poll::Ready(Some(Ok(GrpcStream {
@@ -666,7 +682,13 @@ impl futures_core::Stream for XioIncoming {
                     peer,
                 })))
             }
-            Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
+            Poll::Ready(Err(e)) => {
+                if !xio_tokio::is_connection_error(&e) {
+                    tracing::error!(error = %e, "accept failed; retrying in 1 s");
+                    this.paused = Some(Box::pin(tokio::time::sleep(ACCEPT_PAUSE)));
+                }
+                Poll::Ready(Some(Err(e)))
+            }
             Poll::Pending => Poll::Pending,
         }
     }

@@ -122,6 +122,18 @@ fn serve_on_survives_running_out_of_fds() {
     });
 }
 
+/// A manager on a pool of the test's own.
+fn manager(test: &str) -> (xio_core::manager::ManagerHandle, String) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let dir = std::env::temp_dir().join(format!("xio-hyper-acc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::env::set_var("XIO_RUN_DIR", &dir);
+    });
+    let p = format!("ta-{test}-{}", std::process::id());
+    (xio_core::manager::Manager::builder(&p).spawn().unwrap(), p)
+}
+
 /// Sets a flag at the first ERROR event on the thread it is the default
 /// of (`serve_on` logs its accept errors so).
 struct ErrorSeen(std::sync::Arc<std::sync::atomic::AtomicBool>);
@@ -153,11 +165,7 @@ impl tracing::Subscriber for ErrorSeen {
 #[test]
 fn an_accept_error_on_tcp_does_not_pause_the_xio_listener() {
     let _one = FDS.lock().unwrap_or_else(|e| e.into_inner());
-    let p = format!("ta-pace-{}", std::process::id());
-    let dir = std::env::temp_dir().join(format!("xio-hyper-acc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::env::set_var("XIO_RUN_DIR", &dir);
-    let mgr = xio_core::manager::Manager::builder(&p).spawn().unwrap();
+    let (mgr, p) = manager("pace");
     let (done, finished) = std::sync::mpsc::channel();
     let run = std::thread::spawn(move || {
         let erred = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -212,4 +220,83 @@ fn an_accept_error_on_tcp_does_not_pause_the_xio_listener() {
         .expect("watchdog: the X-IO listener waited for the TCP listener's pause");
     run.join().unwrap();
     drop(mgr);
+}
+
+/// A gRPC service with no methods (every call is unimplemented).
+#[derive(Clone)]
+struct NoMethods;
+
+impl tonic::server::NamedService for NoMethods {
+    const NAME: &'static str = "test.NoMethods";
+}
+
+impl tower_service::Service<http::Request<tonic::body::Body>> for NoMethods {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<tonic::body::Body>) -> Self::Future {
+        std::future::ready(Ok(tonic::Status::unimplemented("none").into_http()))
+    }
+}
+
+/// tonic's accept loop takes the next connection at once after an accept
+/// error. An error that persists (here: out of fds when the listener
+/// needs a driver, its first runtime gone) made `incoming` fail at every
+/// poll, so tonic spun in one poll for good and starved its runtime: on a
+/// current_thread runtime nothing else ran again, not even what would
+/// have freed the fds or stopped the server. It now pauses after such an
+/// error, as axum's and `serve_on`'s loops do.
+#[test]
+fn a_persistent_accept_error_does_not_spin_tonics_loop() {
+    let _one = FDS.lock().unwrap_or_else(|e| e.into_inner());
+    let (mgr, p) = manager("tonicspin");
+    let srv = Net::attach(&p).unwrap();
+    // The listener's driver is on a runtime that is then shut down.
+    let l = {
+        let first = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        first.block_on(async { XioListener::bind_with(&srv, "10.6.0.2:50051").unwrap() })
+    };
+    let (done, finished) = std::sync::mpsc::channel();
+    let run = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let starved = Starved::all_but_one();
+            let last = std::fs::File::open("/dev/null").unwrap();
+            let server = tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(NoMethods)
+                    .serve_with_incoming_shutdown(xio_hyper::incoming(l), async {
+                        let _ = stopped.await;
+                    }),
+            );
+            // The server tries to accept (and fails: no fd for a driver).
+            tokio::task::yield_now().await;
+            drop(last);
+            starved.release();
+            stop.send(()).unwrap();
+            server.await.unwrap().unwrap();
+        });
+        done.send(()).unwrap();
+    });
+    finished
+        .recv_timeout(WATCHDOG)
+        .expect("watchdog: tonic's accept loop spun on the error");
+    run.join().unwrap();
+    drop((srv, mgr));
 }
