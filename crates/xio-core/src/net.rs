@@ -3034,6 +3034,12 @@ impl XioListener {
         }
     }
 
+    /// Whether this listener follows its manager across a restart (one
+    /// from [`XioListener::bind`]; see [`XioListener::follow`]).
+    pub fn follows(&self) -> bool {
+        self.inner.follow.is_some()
+    }
+
     /// For a listener that follows its manager (one from
     /// [`XioListener::bind`]) whose manager is gone: binds the address on
     /// a net attached to a running one if an attempt is due, and says

@@ -707,6 +707,9 @@ async fn sleep_on(
 /// on a net attached to the new manager (trying again every 200 ms until
 /// one runs, accepting on the old net meanwhile) and goes on accepting
 /// there, so a service that only accepts (`axum::serve`) stays reachable.
+/// Attaching and binding there are requests to the new manager, made on
+/// tokio's blocking threads: one that is slow to answer does not hold up
+/// the runtime.
 /// Connections accepted before keep working on the old net; ones that had
 /// arrived but were not yet accepted are reset.
 #[derive(Debug)]
@@ -730,6 +733,10 @@ struct Retry {
     /// accepting (its accept future dropped), leaving the others asleep
     /// on the old net for good.
     waiters: Arc<Waiters>,
+    /// The attempt to follow in progress, on a blocking thread: it
+    /// attaches to the new manager and binds there, requests that wait
+    /// for a slow (or stopped) manager.
+    following: Option<tokio::task::JoinHandle<Option<Result<(), std::time::Instant>>>>,
 }
 
 /// Tasks woken together (see [`Retry::waiters`]).
@@ -824,39 +831,62 @@ impl XioListener {
         )))
     }
 
-    /// The core listener's follow of a restarted manager, with the timer
-    /// it needs while none runs yet.
+    /// The core listener's follow of a restarted manager, made on the
+    /// blocking threads (it waits for the new manager), with the timer
+    /// it needs while none runs yet. Meanwhile the caller accepts on the
+    /// old net.
     fn poll_follow(&self, cx: &mut Context<'_>) -> io::Result<()> {
-        let Some(r) = self.inner.follow() else {
-            return Ok(()); // not following, or the manager is there
-        };
-        let mut retry = self.retry.lock().unwrap_or_else(|e| e.into_inner());
-        match r {
-            Ok(()) => {
-                ensure_driver(&self.inner.net())?;
-                retry.timer = None;
-                // Tasks waiting on the old net accept on the new one.
-                retry.waiters.wake_all();
-            }
-            Err(at) => {
-                let at = tokio::time::Instant::from_std(at);
-                let here = tokio::runtime::Handle::current().id();
-                match retry.timer.as_mut() {
-                    Some((rt, t)) if *rt == here && t.deadline() == at => {}
-                    _ => retry.timer = Some((here, Box::pin(tokio::time::sleep_until(at)))),
-                }
-                retry.waiters.add(cx.waker());
-                let all = std::task::Waker::from(retry.waiters.clone());
-                let (_, t) = retry.timer.as_mut().expect("just set");
-                if std::future::Future::poll(t.as_mut(), &mut Context::from_waker(&all)).is_ready()
-                {
-                    // Due: every waiting task looks again, this one too.
-                    retry.timer = None;
-                    retry.waiters.wake_all();
-                }
-            }
+        if !self.inner.follows() || !self.inner.net().manager_gone() {
+            return Ok(());
         }
-        Ok(())
+        let rt = tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
+        let mut retry = self.retry.lock().unwrap_or_else(|e| e.into_inner());
+        // Polled for every waiting task: the attempt's end and the timer
+        // wake them all, this one too.
+        retry.waiters.add(cx.waker());
+        let all = std::task::Waker::from(retry.waiters.clone());
+        let mut all = Context::from_waker(&all);
+        loop {
+            if let Some(h) = retry.following.as_mut() {
+                let r = match std::future::Future::poll(Pin::new(h), &mut all) {
+                    Poll::Pending => return Ok(()),
+                    Poll::Ready(r) => r,
+                };
+                retry.following = None;
+                match r {
+                    // Followed (by another handle, if `None`: the net is
+                    // a new one whose manager is there).
+                    Ok(Some(Ok(())) | None) => {
+                        ensure_driver(&self.inner.net())?;
+                        retry.timer = None;
+                        // Tasks waiting on the old net accept on the new one.
+                        retry.waiters.wake_all();
+                        return Ok(());
+                    }
+                    Ok(Some(Err(at))) => {
+                        let at = tokio::time::Instant::from_std(at);
+                        retry.timer = Some((rt.id(), Box::pin(tokio::time::sleep_until(at))));
+                    }
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    // Its runtime shuts down: try again.
+                    Err(_) => {}
+                }
+            }
+            if let Some((id, t)) = retry.timer.as_mut() {
+                if *id != rt.id() {
+                    let at = t.deadline();
+                    retry.timer = Some((rt.id(), Box::pin(tokio::time::sleep_until(at))));
+                }
+                let (_, t) = retry.timer.as_mut().expect("just set");
+                if std::future::Future::poll(t.as_mut(), &mut all).is_pending() {
+                    return Ok(());
+                }
+                retry.timer = None;
+            }
+            // Due (the core says when not, and the timer waits for that).
+            let l = self.inner.try_clone()?;
+            retry.following = Some(rt.spawn_blocking(move || l.follow()));
+        }
     }
 
     /// The core listener (which swaps its net when it follows a restart).

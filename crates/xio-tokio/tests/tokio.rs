@@ -523,6 +523,26 @@ fn child_main() {
             }
         });
     }
+    if role == "follower_ticking" {
+        // As "follower", on a runtime with one worker, with a task that
+        // prints a tick every 10 ms: ticks stop while that worker waits.
+        rt(1).block_on(async {
+            let l = XioListener::bind("10.4.0.24:80").await.unwrap();
+            println!("ready");
+            std::io::stdout().flush().unwrap();
+            tokio::spawn(async move {
+                loop {
+                    let (s, _) = l.accept().await.unwrap();
+                    tokio::spawn(echo4(s));
+                }
+            });
+            loop {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                println!("tick");
+                std::io::stdout().flush().unwrap();
+            }
+        });
+    }
     if role == "two_acceptors" {
         // As "follower", with a second task that accepts on the same
         // listener until the manager is gone, then goes on to other work
@@ -1784,4 +1804,66 @@ fn a_read_on_a_stale_route_to_a_silent_process_is_refused() {
         .expect("refused, not waited for");
     });
     drop(srv);
+}
+
+/// A listener that follows its manager binds again on the new one when it
+/// runs: attaching and binding are requests to that manager, which may
+/// be slow or stopped (SIGSTOP, a debugger). They were made in the
+/// accept's poll, on a runtime worker, which then waited (up to the
+/// control timeout) with every task of that worker: a service's other
+/// work stopped because its manager was restarted into a stopped state.
+#[test]
+fn a_listener_following_a_restart_does_not_wait_for_the_manager_on_a_worker() {
+    drop(setup("followstop"));
+    let p = format!("tt-followstop-child-{}", std::process::id());
+    let mut first = KillOnDrop(spawn_child("manager", &p));
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_main",
+            "--nocapture",
+            "--test-threads=1",
+            "--quiet",
+        ])
+        .env("XIO_CHILD_ROLE", "follower_ticking")
+        .env("XIO_CHILD_PREFIX", &p)
+        .env("XIO_PREFIX", &p)
+        // A wait on the stopped manager lasts past the watchdog.
+        .env("XIO_CONTROL_TIMEOUT_MS", "600000")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let _service = KillOnDrop(child);
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    let ticks = |n: usize, what: &str| {
+        let deadline = std::time::Instant::now() + WATCHDOG;
+        let mut seen = 0;
+        while seen < n {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(l) if l == "tick" => seen += 1,
+                Ok(_) => {}
+                Err(_) => panic!("watchdog: {what}"),
+            }
+        }
+    };
+    ticks(1, "the service never ticked");
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+    // A new manager, stopped as soon as it listens: the service's next
+    // attempt to follow waits on it.
+    let second = KillOnDrop(spawn_child("manager", &p));
+    signal(&second.0, rustix::process::Signal::STOP);
+    // 100 ticks take a second at least: several follow attempts (every
+    // 200 ms) fall within them.
+    ticks(100, "the service's runtime waited on the stopped manager");
+    signal(&second.0, rustix::process::Signal::CONT);
 }
