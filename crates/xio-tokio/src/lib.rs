@@ -1134,7 +1134,10 @@ impl XioStream {
     /// Waits until a write would not wait: it would take at least one
     /// byte, or fail (as `TcpStream::writable`; then use
     /// [`XioStream::try_write`]). The window, the pool and the ring to the
-    /// peer all have room, and a buffer is set aside for the write.
+    /// peer all have room, and the pool has a buffer for the write (set
+    /// aside for it, unless the pool is too small to keep spares: then
+    /// another writer may take it first, and `try_write` says
+    /// `WouldBlock`, as tokio allows after a readiness event).
     pub async fn writable(&self) -> io::Result<()> {
         std::future::poll_fn(|cx| self.poll_write_ready(cx)).await
     }
