@@ -23,7 +23,7 @@ use dpdk_sys as sys;
 
 use crate::backend::{BufferPool, DescConsumer, DescProducer, RingWatch};
 use crate::layout::{kind, Descriptor};
-use crate::pool::{AllocError, RawBuf, Reject};
+use crate::pool::{AllocError, Busy, PoolView, RawBuf, Reclaimed, Reject};
 use crate::ring::RingError;
 
 /// What can go wrong with DPDK, with what to do about it.
@@ -612,11 +612,16 @@ impl Mempool {
     }
 
     fn get(&self) -> Option<&ObjHeader> {
+        // SAFETY: a pool object, starting with its header.
+        self.get_raw().map(|o| unsafe { &*o.cast::<ObjHeader>() })
+    }
+
+    /// Takes one object, as the pointer the mempool holds.
+    fn get_raw(&self) -> Option<*mut c_void> {
         let mut o: *mut c_void = std::ptr::null_mut();
         // SAFETY: room for one object pointer.
         let r = unsafe { sys::xio_shim_mempool_get_bulk(self.mp.as_ptr(), &mut o, 1) };
-        // SAFETY: a pool object, starting with its header.
-        (r == 0).then(|| unsafe { &*o.cast::<ObjHeader>() })
+        (r == 0).then_some(o)
     }
 
     /// Takes exactly `out.len()` objects, or none.
@@ -666,6 +671,15 @@ pub fn ring_name(channel: u32, dir: usize) -> String {
 /// (DPDK's own per-lcore caches would be lost if the process died; ours
 /// are marked in the object headers, `CACHED` with the stack as owner, so
 /// the manager reclaims them like anything else the stack owned).
+///
+/// A process can die between taking objects from a mempool and stamping
+/// them its own, or between stamping them free and putting them back: the
+/// objects are then free in their headers but in no mempool. So, as in the
+/// shm pool (see [`crate::pool`]), every mempool operation is bracketed by
+/// the stack's *intent* and the class's *gate* in the segment, and the
+/// manager's [`DpdkPool::reclaim`] closes the gates, waits until no live
+/// stack is inside one, empties the mempools and puts back every object
+/// free in its header, listed or not.
 #[derive(Debug)]
 pub struct DpdkPool {
     classes: Vec<Mempool>,
@@ -678,6 +692,11 @@ pub struct DpdkPool {
     /// The fork generation this pool belongs to: in a forked child it
     /// touches no mempool (see [`crate::fork`]).
     born: crate::fork::Birth,
+    /// The segment whose intent and gate words bracket the mempool
+    /// operations (see above); `None` for a pool without a manager, whose
+    /// operations are not bracketed and whose reclamation finds nothing
+    /// lost.
+    gates: Option<PoolView>,
 }
 
 /// A stack's pool: joins the prefix's DPDK process group as a secondary
@@ -698,7 +717,7 @@ pub fn attach_pool(
         .map(|(c, info)| Mempool::lookup(&mempool_name(c), info.buf_size as usize))
         .collect::<Result<Vec<_>, _>>()
         .map_err(err)?;
-    let mut p = DpdkPool::new(classes, me);
+    let mut p = DpdkPool::with_segment(classes, me, seg.clone());
     p.keepalive = Some(crate::fork::CloseOnFork::new(keepalive));
     // Every stack's cache together holds at most half a class (a class of
     // few large buffers is not cached at all).
@@ -735,7 +754,33 @@ impl DpdkPool {
             me,
             keepalive: None,
             born: crate::fork::Birth::now(),
+            gates: None,
         }
+    }
+
+    /// As [`DpdkPool::new`], with the mempool operations bracketed by the
+    /// intent and gate words of the pool's segment `seg` (what stacks and
+    /// the manager use: see the type's docs).
+    pub fn with_segment(classes: Vec<Mempool>, me: u16, seg: crate::segment::Segment) -> DpdkPool {
+        let mut p = DpdkPool::new(classes, me);
+        p.gates = Some(PoolView::new(seg));
+        p
+    }
+
+    /// Runs a mempool operation on class `c` (taking objects and stamping
+    /// them ours, or stamping them free and putting them back) inside the
+    /// intent/gate bracket. `None` while the manager holds the gate and
+    /// `wait` is false, or when the manager died holding it.
+    fn mempool_op<R>(&self, c: usize, wait: bool, op: impl FnOnce() -> R) -> Option<R> {
+        match &self.gates {
+            Some(v) => v.global_op(self.me, c, wait, op),
+            None => Some(op()),
+        }
+    }
+
+    /// Whether class `c`'s gate is held closed by a manager that died.
+    fn stranded(&self, c: usize) -> bool {
+        self.gates.as_ref().is_some_and(|v| v.stranded(c))
     }
 
     /// The control socket kept open (see the field).
@@ -797,8 +842,89 @@ impl DpdkPool {
     /// (not among `readers`, the `(dead, reader)` pairs whose channel the
     /// reader has not released): such a buffer is in no ring the reader
     /// will look at again, stamped but never pushed. What the manager does
-    /// when stacks die. Returns how many.
-    pub fn reclaim(&self, dead: &[u16], readers: &[(u16, u16)]) -> usize {
+    /// when stacks die.
+    ///
+    /// With a segment ([`DpdkPool::with_segment`]), also every object free
+    /// in its header but in no mempool (a stack died inside a mempool
+    /// operation): as [`crate::pool::ManagerPool::reclaim`] does, it
+    /// closes the gates and waits at most `patience` for the `live`
+    /// stacks to leave their mempool operations (`gone(id)`: whether one
+    /// found inside has in fact exited), empties the mempools and puts
+    /// back every object that is free, listed or not. A live stack that
+    /// stays inside is `Err(Busy)`, nothing changed: try again later.
+    pub fn reclaim(
+        &self,
+        dead: &[u16],
+        live: &[u16],
+        readers: &[(u16, u16)],
+        patience: std::time::Duration,
+        gone: impl FnMut(u16) -> bool,
+    ) -> Result<Reclaimed, Busy> {
+        let Some(v) = &self.gates else {
+            return Ok(Reclaimed {
+                owned: self.reclaim_owned(dead, readers),
+                lost: 0,
+            });
+        };
+        let seg = v.segment();
+        crate::pool::close_gates(seg, live, patience, gone)?;
+        let mut r = Reclaimed::default();
+        for mp in &self.classes {
+            // Frozen: no live stack is inside a mempool operation, so
+            // emptying the mempool shows what it lists. A pointer that is
+            // none of our objects (a corrupt mempool) is dropped, not
+            // dereferenced.
+            let at: std::collections::HashMap<usize, usize> = mp
+                .objs
+                .iter()
+                .enumerate()
+                .map(|(i, h)| (h.as_ptr() as usize, i))
+                .collect();
+            let mut listed = vec![false; mp.len()];
+            while let Some(o) = mp.get_raw() {
+                if let Some(&i) = at.get(&(o as usize)) {
+                    listed[i] = true;
+                }
+            }
+            let mut back = Vec::new();
+            for (i, h) in mp.objs.iter().enumerate() {
+                // SAFETY: objects live as long as the mempool.
+                let h = unsafe { h.as_ref() };
+                let state = h.state.load(Ordering::Acquire);
+                let owner = h.owner.load(Ordering::Acquire);
+                let from = h.from.load(Ordering::Relaxed);
+                if state == obj_state::FREE {
+                    if !listed[i] {
+                        r.lost += 1;
+                    }
+                } else if dead.contains(&owner)
+                    || owner == 0
+                    || (state == obj_state::IN_FLIGHT
+                        && dead.contains(&from)
+                        && !readers.contains(&(from, owner)))
+                {
+                    r.owned += 1;
+                } else {
+                    // A live stack's (listed too if the mempool is
+                    // corrupt: it stays out, with its owner).
+                    continue;
+                }
+                h.state.store(obj_state::FREE, Ordering::Relaxed);
+                h.owner.store(0, Ordering::Release);
+                back.push((h as *const ObjHeader).cast_mut().cast::<c_void>());
+            }
+            mp.put_bulk(&back);
+        }
+        for &d in dead {
+            // A dead stack's count stays as its threads left it.
+            seg.stack_slot(d).intent.store(0, Ordering::SeqCst);
+        }
+        crate::pool::open_gates(seg);
+        Ok(r)
+    }
+
+    /// [`DpdkPool::reclaim`] for a pool without a segment: by owner only.
+    fn reclaim_owned(&self, dead: &[u16], readers: &[(u16, u16)]) -> u32 {
         let mut n = 0;
         for mp in &self.classes {
             for h in &mp.objs {
@@ -839,31 +965,50 @@ impl DpdkPool {
             .count()
     }
 
-    /// An object of class `c` from the private cache, refilled from the
-    /// mempool in one bulk get when empty.
-    fn take<'a>(&'a self, c: usize, mp: &'a Mempool) -> Option<&'a ObjHeader> {
+    /// An object of class `c`, stamped `CACHED` for us: from the private
+    /// cache, refilled from the mempool in one bulk get when empty. `Err`
+    /// when the class's gate is closed and `wait` is false, or the manager
+    /// died holding it (see [`DpdkPool::mempool_op`]).
+    fn take<'a>(
+        &'a self,
+        c: usize,
+        mp: &'a Mempool,
+        wait: bool,
+    ) -> Result<Option<&'a ObjHeader>, ()> {
+        let claim = |h: &ObjHeader| {
+            h.owner.store(self.me, Ordering::Relaxed);
+            h.state.store(obj_state::CACHED, Ordering::Release);
+        };
         let (cache, limit) = &self.cache[c];
         if *limit == 0 {
-            return mp.get();
+            return self
+                .mempool_op(c, wait, || mp.get().inspect(|h| claim(h)))
+                .ok_or(());
         }
         let mut cached = cache.lock().unwrap_or_else(|e| e.into_inner());
         if cached.is_empty() {
             let want = (limit / 2).clamp(1, CACHE_MAX);
-            let mut objs = [std::ptr::null_mut(); CACHE_MAX];
-            if !mp.get_bulk(&mut objs[..want]) {
-                drop(cached);
-                return mp.get();
-            }
-            for &o in &objs[..want] {
-                // SAFETY: a pool object, starting with its header.
-                let h = unsafe { &*o.cast::<ObjHeader>() };
-                h.owner.store(self.me, Ordering::Relaxed);
-                h.state.store(obj_state::CACHED, Ordering::Release);
-                cached.push(h.index as usize);
-            }
+            self.mempool_op(c, wait, || {
+                let mut objs = [std::ptr::null_mut(); CACHE_MAX];
+                // All or nothing: with fewer left, take one.
+                let n = if mp.get_bulk(&mut objs[..want]) {
+                    want
+                } else if let Some(o) = mp.get_raw() {
+                    objs[0] = o;
+                    1
+                } else {
+                    0
+                };
+                for &o in &objs[..n] {
+                    // SAFETY: a pool object, starting with its header.
+                    let h = unsafe { &*o.cast::<ObjHeader>() };
+                    claim(h);
+                    cached.push(h.index as usize);
+                }
+            })
+            .ok_or(())?;
         }
-        let i = cached.pop()?;
-        mp.header(i as u32)
+        Ok(cached.pop().and_then(|i| mp.header(i as u32)))
     }
 
     /// Marks cached object `i` of `mp` free, for a put: `None` if it is
@@ -897,13 +1042,18 @@ impl Drop for DpdkPool {
         for (c, mp) in self.classes.iter().enumerate() {
             let cached =
                 std::mem::take(&mut *self.cache[c].0.lock().unwrap_or_else(|e| e.into_inner()));
-            let objs: Vec<*mut c_void> = cached
-                .into_iter()
-                .filter_map(|i| self.uncache(mp, i))
-                .collect();
-            if !objs.is_empty() {
-                mp.put_bulk(&objs);
+            if cached.is_empty() {
+                continue;
             }
+            // `None`: the manager died holding the gate; the objects stay
+            // stamped ours, for nobody.
+            let _ = self.mempool_op(c, true, || {
+                let objs: Vec<*mut c_void> = cached
+                    .into_iter()
+                    .filter_map(|i| self.uncache(mp, i))
+                    .collect();
+                mp.put_bulk(&objs);
+            });
         }
     }
 }
@@ -913,17 +1063,24 @@ impl BufferPool for DpdkPool {
         self.me
     }
 
-    fn alloc(&self, len: usize, _wait: bool) -> Result<RawBuf, AllocError> {
+    fn alloc(&self, len: usize, wait: bool) -> Result<RawBuf, AllocError> {
         if self.born.forked() {
             return Err(AllocError::Forked);
         }
         let mut too_large = true;
+        let mut gone = false;
         for (c, mp) in self.classes.iter().enumerate() {
             if mp.size < len {
                 continue;
             }
             too_large = false;
-            if let Some(h) = self.take(c, mp) {
+            let Ok(got) = self.take(c, mp, wait) else {
+                // As in the shm pool: a gate a dead manager left closed is
+                // no passing shortage.
+                gone |= wait || self.stranded(c);
+                continue;
+            };
+            if let Some(h) = got {
                 h.gen.fetch_add(1, Ordering::Relaxed);
                 h.owner.store(self.me, Ordering::Relaxed);
                 h.state.store(obj_state::ALLOCATED, Ordering::Release);
@@ -935,6 +1092,8 @@ impl BufferPool for DpdkPool {
         }
         Err(if too_large {
             AllocError::TooLarge(len)
+        } else if gone {
+            AllocError::ManagerGone
         } else {
             AllocError::Exhausted
         })
@@ -950,27 +1109,32 @@ impl BufferPool for DpdkPool {
             // to give back, as in the shm pool.
             return;
         }
-        let (cache, limit) = &self.cache[b.class as usize];
+        let class = b.class as usize;
+        let (cache, limit) = &self.cache[class];
         if *limit > 0 {
             let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
-            if c.len() < *limit {
-                h.state.store(obj_state::CACHED, Ordering::Release);
-                c.push(b.index as usize);
-                return;
+            if c.len() >= *limit {
+                // Full: give half back in one bulk put (`None`: the
+                // manager died holding the gate; the cache grows instead).
+                let _ = self.mempool_op(class, true, || {
+                    let back: Vec<*mut c_void> = c
+                        .drain(limit / 2..)
+                        .filter_map(|i| self.uncache(mp, i))
+                        .collect();
+                    mp.put_bulk(&back);
+                });
             }
-            // Full: give half back in one bulk put.
-            let back: Vec<*mut c_void> = c
-                .drain(limit / 2..)
-                .filter_map(|i| self.uncache(mp, i))
-                .collect();
-            mp.put_bulk(&back);
             h.state.store(obj_state::CACHED, Ordering::Release);
             c.push(b.index as usize);
             return;
         }
-        h.state.store(obj_state::FREE, Ordering::Relaxed);
-        h.owner.store(0, Ordering::Release);
-        mp.put(h);
+        // `None`: the manager died holding the gate; the buffer stays
+        // stamped ours, for nobody.
+        let _ = self.mempool_op(class, true, || {
+            h.state.store(obj_state::FREE, Ordering::Relaxed);
+            h.owner.store(0, Ordering::Release);
+            mp.put(h);
+        });
     }
 
     fn data(&self, b: RawBuf) -> (*mut u8, usize) {

@@ -254,13 +254,7 @@ impl MgrPool {
         match self {
             MgrPool::Shm(p) => p.reclaim(dead, live, readers, SWEEP_PATIENCE, gone),
             #[cfg(feature = "dpdk")]
-            MgrPool::Dpdk(p) => {
-                let _ = (live, gone);
-                Ok(Reclaimed {
-                    owned: p.reclaim(dead, readers) as u32,
-                    lost: 0,
-                })
-            }
+            MgrPool::Dpdk(p) => p.reclaim(dead, live, readers, SWEEP_PATIENCE, gone),
         }
     }
 }
@@ -734,11 +728,8 @@ impl Manager {
             .collect::<Result<Vec<_>, crate::dpdk::DpdkError>>()
             .map_err(dpdk)?;
         tracing::info!(prefix = %b.prefix, "dpdk backend: primary, mempools and rings created");
-        Ok((
-            seg,
-            MgrPool::Dpdk(Arc::new(DpdkPool::new(classes, 0))),
-            rings,
-        ))
+        let pool = MgrPool::Dpdk(Arc::new(DpdkPool::with_segment(classes, 0, seg.clone())));
+        Ok((seg, pool, rings))
     }
 
     /// A handle that makes [`Manager::run`] return.

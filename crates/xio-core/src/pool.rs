@@ -114,7 +114,13 @@ impl PoolView {
     /// manager holds the gate and `wait` is false, and when the manager
     /// died holding it (killed in the middle of a sweep): nobody will open
     /// it, and the lists behind it may be half rebuilt.
-    fn global_op<R>(&self, me: u16, class: usize, wait: bool, op: impl FnOnce() -> R) -> Option<R> {
+    pub(crate) fn global_op<R>(
+        &self,
+        me: u16,
+        class: usize,
+        wait: bool,
+        op: impl FnOnce() -> R,
+    ) -> Option<R> {
         let intent = &self.seg.stack_slot(me).intent;
         let alive = self.seg.manager_alive();
         bracket(
@@ -128,7 +134,7 @@ impl PoolView {
 
     /// Whether `class`'s gate is held closed by a manager that died (killed
     /// in the middle of a sweep): nobody will open it again.
-    fn stranded(&self, class: usize) -> bool {
+    pub(crate) fn stranded(&self, class: usize) -> bool {
         self.seg.free_head(class).gate.load(Ordering::Acquire) != 0
             && crate::liveness::died(self.seg.manager_alive())
     }
@@ -480,6 +486,46 @@ fn wait_idle(intent: &AtomicU64, deadline: Option<Instant>) -> bool {
             return false;
         }
         yield_thread();
+    }
+}
+
+/// Closes every gate and waits until no stack in `live` is inside a list
+/// operation; returns with the lists frozen. A stack found inside one
+/// for which `gone` says its process has exited is not waited for (it
+/// writes nothing any more; what it left half done, reconciliation
+/// repairs). One still inside at the end of `patience` makes the gates
+/// reopen, untouched, and is returned as `Busy`.
+pub(crate) fn close_gates(
+    seg: &Segment,
+    live: &[u16],
+    patience: Duration,
+    mut gone: impl FnMut(u16) -> bool,
+) -> Result<(), Busy> {
+    for class in 0..seg.classes().len() {
+        // SeqCst: the manager's half of the Dekker handshake in `enter`.
+        seg.free_head(class).gate.store(1, Ordering::SeqCst);
+    }
+    dekker_order();
+    let deadline = Instant::now().checked_add(patience);
+    for &id in live {
+        let intent = &seg.stack_slot(id).intent;
+        if wait_idle(intent, Some(Instant::now())) || gone(id) {
+            continue;
+        }
+        // Alive (or its death not visible yet): wait, but not forever.
+        if !wait_idle(intent, deadline) && !gone(id) {
+            open_gates(seg);
+            return Err(Busy(id));
+        }
+    }
+    Ok(())
+}
+
+/// Reopens the gates [`close_gates`] closed.
+pub(crate) fn open_gates(seg: &Segment) {
+    for class in 0..seg.classes().len() {
+        // Release: our list repairs happen before anyone re-enters.
+        seg.free_head(class).gate.store(0, Ordering::Release);
     }
 }
 
@@ -988,45 +1034,17 @@ impl ManagerPool {
             .collect()
     }
 
-    /// Closes every gate and waits until no stack in `live` is inside a list
-    /// operation; returns with the lists frozen. A stack found inside one
-    /// for which `gone` says its process has exited is not waited for (it
-    /// writes nothing any more; what it left half done, reconciliation
-    /// repairs). One still inside at the end of `patience` makes the gates
-    /// reopen, untouched, and is returned as `Busy`.
     fn close_gates(
         &self,
         live: &[u16],
         patience: Duration,
-        mut gone: impl FnMut(u16) -> bool,
+        gone: impl FnMut(u16) -> bool,
     ) -> Result<(), Busy> {
-        let seg = &self.view.seg;
-        for class in 0..seg.classes().len() {
-            // SeqCst: the manager's half of the Dekker handshake in `enter`.
-            seg.free_head(class).gate.store(1, Ordering::SeqCst);
-        }
-        dekker_order();
-        let deadline = Instant::now().checked_add(patience);
-        for &id in live {
-            let intent = &seg.stack_slot(id).intent;
-            if wait_idle(intent, Some(Instant::now())) || gone(id) {
-                continue;
-            }
-            // Alive (or its death not visible yet): wait, but not forever.
-            if !wait_idle(intent, deadline) && !gone(id) {
-                self.open_gates();
-                return Err(Busy(id));
-            }
-        }
-        Ok(())
+        close_gates(&self.view.seg, live, patience, gone)
     }
 
     fn open_gates(&self) {
-        let seg = &self.view.seg;
-        for class in 0..seg.classes().len() {
-            // Release: our list repairs happen before anyone re-enters.
-            seg.free_head(class).gate.store(0, Ordering::Release);
-        }
+        open_gates(&self.view.seg)
     }
 
     /// Gives back everything the stacks in `dead` owned, and anything lost

@@ -106,6 +106,8 @@ fn child_main() {
         "scribbled_index" => scribbled_index(&a[0]),
         "huge_class" => huge_class(&a[0]),
         "idle_secondary" => idle_secondary(&a[0]),
+        "manager" => manager(&a[0]),
+        "unstamped_stack" => unstamped_stack(&a[0]),
         r => panic!("unknown role {r}"),
     }
 }
@@ -148,8 +150,12 @@ fn primary(prefix: &str) {
                 let mut junk = [Descriptor::default(); 64];
                 let mut consumer_of_a2b = DpdkConsumer::new(Ring::lookup("xio-a2b").unwrap());
                 while consumer_of_a2b.pop_burst(&mut junk).unwrap() > 0 {}
-                let n = pool.reclaim(&[id.parse().unwrap()], &[]);
-                println!("XIO:reclaimed {n}");
+                let r = pool
+                    .reclaim(&[id.parse().unwrap()], &[], &[], Default::default(), |_| {
+                        true
+                    })
+                    .unwrap();
+                println!("XIO:reclaimed {}", r.owned);
             }
             ["avail"] => {
                 let c = pool.classes();
@@ -264,7 +270,8 @@ fn dropped_stack(prefix: &str) {
     let manager = pools(true, 0);
     let stack = pools(false, SECONDARY);
     let b = stack.alloc(100, false).unwrap();
-    assert_eq!(manager.reclaim(&[SECONDARY], &[]), 1);
+    let r = manager.reclaim(&[SECONDARY], &[], &[], Default::default(), |_| true);
+    assert_eq!(r.unwrap().owned, 1);
     stack.free(b);
     let mut seen = std::collections::HashSet::new();
     let mut twice = 0;
@@ -338,6 +345,68 @@ fn idle_secondary(prefix: &str) {
     Eal::init(prefix, Role::Secondary).unwrap();
     println!("XIO:ready {}", std::process::id());
     for _ in std::io::stdin().lock().lines() {}
+}
+
+/// A small DPDK manager that answers `deaths` (stacks it has swept) and
+/// `whole` (`free total` of every class, the first number of the pair is
+/// the mempool's count).
+fn manager(prefix: &str) {
+    let pool = xio_core::layout::PoolConfig {
+        classes: vec![(2048, 256), (65536, 16)],
+        max_stacks: 4,
+        max_channels: 4,
+        ring_capacity: 64,
+    };
+    let m = xio_core::manager::Manager::builder(prefix)
+        .backend(xio_core::manager::Backend::Dpdk)
+        .pool(pool)
+        .spawn()
+        .unwrap();
+    println!("XIO:ready");
+    for line in std::io::stdin().lock().lines() {
+        match line.unwrap().as_str() {
+            "deaths" => println!("XIO:deaths {}", m.snapshot().deaths),
+            "whole" => {
+                let u = m.usage();
+                let free: u32 = u.iter().map(|c| c.free).sum();
+                let total: u32 = u.iter().map(|c| c.total).sum();
+                println!("XIO:whole {free} {total}");
+            }
+            l => panic!("unknown command {l}"),
+        }
+    }
+    m.stop();
+}
+
+/// A stack that takes buffers (an allocation fills its cache from the
+/// mempool), then leaves every object it owns as a process killed right
+/// after the mempool handed them over, before stamping them its own
+/// (or right after stamping them free, before putting them back), would:
+/// free in the header, in no mempool. Then waits to be killed.
+fn unstamped_stack(prefix: &str) {
+    let s = xio_core::stack::Stack::attach(prefix).unwrap();
+    let held: Vec<_> = (0..3).map(|_| s.alloc(100).unwrap()).collect();
+    let me = s.id().0;
+    let mut n = 0;
+    for (c, size) in [(0, 2048), (1, 65536)] {
+        let mp = Mempool::lookup(&xio_core::dpdk::mempool_name(c), size).unwrap();
+        for i in 0..mp.len() as u32 {
+            let h = mp.header(i).unwrap();
+            if h.owner.load(std::sync::atomic::Ordering::Relaxed) == me {
+                h.state.store(
+                    xio_core::dpdk::obj_state::FREE,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                h.owner.store(0, std::sync::atomic::Ordering::Relaxed);
+                n += 1;
+            }
+        }
+    }
+    assert!(n >= held.len(), "{n} objects owned");
+    println!("XIO:unstamped {n}");
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
 }
 
 /// Joins the cgroup `procs` (a `cgroup.procs` file), then starts a
@@ -636,4 +705,36 @@ fn a_class_too_large_for_dpdk_objects_is_refused() {
     c.wait_success();
     remove_prefix_files(&p);
     assert!(r.starts_with("refused "), "{r}");
+}
+
+/// A stack killed -9 between taking objects from a mempool and stamping
+/// them its own (or between stamping them free and putting them back)
+/// left them free in their headers but in no mempool: the manager's sweep
+/// looked for the dead stack's id in the headers, found none, and the
+/// objects were gone from the pool for good. The sweep now empties the
+/// mempools with every stack held out of them (the shm pool's intent and
+/// gate) and puts back whatever is free, listed or not.
+#[test]
+fn objects_a_killed_stack_took_but_never_stamped_come_back() {
+    setup();
+    let p = dpdk_prefix("unst");
+    let mut m = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
+    m.expect("ready");
+    let mut s = ChildProc::spawn("child_main", "unstamped_stack", std::slice::from_ref(&p));
+    s.expect("unstamped");
+    s.kill9();
+    let deadline = std::time::Instant::now() + WATCHDOG;
+    loop {
+        m.tell("deaths");
+        if m.expect("deaths") != "0" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "watchdog: no sweep");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    m.tell("whole");
+    let w = m.expect("whole");
+    finish_primary(m, &p);
+    let w: Vec<&str> = w.split_whitespace().collect();
+    assert_eq!(w[0], w[1], "every object back in its mempool");
 }
