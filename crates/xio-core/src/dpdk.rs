@@ -1067,36 +1067,32 @@ impl BufferPool for DpdkPool {
         if self.born.forked() {
             return Err(AllocError::Forked);
         }
-        let mut too_large = true;
-        let mut gone = false;
-        for (c, mp) in self.classes.iter().enumerate() {
-            if mp.size < len {
-                continue;
-            }
-            too_large = false;
-            let Ok(got) = self.take(c, mp, wait) else {
-                // As in the shm pool: a gate a dead manager left closed is
-                // no passing shortage.
-                gone |= wait || self.stranded(c);
-                continue;
-            };
-            if let Some(h) = got {
+        // The smallest class that holds `len`, and only that one, as in
+        // the shm pool: when it is empty the caller chooses (the socket
+        // layer tries smaller classes, and larger ones only as a
+        // connection's window allows: a buffer's whole capacity counts).
+        let (c, mp) = self
+            .classes
+            .iter()
+            .enumerate()
+            .find(|(_, mp)| mp.size >= len)
+            .ok_or(AllocError::TooLarge(len))?;
+        match self.take(c, mp, wait) {
+            Ok(Some(h)) => {
                 h.gen.fetch_add(1, Ordering::Relaxed);
                 h.owner.store(self.me, Ordering::Relaxed);
                 h.state.store(obj_state::ALLOCATED, Ordering::Release);
-                return Ok(RawBuf {
+                Ok(RawBuf {
                     class: c as u8,
                     index: h.index,
-                });
+                })
             }
+            Ok(None) => Err(AllocError::Exhausted),
+            // As in the shm pool: a gate a dead manager left closed is no
+            // passing shortage.
+            Err(()) if wait || self.stranded(c) => Err(AllocError::ManagerGone),
+            Err(()) => Err(AllocError::Exhausted),
         }
-        Err(if too_large {
-            AllocError::TooLarge(len)
-        } else if gone {
-            AllocError::ManagerGone
-        } else {
-            AllocError::Exhausted
-        })
     }
 
     fn free(&self, b: RawBuf) {

@@ -107,6 +107,7 @@ fn child_main() {
         "huge_class" => huge_class(&a[0]),
         "idle_secondary" => idle_secondary(&a[0]),
         "manager" => manager(&a[0]),
+        "small_class_empty" => small_class_empty(&a[0]),
         "unstamped_stack" => unstamped_stack(&a[0]),
         r => panic!("unknown role {r}"),
     }
@@ -345,6 +346,21 @@ fn idle_secondary(prefix: &str) {
     Eal::init(prefix, Role::Secondary).unwrap();
     println!("XIO:ready {}", std::process::id());
     for _ in std::io::stdin().lock().lines() {}
+}
+
+/// Takes every buffer of class 0, then asks for one more small buffer:
+/// says what it got.
+fn small_class_empty(prefix: &str) {
+    Eal::init(prefix, Role::Primary).unwrap();
+    let pool = pools(true, PRIMARY);
+    let held: Vec<RawBuf> = (0..CLASSES[0].2)
+        .map(|_| pool.alloc(100, false).unwrap())
+        .collect();
+    assert!(held.iter().all(|b| b.class == 0));
+    match pool.alloc(100, false) {
+        Ok(b) => println!("XIO:got class {}", b.class),
+        Err(e) => println!("XIO:got {e}"),
+    }
 }
 
 /// A small DPDK manager that answers `deaths` (stacks it has swept) and
@@ -737,4 +753,21 @@ fn objects_a_killed_stack_took_but_never_stamped_come_back() {
     finish_primary(m, &p);
     let w: Vec<&str> = w.split_whitespace().collect();
     assert_eq!(w[0], w[1], "every object back in its mempool");
+}
+
+/// An allocation whose class is empty reports the pool exhausted, as the
+/// shm pool does. The DPDK pool took a buffer of the next larger class
+/// instead: the socket layer, which picks classes itself (down to smaller
+/// ones first, up only as the connection's window allows, since a
+/// buffer's whole capacity counts against it), got 64 KiB buffers for
+/// 2 KiB writes and drained the few large buffers other writes need.
+#[test]
+fn an_empty_class_is_exhausted_not_served_from_a_larger_one() {
+    setup();
+    let p = dpdk_prefix("small");
+    let mut c = ChildProc::spawn("child_main", "small_class_empty", std::slice::from_ref(&p));
+    let r = c.expect("got");
+    c.wait_success();
+    remove_prefix_files(&p);
+    assert_eq!(r, "pool exhausted");
 }
