@@ -11,6 +11,8 @@ void xio_shim_mempool_put_bulk(struct rte_mempool *mp, void *const *objs, unsign
     rte_mempool_put_bulk(mp, objs, n);
 }
 
+unsigned int xio_shim_mempool_elt_size(const struct rte_mempool *mp) { return mp->elt_size; }
+
 unsigned int xio_shim_ring_enqueue_burst_elem(struct rte_ring *r, const void *objs,
                                               unsigned int esize, unsigned int n,
                                               unsigned int *free_space) {

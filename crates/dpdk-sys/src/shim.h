@@ -19,6 +19,8 @@ unsigned int xio_shim_ring_enqueue_burst_elem(struct rte_ring *r, const void *ob
 unsigned int xio_shim_ring_dequeue_burst_elem(struct rte_ring *r, void *objs,
                                               unsigned int esize, unsigned int n,
                                               unsigned int *available);
+/* Bytes of each object's element (the part a get hands out). */
+unsigned int xio_shim_mempool_elt_size(const struct rte_mempool *mp);
 unsigned int xio_shim_ring_count(const struct rte_ring *r);
 unsigned int xio_shim_ring_free_count(const struct rte_ring *r);
 

@@ -80,8 +80,8 @@ pub enum DpdkError {
     Name(String),
     /// The object headers of a mempool do not number its objects `0..n`
     /// (overwritten: they live in memory every process of the prefix can
-    /// write).
-    #[error("DPDK mempool {0:?} is corrupt: its object headers do not number its objects")]
+    /// write), or its objects are smaller than the pool's class says.
+    #[error("DPDK mempool {0:?} is corrupt: its objects do not match its buffer class")]
     Corrupt(String),
 }
 
@@ -554,8 +554,17 @@ impl Mempool {
 
     /// The object table of `mp`, by the index in each object's header.
     /// Each index must name one object: a slot left unfilled would be
-    /// dereferenced later (a header is shared memory, so untrusted).
+    /// dereferenced later (a header is shared memory, so untrusted). And
+    /// each object must hold the header and `size` payload bytes: `size`
+    /// comes from the segment's class table, and a table that does not
+    /// match the mempool found by name would make every buffer reach into
+    /// the objects after it.
     fn wrap(mp: NonNull<sys::rte_mempool>, name: &str, size: usize) -> Result<Mempool, DpdkError> {
+        // SAFETY: a live mempool; reads one field.
+        let elt = unsafe { sys::xio_shim_mempool_elt_size(mp.as_ptr()) } as usize;
+        if HEADER.checked_add(size).is_none_or(|need| need > elt) {
+            return Err(DpdkError::Corrupt(name.into()));
+        }
         let mut raw: Vec<*mut c_void> = Vec::new();
         // SAFETY: a live mempool; the callback only pushes into `raw`.
         unsafe {

@@ -107,6 +107,7 @@ fn child_main() {
         "huge_class" => huge_class(&a[0]),
         "idle_secondary" => idle_secondary(&a[0]),
         "manager" => manager(&a[0]),
+        "oversized_lookup" => oversized_lookup(&a[0]),
         "small_class_empty" => small_class_empty(&a[0]),
         "unstamped_stack" => unstamped_stack(&a[0]),
         r => panic!("unknown role {r}"),
@@ -346,6 +347,18 @@ fn idle_secondary(prefix: &str) {
     Eal::init(prefix, Role::Secondary).unwrap();
     println!("XIO:ready {}", std::process::id());
     for _ in std::io::stdin().lock().lines() {}
+}
+
+/// Makes class 0's mempool, then looks it up as a stack would whose
+/// class table says its buffers are 64 KiB: says whether it was taken.
+fn oversized_lookup(prefix: &str) {
+    Eal::init(prefix, Role::Primary).unwrap();
+    let (name, size, n) = CLASSES[0];
+    let _made = Mempool::create(name, 0, n, size).unwrap();
+    match Mempool::lookup(name, 65536) {
+        Ok(m) => println!("XIO:lookup taken, {} bytes a buffer", m.size()),
+        Err(e) => println!("XIO:lookup refused {e}"),
+    }
 }
 
 /// Takes every buffer of class 0, then asks for one more small buffer:
@@ -770,4 +783,22 @@ fn an_empty_class_is_exhausted_not_served_from_a_larger_one() {
     c.wait_success();
     remove_prefix_files(&p);
     assert_eq!(r, "pool exhausted");
+}
+
+/// A stack finds a class's mempool by name and takes the buffer size
+/// from the segment's class table: a table that does not match the
+/// mempool (another program's mempool of the same name in the prefix, a
+/// segment overwritten) made every buffer of the class reach past its
+/// object into the next ones, and a write of a full buffer corrupted
+/// other processes' buffers and headers. The lookup checks the size
+/// against the mempool's objects now.
+#[test]
+fn a_mempool_smaller_than_its_class_is_refused() {
+    setup();
+    let p = dpdk_prefix("undersz");
+    let mut c = ChildProc::spawn("child_main", "oversized_lookup", std::slice::from_ref(&p));
+    let r = c.expect("lookup");
+    c.wait_success();
+    remove_prefix_files(&p);
+    assert!(r.starts_with("refused "), "{r}");
 }
