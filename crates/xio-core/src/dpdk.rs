@@ -1206,9 +1206,17 @@ impl BufferPool for DpdkPool {
         self.classes.iter().map(|m| m.size).max().unwrap_or(0)
     }
     fn pool_id(&self) -> u64 {
-        // The first class's mempool: one object in the prefix's shared
-        // hugepage memory, at the same address for every stack of it.
-        self.classes.first().map_or(0, |m| m.mp.as_ptr() as u64)
+        // The segment's identity, as for the shm pool: the same for every
+        // stack of the pool in this process, and distinct from every other
+        // segment's. Not a mempool's address: DPDK's memory starts at
+        // 4 GiB, where memfd identities (`1 << 32 ^ inode`) lie too, and
+        // an shm pool whose inode met it passed for this one.
+        match &self.gates {
+            Some(v) => v.segment().region().ident(),
+            // No segment (a pool without a manager): the first mempool,
+            // one object at the same address for every pool of the prefix.
+            None => self.classes.first().map_or(0, |m| m.mp.as_ptr() as u64),
+        }
     }
 }
 

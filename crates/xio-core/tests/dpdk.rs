@@ -107,6 +107,7 @@ fn child_main() {
         "huge_class" => huge_class(&a[0]),
         "idle_secondary" => idle_secondary(&a[0]),
         "manager" => manager(&a[0]),
+        "pool_ids" => pool_ids(&a[0]),
         "oversized_lookup" => oversized_lookup(&a[0]),
         "small_class_empty" => small_class_empty(&a[0]),
         "unstamped_stack" => unstamped_stack(&a[0]),
@@ -359,6 +360,37 @@ fn oversized_lookup(prefix: &str) {
         Ok(m) => println!("XIO:lookup taken, {} bytes a buffer", m.size()),
         Err(e) => println!("XIO:lookup refused {e}"),
     }
+}
+
+/// A pool with a segment, as stacks have: says its id, its segment's
+/// identity, and a fresh memfd segment's.
+fn pool_ids(prefix: &str) {
+    Eal::init(prefix, Role::Primary).unwrap();
+    let cfg = xio_core::layout::PoolConfig {
+        classes: vec![(2048, 1)],
+        max_stacks: 4,
+        max_channels: 2,
+        ring_capacity: 8,
+    };
+    let geo = cfg.geometry().unwrap();
+    let seg = |name: &str| {
+        let r = xio_core::segment::Region::create_memfd(name, geo.total_len as usize).unwrap();
+        xio_core::segment::Segment::init_for(r, &cfg, &geo, xio_core::layout::backend::DPDK)
+            .unwrap()
+    };
+    let (mine, other) = (seg("xio-mine"), seg("xio-other"));
+    let (name, size, n) = CLASSES[0];
+    let pool = DpdkPool::with_segment(
+        vec![Mempool::create(name, 0, n, size).unwrap()],
+        1,
+        mine.clone(),
+    );
+    println!(
+        "XIO:ids {:#x} {:#x} {:#x}",
+        pool.pool_id(),
+        mine.region().ident(),
+        other.region().ident()
+    );
 }
 
 /// Takes every buffer of class 0, then asks for one more small buffer:
@@ -801,4 +833,25 @@ fn a_mempool_smaller_than_its_class_is_refused() {
     c.wait_success();
     remove_prefix_files(&p);
     assert!(r.starts_with("refused "), "{r}");
+}
+
+/// A stack refuses to send a buffer of another pool by comparing pool
+/// ids, which the shm pool takes from its segment's identity (a memfd's
+/// device and inode: `1 << 32 ^ inode` on Linux). The DPDK pool used the
+/// address of its first mempool, in DPDK's memory at 4 GiB and up: the
+/// same range. A process with an shm pool and a DPDK pool whose numbers
+/// met sent the shm buffer as the DPDK pool's (class, index), handing a
+/// peer someone else's buffer. The DPDK pool's id is its segment's
+/// identity now, distinct from every other segment's in the process.
+#[test]
+fn a_dpdk_pools_id_is_its_segments_identity() {
+    setup();
+    let p = dpdk_prefix("ids");
+    let mut c = ChildProc::spawn("child_main", "pool_ids", std::slice::from_ref(&p));
+    let r = c.expect("ids");
+    c.wait_success();
+    remove_prefix_files(&p);
+    let ids: Vec<&str> = r.split_whitespace().collect();
+    assert_eq!(ids[0], ids[1], "{r}");
+    assert_ne!(ids[0], ids[2], "{r}");
 }
