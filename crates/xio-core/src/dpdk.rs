@@ -620,9 +620,14 @@ impl Mempool {
         self.objs.get(index as usize).map(|h| unsafe { h.as_ref() })
     }
 
-    fn get(&self) -> Option<&ObjHeader> {
+    /// The index of object `o` (a pointer the mempool handed out), if its
+    /// header names it: the header is shared memory any process of the
+    /// prefix can write, and an index it names beyond the class, or another
+    /// object's, would be a buffer we do not hold.
+    fn index_of(&self, o: *mut c_void) -> Option<u32> {
         // SAFETY: a pool object, starting with its header.
-        self.get_raw().map(|o| unsafe { &*o.cast::<ObjHeader>() })
+        let i = unsafe { (*o.cast::<ObjHeader>()).index };
+        (self.objs.get(i as usize)?.as_ptr().cast::<c_void>() == o).then_some(i)
     }
 
     /// Takes one object, as the pointer the mempool holds.
@@ -974,24 +979,35 @@ impl DpdkPool {
             .count()
     }
 
-    /// An object of class `c`, stamped `CACHED` for us: from the private
-    /// cache, refilled from the mempool in one bulk get when empty. `Err`
-    /// when the class's gate is closed and `wait` is false, or the manager
-    /// died holding it (see [`DpdkPool::mempool_op`]).
+    /// An object of class `c` and its index, stamped `CACHED` for us: from
+    /// the private cache, refilled from the mempool in one bulk get when
+    /// empty. `Err` when the class's gate is closed and `wait` is false,
+    /// or the manager died holding it (see [`DpdkPool::mempool_op`]). An
+    /// object whose header does not name it ([`Mempool::index_of`]) is
+    /// left unclaimed, out of the mempool: the manager's next sweep puts
+    /// it back.
     fn take<'a>(
         &'a self,
         c: usize,
         mp: &'a Mempool,
         wait: bool,
-    ) -> Result<Option<&'a ObjHeader>, ()> {
-        let claim = |h: &ObjHeader| {
+    ) -> Result<Option<(u32, &'a ObjHeader)>, ()> {
+        let claim = |o: *mut c_void| {
+            let i = mp.index_of(o)?;
+            let h = mp.header(i)?;
             h.owner.store(self.me, Ordering::Relaxed);
             h.state.store(obj_state::CACHED, Ordering::Release);
+            Some((i, h))
         };
         let (cache, limit) = &self.cache[c];
         if *limit == 0 {
+            // Past objects left unclaimed, to the first good one.
             return self
-                .mempool_op(c, wait, || mp.get().inspect(|h| claim(h)))
+                .mempool_op(c, wait, || loop {
+                    if let Some(got) = claim(mp.get_raw()?) {
+                        return Some(got);
+                    }
+                })
                 .ok_or(());
         }
         let mut cached = cache.lock().unwrap_or_else(|e| e.into_inner());
@@ -999,25 +1015,30 @@ impl DpdkPool {
             let want = (limit / 2).clamp(1, CACHE_MAX);
             self.mempool_op(c, wait, || {
                 let mut objs = [std::ptr::null_mut(); CACHE_MAX];
-                // All or nothing: with fewer left, take one.
-                let n = if mp.get_bulk(&mut objs[..want]) {
-                    want
-                } else if let Some(o) = mp.get_raw() {
-                    objs[0] = o;
-                    1
-                } else {
-                    0
-                };
-                for &o in &objs[..n] {
-                    // SAFETY: a pool object, starting with its header.
-                    let h = unsafe { &*o.cast::<ObjHeader>() };
-                    claim(h);
-                    cached.push(h.index as usize);
+                // Until something is cached or the mempool is empty (every
+                // object of a refill may have been left unclaimed).
+                while cached.is_empty() {
+                    // All or nothing: with fewer left, take one.
+                    let n = if mp.get_bulk(&mut objs[..want]) {
+                        want
+                    } else if let Some(o) = mp.get_raw() {
+                        objs[0] = o;
+                        1
+                    } else {
+                        break;
+                    };
+                    for &o in &objs[..n] {
+                        if let Some((i, _)) = claim(o) {
+                            cached.push(i as usize);
+                        }
+                    }
                 }
             })
             .ok_or(())?;
         }
-        Ok(cached.pop().and_then(|i| mp.header(i as u32)))
+        Ok(cached
+            .pop()
+            .and_then(|i| Some((i as u32, mp.header(i as u32)?))))
     }
 
     /// Marks cached object `i` of `mp` free, for a put: `None` if it is
@@ -1087,13 +1108,13 @@ impl BufferPool for DpdkPool {
             .find(|(_, mp)| mp.size >= len)
             .ok_or(AllocError::TooLarge(len))?;
         match self.take(c, mp, wait) {
-            Ok(Some(h)) => {
+            Ok(Some((index, h))) => {
                 h.gen.fetch_add(1, Ordering::Relaxed);
                 h.owner.store(self.me, Ordering::Relaxed);
                 h.state.store(obj_state::ALLOCATED, Ordering::Release);
                 Ok(RawBuf {
                     class: c as u8,
-                    index: h.index,
+                    index,
                 })
             }
             Ok(None) => Err(AllocError::Exhausted),

@@ -107,6 +107,7 @@ fn child_main() {
         "huge_class" => huge_class(&a[0]),
         "idle_secondary" => idle_secondary(&a[0]),
         "manager" => manager(&a[0]),
+        "scribbled_in_use" => scribbled_in_use(&a[0]),
         "pool_ids" => pool_ids(&a[0]),
         "oversized_lookup" => oversized_lookup(&a[0]),
         "small_class_empty" => small_class_empty(&a[0]),
@@ -391,6 +392,27 @@ fn pool_ids(prefix: &str) {
         mine.region().ident(),
         other.region().ident()
     );
+}
+
+/// Overwrites the index in object 5's header of class 0 once the pool is
+/// in use (any process that maps the prefix's hugepages can), then takes
+/// and gives back every buffer of the class: says how many it took.
+fn scribbled_in_use(prefix: &str) {
+    Eal::init(prefix, Role::Primary).unwrap();
+    let pool = pools(true, PRIMARY);
+    let h = pool.classes()[0].header(5).unwrap() as *const xio_core::dpdk::ObjHeader;
+    // SAFETY: a live object's header in this process's mapping; nothing
+    // else uses the pool. What a broken or hostile process would write.
+    unsafe { (*h.cast_mut()).index = 77_777 };
+    let mut held = Vec::new();
+    while let Ok(b) = pool.alloc(100, false) {
+        pool.data(b);
+        held.push(b);
+    }
+    for &b in &held {
+        pool.free(b);
+    }
+    println!("XIO:took {}", held.len());
 }
 
 /// Takes every buffer of class 0, then asks for one more small buffer:
@@ -854,4 +876,21 @@ fn a_dpdk_pools_id_is_its_segments_identity() {
     let ids: Vec<&str> = r.split_whitespace().collect();
     assert_eq!(ids[0], ids[1], "{r}");
     assert_ne!(ids[0], ids[2], "{r}");
+}
+
+/// An object's header names its index, in memory any process of the
+/// prefix can write. The pool took the index of each object the mempool
+/// handed out from its header: one overwritten after the lookup became a
+/// buffer index beyond the class, and the pool panicked on it ("a RawBuf
+/// we made"), or named another process's buffer. An object whose header
+/// does not name it is left out now (the manager's sweep finds it).
+#[test]
+fn an_object_whose_header_was_overwritten_is_not_handed_out() {
+    setup();
+    let p = dpdk_prefix("scrib2");
+    let mut c = ChildProc::spawn("child_main", "scribbled_in_use", std::slice::from_ref(&p));
+    let r = c.expect("took");
+    c.wait_success();
+    remove_prefix_files(&p);
+    assert_eq!(r, (CLASSES[0].2 - 1).to_string());
 }
