@@ -638,6 +638,29 @@ impl Mempool {
         (r == 0).then_some(o)
     }
 
+    /// Finishes what a process killed inside a get or put left half done
+    /// in the mempool's ring (DPDK's multi-producer/consumer ring is not
+    /// crash-safe: every later get, or put, would wait for that process
+    /// for ever). What it was taking or putting back is in no mempool
+    /// then, and found by its header. Only with no other process inside
+    /// an operation on the mempool (the gates closed). True if something
+    /// was half done.
+    fn repair_ring(&self) -> bool {
+        // SAFETY: a live mempool; nobody else is inside an operation on
+        // it (the caller's contract).
+        unsafe { sys::xio_shim_mempool_ring_repair(self.mp.as_ptr()) == 1 }
+    }
+
+    /// Test hook: reserves `n` objects for a get and stops there, as a
+    /// process killed inside one would. False if fewer are free. Not for
+    /// applications.
+    #[doc(hidden)]
+    pub fn __half_get(&self, n: u32) -> bool {
+        // SAFETY: a live mempool; what it leaves is what a dead process
+        // would.
+        unsafe { sys::xio_shim_mempool_ring_half_dequeue(self.mp.as_ptr(), n) == 0 }
+    }
+
     /// Takes exactly `out.len()` objects, or none.
     fn get_bulk(&self, out: &mut [*mut c_void]) -> bool {
         // SAFETY: room for out.len() object pointers.
@@ -884,8 +907,16 @@ impl DpdkPool {
         crate::pool::close_gates(seg, live, patience, gone)?;
         let mut r = Reclaimed::default();
         for mp in &self.classes {
-            // Frozen: no live stack is inside a mempool operation, so
-            // emptying the mempool shows what it lists. A pointer that is
+            // Frozen: no live stack is inside a mempool operation, so a
+            // get or put half done in the ring is a dead stack's, and
+            // would make the gets below wait for ever.
+            if mp.repair_ring() {
+                tracing::warn!(
+                    mempool = mp.size,
+                    "a stack died inside a mempool operation: its ring repaired"
+                );
+            }
+            // And emptying the mempool shows what it lists. A pointer that is
             // none of our objects (a corrupt mempool) is dropped, not
             // dereferenced.
             let at: std::collections::HashMap<usize, usize> = mp
