@@ -401,7 +401,11 @@ impl tower_service::Service<http::Uri> for XioConnector {
                     // Say that both ways were tried, not only TCP's.
                     io::Error::new(t.kind(), format!("X-IO: {e}; then TCP to {uri}: {t}"))
                 })?;
-            s.set_nodelay(true)?;
+            // As hyper-util's `HttpConnector`: a socket without
+            // `TCP_NODELAY` still works, only slower.
+            if let Err(e) = s.set_nodelay(true) {
+                tracing::warn!(error = %e, "TCP_NODELAY not set on the fallback connection");
+            }
             Ok(XioConn::Tcp(TokioIo::new(s)))
         })
     }
