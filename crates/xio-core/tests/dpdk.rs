@@ -618,6 +618,18 @@ fn assert_pools_whole(prim: &mut ChildProc) {
     );
 }
 
+/// Runs `role` in a child process on a pool of its own (prefix from
+/// `test`), and returns what it says after `key`, once it exited
+/// cleanly and its hugepage files are gone.
+fn child_says(test: &str, role: &str, key: &str) -> String {
+    let p = dpdk_prefix(test);
+    let mut c = ChildProc::spawn("child_main", role, std::slice::from_ref(&p));
+    let r = c.expect(key);
+    c.wait_success();
+    remove_prefix_files(&p);
+    r
+}
+
 fn dpdk_prefix(test: &str) -> String {
     // DPDK file prefixes end up in /var/run/dpdk/<prefix>: keep them short.
     format!("xt{}{}", test, std::process::id())
@@ -744,11 +756,7 @@ fn a_primary_refused_for_a_live_secondary_names_it() {
 #[test]
 fn a_replayed_descriptor_does_not_take_a_reused_buffer() {
     setup();
-    let p = dpdk_prefix("replay");
-    let mut c = ChildProc::spawn("child_main", "replay", std::slice::from_ref(&p));
-    let r = c.expect("replay");
-    c.wait_success();
-    remove_prefix_files(&p);
+    let r = child_says("replay", "replay", "replay");
     assert_eq!(r, "refused genuine taken");
 }
 
@@ -760,11 +768,7 @@ fn a_replayed_descriptor_does_not_take_a_reused_buffer() {
 #[test]
 fn a_buffer_reclaimed_from_a_live_stack_is_not_freed_twice() {
     setup();
-    let p = dpdk_prefix("dropped");
-    let mut c = ChildProc::spawn("child_main", "dropped_stack", std::slice::from_ref(&p));
-    let r = c.expect("handed");
-    c.wait_success();
-    remove_prefix_files(&p);
+    let r = child_says("dropped", "dropped_stack", "handed");
     assert_eq!(r, format!("{} twice 0", CLASSES[0].2));
 }
 
@@ -805,11 +809,7 @@ fn a_manager_that_fails_to_start_leaves_no_hugepages_taken() {
 #[test]
 fn a_mempool_whose_headers_do_not_number_its_objects_is_refused() {
     setup();
-    let p = dpdk_prefix("scribble");
-    let mut c = ChildProc::spawn("child_main", "scribbled_index", std::slice::from_ref(&p));
-    let r = c.expect("lookup");
-    c.wait_success();
-    remove_prefix_files(&p);
+    let r = child_says("scribble", "scribbled_index", "lookup");
     assert!(r.starts_with("refused "), "{r}");
 }
 
@@ -821,11 +821,7 @@ fn a_mempool_whose_headers_do_not_number_its_objects_is_refused() {
 #[test]
 fn a_class_too_large_for_dpdk_objects_is_refused() {
     setup();
-    let p = dpdk_prefix("huge");
-    let mut c = ChildProc::spawn("child_main", "huge_class", std::slice::from_ref(&p));
-    let r = c.expect("mempool");
-    c.wait_success();
-    remove_prefix_files(&p);
+    let r = child_says("huge", "huge_class", "mempool");
     assert!(r.starts_with("refused "), "{r}");
 }
 
@@ -862,11 +858,7 @@ fn objects_a_killed_stack_took_but_never_stamped_come_back() {
 #[test]
 fn an_empty_class_is_exhausted_not_served_from_a_larger_one() {
     setup();
-    let p = dpdk_prefix("small");
-    let mut c = ChildProc::spawn("child_main", "small_class_empty", std::slice::from_ref(&p));
-    let r = c.expect("got");
-    c.wait_success();
-    remove_prefix_files(&p);
+    let r = child_says("small", "small_class_empty", "got");
     assert_eq!(r, "pool exhausted");
 }
 
@@ -880,11 +872,7 @@ fn an_empty_class_is_exhausted_not_served_from_a_larger_one() {
 #[test]
 fn a_mempool_smaller_than_its_class_is_refused() {
     setup();
-    let p = dpdk_prefix("undersz");
-    let mut c = ChildProc::spawn("child_main", "oversized_lookup", std::slice::from_ref(&p));
-    let r = c.expect("lookup");
-    c.wait_success();
-    remove_prefix_files(&p);
+    let r = child_says("undersz", "oversized_lookup", "lookup");
     assert!(r.starts_with("refused "), "{r}");
 }
 
@@ -899,11 +887,7 @@ fn a_mempool_smaller_than_its_class_is_refused() {
 #[test]
 fn a_dpdk_pools_id_is_its_segments_identity() {
     setup();
-    let p = dpdk_prefix("ids");
-    let mut c = ChildProc::spawn("child_main", "pool_ids", std::slice::from_ref(&p));
-    let r = c.expect("ids");
-    c.wait_success();
-    remove_prefix_files(&p);
+    let r = child_says("ids", "pool_ids", "ids");
     let ids: Vec<&str> = r.split_whitespace().collect();
     assert_eq!(ids[0], ids[1], "{r}");
     assert_ne!(ids[0], ids[2], "{r}");
@@ -918,11 +902,7 @@ fn a_dpdk_pools_id_is_its_segments_identity() {
 #[test]
 fn an_object_whose_header_was_overwritten_is_not_handed_out() {
     setup();
-    let p = dpdk_prefix("scrib2");
-    let mut c = ChildProc::spawn("child_main", "scribbled_in_use", std::slice::from_ref(&p));
-    let r = c.expect("took");
-    c.wait_success();
-    remove_prefix_files(&p);
+    let r = child_says("scrib2", "scribbled_in_use", "took");
     assert_eq!(r, (CLASSES[0].2 - 1).to_string());
 }
 
