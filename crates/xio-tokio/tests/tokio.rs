@@ -684,24 +684,29 @@ fn a_child_forked_while_the_driver_registry_is_locked_drives_its_nets() {
     child.wait().unwrap();
 }
 
+/// The command that runs `child_main` as `role` on pool `prefix`, its
+/// stdout piped.
+fn child_command(role: &str, prefix: &str) -> std::process::Command {
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "--exact",
+        "child_main",
+        "--nocapture",
+        "--test-threads=1",
+        "--quiet",
+    ])
+    .env("XIO_CHILD_ROLE", role)
+    .env("XIO_CHILD_PREFIX", prefix)
+    // The process-wide pool, for roles that use it.
+    .env("XIO_PREFIX", prefix)
+    .stdout(std::process::Stdio::piped());
+    c
+}
+
 /// Runs `child_main` in a child process as `role` on pool `prefix`, and
 /// waits for its "ready".
 fn spawn_child(role: &str, prefix: &str) -> std::process::Child {
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_main",
-            "--nocapture",
-            "--test-threads=1",
-            "--quiet",
-        ])
-        .env("XIO_CHILD_ROLE", role)
-        .env("XIO_CHILD_PREFIX", prefix)
-        // The process-wide pool, for roles that use it.
-        .env("XIO_PREFIX", prefix)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = child_command(role, prefix).spawn().unwrap();
     // The test harness prints its own lines first.
     let out = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
     let mut out = out.map_while(Result::ok);
@@ -1817,20 +1822,9 @@ fn a_listener_following_a_restart_does_not_wait_for_the_manager_on_a_worker() {
     drop(setup("followstop"));
     let p = format!("tt-followstop-child-{}", std::process::id());
     let mut first = KillOnDrop(spawn_child("manager", &p));
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_main",
-            "--nocapture",
-            "--test-threads=1",
-            "--quiet",
-        ])
-        .env("XIO_CHILD_ROLE", "follower_ticking")
-        .env("XIO_CHILD_PREFIX", &p)
-        .env("XIO_PREFIX", &p)
+    let mut child = child_command("follower_ticking", &p)
         // A wait on the stopped manager lasts past the watchdog.
         .env("XIO_CONTROL_TIMEOUT_MS", "600000")
-        .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let out = child.stdout.take().unwrap();
