@@ -481,7 +481,8 @@ impl<B: Chunk> Table<B> {
     /// one on a wildcard address of its port (`0.0.0.0`, `[::]`; see
     /// [`crate::addr`]). Which addresses may reach a wildcard listener is
     /// the resolver's choice (the manager's, or the connecting stack's for
-    /// its own listeners), not the table's.
+    /// its own listeners); a SYN from another stack is checked against it
+    /// again ([`Table::on_syn_from`]).
     pub fn listener_for(&self, target: &SocketAddr) -> Option<SocketAddr> {
         crate::addr::exact_names(*target)
             .chain(crate::addr::wildcards(*target))
@@ -554,11 +555,36 @@ impl<B: Chunk> Table<B> {
     }
 
     /// A SYN from `peer` (whose id for it is `remote`) for `target`, from
-    /// `source`.
+    /// `source`, whose target was resolved by this table's owner (a
+    /// connect of its own): see [`Table::on_syn_from`] for another stack's.
     pub fn on_syn(&mut self, peer: PeerId, remote: u32, target: SocketAddr, source: SocketAddr) {
+        self.on_syn_from(peer, remote, target, source, |_| true)
+    }
+
+    /// [`Table::on_syn`] for a SYN another stack wrote: it reaches a
+    /// wildcard listener only if `this_node` says its target's address is
+    /// one of this node's, as the manager's resolution requires (see
+    /// [`crate::addr`]). The target is the peer's word: without the check
+    /// a stack with a channel to us reached our `0.0.0.0:port` listener
+    /// at any address it liked, another machine's included, and chose the
+    /// accepted stream's `local_addr`.
+    pub fn on_syn_from(
+        &mut self,
+        peer: PeerId,
+        remote: u32,
+        target: SocketAddr,
+        source: SocketAddr,
+        this_node: impl FnOnce(std::net::IpAddr) -> bool,
+    ) {
         let Some(key) = self.listener_for(&target) else {
             return self.rst(peer, remote); // nobody listens: refused
         };
+        if key.ip().is_unspecified()
+            && !crate::addr::exact_names(target).any(|a| a == key)
+            && !this_node(target.ip())
+        {
+            return self.rst(peer, remote); // not an address of this node
+        }
         match self.listeners.get(&key) {
             Some(l) if l.queue.len() < l.backlog => {}
             // The backlog is full: refused.

@@ -226,6 +226,7 @@ impl NetBuilder {
                     ready_seen: Vec::new(),
                     user_tokens: Vec::new(),
                     binding: Vec::new(),
+                    node_ips: Vec::new(),
                     syn_buf: None,
                     spare: Vec::with_capacity(SPARE_MAX),
                     spare_max,
@@ -469,6 +470,9 @@ struct Core {
     user_tokens: Vec<Option<(u32, u64)>>,
     /// Addresses whose bind is awaited (see `Net::listen_one`).
     binding: Vec<SocketAddr>,
+    /// Addresses of this node that peers' SYNs named (see
+    /// [`this_node`]): each looked up once, not at every SYN.
+    node_ips: Vec<std::net::IpAddr>,
     /// The buffer the next IPv6 SYN travels in (allocated before taking
     /// the lock; an IPv4 SYN needs none).
     syn_buf: Option<BufMut>,
@@ -927,6 +931,7 @@ impl Core {
         let force = std::mem::take(&mut self.force_ctrl);
         let me = self.me();
         let table = &mut self.table;
+        let node_ips = &mut self.node_ips;
         let mut gone = Vec::new();
         let r = self.stack.poll_events(max, force, &mut |ev| match ev {
             StackInput::Buf {
@@ -956,7 +961,9 @@ impl Core {
                 // The ring says who sent it, and that makes the address
                 // (as for a SYN4).
                 Some((target, _)) => {
-                    table.on_syn(from, conn, target, client_addr(from, ConnId(conn)))
+                    table.on_syn_from(from, conn, target, client_addr(from, ConnId(conn)), |ip| {
+                        this_node(node_ips, ip)
+                    })
                 }
                 None => {
                     tracing::warn!(peer = from.0, "malformed SYN refused");
@@ -974,7 +981,9 @@ impl Core {
             } => match u16::try_from(arg2) {
                 Ok(port) => {
                     let target = SocketAddr::from((std::net::Ipv4Addr::from(arg), port));
-                    table.on_syn(from, conn, target, client_addr(from, ConnId(conn)));
+                    table.on_syn_from(from, conn, target, client_addr(from, ConnId(conn)), |ip| {
+                        this_node(node_ips, ip)
+                    });
                 }
                 Err(_) => tracing::warn!(peer = from.0, arg2, "malformed SYN refused"),
             },
@@ -3173,6 +3182,25 @@ struct Asked {
     /// When the control timeout ends for it.
     limit: Option<Instant>,
     what: crate::proto::Msg,
+}
+
+/// Whether `ip`, the target of a peer's SYN that found only a wildcard
+/// listener, is one of this node's ([`crate::addr::is_this_node`]), with
+/// the interface addresses found before kept in `known`: a service bound
+/// to `0.0.0.0` and reached at an interface's address would otherwise
+/// list the interfaces at every connection. (An address removed from its
+/// interface since stays known: it was this node's when a peer was sent
+/// to it.)
+fn this_node(known: &mut Vec<std::net::IpAddr>, ip: std::net::IpAddr) -> bool {
+    let ip = ip.to_canonical();
+    if ip.is_loopback() || ip.is_unspecified() || known.contains(&ip) {
+        return true;
+    }
+    let ours = crate::addr::is_this_node(ip);
+    if ours {
+        known.push(ip);
+    }
+    ours
 }
 
 /// How long a closing listener waits for the manager to confirm its

@@ -3698,6 +3698,49 @@ fn an_ipv6_syn_cannot_claim_another_source_address() {
     wait_pool_whole(&mgr);
 }
 
+/// A SYN's target is the peer's word too: a stack with a channel to a
+/// service bound to `0.0.0.0:port` reached it at any address it named,
+/// another machine's included (the manager refuses to resolve those), and
+/// so chose the accepted stream's `local_addr`. The listener now refuses
+/// a target that is not this node's, as the manager does; a loopback
+/// target still reaches it.
+#[test]
+fn a_syn_for_another_machines_address_does_not_reach_a_wildcard_listener() {
+    use xio_core::layout::{kind, Descriptor};
+    use xio_core::stack::Stack;
+
+    let (mgr, p) = start("syn-target");
+    let server = Net::attach(&p).unwrap();
+    let l = server.listen("0.0.0.0:8081").unwrap();
+    let mut evil = Stack::attach(&p).unwrap();
+    let to = evil.connect("127.0.0.1:8081".parse().unwrap()).unwrap();
+    // TEST-NET-1: no interface of this machine has it.
+    let syn = |conn: u32, ip: [u8; 4]| Descriptor {
+        kind: kind::SYN4,
+        conn,
+        index: u32::from(std::net::Ipv4Addr::from(ip)),
+        len: 8081,
+        ..Descriptor::default()
+    };
+    assert!(evil.__push_raw(to, syn(5, [192, 0, 2, 7])).unwrap());
+    assert!(evil.__push_raw(to, syn(6, [127, 0, 0, 1])).unwrap());
+    // The SYNs are taken in order: once the second is accepted, the
+    // first was refused or waits in the queue too.
+    let (s, _) = l.accept().unwrap();
+    assert_eq!(
+        s.local_addr().unwrap(),
+        "127.0.0.1:8081".parse::<SocketAddr>().unwrap()
+    );
+    l.set_nonblocking(true).unwrap();
+    match l.accept() {
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}"),
+        Ok((s, _)) => panic!("a SYN for {:?} was accepted", s.local_addr()),
+    }
+    drop((s, l, evil));
+    drop(server);
+    wait_pool_whole(&mgr);
+}
+
 /// `poll_write_ready` sets a buffer aside for the write it promises. In a
 /// pool whose smallest class is too small for spares (the net keeps none
 /// from its reads), it still kept one for good when no write came (a
