@@ -932,10 +932,17 @@ impl Stack {
             (
                 Msg::Connect { addr },
                 Msg::Connected {
-                    channel, dir, peer, ..
+                    channel,
+                    dir,
+                    peer,
+                    existing,
                 },
             ) => {
                 if !self.by_peer.contains_key(&peer) {
+                    if existing {
+                        // Closed here since (see `Stack::connected`).
+                        return;
+                    }
                     if let Err(e) = self.take_channel(channel, dir, peer, fds, "late Connected") {
                         tracing::warn!(error = %e, "late channel not set up");
                         return;
@@ -1042,7 +1049,22 @@ impl Stack {
                 peer,
                 existing,
             } => {
-                if !existing || !self.by_peer.contains_key(&peer) {
+                if !self.by_peer.contains_key(&peer) {
+                    // A channel the manager had for us when it answered,
+                    // which we no longer have: we closed it since (the
+                    // peer left, or its ring was corrupt) and released it,
+                    // or are about to. Taken again, it would be released
+                    // twice when the news of its closing is read: by then
+                    // the manager may have given the slot to a new channel
+                    // of ours, which the second release would close.
+                    if existing {
+                        return Err(Error::Refused {
+                            code: crate::proto::ErrorCode::ConnectionRefused,
+                            message: format!(
+                                "the channel to the process bound to {addr} closed while connecting"
+                            ),
+                        });
+                    }
                     self.take_channel(channel, dir, peer, fds, "Connected")?;
                 }
                 self.resolved.insert(addr, peer);

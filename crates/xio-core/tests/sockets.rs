@@ -3779,3 +3779,67 @@ fn write_readiness_keeps_no_buffer_where_spares_are_not_allowed() {
     drop((client, server));
     wait_pool_whole(&mgr);
 }
+
+/// A late `Connected` naming a channel this stack has closed since (the
+/// peer left; a send saw the channel closed before the news was read) set
+/// the channel up again, so the manager's `PeerDown` that followed made
+/// the stack release it a second time. The manager had freed the slot at
+/// the first release and given it to a new channel meanwhile: the second
+/// release closed that one, another process's connection to us.
+#[test]
+fn a_late_answer_does_not_bring_back_a_closed_channel() {
+    use xio_core::stack::{Error, Stack};
+
+    let service: SocketAddr = "10.61.0.80:80".parse().unwrap();
+    let Some((p, server, _net)) = stoppable_manager("latechan", service, "10.61.0.81:80") else {
+        return;
+    };
+    let (one, two, ours): (SocketAddr, SocketAddr, SocketAddr) = (
+        "10.61.0.82:80".parse().unwrap(),
+        "10.61.0.83:80".parse().unwrap(),
+        "10.61.0.84:80".parse().unwrap(),
+    );
+    let mut a = Stack::attach(&p).unwrap();
+    a.bind(ours).unwrap();
+    let mut b = Stack::attach(&p).unwrap();
+    b.bind(one).unwrap();
+    b.bind(two).unwrap();
+    let pb = a.connect(one).unwrap();
+    // A connect to b's other address times out; the manager answers it
+    // (the channel that exists) once it runs again.
+    server.signal(rustix::process::Signal::STOP);
+    a.set_control_timeout(Duration::from_millis(200));
+    let err = a.connect(two).unwrap_err();
+    assert!(matches!(err, Error::ManagerUnresponsive(_)), "{err}");
+    a.set_control_timeout(WATCHDOG);
+    server.signal(rustix::process::Signal::CONT);
+    // Answered: the manager reads a stack's request before a newcomer's.
+    xio_core::manager::query_status(&p).unwrap();
+    // b leaves; a, reading nothing, finds the channel closed as it sends.
+    drop(b);
+    wait_until("b's leave", || {
+        xio_core::manager::query_status(&p).is_ok_and(|t| !t.contains("10.61.0.82:80"))
+    });
+    let err = a.try_send(pb, a.alloc(8).unwrap()).unwrap_err().0;
+    assert!(matches!(err, Error::Reset(_)), "{err}");
+    // c connects to a: the slot a released is free, and is c's now.
+    let mut c = Stack::attach(&p).unwrap();
+    let pa = c.connect(ours).unwrap();
+    // a reads the late answer, the PeerDown and c's channel (and reports
+    // b's reset).
+    loop {
+        match a.try_recv() {
+            Err(Error::WouldBlock) => break,
+            Err(Error::Reset(p)) if p == pb => {}
+            r => panic!("unexpected {r:?}"),
+        }
+    }
+    xio_core::manager::query_status(&p).unwrap();
+    let mut m = c.alloc(5).unwrap();
+    m.set_len(5);
+    m.copy_from_slice(b"hello");
+    c.send(pa, m)
+        .expect("c's channel to a was closed by a's release of a slot it had given back");
+    let got = a.recv_timeout(WATCHDOG).unwrap();
+    assert_eq!(&got.buf[..], b"hello");
+}
