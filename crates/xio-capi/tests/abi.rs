@@ -599,6 +599,28 @@ extern "C" {
     fn write(fd: i32, buf: *const u8, n: usize) -> isize;
     fn read(fd: i32, buf: *mut u8, n: usize) -> isize;
     fn close(fd: i32) -> i32;
+    fn poll(fds: *mut PollFd, nfds: u64, timeout: i32) -> i32;
+}
+
+/// `struct pollfd`.
+#[repr(C)]
+struct PollFd {
+    fd: i32,
+    events: i16,
+    revents: i16,
+}
+
+/// Whether `fd` is readable now (`poll` without waiting).
+fn readable_now(fd: i32) -> bool {
+    let mut p = PollFd {
+        fd,
+        events: 1, // POLLIN
+        revents: 0,
+    };
+    // SAFETY: one valid `pollfd`.
+    let r = unsafe { poll(&mut p, 1, 0) };
+    assert!(r >= 0, "poll failed");
+    r == 1
 }
 
 /// A process forked while another of its threads was inside a call on a
@@ -1141,6 +1163,146 @@ fn a_closed_listeners_token_is_not_reported_by_a_later_poll() {
             }
         }
         assert_eq!(xio_stream_close(c), XIO_OK);
+        assert_eq!(xio_net_close(net), XIO_OK);
+    }
+}
+
+/// Polls `net` without waiting until its fd (`xio_net_fd`) is quiet, as
+/// an event loop does before it sleeps on the fd; returns the events
+/// seen meanwhile.
+///
+/// # Safety
+/// `net` is a live net handle and `fd` its `xio_net_fd`.
+unsafe fn poll_until_quiet(net: *mut XioNet, fd: i32) -> Vec<XioEvent> {
+    let mut seen = Vec::new();
+    let mut events = [XioEvent {
+        token: 0,
+        events: 0,
+    }; 64];
+    // A watchdog, not a bound: one or two polls quiet it.
+    for _ in 0..10_000 {
+        let mut n = 0;
+        // SAFETY: per this function's contract; 64 events of room.
+        let r = unsafe { xio_net_poll(net, events.as_mut_ptr(), 64, 0, &mut n) };
+        assert_eq!(r, XIO_OK);
+        seen.extend_from_slice(&events[..n]);
+        if !readable_now(fd) {
+            return seen;
+        }
+    }
+    panic!("the net's fd never went quiet");
+}
+
+/// An event loop asleep on `xio_net_fd` is woken by what a connection
+/// within its own net makes ready, as epoll is by a socket pair of one
+/// process: another thread's dial to the loop's listener and its write
+/// on that connection, and the window the loop's own read gives back to
+/// its writer. Those readinesses came from no ring, so nothing wrote the
+/// doorbell: the loop slept on with an accept, data or room waiting in
+/// `xio_net_poll` (a process-wide net, `xio_net_attach(NULL)`, shared by
+/// the loop and a client library in the same process, does this).
+#[test]
+fn an_event_loop_asleep_on_the_fd_hears_its_own_nets_connections() {
+    let (_m, p) = manager("own-net-fd");
+    // SAFETY: live handles, valid out-parameters and buffers of the
+    // lengths given, NUL-terminated strings throughout.
+    unsafe {
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+        let a = addr("10.9.6.1:80");
+        let mut l = null_mut();
+        assert_eq!(xio_listen(net, a.as_ptr(), &mut l), XIO_OK);
+        assert_eq!(xio_listener_set_nonblocking(l, 1), XIO_OK);
+        let mut ltok = 0;
+        assert_eq!(xio_listener_token(l, &mut ltok), XIO_OK);
+        let mut fd = -1;
+        assert_eq!(xio_net_fd(net, &mut fd), XIO_OK);
+        poll_until_quiet(net, fd);
+
+        // Another thread dials the loop's listener.
+        let (h, a2) = (Send(net), a.clone());
+        let c = std::thread::spawn(move || {
+            let h = h;
+            let mut c = null_mut();
+            assert_eq!(xio_dial(h.0, a2.as_ptr(), &mut c), XIO_OK);
+            Send(c)
+        })
+        .join()
+        .unwrap()
+        .0;
+        assert!(readable_now(fd), "the dial left the fd quiet");
+        let seen = poll_until_quiet(net, fd);
+        assert!(
+            seen.iter()
+                .any(|e| e.token == ltok && e.events & XIO_EVENT_ACCEPT != 0),
+            "{seen:?}"
+        );
+        let mut s = null_mut();
+        assert_eq!(xio_accept(l, &mut s), XIO_OK);
+        assert_eq!(xio_stream_set_nonblocking(s, 1), XIO_OK);
+        assert_eq!(xio_stream_set_token(s, 11), XIO_OK);
+        poll_until_quiet(net, fd);
+
+        // Another thread writes to the loop's stream.
+        let h = Send(c);
+        std::thread::spawn(move || {
+            let h = h;
+            let mut k = 0;
+            assert_eq!(xio_write(h.0, b"ping".as_ptr().cast(), 4, &mut k), XIO_OK);
+            assert_eq!(k, 4);
+        })
+        .join()
+        .unwrap();
+        assert!(readable_now(fd), "the write left the fd quiet");
+        let seen = poll_until_quiet(net, fd);
+        assert!(
+            seen.iter()
+                .any(|e| e.token == 11 && e.events & XIO_EVENT_READABLE != 0),
+            "{seen:?}"
+        );
+        let mut buf = vec![0u8; 1 << 16];
+        let mut k = 0;
+        assert_eq!(
+            xio_read(s, buf.as_mut_ptr().cast(), buf.len(), &mut k),
+            XIO_OK
+        );
+        assert_eq!(&buf[..k], b"ping");
+
+        // The loop writes until the window is full, then its own read of
+        // the other end gives the window back.
+        let big = vec![7u8; 1 << 16];
+        let mut sent = 0;
+        loop {
+            let r = xio_write(s, big.as_ptr().cast(), big.len(), &mut k);
+            if r == XIO_ERR_WOULD_BLOCK {
+                break;
+            }
+            assert_eq!(r, XIO_OK);
+            sent += k;
+        }
+        poll_until_quiet(net, fd);
+        assert_eq!(xio_stream_set_nonblocking(c, 1), XIO_OK);
+        let mut got = 0;
+        while got < sent {
+            assert_eq!(
+                xio_read(c, buf.as_mut_ptr().cast(), buf.len(), &mut k),
+                XIO_OK
+            );
+            got += k;
+        }
+        assert!(readable_now(fd), "the window came back with the fd quiet");
+        let seen = poll_until_quiet(net, fd);
+        assert!(
+            seen.iter()
+                .any(|e| e.token == 11 && e.events & XIO_EVENT_WRITABLE != 0),
+            "{seen:?}"
+        );
+        assert_eq!(xio_write(s, big.as_ptr().cast(), 1, &mut k), XIO_OK);
+
+        for x in [c, s] {
+            assert_eq!(xio_stream_close(x), XIO_OK);
+        }
+        assert_eq!(xio_listener_close(l), XIO_OK);
         assert_eq!(xio_net_close(net), XIO_OK);
     }
 }

@@ -244,6 +244,7 @@ impl NetBuilder {
                     manager_watch: None,
                     told_gone: false,
                     bell_out: false,
+                    draining: false,
                     data_drains: 0,
                     data_seen: (0, 0),
                 }),
@@ -509,6 +510,9 @@ struct Core {
     /// [`Net::doorbell`] was handed out: a reactor (xio-tokio's driver, an
     /// event loop) may sleep on it, relying on the doorbell staying armed.
     bell_out: bool,
+    /// The drain is acting on what the rings brought, which the peers
+    /// rang the doorbell for (see `run_actions`).
+    draining: bool,
     /// Drains that found something (no clock read on the data path)...
     data_drains: u64,
     /// ...as of the last watch end, and when that count last moved (ns).
@@ -1034,7 +1038,9 @@ impl Core {
                 self.wake_key(k, wake);
             }
         }
+        self.draining = true;
         self.run_actions(wake);
+        self.draining = false;
         if n > 0 {
             self.data_drains = self.data_drains.wrapping_add(1);
             if let Some((spun, at)) = self.missed.take() {
@@ -1051,6 +1057,8 @@ impl Core {
     fn run_actions(&mut self, wake: &mut Vec<Waiter>) {
         let me = self.me();
         let mut kick = false;
+        // Whether readiness was noted (for an event loop's `poll`).
+        let mut ready = false;
         loop {
             let Some(a) = self.table.poll_action() else {
                 // Peers whose channel vanished under a send: what they sent
@@ -1129,11 +1137,13 @@ impl Core {
                 Action::Readable(c) => {
                     self.note_ready(c, true, false);
                     self.wake_poller(wake);
+                    ready = true;
                     Key::Read(c)
                 }
                 Action::Writable(c) => {
                     self.note_ready(c, false, true);
                     self.wake_poller(wake);
+                    ready = true;
                     Key::Write(c)
                 }
                 Action::Connected(c) => {
@@ -1150,6 +1160,7 @@ impl Core {
                     }
                     self.note_ready(c, true, true);
                     self.wake_poller(wake);
+                    ready = true;
                     Key::Connect(c)
                 }
                 Action::Acceptable(addr) => {
@@ -1157,6 +1168,7 @@ impl Core {
                         self.ready.push(Event::Accept(addr));
                         self.ready_conn.push(None);
                         kick |= self.wake_key(Key::Poll, wake);
+                        ready = true;
                     }
                     Key::Accept(addr)
                 }
@@ -1168,6 +1180,15 @@ impl Core {
         // say): wake it so it looks.
         if kick && self.driving {
             self.stack.kick();
+        }
+        // Nor can an event loop asleep on the doorbell's fd: the peers
+        // ring it for what they send, but what an operation of this net
+        // made ready (another thread's write on a connection within the
+        // net, the window a read of one gave back to its writer, a dial
+        // to the net's own listener) came from no ring. What a drain
+        // found, the poll that drains collects, or the peers rang for.
+        if ready && self.track_ready && !self.draining {
+            self.ring_reactor();
         }
     }
 
