@@ -329,7 +329,9 @@ xio_result xio_net_close(struct xio_net *net);
  * time the fd is readable, and handle what it returns. While a
  * non-blocking write waits after `XIO_ERR_WOULD_BLOCK`, also call it at
  * least every millisecond (a full ring or an empty pool rings no fd).
- * The fd belongs to the net: do not close it.
+ * What the net sends by itself (a close's end of stream, the window a
+ * read gives back) and finds a peer's ring full for keeps the fd
+ * readable until it went. The fd belongs to the net: do not close it.
  *
  * # Safety
  * `net` is a live net handle or NULL; `fd_out` valid for a write.

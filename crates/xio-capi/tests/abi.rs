@@ -1306,3 +1306,107 @@ fn an_event_loop_asleep_on_the_fd_hears_its_own_nets_connections() {
         assert_eq!(xio_net_close(net), XIO_OK);
     }
 }
+
+/// An event loop that closes connections faster than their peer drains
+/// its ring has FINs queued behind the full ring. Nothing rings for the
+/// room the peer makes later, and the loop has no write of its own
+/// waiting (it was told to poll every millisecond only then): asleep on
+/// `xio_net_fd` with no timeout, it kept them queued for good, and the
+/// peer read on for ever instead of reaching the end of its streams.
+/// `xio_net_poll` keeps the fd readable while something waits for ring
+/// space, so the loop comes back and sends it.
+#[test]
+fn a_loop_asleep_on_the_fd_sends_the_fins_a_full_ring_held_back() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // Small rings: 64 FINs do not fit.
+    let pool = xio_core::prelude::PoolConfig {
+        ring_capacity: 16,
+        ..Default::default()
+    };
+    let (_m, p) = manager_with("fins-behind-full-ring", pool);
+    // SAFETY: live handles, valid out-parameters and buffers of the
+    // lengths given, NUL-terminated strings throughout; the loop thread
+    // uses the net, which any thread may.
+    unsafe {
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+        let mut peer = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut peer), XIO_OK);
+        let a = addr("10.9.7.1:80");
+        let mut l = null_mut();
+        assert_eq!(xio_listen(net, a.as_ptr(), &mut l), XIO_OK);
+        let mut theirs = Vec::new();
+        let mut ours = Vec::new();
+        for _ in 0..64 {
+            let mut c = null_mut();
+            assert_eq!(xio_dial(peer, a.as_ptr(), &mut c), XIO_OK);
+            let mut s = null_mut();
+            assert_eq!(xio_accept(l, &mut s), XIO_OK);
+            assert_eq!(xio_stream_set_nonblocking(s, 1), XIO_OK);
+            // The watchdog: a read that never ends times out instead.
+            assert_eq!(xio_stream_set_timeouts(c, WATCHDOG_MS, 0), XIO_OK);
+            theirs.push(c);
+            ours.push(s);
+        }
+        // One more connection, to wake the loop when the test is done.
+        let (mut bell_c, mut bell_s) = (null_mut(), null_mut());
+        assert_eq!(xio_dial(peer, a.as_ptr(), &mut bell_c), XIO_OK);
+        assert_eq!(xio_accept(l, &mut bell_s), XIO_OK);
+        let mut fd = -1;
+        assert_eq!(xio_net_fd(net, &mut fd), XIO_OK);
+        poll_until_quiet(net, fd);
+        // The peer's net is idle: its ring fills with our FINs.
+        for s in ours {
+            assert_eq!(xio_stream_close(s), XIO_OK);
+        }
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (h, stop2) = (Send(net), stop.clone());
+        let event_loop = std::thread::spawn(move || {
+            let h = h;
+            let mut events = [XioEvent {
+                token: 0,
+                events: 0,
+            }; 64];
+            while !stop2.load(Ordering::Relaxed) {
+                let mut n = 0;
+                assert_eq!(
+                    xio_net_poll(h.0, events.as_mut_ptr(), 64, 0, &mut n),
+                    XIO_OK
+                );
+                // Asleep until the fd is readable (the timeout is only
+                // the watchdog).
+                let mut pfd = PollFd {
+                    fd,
+                    events: 1,
+                    revents: 0,
+                };
+                poll(&mut pfd, 1, WATCHDOG_MS);
+            }
+        });
+        // The peer reads its streams now, draining its ring: each ends.
+        // (It sends nothing meanwhile, which would wake the loop.)
+        let mut buf = [0u8; 8];
+        for (i, c) in theirs.iter().enumerate() {
+            let mut k = usize::MAX;
+            let r = xio_read(*c, buf.as_mut_ptr().cast(), buf.len(), &mut k);
+            assert_eq!(
+                (r, k),
+                (XIO_OK, 0),
+                "stream {i}: no end of stream (a FIN still queued?)"
+            );
+        }
+        for c in theirs {
+            assert_eq!(xio_stream_close(c), XIO_OK);
+        }
+        stop.store(true, Ordering::Relaxed);
+        let mut k = 0;
+        assert_eq!(xio_write(bell_c, b"x".as_ptr().cast(), 1, &mut k), XIO_OK);
+        event_loop.join().unwrap();
+        for s in [bell_c, bell_s] {
+            assert_eq!(xio_stream_close(s), XIO_OK);
+        }
+        assert_eq!(xio_listener_close(l), XIO_OK);
+        assert_eq!(xio_net_close(peer), XIO_OK);
+        assert_eq!(xio_net_close(net), XIO_OK);
+    }
+}

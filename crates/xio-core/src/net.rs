@@ -2646,7 +2646,8 @@ impl Net {
     }
 
     /// [`Net::poll_nowait`] appending at most `cap` events (at least one);
-    /// when more are ready, the doorbell is left readable so the caller
+    /// when more are ready, or sends of the net's own wait for a peer's
+    /// ring to have room, the doorbell is left readable so the caller
     /// comes back for them.
     pub fn poll_nowait_capped(&self, events: &mut Vec<Event>, cap: usize) -> io::Result<usize> {
         let cap = cap.max(1);
@@ -2685,7 +2686,16 @@ impl Net {
         if room > 0 && !self.lock().ready.is_empty() {
             self.poll_capped(events, room, Some(Duration::ZERO))?;
         }
-        if !armed || !self.lock().ready.is_empty() {
+        // Sends queued behind a full ring (a FIN, a credit) go out only
+        // when a drain retries them, and the room a peer makes rings
+        // nobody: keep the fd readable so the caller comes back for them
+        // (as `Drive::retry` asks a driver to), rather than sleep with
+        // them queued while the peer waits for them.
+        let again = {
+            let g = self.lock();
+            !g.ready.is_empty() || g.has_pending()
+        };
+        if !armed || again {
             self.ring_doorbell()?;
         }
         Ok(events.len() - start)
