@@ -22,6 +22,11 @@ fn run_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("xio-capi-test-{}", std::process::id()));
+        // Fresh: an earlier test process with the same pid (another boot,
+        // container or checkout) left its C programs here, and `build_with`
+        // would run those, built from other sources against another
+        // libxio.
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         // Before any thread of ours reads the environment.
         std::env::set_var("XIO_RUN_DIR", &dir);
