@@ -736,6 +736,19 @@ pub struct DpdkPool {
     gates: Option<PoolView>,
 }
 
+/// A held mempool lock (see [`DpdkPool::mempool_op`]), released when
+/// dropped (also on unwind: a panic inside an operation must not leave
+/// every process waiting for the lock).
+struct MempoolLock<'a>(&'a crate::sync::AtomicU64);
+
+impl Drop for MempoolLock<'_> {
+    fn drop(&mut self) {
+        // Release: the operation's ring writes happen before the next
+        // holder's (its Acquire CAS in `DpdkPool::mempool_op`).
+        self.0.store(0, Ordering::Release);
+    }
+}
+
 /// A stack's pool: joins the prefix's DPDK process group as a secondary
 /// (or uses the manager's EAL in its own process) and finds the class
 /// mempools the manager made, with the sizes the segment records.
@@ -808,11 +821,61 @@ impl DpdkPool {
     /// them ours, or stamping them free and putting them back) inside the
     /// intent/gate bracket. `None` while the manager holds the gate and
     /// `wait` is false, or when the manager died holding it.
+    ///
+    /// The operations of every process on one mempool run one at a time,
+    /// under a lock word in the segment (the class's free-list head, which
+    /// the DPDK backend does not use otherwise) holding the taker's id + 1.
+    /// DPDK's multi-producer/consumer ring lets several run at once, each
+    /// finishing only after those that started before it: one behind a
+    /// process killed inside an operation waits for it for ever, inside
+    /// its bracket, so the manager's sweep (the only thing that repairs the
+    /// ring) waited for it in turn and put itself off for ever. With the
+    /// lock the only operation a sweep can find half done is the dead
+    /// holder's, which the ring repair finishes exactly. The lock is taken
+    /// inside the bracket and waited for outside it: a stack waiting for
+    /// a dead holder keeps no sweep waiting. The cost is one CAS and one
+    /// store per mempool operation (a cache refill or spill, not every
+    /// allocation), beside the CAS and stores DPDK's ring makes anyway.
     fn mempool_op<R>(&self, c: usize, wait: bool, op: impl FnOnce() -> R) -> Option<R> {
-        match &self.gates {
-            Some(v) => v.global_op(self.me, c, wait, op),
-            None => Some(op()),
+        let Some(v) = &self.gates else {
+            return Some(op());
+        };
+        let seg = v.segment();
+        let lock: &crate::sync::AtomicU64 = &seg.free_head(c).head;
+        let mine = u64::from(self.me) + 1;
+        let mut op = Some(op);
+        loop {
+            let done = v.global_op(self.me, c, wait, || {
+                // Acquire: pairs with the Release in `MempoolLock::drop`
+                // (the last holder's ring writes) and in the sweep's reset.
+                lock.compare_exchange(0, mine, Ordering::Acquire, Ordering::Relaxed)
+                    .ok()?;
+                let _held = MempoolLock(lock);
+                Some(op.take().map(|op| op()))
+            })?;
+            if let Some(r) = done {
+                return r;
+            }
+            // Held by another operation, or by a stack that died inside
+            // one: the manager's sweep, which this wait does not hold up,
+            // repairs the ring and frees the lock.
+            while lock.load(Ordering::Relaxed) != 0 {
+                if (!wait && v.segment().free_head(c).gate.load(Ordering::Relaxed) != 0)
+                    || crate::liveness::died(seg.manager_alive())
+                {
+                    return None;
+                }
+                std::thread::yield_now();
+            }
         }
+    }
+
+    /// Test hook: runs `f` on class `c`'s mempool inside the bracket a
+    /// mempool operation of this pool runs in (so a test can stop a
+    /// process there). Not for applications.
+    #[doc(hidden)]
+    pub fn __inside_op<R>(&self, c: usize, f: impl FnOnce(&Mempool) -> R) -> Option<R> {
+        self.mempool_op(c, true, || f(&self.classes[c]))
     }
 
     /// Whether class `c`'s gate is held closed by a manager that died.
@@ -963,6 +1026,14 @@ impl DpdkPool {
         for &d in dead {
             // A dead stack's count stays as its threads left it.
             seg.stack_slot(d).intent.store(0, Ordering::SeqCst);
+        }
+        for c in 0..self.classes.len() {
+            // No live stack is inside an operation (the gates are closed
+            // and their counts read zero), so a lock still held is a dead
+            // or exited stack's, whose operation the ring repair above
+            // finished. Release: the repairs happen before the next holder
+            // (its Acquire CAS).
+            seg.free_head(c).head.store(0, Ordering::Release);
         }
         crate::pool::open_gates(seg);
         Ok(r)

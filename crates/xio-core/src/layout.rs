@@ -199,7 +199,9 @@ unsafe impl ShmSafe for SegmentHeader {}
 #[derive(Debug, Default)]
 #[repr(C)]
 pub struct FreeHead {
-    /// Stack of magazines holding free buffers.
+    /// Stack of magazines holding free buffers. In a DPDK segment, which
+    /// has no free lists, the lock that makes the class mempool's
+    /// operations one at a time (see `dpdk::DpdkPool::mempool_op`).
     pub head: CachePadded<AtomicU64>,
     /// Stack of empty magazines.
     pub empty: CachePadded<AtomicU64>,
