@@ -427,8 +427,10 @@ pub struct ObjHeader {
     pub state: AtomicU8,
     /// Size class (set once at creation).
     pub class: u8,
-    /// Index in the class (set once at creation).
-    pub index: u32,
+    /// Index in the class (set at creation; written back by the manager's
+    /// sweep, or by a stack that the mempool hands the object to, if
+    /// anything overwrote it: see [`Mempool::index_of`]).
+    pub index: AtomicU32,
     /// Bumped on every allocation: a stale descriptor does not match.
     pub gen: AtomicU32,
     /// The stack that sent it, while `IN_FLIGHT`: the manager finds by it
@@ -475,7 +477,7 @@ unsafe extern "C" fn init_obj(
             owner: AtomicU16::new(0),
             state: AtomicU8::new(obj_state::FREE),
             class: a.class,
-            index: idx,
+            index: AtomicU32::new(idx),
             gen: AtomicU32::new(0),
             from: AtomicU16::new(0),
         });
@@ -580,7 +582,7 @@ impl Mempool {
             // SAFETY: every object starts with the header written at
             // creation (its index is checked below: any process of the
             // prefix could have overwritten it).
-            let i = unsafe { (*h).index } as usize;
+            let i = unsafe { (*h).index.load(Ordering::Relaxed) } as usize;
             match objs.get_mut(i) {
                 Some(slot @ None) => *slot = NonNull::new(h),
                 _ => return Err(DpdkError::Corrupt(name.into())),
@@ -620,14 +622,38 @@ impl Mempool {
         self.objs.get(index as usize).map(|h| unsafe { h.as_ref() })
     }
 
-    /// The index of object `o` (a pointer the mempool handed out), if its
-    /// header names it: the header is shared memory any process of the
-    /// prefix can write, and an index it names beyond the class, or another
-    /// object's, would be a buffer we do not hold.
+    /// The index of object `o` (a pointer the mempool handed out), if it is
+    /// one of the pool's objects. The header names it, but the header is
+    /// shared memory any process of the prefix can write: an index it
+    /// names beyond the class, or another object's, would be a buffer we
+    /// do not hold. Such an object is found by its address instead (a
+    /// scan, on this rare path only) and its index written back: left out
+    /// of the pool, as it was, it stayed lost (the sweep put it back, the
+    /// next get left it out again) and made every later lookup of the
+    /// mempool ([`Mempool::wrap`]) refuse it as corrupt.
     fn index_of(&self, o: *mut c_void) -> Option<u32> {
         // SAFETY: a pool object, starting with its header.
-        let i = unsafe { (*o.cast::<ObjHeader>()).index };
-        (self.objs.get(i as usize)?.as_ptr().cast::<c_void>() == o).then_some(i)
+        let h = unsafe { &*o.cast::<ObjHeader>() };
+        let i = h.index.load(Ordering::Relaxed);
+        if self
+            .objs
+            .get(i as usize)
+            .is_some_and(|p| p.as_ptr().cast::<c_void>() == o)
+        {
+            return Some(i);
+        }
+        let at = self
+            .objs
+            .iter()
+            .position(|p| p.as_ptr().cast::<c_void>() == o)?;
+        tracing::warn!(
+            mempool = self.size,
+            object = at,
+            overwritten = i,
+            "an object's header named another index: written back"
+        );
+        h.index.store(at as u32, Ordering::Relaxed);
+        Some(at as u32)
     }
 
     /// Takes one object, as the pointer the mempool holds.
@@ -995,9 +1021,18 @@ impl DpdkPool {
                 }
             }
             let mut back = Vec::new();
+            let mut reindexed = 0u32;
             for (i, h) in mp.objs.iter().enumerate() {
                 // SAFETY: objects live as long as the mempool.
                 let h = unsafe { h.as_ref() };
+                // An index overwritten since the mempool was made (this
+                // table was built then, from the indices DPDK numbered):
+                // written back, or every later lookup of the mempool
+                // refuses it as corrupt.
+                if h.index.load(Ordering::Relaxed) != i as u32 {
+                    h.index.store(i as u32, Ordering::Relaxed);
+                    reindexed += 1;
+                }
                 let state = h.state.load(Ordering::Acquire);
                 let owner = h.owner.load(Ordering::Acquire);
                 let from = h.from.load(Ordering::Relaxed);
@@ -1022,6 +1057,13 @@ impl DpdkPool {
                 back.push((h as *const ObjHeader).cast_mut().cast::<c_void>());
             }
             mp.put_bulk(&back);
+            if reindexed > 0 {
+                tracing::warn!(
+                    mempool = mp.size,
+                    objects = reindexed,
+                    "object headers named the wrong index: written back"
+                );
+            }
         }
         for &d in dead {
             // A dead stack's count stays as its threads left it.
