@@ -16,7 +16,7 @@
 
 use std::ffi::{c_void, CStr, CString};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use dpdk_sys as sys;
@@ -421,12 +421,14 @@ pub mod obj_state {
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct ObjHeader {
-    /// Owning stack (0: nobody).
-    pub owner: AtomicU16,
-    /// See [`obj_state`].
-    pub state: AtomicU8,
-    /// Size class (set once at creation).
-    pub class: u8,
+    /// The owning stack (0: nobody) and the state (see [`obj_state`]) in
+    /// one word ([`ObjHeader::stamp`], [`ObjHeader::stamped`]): written
+    /// together, read together. As two fields, a sender stamping a buffer
+    /// in flight wrote the owner, then the state, and a sweep reading
+    /// between the two saw the receiver owning a buffer still allocated
+    /// by the sender: with that receiver dead, it took the sender's
+    /// buffer back while the sender was still sending it.
+    pub word: AtomicU32,
     /// Index in the class (set at creation; written back by the manager's
     /// sweep, or by a stack that the mempool hands the object to, if
     /// anything overwrote it: see [`Mempool::index_of`]).
@@ -437,6 +439,28 @@ pub struct ObjHeader {
     /// what a sender that died between stamping and pushing left owned by
     /// a live receiver but in no ring (see [`DpdkPool::reclaim`]).
     pub from: AtomicU16,
+    /// Size class (set once at creation).
+    pub class: u8,
+}
+
+impl ObjHeader {
+    /// The owner and state, read in one load.
+    #[inline]
+    pub fn stamped(&self, order: Ordering) -> (u16, u8) {
+        let w = self.word.load(order);
+        (w as u16, (w >> 16) as u8)
+    }
+
+    /// Writes the owner and state in one store.
+    #[inline]
+    pub fn stamp(&self, owner: u16, state: u8, order: Ordering) {
+        self.word.store(stamp_word(owner, state), order);
+    }
+}
+
+/// The header word of `owner` and `state`.
+const fn stamp_word(owner: u16, state: u8) -> u32 {
+    owner as u32 | (state as u32) << 16
 }
 
 /// Bytes before the payload in each object.
@@ -474,12 +498,11 @@ unsafe extern "C" fn init_obj(
     unsafe {
         let a = &*arg.cast::<InitArg>();
         obj.cast::<ObjHeader>().write(ObjHeader {
-            owner: AtomicU16::new(0),
-            state: AtomicU8::new(obj_state::FREE),
-            class: a.class,
+            word: AtomicU32::new(stamp_word(0, obj_state::FREE)),
             index: AtomicU32::new(idx),
             gen: AtomicU32::new(0),
             from: AtomicU16::new(0),
+            class: a.class,
         });
     }
 }
@@ -943,8 +966,9 @@ impl DpdkPool {
                 for h in &mp.objs {
                     // SAFETY: objects live as long as the mempool.
                     let h = unsafe { h.as_ref() };
-                    if h.state.load(Ordering::Acquire) != obj_state::FREE {
-                        *by.entry(h.owner.load(Ordering::Relaxed)).or_default() += 1;
+                    let (owner, state) = h.stamped(Ordering::Acquire);
+                    if state != obj_state::FREE {
+                        *by.entry(owner).or_default() += 1;
                     }
                 }
                 crate::pool::ClassUsage {
@@ -1033,8 +1057,7 @@ impl DpdkPool {
                     h.index.store(i as u32, Ordering::Relaxed);
                     reindexed += 1;
                 }
-                let state = h.state.load(Ordering::Acquire);
-                let owner = h.owner.load(Ordering::Acquire);
+                let (owner, state) = h.stamped(Ordering::Acquire);
                 let from = h.from.load(Ordering::Relaxed);
                 if state == obj_state::FREE {
                     if !listed[i] {
@@ -1052,8 +1075,7 @@ impl DpdkPool {
                     // corrupt: it stays out, with its owner).
                     continue;
                 }
-                h.state.store(obj_state::FREE, Ordering::Relaxed);
-                h.owner.store(0, Ordering::Release);
+                h.stamp(0, obj_state::FREE, Ordering::Release);
                 back.push((h as *const ObjHeader).cast_mut().cast::<c_void>());
             }
             mp.put_bulk(&back);
@@ -1088,19 +1110,17 @@ impl DpdkPool {
             for h in &mp.objs {
                 // SAFETY: objects live as long as the mempool.
                 let h = unsafe { h.as_ref() };
-                let state = h.state.load(Ordering::Acquire);
+                let (owner, state) = h.stamped(Ordering::Acquire);
                 if state == obj_state::FREE {
                     continue;
                 }
-                let owner = h.owner.load(Ordering::Acquire);
                 let from = h.from.load(Ordering::Relaxed);
                 if dead.contains(&owner)
                     || (state == obj_state::IN_FLIGHT
                         && dead.contains(&from)
                         && !readers.contains(&(from, owner)))
                 {
-                    h.state.store(obj_state::FREE, Ordering::Relaxed);
-                    h.owner.store(0, Ordering::Release);
+                    h.stamp(0, obj_state::FREE, Ordering::Release);
                     mp.put(h);
                     n += 1;
                 }
@@ -1117,8 +1137,7 @@ impl DpdkPool {
             .filter(|h| {
                 // SAFETY: objects live as long as the mempool.
                 let h = unsafe { h.as_ref() };
-                h.state.load(Ordering::Acquire) == obj_state::IN_FLIGHT
-                    && h.owner.load(Ordering::Relaxed) == id
+                h.stamped(Ordering::Acquire) == (id, obj_state::IN_FLIGHT)
             })
             .count()
     }
@@ -1139,8 +1158,7 @@ impl DpdkPool {
         let claim = |o: *mut c_void| {
             let i = mp.index_of(o)?;
             let h = mp.header(i)?;
-            h.owner.store(self.me, Ordering::Relaxed);
-            h.state.store(obj_state::CACHED, Ordering::Release);
+            h.stamp(self.me, obj_state::CACHED, Ordering::Release);
             Some((i, h))
         };
         let (cache, limit) = &self.cache[c];
@@ -1190,13 +1208,10 @@ impl DpdkPool {
     /// it back), when putting it would list it in the mempool twice.
     fn uncache(&self, mp: &Mempool, i: usize) -> Option<*mut c_void> {
         let h = mp.header(i as u32)?;
-        if h.owner.load(Ordering::Relaxed) != self.me
-            || h.state.load(Ordering::Relaxed) != obj_state::CACHED
-        {
+        if h.stamped(Ordering::Relaxed) != (self.me, obj_state::CACHED) {
             return None;
         }
-        h.state.store(obj_state::FREE, Ordering::Relaxed);
-        h.owner.store(0, Ordering::Release);
+        h.stamp(0, obj_state::FREE, Ordering::Release);
         Some((h as *const ObjHeader).cast_mut().cast::<c_void>())
     }
 
@@ -1254,8 +1269,7 @@ impl BufferPool for DpdkPool {
         match self.take(c, mp, wait) {
             Ok(Some((index, h))) => {
                 h.gen.fetch_add(1, Ordering::Relaxed);
-                h.owner.store(self.me, Ordering::Relaxed);
-                h.state.store(obj_state::ALLOCATED, Ordering::Release);
+                h.stamp(self.me, obj_state::ALLOCATED, Ordering::Release);
                 Ok(RawBuf {
                     class: c as u8,
                     index,
@@ -1274,7 +1288,7 @@ impl BufferPool for DpdkPool {
             return; // the parent's buffer: forgotten here
         }
         let (mp, h) = self.obj(b);
-        if h.owner.load(Ordering::Relaxed) != self.me {
+        if h.stamped(Ordering::Relaxed).0 != self.me {
             // Reclaimed by the manager (it dropped this stack); not ours
             // to give back, as in the shm pool.
             return;
@@ -1294,15 +1308,14 @@ impl BufferPool for DpdkPool {
                     mp.put_bulk(&back);
                 });
             }
-            h.state.store(obj_state::CACHED, Ordering::Release);
+            h.stamp(self.me, obj_state::CACHED, Ordering::Release);
             c.push(b.index as usize);
             return;
         }
         // `None`: the manager died holding the gate; the buffer stays
         // stamped ours, for nobody.
         let _ = self.mempool_op(class, true, || {
-            h.state.store(obj_state::FREE, Ordering::Relaxed);
-            h.owner.store(0, Ordering::Release);
+            h.stamp(0, obj_state::FREE, Ordering::Release);
             mp.put(h);
         });
     }
@@ -1314,10 +1327,10 @@ impl BufferPool for DpdkPool {
 
     fn prepare_send(&self, b: RawBuf, len: u32, to: u16, conn: u32, k: u8) -> Descriptor {
         let (_, h) = self.obj(b);
-        h.owner.store(to, Ordering::Relaxed);
         h.from.store(self.me, Ordering::Relaxed);
-        // Release: the manager that sees IN_FLIGHT sees `owner` and `from`.
-        h.state.store(obj_state::IN_FLIGHT, Ordering::Release);
+        // One store of owner and state (see `ObjHeader::word`). Release:
+        // the manager that sees IN_FLIGHT sees `from`.
+        h.stamp(to, obj_state::IN_FLIGHT, Ordering::Release);
         Descriptor {
             index: b.index,
             len,
@@ -1340,15 +1353,14 @@ impl BufferPool for DpdkPool {
         if !kind::carries_buffer(d.kind) {
             return Err(Reject::Kind(d.kind));
         }
-        let owner = h.owner.load(Ordering::Acquire);
-        let state = h.state.load(Ordering::Acquire);
+        let (owner, state) = h.stamped(Ordering::Acquire);
         let gen = h.gen.load(Ordering::Relaxed) as u16;
         if owner != self.me || state != obj_state::IN_FLIGHT || gen != d.gen {
             return Err(Reject::Ownership(
                 (u64::from(owner) << 32) | (u64::from(state) << 16) | u64::from(gen),
             ));
         }
-        h.state.store(obj_state::HELD, Ordering::Release);
+        h.stamp(self.me, obj_state::HELD, Ordering::Release);
         Ok(RawBuf {
             class: d.class,
             index: d.index,
@@ -1364,7 +1376,9 @@ impl BufferPool for DpdkPool {
         // `reuse`): a stale or replayed descriptor of the buffer's last
         // trip must not match its next one.
         h.gen.fetch_add(1, Ordering::Relaxed);
-        h.state.store(obj_state::ALLOCATED, Ordering::Release);
+        // The owner as it is: this changes the state alone, as before.
+        let (owner, _) = h.stamped(Ordering::Relaxed);
+        h.stamp(owner, obj_state::ALLOCATED, Ordering::Release);
     }
 
     fn max_buf(&self) -> usize {

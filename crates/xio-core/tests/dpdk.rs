@@ -588,12 +588,12 @@ fn unstamped_stack(prefix: &str) {
         let mp = Mempool::lookup(&xio_core::dpdk::mempool_name(c), size).unwrap();
         for i in 0..mp.len() as u32 {
             let h = mp.header(i).unwrap();
-            if h.owner.load(std::sync::atomic::Ordering::Relaxed) == me {
-                h.state.store(
+            if h.stamped(std::sync::atomic::Ordering::Relaxed).0 == me {
+                h.stamp(
+                    0,
                     xio_core::dpdk::obj_state::FREE,
                     std::sync::atomic::Ordering::Relaxed,
                 );
-                h.owner.store(0, std::sync::atomic::Ordering::Relaxed);
                 n += 1;
             }
         }
