@@ -846,10 +846,18 @@ impl Manager {
                 let r = !ev.is_empty();
                 let hup = ev.intersects(PollFlags::HUP | PollFlags::ERR);
                 match self.stacks.get(id) {
-                    // Hung up with messages waiting: gone (a send to it may
-                    // fail for another reason first, `ETOOMANYREFS`, and
-                    // would be retried for ever).
-                    Some(e) if hup && !e.outbox.is_empty() => {
+                    // Hung up: its process closed the socket (a stack that
+                    // leaves only shuts down its writes), so it is dead,
+                    // whatever waits either way. Requests it queued before
+                    // dying, or after it was cut off, are not read: the
+                    // socket gives them before its end of file, and acting
+                    // on them would bind addresses and open channels (a
+                    // peer's `ChannelUp`, with fds) for a dead process. Its
+                    // death settles its channels as its end of file would.
+                    // Messages waiting for it would go nowhere (a send to
+                    // it may also fail for another reason first,
+                    // `ETOOMANYREFS`, and be retried for ever).
+                    Some(_) if hup => {
                         let e = self.stacks.remove(id).expect("present");
                         self.on_death(*id, e);
                     }

@@ -11,6 +11,54 @@ use xio_core::ctrl;
 use xio_core::prelude::*;
 use xio_core::proto::Msg;
 
+/// Entry point of child processes (a no-op when run as a normal test).
+#[test]
+fn child_main() {
+    let Ok(role) = std::env::var("XIO_CHILD_ROLE") else {
+        return;
+    };
+    die_with_parent();
+    let a = child_args();
+    match role.as_str() {
+        "manager" => {
+            let m = manager_builder(&a[0]).bind().unwrap();
+            println!("XIO:ready");
+            m.run().unwrap();
+        }
+        "asks_then_exits" => asks_then_exits(&a[0], a[1].parse().unwrap(), &a[2]),
+        r => panic!("unknown role {r}"),
+    }
+}
+
+/// Child role: registers as a raw stack, waits for "go" on stdin, then
+/// (when `how` is "cut": sends a bad message that gets it cut off, and
+/// waits for "go" again) asks for a channel to `addr` and a binding of
+/// `addr`'s port + 1, and exits without waiting for the answers.
+fn asks_then_exits(prefix: &str, addr: std::net::SocketAddr, how: &str) {
+    let s = raw_conn(prefix);
+    let hello = Msg::Hello {
+        pid: 1,
+        name: "asks-then-exits".into(),
+    };
+    ctrl::send(s.as_fd(), &hello, &[]).unwrap();
+    let (m, _fds) = ctrl::recv(s.as_fd(), false).unwrap();
+    let Msg::Welcome { stack_id } = m else {
+        panic!("expected Welcome, got {m:?}");
+    };
+    println!("XIO:ready {stack_id}");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    if how == "cut" {
+        send_lying_connect(&s);
+        println!("XIO:cut");
+        std::io::stdin().read_line(&mut line).unwrap();
+    }
+    ctrl::send(s.as_fd(), &Msg::Connect { addr }, &[]).unwrap();
+    let other = std::net::SocketAddr::new(addr.ip(), addr.port() + 1);
+    ctrl::send(s.as_fd(), &Msg::Bind { addr: other }, &[]).unwrap();
+    std::process::exit(0);
+}
+
 fn raw_conn(prefix: &str) -> std::os::fd::OwnedFd {
     ctrl::connect(&xio_core::paths::socket_path(prefix)).unwrap()
 }
@@ -814,4 +862,63 @@ fn a_signal_does_not_fail_a_connect_waiting_for_the_queue() {
     assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
     drop((l, filled));
     let _ = std::fs::remove_file(&dir);
+}
+
+/// A stack's requests still queued in its control socket when its process
+/// is gone, or once the manager cut it off, are not acted on: the manager
+/// opens no channel from a dead process to a live stack (which would get
+/// a `ChannelUp` for a peer already gone, and its fds) and binds nothing
+/// for it. Both ways: a stack cut off for a bad message whose process then
+/// exits, and one whose process exits while the manager (a process of its
+/// own here, stopped meanwhile) has not read its last requests.
+#[test]
+fn a_gone_stacks_queued_requests_are_not_acted_on() {
+    setup();
+    for how in ["cut", "dead"] {
+        let p = prefix(&format!("gone-{how}"));
+        let mut mgr = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
+        mgr.expect("ready");
+        let addr: std::net::SocketAddr = "10.66.0.1:7".parse().unwrap();
+        let (live, _) = deaf_stack(&p);
+        assert_eq!(ask(&live, &Msg::Bind { addr }), Msg::Ok, "{how}");
+        let mut gone = ChildProc::spawn(
+            "child_main",
+            "asks_then_exits",
+            &[p.clone(), addr.to_string(), how.into()],
+        );
+        let id: u16 = gone.expect("ready").parse().unwrap();
+        if how == "dead" {
+            mgr.signal(rustix::process::Signal::STOP);
+        }
+        gone.tell("go");
+        if how == "cut" {
+            gone.expect("cut");
+            wait_until("the manager cuts the stack off", || {
+                xio_core::manager::query_status(&p)
+                    .unwrap()
+                    .contains("cut off after a bad control message")
+            });
+            gone.tell("go");
+        }
+        gone.wait_success();
+        if how == "dead" {
+            mgr.signal(rustix::process::Signal::CONT);
+        }
+        wait_until("the manager lets the gone stack go", || {
+            let text = xio_core::manager::query_status(&p).unwrap();
+            let me = format!("stack {id} ");
+            !text.lines().any(|l| l.trim_start().starts_with(&me))
+        });
+        // Nothing came to the live stack meanwhile: the first thing it
+        // reads is the answer to what it asks now.
+        match ask(&live, &Msg::Status) {
+            Msg::StatusReply { .. } | Msg::StatusReplyFd { .. } => {}
+            other => panic!("{how}: the live stack got {other:?} from a gone one"),
+        }
+        let text = xio_core::manager::query_status(&p).unwrap();
+        assert!(text.contains(", 0/"), "{how}: no channel left open: {text}");
+        assert!(!text.contains("10.66.0.1:8"), "{how}: {text}");
+        drop(live);
+        mgr.kill9();
+    }
 }
