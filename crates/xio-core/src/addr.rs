@@ -11,6 +11,8 @@
 //! precedence over a wildcard one.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// The names a binding on exactly `addr` may have: `addr` itself, and for
 /// an IPv4-mapped IPv6 address (`[::ffff:127.0.0.1]`) its IPv4 form.
@@ -39,16 +41,59 @@ pub fn wildcards(addr: SocketAddr) -> impl Iterator<Item = SocketAddr> {
 
 /// Whether `ip` is one of this node's addresses: loopback, unspecified
 /// (which TCP also takes for "this host"), or assigned to one of its
-/// interfaces (looked up each call: only a connect that misses every
-/// exact binding and finds a wildcard one asks).
+/// interfaces. Asked for every connect or SYN that misses every exact
+/// binding and finds a wildcard one, with whatever address the peer
+/// chose: the interfaces are listed at most once per [`REFRESH`] (a
+/// listing is a netlink dump), and an address added to an interface, or
+/// taken from it, is seen within that time.
 pub fn is_this_node(ip: IpAddr) -> bool {
     let ip = ip.to_canonical();
-    ip.is_loopback() || ip.is_unspecified() || interface_addrs().contains(&ip)
+    if ip.is_loopback() || ip.is_unspecified() {
+        return true;
+    }
+    static LISTING: Mutex<Listing> = Mutex::new(Listing {
+        addrs: Vec::new(),
+        at: None,
+    });
+    let mut l = LISTING.lock().unwrap_or_else(|e| e.into_inner());
+    l.contains(ip, Instant::now(), interface_addrs)
+}
+
+/// How long a listing of the interfaces' addresses answers for them.
+const REFRESH: Duration = Duration::from_millis(100);
+
+/// The interfaces' addresses as last listed, and when.
+struct Listing {
+    addrs: Vec<IpAddr>,
+    at: Option<Instant>,
+}
+
+impl Listing {
+    /// Whether `ip` is in the listing, listed again with `list` first if
+    /// it is older than [`REFRESH`] at `now`.
+    fn contains(&mut self, ip: IpAddr, now: Instant, list: impl FnOnce() -> Vec<IpAddr>) -> bool {
+        let stale = self
+            .at
+            .is_none_or(|at| now.saturating_duration_since(at) >= REFRESH);
+        if stale {
+            self.addrs = list();
+            self.at = Some(now);
+        }
+        self.addrs.contains(&ip)
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many times this thread listed the interfaces (tests only).
+    static LISTED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// The addresses of this node's interfaces (empty if the kernel will not
 /// list them).
 fn interface_addrs() -> Vec<IpAddr> {
+    #[cfg(test)]
+    LISTED.with(|n| n.set(n.get() + 1));
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs writes a pointer to a list it allocated into
     // `list`, which is a valid out-pointer; on failure it writes nothing.
@@ -110,6 +155,63 @@ mod tests {
         assert_eq!(n, [a("[::ffff:127.0.0.2]:3000"), a("127.0.0.2:3000")]);
         let n: Vec<_> = exact_names(a("[::1]:80")).collect();
         assert_eq!(n, [a("[::1]:80")]);
+    }
+
+    /// A peer may name any address in its SYNs or connects: each one that
+    /// finds a wildcard binding asks whether it is this node's. Those
+    /// answers must not list the interfaces each time (a netlink dump per
+    /// SYN), however many different addresses are asked about.
+    #[test]
+    fn asking_about_many_other_addresses_lists_the_interfaces_rarely() {
+        // Benchmarking addresses (RFC 2544), less those this node has.
+        let ours = interface_addrs();
+        let others: Vec<IpAddr> = (0..1000u32)
+            .map(|i| IpAddr::from(Ipv4Addr::from(0xc612_0000 + i)))
+            .filter(|ip| !ours.contains(ip))
+            .collect();
+        let asked = others.len();
+        let before = LISTED.with(|n| n.get());
+        let start = Instant::now();
+        for ip in others {
+            assert!(!is_this_node(ip), "{ip}");
+        }
+        let elapsed = start.elapsed();
+        // At most one listing per refresh interval, whatever the speed.
+        let most = elapsed.as_nanos() / REFRESH.as_nanos() + 1;
+        let listed = LISTED.with(|n| n.get()) - before;
+        assert!(
+            u128::from(listed) <= most,
+            "{listed} listings for {asked} addresses in {elapsed:?}"
+        );
+    }
+
+    /// An address added to an interface (or taken from it) is seen once
+    /// the listing is [`REFRESH`] old, not before.
+    #[test]
+    fn a_listing_answers_until_it_is_refresh_old() {
+        let t0 = Instant::now();
+        let new: IpAddr = "198.18.0.1".parse().unwrap();
+        let mut l = Listing {
+            addrs: Vec::new(),
+            at: None,
+        };
+        let listed = std::cell::Cell::new(0);
+        let list = |addrs: Vec<IpAddr>| {
+            let listed = &listed;
+            move || {
+                listed.set(listed.get() + 1);
+                addrs
+            }
+        };
+        assert!(!l.contains(new, t0, list(vec![])));
+        // Added now: not seen until the listing is old enough.
+        assert!(!l.contains(new, t0 + REFRESH / 2, list(vec![new])));
+        assert_eq!(listed.get(), 1);
+        assert!(l.contains(new, t0 + REFRESH, list(vec![new])));
+        // Taken away: seen at the next listing.
+        assert!(l.contains(new, t0 + REFRESH + REFRESH / 2, list(vec![])));
+        assert!(!l.contains(new, t0 + REFRESH * 2, list(vec![])));
+        assert_eq!(listed.get(), 3);
     }
 
     #[test]

@@ -3219,7 +3219,8 @@ struct Asked {
 /// listener, is one of this node's ([`crate::addr::is_this_node`]), with
 /// the interface addresses found before kept in `known`: a service bound
 /// to `0.0.0.0` and reached at an interface's address would otherwise
-/// list the interfaces at every connection. (An address removed from its
+/// take the process-wide listing's lock at every connection (and list
+/// the interfaces again when it is old). (An address removed from its
 /// interface since stays known: it was this node's when a peer was sent
 /// to it.)
 fn this_node(known: &mut Vec<std::net::IpAddr>, ip: std::net::IpAddr) -> bool {
