@@ -60,7 +60,9 @@
 //! handshake), so that a refusal is a connect error (hyper-util's
 //! `Error::is_connect`), and with a fallback an address whose X-IO
 //! service went away since this process last reached it is dialled over
-//! TCP rather than failing the request. A listener that refuses because
+//! TCP rather than failing the request. As with hyper's `HttpConnector`,
+//! a TCP dial has no time limit unless [`XioConnector::connect_timeout`]
+//! sets one. A listener that refuses because
 //! its backlog is full is on this node: that refusal is the connect's
 //! error, never a reason to dial TCP.
 //!
@@ -202,6 +204,9 @@ pub struct XioConnector {
     tcp_fallback: bool,
     /// Refuse `https` URIs (see [`XioConnector::enforce_http`]).
     enforce_http: bool,
+    /// Limit on the fallback's TCP dials (see
+    /// [`XioConnector::connect_timeout`]).
+    connect_timeout: Option<Duration>,
 }
 
 impl XioConnector {
@@ -214,6 +219,7 @@ impl XioConnector {
             net: None,
             tcp_fallback: false,
             enforce_http: true,
+            connect_timeout: None,
         })
     }
 
@@ -227,6 +233,7 @@ impl XioConnector {
             net: None,
             tcp_fallback: false,
             enforce_http: true,
+            connect_timeout: None,
         }
     }
 
@@ -236,6 +243,7 @@ impl XioConnector {
             net: Some(net),
             tcp_fallback: false,
             enforce_http: true,
+            connect_timeout: None,
         }
     }
 
@@ -244,6 +252,18 @@ impl XioConnector {
     /// docs).
     pub fn with_tcp_fallback(mut self) -> Self {
         self.tcp_fallback = true;
+        self
+    }
+
+    /// How long the TCP fallback may take to connect, as hyper-util's
+    /// `HttpConnector::set_connect_timeout`: divided evenly across the
+    /// addresses the host has, each dial failing with `TimedOut` when its
+    /// share runs out. Default `None`: a dial waits as long as the kernel
+    /// retries its SYN (about two minutes on Linux for an address that
+    /// never answers). The X-IO attempt before it is not counted: it asks
+    /// the manager on this node, within the control timeout.
+    pub fn connect_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.connect_timeout = timeout;
         self
     }
 
@@ -268,6 +288,7 @@ impl XioConnector {
             net: None,
             tcp_fallback: true,
             enforce_http: true,
+            connect_timeout: None,
         }
     }
 }
@@ -340,6 +361,7 @@ impl tower_service::Service<http::Uri> for XioConnector {
         let net = self.net.clone();
         let fallback = self.tcp_fallback;
         let enforce_http = self.enforce_http;
+        let connect_timeout = self.connect_timeout;
         Box::pin(async move {
             // Any scheme but `http`, as `HttpConnector` does: `wss` (say)
             // asks for TLS as much as `https` does.
@@ -395,12 +417,10 @@ impl tower_service::Service<http::Uri> for XioConnector {
                 return Err(e);
             }
             tracing::debug!(?addrs, "no X-IO listener here; dialling TCP");
-            let s = tokio::net::TcpStream::connect(&addrs[..])
-                .await
-                .map_err(|t| {
-                    // Say that both ways were tried, not only TCP's.
-                    io::Error::new(t.kind(), format!("X-IO: {e}; then TCP to {uri}: {t}"))
-                })?;
+            let s = tcp_connect(&addrs, connect_timeout).await.map_err(|t| {
+                // Say that both ways were tried, not only TCP's.
+                io::Error::new(t.kind(), format!("X-IO: {e}; then TCP to {uri}: {t}"))
+            })?;
             // As hyper-util's `HttpConnector`: a socket without
             // `TCP_NODELAY` still works, only slower.
             if let Err(e) = s.set_nodelay(true) {
@@ -409,6 +429,34 @@ impl tower_service::Service<http::Uri> for XioConnector {
             Ok(XioConn::Tcp(TokioIo::new(s)))
         })
     }
+}
+
+/// Dials `addrs` over TCP in turn, as `TcpStream::connect` does (the last
+/// error if none answers), each within its even share of `timeout`, as
+/// hyper-util's `HttpConnector` divides its connect timeout.
+async fn tcp_connect(
+    addrs: &[SocketAddr],
+    timeout: Option<Duration>,
+) -> io::Result<tokio::net::TcpStream> {
+    let each = timeout.and_then(|t| t.checked_div(u32::try_from(addrs.len()).unwrap_or(u32::MAX)));
+    let mut last = None;
+    for &addr in addrs {
+        let dialled = match each {
+            Some(t) => match tokio::time::timeout(t, tokio::net::TcpStream::connect(addr)).await {
+                Ok(r) => r,
+                Err(_) => Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("{addr}: connect timed out after {t:?}"),
+                )),
+            },
+            None => tokio::net::TcpStream::connect(addr).await,
+        };
+        match dialled {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address to dial")))
 }
 
 /// Which HTTP versions [`serve`] speaks.

@@ -335,6 +335,49 @@ fn tcp_fallback_when_no_xio_listener_on_this_node() {
     });
 }
 
+/// The fallback's TCP dial is limited as `HttpConnector`'s is, when asked
+/// to: an address that never answers the SYN fails the connect with
+/// `TimedOut`, not after the kernel's two minutes of retries. A listener
+/// whose accept queue is full drops SYNs (Linux), so it stands in for
+/// one. (Not an unroutable address such as 10.255.255.1: depending on
+/// the network it is refused at once as unreachable, or even accepted by
+/// a transparent proxy.)
+#[test]
+fn the_tcp_fallback_gives_up_after_its_connect_timeout() {
+    let (_mgr, p) = setup("connect-timeout");
+    rt().block_on(async {
+        let cli = Net::attach(&p).unwrap();
+        let mut connector = XioConnector::with_net(cli)
+            .with_tcp_fallback()
+            .connect_timeout(Some(Duration::from_millis(50)));
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let full = sock.listen(0).unwrap();
+        let uri: http::Uri = format!("http://{}/x", full.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        // Dials that fit the queue connect (and keep their place in it);
+        // the first that does not times out.
+        let mut held = Vec::new();
+        let e = tokio::time::timeout(WATCHDOG, async {
+            loop {
+                match tower_service::Service::call(&mut connector, uri.clone()).await {
+                    Ok(c) => {
+                        assert!(!c.is_xio());
+                        held.push(c);
+                        assert!(held.len() < 1000, "the accept queue never filled");
+                    }
+                    Err(e) => break e,
+                }
+            }
+        })
+        .await
+        .expect("watchdog: a dial to a full accept queue ignored its timeout");
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+        drop(full);
+    });
+}
+
 /// The same binary on a node with no X-IO manager at all: a connector
 /// built with `or_tcp` builds, and dials TCP.
 #[test]
