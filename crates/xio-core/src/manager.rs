@@ -1327,7 +1327,20 @@ impl Manager {
 
     fn connect(&mut self, a: u16, addr: SocketAddr) {
         let reply = |m: &mut Self, msg: Msg| m.deliver(a, msg, None);
-        let Some(b) = self.lookup(addr) else {
+        // A holder whose process is gone, its hang-up not handled yet
+        // (later in this same pass of the loop): its death is handled
+        // now, as `bind_addr` does, and the address looked up again. A
+        // channel to it would hand `a` a dead stack's fds and then a
+        // reset, where a refusal lets it try another address, or TCP.
+        let b = match self.lookup(addr) {
+            Some(b) if b != a && self.stacks.get(&b).is_some_and(|e| hung_up_now(&e.sock)) => {
+                let e = self.stacks.remove(&b).expect("present");
+                self.on_death(b, e);
+                self.lookup(addr)
+            }
+            b => b,
+        };
+        let Some(b) = b else {
             let msg = Msg::Error {
                 code: ErrorCode::ConnectionRefused,
                 message: format!("nothing is bound to {addr}"),

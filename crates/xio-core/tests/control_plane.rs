@@ -922,3 +922,39 @@ fn a_gone_stacks_queued_requests_are_not_acted_on() {
         mgr.kill9();
     }
 }
+
+/// A connect to an address whose holder's process is gone, its hang-up
+/// not handled yet (it died while the manager, a process of its own
+/// here, was stopped), is refused: no channel to the dead stack, whose
+/// `Connected` would hand the client its fds and then a reset, where a
+/// refusal lets it try the next address or TCP. Several rounds, as the
+/// manager goes over its stacks in no set order.
+#[test]
+fn a_connect_to_a_stack_that_just_died_is_refused() {
+    setup();
+    let p = prefix("just-died");
+    let mut mgr = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
+    mgr.expect("ready");
+    let (client, _) = deaf_stack(&p);
+    for i in 0..16u16 {
+        let addr = std::net::SocketAddr::from(([10, 67, 0, 1], 1000 + i));
+        let (holder, _) = deaf_stack(&p);
+        assert_eq!(ask(&holder, &Msg::Bind { addr }), Msg::Ok);
+        mgr.signal(rustix::process::Signal::STOP);
+        drop(holder);
+        ctrl::send(client.as_fd(), &Msg::Connect { addr }, &[]).unwrap();
+        mgr.signal(rustix::process::Signal::CONT);
+        match ctrl::recv_until(client.as_fd(), Some(std::time::Instant::now() + WATCHDOG)) {
+            Ok((
+                Msg::Error {
+                    code: xio_core::proto::ErrorCode::ConnectionRefused,
+                    ..
+                },
+                _,
+            )) => {}
+            other => panic!("round {i}: expected a refusal, got {other:?}"),
+        }
+    }
+    drop(client);
+    mgr.kill9();
+}
