@@ -330,8 +330,12 @@ xio_result xio_net_close(struct xio_net *net);
  * non-blocking write waits after `XIO_ERR_WOULD_BLOCK`, also call it at
  * least every millisecond (a full ring or an empty pool rings no fd).
  * What the net sends by itself (a close's end of stream, the window a
- * read gives back) and finds a peer's ring full for keeps the fd
- * readable until it went. The fd belongs to the net: do not close it.
+ * read gives back) and finds a peer's ring full for is retried by the
+ * next `xio_net_poll`: the fd becomes readable for it after a pause
+ * (50 us, doubling up to 1 ms while the peer makes no room), so a loop
+ * does not spin while a peer is stopped. The fd is an epoll instance:
+ * wait for it to be readable, do not read it. It belongs to the net: do
+ * not close it.
  *
  * # Safety
  * `net` is a live net handle or NULL; `fd_out` valid for a write.

@@ -59,7 +59,7 @@ pub struct XioIovec {
 
 pub(crate) struct NetInner {
     net: Net,
-    /// The pollable fd (a duplicate of the doorbell), made on first ask.
+    /// The pollable fd (`Net::poll_fd`), made on first ask.
     fd: Mutex<Option<OwnedFd>>,
     /// The manager's watch (`Net::manager_watch`), made on first ask.
     manager_fd: Mutex<Option<OwnedFd>>,
@@ -184,8 +184,12 @@ fn lazy_fd(
 /// non-blocking write waits after `XIO_ERR_WOULD_BLOCK`, also call it at
 /// least every millisecond (a full ring or an empty pool rings no fd).
 /// What the net sends by itself (a close's end of stream, the window a
-/// read gives back) and finds a peer's ring full for keeps the fd
-/// readable until it went. The fd belongs to the net: do not close it.
+/// read gives back) and finds a peer's ring full for is retried by the
+/// next `xio_net_poll`: the fd becomes readable for it after a pause
+/// (50 us, doubling up to 1 ms while the peer makes no room), so a loop
+/// does not spin while a peer is stopped. The fd is an epoll instance:
+/// wait for it to be readable, do not read it. It belongs to the net: do
+/// not close it.
 ///
 /// # Safety
 /// `net` is a live net handle or NULL; `fd_out` valid for a write.
@@ -195,7 +199,7 @@ pub unsafe extern "C" fn xio_net_fd(net: *mut XioNet, fd_out: *mut i32) -> XioRe
         need_out(fd_out, "fd_out")?;
         // SAFETY: per this function's contract.
         let n = unsafe { borrow(net) }?;
-        let raw = lazy_fd(&n.fd, || n.net.doorbell())?;
+        let raw = lazy_fd(&n.fd, || n.net.poll_fd())?;
         // SAFETY: checked non-NULL.
         unsafe { put(fd_out, raw) };
         Ok(())

@@ -1416,3 +1416,158 @@ fn a_loop_asleep_on_the_fd_sends_the_fins_a_full_ring_held_back() {
         assert_eq!(xio_net_close(net), XIO_OK);
     }
 }
+
+/// What the calling thread has run on a CPU so far.
+fn thread_cpu_time() -> std::time::Duration {
+    #[repr(C)]
+    struct Timespec {
+        sec: i64,
+        nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut ts = Timespec { sec: 0, nsec: 0 };
+    // SAFETY: a valid `timespec` to write.
+    let r = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(r, 0);
+    std::time::Duration::new(ts.sec as u64, ts.nsec as u32)
+}
+
+/// An event loop whose FINs wait behind the full ring of a peer that
+/// does not run (stopped, or as here idle: it drains nothing until it
+/// reads) sleeps on `xio_net_fd` meanwhile, instead of finding the fd
+/// readable at every turn and burning a core for as long as the peer
+/// stays away; and once the peer reads, the FINs still reach it without
+/// the loop being woken by anything else. (Only CPU use and the number
+/// of wake-ups are bounded, and loosely: a spinning loop uses all it
+/// gets.)
+#[test]
+fn a_loop_waiting_on_a_stopped_peers_ring_sleeps_then_sends() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+    // Small rings: 64 FINs do not fit.
+    let pool = xio_core::prelude::PoolConfig {
+        ring_capacity: 16,
+        ..Default::default()
+    };
+    let (_m, p) = manager_with("stopped-peer-sleep", pool);
+    // SAFETY: live handles, valid out-parameters and buffers of the
+    // lengths given, NUL-terminated strings throughout; the loop thread
+    // uses the net, which any thread may.
+    unsafe {
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+        let mut peer = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut peer), XIO_OK);
+        let a = addr("10.9.8.1:80");
+        let mut l = null_mut();
+        assert_eq!(xio_listen(net, a.as_ptr(), &mut l), XIO_OK);
+        let mut theirs = Vec::new();
+        let mut ours = Vec::new();
+        for _ in 0..64 {
+            let mut c = null_mut();
+            assert_eq!(xio_dial(peer, a.as_ptr(), &mut c), XIO_OK);
+            let mut s = null_mut();
+            assert_eq!(xio_accept(l, &mut s), XIO_OK);
+            assert_eq!(xio_stream_set_nonblocking(s, 1), XIO_OK);
+            // The watchdog: a read that never ends times out instead.
+            assert_eq!(xio_stream_set_timeouts(c, WATCHDOG_MS, 0), XIO_OK);
+            theirs.push(c);
+            ours.push(s);
+        }
+        let (mut bell_c, mut bell_s) = (null_mut(), null_mut());
+        assert_eq!(xio_dial(peer, a.as_ptr(), &mut bell_c), XIO_OK);
+        assert_eq!(xio_accept(l, &mut bell_s), XIO_OK);
+        let mut fd = -1;
+        assert_eq!(xio_net_fd(net, &mut fd), XIO_OK);
+        poll_until_quiet(net, fd);
+        // The peer does not run: its ring fills with our FINs.
+        for s in ours {
+            assert_eq!(xio_stream_close(s), XIO_OK);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        // (CPU used, time passed, turns of the loop) over the first second.
+        let measured = Arc::new(Mutex::new(None));
+        let (h, stop2, measured2) = (Send(net), stop.clone(), measured.clone());
+        let event_loop = std::thread::spawn(move || {
+            let h = h;
+            let mut events = [XioEvent {
+                token: 0,
+                events: 0,
+            }; 64];
+            let (cpu0, t0) = (thread_cpu_time(), Instant::now());
+            let mut turns = 0u64;
+            while !stop2.load(Ordering::Relaxed) {
+                let mut n = 0;
+                assert_eq!(
+                    xio_net_poll(h.0, events.as_mut_ptr(), 64, 0, &mut n),
+                    XIO_OK
+                );
+                turns += 1;
+                let mut m = measured2.lock().unwrap();
+                if m.is_none() && t0.elapsed() >= Duration::from_secs(1) {
+                    *m = Some((thread_cpu_time() - cpu0, t0.elapsed(), turns));
+                }
+                drop(m);
+                // Asleep until the fd is readable (the timeout is only
+                // the watchdog).
+                let mut pfd = PollFd {
+                    fd,
+                    events: 1,
+                    revents: 0,
+                };
+                poll(&mut pfd, 1, WATCHDOG_MS);
+            }
+        });
+        // The peer stays away for a second (a wait for the measurement,
+        // not a bound on anything).
+        let measured = loop {
+            if let Some(m) = *measured.lock().unwrap() {
+                break m;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        // Then it reads its streams, draining its ring: each ends.
+        let mut buf = [0u8; 8];
+        for (i, c) in theirs.iter().enumerate() {
+            let mut k = usize::MAX;
+            let r = xio_read(*c, buf.as_mut_ptr().cast(), buf.len(), &mut k);
+            assert_eq!(
+                (r, k),
+                (XIO_OK, 0),
+                "stream {i}: no end of stream (a FIN still queued?)"
+            );
+        }
+        for c in theirs {
+            assert_eq!(xio_stream_close(c), XIO_OK);
+        }
+        stop.store(true, Ordering::Relaxed);
+        let mut k = 0;
+        assert_eq!(xio_write(bell_c, b"x".as_ptr().cast(), 1, &mut k), XIO_OK);
+        event_loop.join().unwrap();
+        let (cpu, passed, turns) = measured;
+        assert!(
+            cpu < passed / 2,
+            "the loop used {cpu:?} of CPU in {passed:?} ({turns} turns) \
+             while the peer did not run"
+        );
+        // On a busy machine a spinning loop may get less than half a
+        // core; it still turns tens of thousands of times a second, where
+        // a sleeping one comes back about once a millisecond at most.
+        let most = 5 * passed.as_millis() as u64 + 100;
+        assert!(
+            turns <= most,
+            "the loop came back {turns} times in {passed:?} ({cpu:?} of CPU) \
+             while the peer did not run"
+        );
+        for s in [bell_c, bell_s] {
+            assert_eq!(xio_stream_close(s), XIO_OK);
+        }
+        assert_eq!(xio_listener_close(l), XIO_OK);
+        assert_eq!(xio_net_close(peer), XIO_OK);
+        assert_eq!(xio_net_close(net), XIO_OK);
+    }
+}

@@ -112,6 +112,10 @@ const SPARE_LISTS: usize = 1024;
 /// Longest a driver waits before retrying sends that did not fit a full
 /// ring (nothing wakes it when the peer makes room).
 const RETRY_FULL: Duration = Duration::from_micros(50);
+/// Longest pause of [`Net::poll_fd`]'s retry timer: while a peer makes no
+/// room (it is stopped, say), the pause doubles from [`RETRY_FULL`] up to
+/// this, the pause the C ABI allows a write waiting after `WouldBlock`.
+const RETRY_FULL_MAX: Duration = Duration::from_millis(1);
 /// No data for this long means the traffic stopped: an adapter's empty
 /// watches then shrink the spin budget to nothing. Longer than any gap the
 /// adaptive policy spins through (its ceiling is 200 µs).
@@ -242,6 +246,9 @@ impl NetBuilder {
                     retry_writes: Vec::new(),
                     last_liveness: 0,
                     manager_watch: None,
+                    loop_fd: None,
+                    retry_timer: None,
+                    retry_armed: None,
                     told_gone: false,
                     bell_out: false,
                     draining: false,
@@ -505,6 +512,16 @@ struct Core {
     /// The epoll instance behind [`Net::manager_watch`], kept to be
     /// emptied when the manager is found gone.
     manager_watch: Option<std::os::fd::OwnedFd>,
+    /// The epoll instance behind [`Net::poll_fd`] (the doorbell and
+    /// `retry_timer`), made on first ask.
+    loop_fd: Option<std::os::fd::OwnedFd>,
+    /// A timerfd in `loop_fd`: [`Net::poll_nowait`] sets it while the
+    /// net's own sends wait for a peer's full ring, which no peer signals
+    /// room in, so a loop asleep on the fd retries them after a pause.
+    retry_timer: Option<std::os::fd::OwnedFd>,
+    /// `retry_timer` is set: the pause it was set for, and how many sends
+    /// waited then (fewer later: the peer makes room, retry soon again).
+    retry_armed: Option<(Duration, usize)>,
     /// The drain has acted on the manager's end (see `drain`).
     told_gone: bool,
     /// [`Net::doorbell`] was handed out: a reactor (xio-tokio's driver, an
@@ -856,6 +873,63 @@ impl Core {
 
     fn has_pending(&self) -> bool {
         self.pending.values().any(|q| !q.is_empty())
+    }
+
+    /// How many sends wait for ring space.
+    fn pending_len(&self) -> usize {
+        self.pending.values().map(VecDeque::len).sum()
+    }
+
+    /// For [`Net::poll_nowait`]: while sends wait for ring space, sets the
+    /// retry timer of [`Net::poll_fd`] (a short pause, doubling up to
+    /// [`RETRY_FULL_MAX`] while the peers make no room), and stops it
+    /// once none wait. Without a timer (the loop sleeps on the bare
+    /// [`Net::doorbell`]) rings the doorbell instead: that loop comes
+    /// straight back, as it does if the timer cannot be set. True if the
+    /// doorbell has to ring.
+    fn set_retry_timer(&mut self) -> bool {
+        use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
+        let waiting = self.pending_len();
+        let Some(timer) = &self.retry_timer else {
+            return waiting > 0;
+        };
+        let pause = match (waiting, self.retry_armed) {
+            (0, None) => return false,
+            (0, Some(_)) => None,
+            // Room made since the last try, or the first wait: soon.
+            (n, Some((p, before))) if n >= before => Some((p * 2).min(RETRY_FULL_MAX)),
+            _ => Some(RETRY_FULL),
+        };
+        let value = pause.map_or(
+            Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            |p| Timespec {
+                tv_sec: 0,
+                tv_nsec: p.subsec_nanos().into(),
+            },
+        );
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // Setting the time (or stopping it) also clears an expiry not read
+        // yet, so a timer that fired goes quiet here without a read.
+        let set = timerfd_settime(
+            timer,
+            TimerfdTimerFlags::empty(),
+            &Itimerspec {
+                it_interval: zero,
+                it_value: value,
+            },
+        );
+        if set.is_err() {
+            // (`retry_armed` unchanged: the next call stops it again.)
+            return waiting > 0;
+        }
+        self.retry_armed = pause.map(|p| (p, waiting));
+        false
     }
 
     fn pending_for(&self, peer: PeerId) -> bool {
@@ -2635,20 +2709,29 @@ impl Net {
         }
     }
 
-    /// [`Net::poll`] for event loops that wait on [`Net::doorbell`]
+    /// [`Net::poll`] for event loops that wait on [`Net::poll_fd`]
     /// themselves (an `epoll` loop in C): collects what is ready without
     /// waiting, then arms the doorbell, so the fd becomes readable when
     /// more arrives. Call it whenever the fd is readable, and at least
     /// every millisecond while a non-blocking write waits after
     /// `WouldBlock` (a full ring or an empty pool rings no doorbell).
+    ///
+    /// What the net sends by itself (a close's FIN, the window a read
+    /// gives back) and finds a peer's ring full for is retried when the
+    /// fd's timer fires: after 50 µs, the pause doubling up to 1 ms while
+    /// the peer makes no room (a stopped peer costs the loop a wake-up a
+    /// millisecond, not a core). A loop asleep on the bare
+    /// [`Net::doorbell`] has no timer: for it the doorbell is left
+    /// readable while such sends wait, and it comes straight back.
     pub fn poll_nowait(&self, events: &mut Vec<Event>) -> io::Result<usize> {
         self.poll_nowait_capped(events, usize::MAX)
     }
 
     /// [`Net::poll_nowait`] appending at most `cap` events (at least one);
-    /// when more are ready, or sends of the net's own wait for a peer's
-    /// ring to have room, the doorbell is left readable so the caller
-    /// comes back for them.
+    /// when more are ready the doorbell is left readable so the caller
+    /// comes back for them (and while sends of the net's own wait for a
+    /// peer's ring to have room, its timer is set: see
+    /// [`Net::poll_nowait`]).
     pub fn poll_nowait_capped(&self, events: &mut Vec<Event>, cap: usize) -> io::Result<usize> {
         let cap = cap.max(1);
         let start = events.len();
@@ -2688,12 +2771,16 @@ impl Net {
         }
         // Sends queued behind a full ring (a FIN, a credit) go out only
         // when a drain retries them, and the room a peer makes rings
-        // nobody: keep the fd readable so the caller comes back for them
-        // (as `Drive::retry` asks a driver to), rather than sleep with
-        // them queued while the peer waits for them.
+        // nobody: the caller has to come back for them (as `Drive::retry`
+        // asks a driver to), rather than sleep with them queued while the
+        // peer waits for them. A loop on `poll_fd` comes back when its
+        // timer fires: after a pause, not at once, so a peer that does
+        // not run (stopped) costs it no core meanwhile. One on the bare
+        // doorbell finds it readable again at once.
         let again = {
-            let g = self.lock();
-            !g.ready.is_empty() || g.has_pending()
+            let mut g = self.lock();
+            let retry = g.set_retry_timer();
+            !g.ready.is_empty() || retry
         };
         if !armed || again {
             self.ring_doorbell()?;
@@ -3881,6 +3968,46 @@ impl Net {
         let mut g = self.lock();
         g.bell_out = true;
         Ok(rustix::io::fcntl_dupfd_cloexec(g.stack.doorbell_fd(), 3)?)
+    }
+
+    /// The fd an event loop that calls [`Net::poll_nowait`] sleeps on: an
+    /// epoll instance (poll it for readability, never read it) that is
+    /// readable when the doorbell rang ([`Net::doorbell`]) or when the
+    /// net's retry timer fired: sends of the net's own that wait for a
+    /// peer's full ring are then retried by the next `poll_nowait`,
+    /// without the loop spinning while the peer makes no room. Every
+    /// call returns a copy of the same instance.
+    pub fn poll_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
+        use rustix::event::epoll;
+        use rustix::time::{timerfd_create, TimerfdClockId, TimerfdFlags};
+        let mut g = self.lock();
+        if g.loop_fd.is_none() {
+            let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+            let timer = timerfd_create(
+                TimerfdClockId::Monotonic,
+                TimerfdFlags::CLOEXEC | TimerfdFlags::NONBLOCK,
+            )?;
+            // Level-triggered: readable while the doorbell's count or the
+            // timer's expiry is unread (`poll_nowait` clears both).
+            epoll::add(
+                &ep,
+                g.stack.doorbell_fd(),
+                epoll::EventData::new_u64(0),
+                epoll::EventFlags::IN,
+            )?;
+            epoll::add(
+                &ep,
+                &timer,
+                epoll::EventData::new_u64(1),
+                epoll::EventFlags::IN,
+            )?;
+            g.loop_fd = Some(ep);
+            g.retry_timer = Some(timer);
+            g.retry_armed = None;
+        }
+        g.bell_out = true;
+        let ep = g.loop_fd.as_ref().expect("just made");
+        Ok(rustix::io::fcntl_dupfd_cloexec(ep, 3)?)
     }
 
     /// A pollable fd for the manager's side of this net: readable while
