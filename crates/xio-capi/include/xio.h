@@ -376,6 +376,9 @@ xio_result xio_net_manager_gone(struct xio_net *net, int32_t *gone_out);
  * re-arms `xio_net_fd`), > 0 waits at most that long (`*n_out` = 0 when
  * nothing came). The wait follows the adaptive policy: it spins briefly
  * when a peer is active, then sleeps.
+ * With timeout 0, an error met after events were collected is returned
+ * by the next call (the fd is left readable for it): this call reports
+ * the events, which are not lost.
  *
  * Thread-safe, though one thread polling a net is the usual design.
  *

@@ -249,6 +249,9 @@ impl NetBuilder {
                     loop_fd: None,
                     retry_timer: None,
                     retry_armed: None,
+                    #[cfg(test)]
+                    fail_drive: false,
+                    poll_error: None,
                     told_gone: false,
                     bell_out: false,
                     draining: false,
@@ -522,6 +525,13 @@ struct Core {
     /// `retry_timer` is set: the pause it was set for, and how many sends
     /// waited then (fewer later: the peer makes room, retry soon again).
     retry_armed: Option<(Duration, usize)>,
+    /// Tests: the next [`Net::drive`] fails as a drain can (a control
+    /// message the stack could not act on, say).
+    #[cfg(test)]
+    fail_drive: bool,
+    /// An error [`Net::poll_nowait`] met after it had collected events:
+    /// those went to the caller, this comes with its next call.
+    poll_error: Option<io::Error>,
     /// The drain has acted on the manager's end (see `drain`).
     told_gone: bool,
     /// [`Net::doorbell`] was handed out: a reactor (xio-tokio's driver, an
@@ -2723,6 +2733,10 @@ impl Net {
     /// millisecond, not a core). A loop asleep on the bare
     /// [`Net::doorbell`] has no timer: for it the doorbell is left
     /// readable while such sends wait, and it comes straight back.
+    ///
+    /// An error met after events were collected (a failed drain) comes
+    /// with the next call, the fd left readable for it: the events are
+    /// returned, not dropped with it.
     pub fn poll_nowait(&self, events: &mut Vec<Event>) -> io::Result<usize> {
         self.poll_nowait_capped(events, usize::MAX)
     }
@@ -2735,6 +2749,9 @@ impl Net {
     pub fn poll_nowait_capped(&self, events: &mut Vec<Event>, cap: usize) -> io::Result<usize> {
         let cap = cap.max(1);
         let start = events.len();
+        if let Some(e) = self.lock().poll_error.take() {
+            return Err(e);
+        }
         self.poll_capped(events, cap, Some(Duration::ZERO))?;
         // Read the control socket once the manager's liveness word says it
         // died (one load); where no manager registered the word, about
@@ -2755,8 +2772,18 @@ impl Net {
         // readiness) and arm the doorbell; when something keeps arriving
         // as we arm, leave the fd readable so the caller comes back.
         let mut armed = false;
+        // A failure from here on must not take the events collected
+        // above with it (the C ABI returns an error code alone): they go
+        // to the caller, the error with the next call.
+        let mut failed = None;
         for _ in 0..4 {
-            let d = self.drive(true, liveness)?;
+            let d = match self.drive(true, liveness) {
+                Ok(d) => d,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            };
             if d.retry {
                 self.wake_retriers();
             }
@@ -2766,8 +2793,10 @@ impl Net {
             }
         }
         let room = cap - (events.len() - start);
-        if room > 0 && !self.lock().ready.is_empty() {
-            self.poll_capped(events, room, Some(Duration::ZERO))?;
+        if failed.is_none() && room > 0 && !self.lock().ready.is_empty() {
+            if let Err(e) = self.poll_capped(events, room, Some(Duration::ZERO)) {
+                failed = Some(e);
+            }
         }
         // Sends queued behind a full ring (a FIN, a credit) go out only
         // when a drain retries them, and the room a peer makes rings
@@ -2782,10 +2811,23 @@ impl Net {
             let retry = g.set_retry_timer();
             !g.ready.is_empty() || retry
         };
-        if !armed || again {
-            self.ring_doorbell()?;
+        // After a failure the doorbell may be unarmed with the rings
+        // holding more: ring it, so the caller comes back (for the
+        // error, and to drain again) instead of sleeping on them.
+        let rung = if !armed || again || failed.is_some() {
+            self.ring_doorbell()
+        } else {
+            Ok(())
+        };
+        let n = events.len() - start;
+        match failed.or(rung.err()) {
+            Some(e) if n == 0 => Err(e),
+            Some(e) => {
+                self.lock().poll_error = Some(e);
+                Ok(n)
+            }
+            None => Ok(n),
         }
-        Ok(events.len() - start)
     }
 
     /// Makes [`Net::doorbell`] readable, so an external loop waiting on it
@@ -4059,6 +4101,10 @@ impl Net {
                 r = Err(e);
             }
         }
+        #[cfg(test)]
+        if std::mem::take(&mut g.fail_drive) {
+            r = Err(io::Error::other("a drain failed (injected)"));
+        }
         let retry = !g.retry_waiters.is_empty() || g.has_pending();
         // A blocking driver thread watches the rings itself: leave the
         // doorbell to it (it wakes our tasks' wakers as it drains).
@@ -4504,6 +4550,73 @@ mod tests {
         b[1] = 4;
         b[0] = 2;
         assert_eq!(decode_syn(&b), None);
+    }
+
+    /// A drain that fails inside [`Net::poll_nowait`] after it collected
+    /// events (a control message the stack could not act on, say) lost
+    /// them: they were returned with the error, which the C ABI's
+    /// `xio_net_poll` turns into an error code alone, and taken out of
+    /// the net. And the doorbell, not armed when the rings held more,
+    /// was not rung either, so a loop asleep on the fd slept on it. Now
+    /// the events are returned, the error comes with the next call, and
+    /// the fd is readable to bring the loop back for it.
+    #[test]
+    fn a_drain_failing_in_poll_nowait_loses_no_event() {
+        use std::io::Write;
+        let p = format!("unit-drive-fails-{}", std::process::id());
+        let _m = crate::Manager::builder(&p).spawn().unwrap();
+        let server = Net::attach(&p).unwrap();
+        let client = Net::attach(&p).unwrap();
+        let addr: SocketAddr = "10.9.9.1:80".parse().unwrap();
+        let l = server.listen(addr).unwrap();
+        let mut c = client.connect(addr).unwrap();
+        let (s, _) = l.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        s.set_token(7);
+        let fd = server.poll_fd().unwrap();
+        let readable = || {
+            let mut p = [rustix::event::PollFd::new(
+                &fd,
+                rustix::event::PollFlags::IN,
+            )];
+            let now = rustix::time::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            rustix::event::poll(&mut p, Some(&now)).unwrap() == 1
+        };
+        let mut events = Vec::new();
+        // Quiet: nothing left to report, the fd not readable.
+        for _ in 0..10_000 {
+            events.clear();
+            server.poll_nowait(&mut events).unwrap();
+            if !readable() {
+                break;
+            }
+        }
+        assert!(!readable(), "the fd never went quiet");
+        c.write_all(b"x").unwrap();
+        server.lock().fail_drive = true;
+        let mut got = Vec::new();
+        let r = server.poll_nowait(&mut got);
+        assert!(
+            matches!(r, Ok(n) if n == got.len())
+                && got.iter().any(|e| matches!(
+                    e,
+                    Event::Stream {
+                        token: 7,
+                        readable: true,
+                        ..
+                    }
+                )),
+            "{r:?} {got:?}"
+        );
+        assert!(readable(), "the loop is not brought back for the error");
+        let e = server.poll_nowait(&mut got).unwrap_err();
+        assert!(e.to_string().contains("injected"), "{e}");
+        // Then the net goes on as before.
+        got.clear();
+        server.poll_nowait(&mut got).unwrap();
     }
 
     #[test]
