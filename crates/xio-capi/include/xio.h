@@ -305,6 +305,13 @@ const char *xio_last_error(void);
  * (default "xio"), shared with every other NULL attach. Close with
  * `xio_net_close` (streams and listeners keep the attachment alive).
  *
+ * A net has one readiness queue, so only one handle may poll it
+ * (`xio_net_poll`, `xio_net_fd`): with two NULL handles, the second to
+ * poll gets `XIO_ERR_INVALID_ARGUMENT` until the first is closed (it
+ * would take the first one's events). Each attach with a prefix is a
+ * net of its own: give each event loop of a process its own that way.
+ * Streams made through any handle of a net report to its poller.
+ *
  * Thread-safe; a net and its listeners and streams may be used from any
  * number of threads at once.
  *
@@ -379,6 +386,8 @@ xio_result xio_net_manager_gone(struct xio_net *net, int32_t *gone_out);
  * With timeout 0, an error met after events were collected is returned
  * by the next call (the fd is left readable for it): this call reports
  * the events, which are not lost.
+ * `XIO_ERR_INVALID_ARGUMENT` when another handle of the same net polls
+ * it (two NULL attaches: see `xio_net_attach`), as for `xio_net_fd`.
  *
  * Thread-safe, though one thread polling a net is the usual design.
  *

@@ -9,6 +9,7 @@ use std::io::{IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use xio_core::net::{Event, Net, WeakNet, XioListener as Listener, XioStream as Stream};
@@ -63,6 +64,49 @@ pub(crate) struct NetInner {
     fd: Mutex<Option<OwnedFd>>,
     /// The manager's watch (`Net::manager_watch`), made on first ask.
     manager_fd: Mutex<Option<OwnedFd>>,
+    /// This handle is the one that polls its net (see [`claim_polling`]).
+    polls: AtomicBool,
+    /// Names this handle in [`POLLERS`] (its address moves when closed).
+    key: usize,
+}
+
+/// The next [`NetInner::key`].
+static NEXT_KEY: AtomicUsize = AtomicUsize::new(0);
+
+/// For each net polled through a handle: `(Net::id, that handle)`. A net
+/// has one readiness queue, and two NULL attaches are one net: a second
+/// event loop polling it would take the first one's events.
+static POLLERS: xio_core::fork::PerProcess<Mutex<Vec<(usize, usize)>>> =
+    xio_core::fork::PerProcess::new(|| Mutex::new(Vec::new()));
+
+/// Makes `n` the handle that polls its net (`xio_net_poll`, `xio_net_fd`),
+/// or refuses if another live handle of the same net is. One load once
+/// claimed.
+fn claim_polling(n: &NetInner) -> Result<(), Fail> {
+    if n.polls.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let me = n.key;
+    let mut p = POLLERS.get().lock().unwrap_or_else(|e| e.into_inner());
+    if p.iter().any(|&(net, h)| net == n.net.id() && h != me) {
+        return Err(Fail::new(
+            XIO_ERR_INVALID_ARGUMENT,
+            "another handle of this net polls it (two xio_net_attach(NULL) are one \
+             net, with one readiness queue): attach with a prefix for a net of its own",
+        ));
+    }
+    p.push((n.net.id(), me));
+    n.polls.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+impl Drop for NetInner {
+    fn drop(&mut self) {
+        if self.polls.load(Ordering::Relaxed) {
+            let mut p = POLLERS.get().lock().unwrap_or_else(|e| e.into_inner());
+            p.retain(|&(_, h)| h != self.key);
+        }
+    }
 }
 
 impl Opaque for XioNet {
@@ -128,6 +172,13 @@ fn event_of(e: &Event) -> XioEvent {
 /// (default "xio"), shared with every other NULL attach. Close with
 /// `xio_net_close` (streams and listeners keep the attachment alive).
 ///
+/// A net has one readiness queue, so only one handle may poll it
+/// (`xio_net_poll`, `xio_net_fd`): with two NULL handles, the second to
+/// poll gets `XIO_ERR_INVALID_ARGUMENT` until the first is closed (it
+/// would take the first one's events). Each attach with a prefix is a
+/// net of its own: give each event loop of a process its own that way.
+/// Streams made through any handle of a net report to its poller.
+///
 /// Thread-safe; a net and its listeners and streams may be used from any
 /// number of threads at once.
 ///
@@ -147,6 +198,8 @@ pub unsafe extern "C" fn xio_net_attach(prefix: *const c_char, out: *mut *mut Xi
             net,
             fd: Mutex::new(None),
             manager_fd: Mutex::new(None),
+            polls: AtomicBool::new(false),
+            key: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
         });
         // SAFETY: checked non-NULL.
         unsafe { put(out, h) };
@@ -199,6 +252,7 @@ pub unsafe extern "C" fn xio_net_fd(net: *mut XioNet, fd_out: *mut i32) -> XioRe
         need_out(fd_out, "fd_out")?;
         // SAFETY: per this function's contract.
         let n = unsafe { borrow(net) }?;
+        claim_polling(n)?;
         let raw = lazy_fd(&n.fd, || n.net.poll_fd())?;
         // SAFETY: checked non-NULL.
         unsafe { put(fd_out, raw) };
@@ -259,6 +313,8 @@ pub unsafe extern "C" fn xio_net_manager_gone(net: *mut XioNet, gone_out: *mut i
 /// With timeout 0, an error met after events were collected is returned
 /// by the next call (the fd is left readable for it): this call reports
 /// the events, which are not lost.
+/// `XIO_ERR_INVALID_ARGUMENT` when another handle of the same net polls
+/// it (two NULL attaches: see `xio_net_attach`), as for `xio_net_fd`.
 ///
 /// Thread-safe, though one thread polling a net is the usual design.
 ///
@@ -281,6 +337,7 @@ pub unsafe extern "C" fn xio_net_poll(
         }
         // SAFETY: per this function's contract.
         let n = unsafe { borrow(net) }?;
+        claim_polling(n)?;
         // At most `cap`: the rest stay in the net, where a token chosen
         // before the next call still applies to them.
         let mut got = Vec::new();

@@ -371,6 +371,24 @@ int main(int argc, char **argv) {
     OK(xio_listener_close(l));
     OK(xio_net_close(net));
 
+    /* Two NULL attaches are one net with one readiness queue: a second
+     * loop polling it would take the first one's events. Only one handle
+     * may poll it (or hand out its fd) at a time; the other is refused,
+     * until the first is closed. */
+    setenv("XIO_PREFIX", prefix, 1);
+    xio_net *g1, *g2;
+    int gfd = -1;
+    OK(xio_net_attach(NULL, &g1));
+    OK(xio_net_attach(NULL, &g2));
+    OK(xio_net_poll(g1, ev, 8, 0, &n));
+    CHECK(xio_net_poll(g2, ev, 8, 0, &n) == XIO_ERR_INVALID_ARGUMENT);
+    CHECK(xio_net_fd(g2, &gfd) == XIO_ERR_INVALID_ARGUMENT && gfd == -1);
+    OK(xio_net_fd(g1, &gfd));
+    OK(xio_net_poll(g1, ev, 8, 0, &n));
+    OK(xio_net_close(g1));
+    OK(xio_net_poll(g2, ev, 8, 0, &n));
+    OK(xio_net_close(g2));
+
     if (failures) {
         fprintf(stderr, "api_test: %d checks failed\n", failures);
         return 1;
