@@ -160,6 +160,7 @@ fn stack_code(e: &StackError) -> XioResult {
         StackError::Protocol(_) => XIO_ERR_PROTOCOL,
         StackError::WrongBackend { .. } => XIO_ERR_INVALID_ARGUMENT,
         StackError::ForeignBuffer => XIO_ERR_INVALID_ARGUMENT,
+        StackError::BurstTooLarge { .. } => XIO_ERR_INVALID_ARGUMENT,
         StackError::Forked => XIO_ERR_FORKED,
         StackError::Io(_) => XIO_ERR_IO,
     }

@@ -127,6 +127,17 @@ pub enum Error {
         /// The one asked for.
         wanted: crate::manager::Backend,
     },
+    /// [`Stack::alloc_burst`] asked for more buffers of a size than the
+    /// pool holds: no wait could ever give them.
+    #[error("a burst of {n} buffers of {len} bytes: the pool holds only {count} of that size")]
+    BurstTooLarge {
+        /// Buffers asked for.
+        n: usize,
+        /// Their size.
+        len: usize,
+        /// How many the size's class holds in all.
+        count: usize,
+    },
     /// The buffer belongs to another pool (allocated or received by a
     /// stack of another prefix): a stack sends only its own pool's
     /// buffers. Copy the bytes into a buffer of this pool instead.
@@ -178,6 +189,7 @@ impl From<Error> for io::Error {
             Error::TimedOut => io::ErrorKind::TimedOut,
             Error::ManagerUnresponsive(_) => io::ErrorKind::TimedOut,
             Error::TooLarge(_) => io::ErrorKind::InvalidInput,
+            Error::BurstTooLarge { .. } => io::ErrorKind::InvalidInput,
             Error::ManagerGone => io::ErrorKind::BrokenPipe,
             Error::Protocol(_) => io::ErrorKind::InvalidData,
             Error::WrongBackend { .. } => io::ErrorKind::Unsupported,
@@ -2121,9 +2133,23 @@ impl Stack {
     /// waits for buffers it holds none of them (a burst that kept what it
     /// had waited for ever on anyone who needed one more before freeing
     /// theirs, another such burst say), so it gets all `n` at once or
-    /// waits; `n` beyond what the class holds waits for ever. On an error
+    /// waits. `n` beyond what the class holds could never be met: it fails
+    /// at once with [`Error::BurstTooLarge`] (`InvalidInput`). On an error
     /// `out` is as it was.
     pub fn alloc_burst(&self, len: usize, n: usize, out: &mut Vec<BufMut>) -> Result<(), Error> {
+        // Checked once per call, not per buffer: the class table is read
+        // only (a `len` past every class fails below as `TooLarge`).
+        if let Some(class) = self
+            .seg
+            .classes()
+            .iter()
+            .position(|c| c.buf_size as usize >= len)
+        {
+            let count = self.pool.class_count(&self.seg, class);
+            if n > count {
+                return Err(Error::BurstTooLarge { n, len, count });
+            }
+        }
         let mut raws = [crate::pool::RawBuf { class: 0, index: 0 }; BURST];
         let start = out.len();
         let mut done = 0;

@@ -1422,6 +1422,49 @@ fn a_non_blocking_send_burst_with_on_an_exhausted_pool_would_block() {
     wait_pool_whole(&mgr);
 }
 
+/// An `alloc_burst` of more buffers than its class holds can never be
+/// met: it waited for ever (even in non-blocking mode it only said
+/// `WouldBlock`, as if a retry could succeed). It is refused at once,
+/// taking nothing.
+#[test]
+fn an_alloc_burst_larger_than_its_class_is_refused_at_once() {
+    setup();
+    let p = prefix("burstbig");
+    let cfg = PoolConfig {
+        classes: vec![(64, 8), (256, 4)],
+        ..PoolConfig::default()
+    };
+    let mgr = manager_builder(&p).pool(cfg).spawn().unwrap();
+    let a = Stack::attach(&p).unwrap();
+    let r = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        // 100-byte buffers come from the class of 4.
+        let r = a.alloc_burst(100, 5, &mut out);
+        (r, out, a)
+    });
+    let deadline = std::time::Instant::now() + WATCHDOG;
+    while !r.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "watchdog: an alloc_burst larger than its class waited"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let (r, out, a) = r.join().unwrap();
+    let e = r.unwrap_err();
+    assert_eq!(
+        std::io::Error::from(e).kind(),
+        std::io::ErrorKind::InvalidInput
+    );
+    assert!(out.is_empty());
+    // The whole class still comes at once.
+    let mut out = Vec::new();
+    a.alloc_burst(100, 4, &mut out).unwrap();
+    assert_eq!(out.len(), 4);
+    drop((out, a));
+    wait_pool_whole(&mgr);
+}
+
 /// `alloc_burst` kept the buffers it had while it waited for the rest: a
 /// stack that needed one more before it could free its own (another burst
 /// waiting the same way, or a writer finishing a message) waited for
