@@ -375,8 +375,8 @@ impl StackBuilder {
             unanswered: VecDeque::new(),
             awaited: Vec::new(),
             answered: Vec::new(),
-            unreleased: Vec::new(),
-            releases_due: None,
+            unsent: Vec::new(),
+            unsent_due: None,
             busy_tick_due: None,
             next_request: 0,
             epoch: Arc::new(AtomicU64::new(0)),
@@ -402,9 +402,9 @@ pub(crate) enum Kept {
     /// channel as it should: the peer, or why not.
     Route(Result<PeerId, Error>),
 }
-/// How often releases the control socket had no room for are tried again
-/// from the ring path.
-const RELEASE_RETRY: Duration = Duration::from_millis(1);
+/// How often messages the control socket had no room for (see
+/// `Stack::unsent`) are tried again from the ring path.
+const UNSENT_RETRY: Duration = Duration::from_millis(1);
 
 /// The control timeout unless set: `$XIO_CONTROL_TIMEOUT_MS`, else 5 s.
 /// A value that is not a whole number of milliseconds from 1 up is an
@@ -621,13 +621,15 @@ pub struct Stack {
     awaited: Vec<u64>,
     /// Answers kept for `awaited` requests: number, request, answer.
     answered: Vec<(u64, Msg, Kept)>,
-    /// Channels whose release the control socket had no room for (the
-    /// manager is not reading this stack's messages: stopped, or busy
-    /// sending it news it has not read yet). Sent before anything else is
-    /// read; never waited for, since the manager may be waiting for us.
-    unreleased: Vec<u32>,
-    /// When the releases left over are tried again from the ring path.
-    releases_due: Option<Instant>,
+    /// Messages the control socket had no room for (the manager is not
+    /// reading this stack's messages: stopped, or busy sending it news it
+    /// has not read yet), in order: channels' releases, and unbinds of
+    /// addresses bound late for a caller who was told the bind failed.
+    /// Sent before anything else is read or asked; never waited for,
+    /// since the manager may be waiting for us.
+    unsent: Vec<Msg>,
+    /// When the messages left over are tried again from the ring path.
+    unsent_due: Option<Instant>,
     /// When a wait that does not sleep (busy polling, non-blocking, a
     /// send waiting for room) next looks at its peers' pidfds while no manager runs (see
     /// [`Stack::dead_manager_tick`]).
@@ -819,11 +821,12 @@ impl Stack {
         if self.manager_gone {
             return Err(Error::ManagerGone);
         }
-        self.send_releases();
-        // A release still queued (the socket was full a moment ago) goes
-        // first: a request that overtook it could be answered with the
-        // channel it gives up (a Connect, as `existing`).
-        if !self.unreleased.is_empty() {
+        self.send_unsent();
+        // A message still queued (the socket was full a moment ago) goes
+        // first: a request that overtook a release could be answered with
+        // the channel it gives up (a Connect, as `existing`), and a Bind
+        // that overtook an unbind of its address would be undone by it.
+        if !self.unsent.is_empty() {
             return Err(Error::ManagerUnresponsive(self.ctrl_timeout));
         }
         // Not blocking: a manager stopped long enough for timed-out
@@ -971,12 +974,10 @@ impl Stack {
                     .iter()
                     .any(|(_, m)| *m == Msg::Bind { addr }) =>
             {
-                let unbind = Msg::Unbind { addr };
-                if ctrl::send_nowait(self.ctrl_fd(), &unbind, &[]).is_ok() {
-                    let n = self.next_request;
-                    self.next_request += 1;
-                    self.unanswered.push_back((n, unbind));
-                }
+                // Queued if the socket is full (the manager is stopped
+                // again, say): dropped, it left the address bound to us
+                // for good.
+                self.send_later(Msg::Unbind { addr });
             }
             _ => {}
         }
@@ -1237,18 +1238,31 @@ impl Stack {
     /// Tells the manager this stack is done with channel `ch`, now or, if
     /// the socket is full, at the next look at the control socket.
     fn release(&mut self, ch: u32) {
-        self.unreleased.push(ch);
-        self.send_releases();
+        self.send_later(Msg::ChannelReleased { channel: ch });
     }
 
-    /// Sends the releases that wait, as far as the socket has room.
-    fn send_releases(&mut self) {
-        while let Some(&ch) = self.unreleased.first() {
-            let msg = Msg::ChannelReleased { channel: ch };
-            match ctrl::send_nowait(self.ctrl_fd(), &msg, &[]) {
+    /// Sends `msg` (a release, or an `Unbind` nobody waits for) now, or,
+    /// if the socket is full, after those already waiting, at the next
+    /// look at the control socket.
+    fn send_later(&mut self, msg: Msg) {
+        self.unsent.push(msg);
+        self.send_unsent();
+    }
+
+    /// Sends the messages that wait, as far as the socket has room. An
+    /// `Unbind` is answered: its reply is expected in turn (and settled,
+    /// as nobody waits for it).
+    fn send_unsent(&mut self) {
+        while let Some(msg) = self.unsent.first() {
+            match ctrl::send_nowait(self.ctrl_fd(), msg, &[]) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Ok(()) => {
-                    self.unreleased.remove(0);
+                    let msg = self.unsent.remove(0);
+                    if matches!(msg, Msg::Unbind { .. }) {
+                        let n = self.next_request;
+                        self.next_request += 1;
+                        self.unanswered.push_back((n, msg));
+                    }
                 }
                 // No manager to tell.
                 Err(e)
@@ -1259,11 +1273,12 @@ impl Stack {
                             | io::ErrorKind::NotConnected
                     ) =>
                 {
-                    self.unreleased.remove(0);
+                    self.unsent.remove(0);
                 }
                 // Full (WouldBlock), or short of kernel memory (ENOBUFS,
                 // ENOMEM): kept for the next try, as the manager waits
-                // for this release before it frees the channel.
+                // for a release before it frees the channel, and keeps an
+                // address bound until it is unbound.
                 Err(_) => return,
             }
         }
@@ -1369,7 +1384,7 @@ impl Stack {
             self.reap_dead_peers();
             return Ok(());
         }
-        self.send_releases();
+        self.send_unsent();
         // A message that could not be acted on is reported once the
         // socket is read out, not at once: those behind it came with the
         // same wake-up, and nothing else makes the stack read them.
@@ -1461,14 +1476,14 @@ impl Stack {
 
     /// Handles control messages if the manager queued any.
     fn poll_ctrl_if_bumped(&mut self) -> Result<(), Error> {
-        // Releases that found the socket full wait for room, not for news
-        // (a manager reading them answers nothing, so rings nobody).
+        // Messages that found the socket full wait for room, not for news
+        // (a manager reading a release answers nothing, so rings nobody).
         // Once a millisecond at most: a stopped manager fails each try.
-        if !self.unreleased.is_empty() && !self.manager_gone {
+        if !self.unsent.is_empty() && !self.manager_gone {
             let now = Instant::now();
-            if self.releases_due.is_none_or(|t| now >= t) {
-                self.send_releases();
-                self.releases_due = (!self.unreleased.is_empty()).then(|| now + RELEASE_RETRY);
+            if self.unsent_due.is_none_or(|t| now >= t) {
+                self.send_unsent();
+                self.unsent_due = (!self.unsent.is_empty()).then(|| now + UNSENT_RETRY);
             }
         }
         let seq = self.slot().ctrl_seq.load(Ordering::Acquire);

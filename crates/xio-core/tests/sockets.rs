@@ -3844,3 +3844,91 @@ fn a_late_answer_does_not_bring_back_a_closed_channel() {
     let got = a.recv_timeout(WATCHDOG).unwrap();
     assert_eq!(&got.buf[..], b"hello");
 }
+
+/// This process's sockets connected to the manager of `prefix` (a stack's
+/// control socket), by number, duplicated.
+fn control_sockets(prefix: &str) -> Vec<(i32, std::os::fd::OwnedFd)> {
+    let path = xio_core::paths::socket_path(prefix);
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc/self/fd").unwrap() {
+        let Some(fd) = e
+            .ok()
+            .and_then(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: borrowed only to dup it; another test's thread may
+        // close it meanwhile, which fails the dup (EBADF) or dups a file
+        // that the peer check below rejects.
+        let Ok(dup) = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()
+        else {
+            continue;
+        };
+        let peer = rustix::net::getpeername(&dup).ok().flatten();
+        let unix = peer.and_then(|a| rustix::net::SocketAddrUnix::try_from(a).ok());
+        // The manager binds a temporary name, then renames it: its
+        // accepted sockets keep the name it bound.
+        let path = path.as_os_str().as_encoded_bytes();
+        if unix.is_some_and(|u| u.path_bytes().is_some_and(|b| b.starts_with(path))) {
+            out.push((fd, dup));
+        }
+    }
+    out
+}
+
+/// A bind that timed out while the manager was stopped is given back when
+/// its late answer comes (the caller was told it failed). That unbind was
+/// sent only if the control socket had room at that moment, and dropped
+/// otherwise: the manager kept the address bound to this process for
+/// good, and nobody could bind it again. It now waits its turn, as a
+/// channel's release does.
+#[test]
+fn a_late_binds_unbind_is_not_lost_to_a_full_control_socket() {
+    use rustix::process::Signal;
+    use std::os::fd::AsFd;
+    use xio_core::ctrl;
+    use xio_core::proto::Msg;
+    use xio_core::stack::{Error, Stack};
+
+    let Some((p, server)) = manager_in_a_child("lateunbind", "10.61.0.90:80".parse().unwrap())
+    else {
+        return;
+    };
+    let ours: SocketAddr = "10.61.0.91:80".parse().unwrap();
+    let before: Vec<i32> = control_sockets(&p).into_iter().map(|(fd, _)| fd).collect();
+    let mut a = Stack::attach(&p).unwrap();
+    let (_, a_ctrl) = control_sockets(&p)
+        .into_iter()
+        .find(|(fd, _)| !before.contains(fd))
+        .expect("a's control socket");
+    server.signal(Signal::STOP);
+    a.set_control_timeout(Duration::from_millis(200));
+    let err = a.bind(ours).unwrap_err();
+    assert!(matches!(err, Error::ManagerUnresponsive(_)), "{err}");
+    a.set_control_timeout(WATCHDOG);
+    server.signal(Signal::CONT);
+    // Answered (the manager reads a stack's request before a newcomer's),
+    // not read by a yet.
+    let status = xio_core::manager::query_status(&p).unwrap();
+    assert!(status.contains("10.61.0.91:80"), "{status}");
+    // Stopped again, with a's control socket full.
+    server.signal(Signal::STOP);
+    let mut filled = 0;
+    loop {
+        match ctrl::send_nowait(a_ctrl.as_fd(), &Msg::Status, &[]) {
+            Ok(()) => filled += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("send: {e}"),
+        }
+    }
+    assert!(filled > 0);
+    // a reads the late answer: its unbind finds no room.
+    assert!(matches!(a.try_recv(), Err(Error::WouldBlock)));
+    server.signal(Signal::CONT);
+    let mut b = Stack::attach(&p).unwrap();
+    wait_until("the address is free again", || {
+        // a reads the status replies, and has room again.
+        let _ = a.try_recv();
+        b.bind(ours).is_ok()
+    });
+}
