@@ -3395,7 +3395,14 @@ impl Drop for ListenerInner {
                 g.forget_ready_at(i);
             }
             g.wake_key(Key::Accept(addr), &mut waiting);
-            g.ask(&crate::proto::Msg::Unbind { addr })
+            let asked = g.ask(&crate::proto::Msg::Unbind { addr });
+            // Not sent: the control socket is full (or holds messages
+            // that go first). Queued, not dropped: else the manager kept
+            // the address bound to this process for good.
+            if let Err(Error::ManagerUnresponsive(_)) = asked {
+                g.stack.unbind_later(addr);
+            }
+            asked
         });
         wake_all(&mut waiting);
         // Not the whole control timeout: a drop should not wait long. A

@@ -1241,6 +1241,14 @@ impl Stack {
         self.send_later(Msg::ChannelReleased { channel: ch });
     }
 
+    /// Releases `addr` without waiting for the answer: for a request that
+    /// failed as [`Error::ManagerUnresponsive`] before it was sent (the
+    /// socket was full), and whose caller cannot retry (a listener's
+    /// drop). Sent once the socket has room, before any new request.
+    pub(crate) fn unbind_later(&mut self, addr: SocketAddr) {
+        self.send_later(Msg::Unbind { addr });
+    }
+
     /// Sends `msg` (a release, or an `Unbind` nobody waits for) now, or,
     /// if the socket is full, after those already waiting, at the next
     /// look at the control socket.

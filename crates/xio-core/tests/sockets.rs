@@ -3932,3 +3932,43 @@ fn a_late_binds_unbind_is_not_lost_to_a_full_control_socket() {
         b.bind(ours).is_ok()
     });
 }
+
+/// A listener closed while the manager is stopped and the net's control
+/// socket is full could not even send its unbind: the manager kept the
+/// address bound to this process for good (another process's listen
+/// failed with AddrInUse until it exited). The unbind now waits its turn.
+#[test]
+fn a_listener_closed_while_the_control_socket_is_full_is_still_unbound() {
+    use rustix::process::Signal;
+    use std::os::fd::AsFd;
+    use xio_core::{ctrl, proto::Msg};
+
+    let Some((p, server, _net)) = stoppable_manager(
+        "fullclose",
+        "10.61.0.95:80".parse().unwrap(),
+        "10.61.0.96:80",
+    ) else {
+        return;
+    };
+    let ours: SocketAddr = "10.61.0.97:80".parse().unwrap();
+    let before: Vec<i32> = control_sockets(&p).into_iter().map(|(fd, _)| fd).collect();
+    let net = Net::attach(&p).unwrap();
+    let (_, net_ctrl) = control_sockets(&p)
+        .into_iter()
+        .find(|(fd, _)| !before.contains(fd))
+        .expect("the net's control socket");
+    // The route to the echo service, known from now on.
+    drop(net.connect("10.61.0.96:80").unwrap());
+    let l = net.listen(ours).unwrap();
+    server.signal(Signal::STOP);
+    while ctrl::send_nowait(net_ctrl.as_fd(), &Msg::Status, &[]).is_ok() {}
+    drop(l);
+    server.signal(Signal::CONT);
+    let other = Net::attach(&p).unwrap();
+    wait_until("the address is free again", || {
+        // A connect to a known route looks at the control socket (and
+        // may report the status replies the net did not ask for).
+        let _ = net.connect_known("10.61.0.96:80".parse().unwrap());
+        other.listen(ours).is_ok()
+    });
+}
