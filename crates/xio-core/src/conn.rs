@@ -844,6 +844,16 @@ impl<B: Chunk> Table<B> {
         Ok((e.local_addr, e.peer_addr))
     }
 
+    /// The peer's address for `c`, as `getpeername` gives it: none
+    /// (`NotConnected`) once `c` was reset or refused, as a TCP socket in
+    /// state CLOSE answers `ENOTCONN`.
+    pub fn peer_addr(&self, c: ConnId) -> Result<SocketAddr, ConnError> {
+        match self.get(c) {
+            Some(e) if e.state != State::Reset => Ok(e.peer_addr),
+            _ => Err(ConnError::NotConnected),
+        }
+    }
+
     /// Records that `bytes` of capacity were consumed on `c`, and credits
     /// the sender once a quarter of the window (of the smallest a writer
     /// may have, [`Table::set_window_floor`]) has built up. A writer that

@@ -3662,13 +3662,11 @@ impl XioStream {
             .map_err(io::Error::from)
     }
 
-    /// The other end's address.
+    /// The other end's address; `NotConnected` once the connection was
+    /// reset (or refused), as `TcpStream::peer_addr` on Linux.
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         let g = self.inner.net.lock();
-        g.table
-            .addrs(self.inner.id)
-            .map(|a| a.1)
-            .map_err(io::Error::from)
+        g.table.peer_addr(self.inner.id).map_err(io::Error::from)
     }
 
     /// Another handle to the same stream (the stream closes when the last

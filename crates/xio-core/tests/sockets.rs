@@ -3972,3 +3972,27 @@ fn a_listener_closed_while_the_control_socket_is_full_is_still_unbound() {
         other.listen(ours).is_ok()
     });
 }
+
+/// `peer_addr` after a reset: a TCP socket says `ENOTCONN` once the RST
+/// closed it (Linux's `getpeername` in state CLOSE), and so does an X-IO
+/// stream; it used to go on naming the peer that was gone.
+#[test]
+fn peer_addr_after_a_reset_is_not_connected() {
+    let (_mgr, p) = start("peerreset");
+    let addr: SocketAddr = "10.3.0.77:80".parse().unwrap();
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let l = server.listen(addr).unwrap();
+    let mut c = client.connect(addr).unwrap();
+    c.write_all(b"never read").unwrap();
+    let (s, _) = l.accept().unwrap();
+    assert_eq!(c.peer_addr().unwrap(), addr);
+    // Closed with unread data: a reset.
+    drop(s);
+    let err = c.read(&mut [0u8; 8]).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    let err = c.peer_addr().unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::NotConnected, "{err}");
+    // Its own address is still its own.
+    c.local_addr().unwrap();
+}
