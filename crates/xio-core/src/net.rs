@@ -2315,6 +2315,28 @@ impl Net {
                     message: format!("the process bound to {addr} exited"),
                 }),
                 Ok(Kept::Route(r)) => r,
+                // The manager refuses an address nobody binds, at once.
+                // It also refuses one it resolves to us: then it found a
+                // wildcard listener of ours (see `crate::addr`), as no
+                // other stack binds the address exactly. Only its own
+                // refusal means that: one made here (the channel to the
+                // stack it named closed while connecting, or that stack
+                // exited) is about another stack, which binds the
+                // address exactly, and must not reach our wildcard.
+                Ok(Kept::Reply(Ok((
+                    crate::proto::Msg::Error {
+                        code: crate::proto::ErrorCode::ConnectionRefused,
+                        ..
+                    },
+                    _,
+                )))) if g.table.listener_for(&addr).is_some()
+                    && crate::addr::is_this_node(addr.ip()) =>
+                {
+                    Ok(me)
+                }
+                Ok(Kept::Reply(Ok((crate::proto::Msg::Error { code, message }, _)))) => {
+                    Err(Error::Refused { code, message })
+                }
                 Ok(Kept::Reply(Ok((m, _)))) => {
                     Err(Error::Protocol(format!("unexpected reply {m:?}")))
                 }
@@ -2322,22 +2344,7 @@ impl Net {
             }
         };
         let (c, local, drained) = {
-            // The manager refuses an address nobody binds, at once. It
-            // also refuses one it resolves to us: then it found a
-            // wildcard listener of ours (see `crate::addr`), as no other
-            // stack binds the address exactly.
-            let peer = match resolved {
-                Ok(peer) => peer,
-                Err(Error::Refused {
-                    code: crate::proto::ErrorCode::ConnectionRefused,
-                    ..
-                }) if g.table.listener_for(&addr).is_some()
-                    && crate::addr::is_this_node(addr.ip()) =>
-                {
-                    me
-                }
-                Err(e) => return Err(stack_err(e)),
-            };
+            let peer = resolved.map_err(stack_err)?;
             let local = peer == me;
             // The source address depends on the id: reserve it, then fix.
             let c = g

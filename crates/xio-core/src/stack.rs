@@ -399,7 +399,8 @@ pub(crate) enum Kept {
     Reply(Answer),
     /// A `Connect`'s reply, acted on when it was read (the channel set up,
     /// the route recorded), so a peer's death read after it closes that
-    /// channel as it should: the peer, or why not.
+    /// channel as it should: the peer, or why not. (A refusal by the
+    /// manager is a `Reply`.)
     Route(Result<PeerId, Error>),
 }
 /// How often messages the control socket had no room for (see
@@ -858,7 +859,11 @@ impl Stack {
         match self.unanswered.pop_front() {
             Some((n, req)) if self.awaited.contains(&n) => {
                 let kept = match (&req, reply) {
-                    (Msg::Connect { addr }, Ok((m, fds))) => {
+                    // The manager's refusal is kept as it came: the caller
+                    // tells it from one made here (a channel closed while
+                    // connecting), as only the manager's may mean a
+                    // wildcard listener of the caller's own.
+                    (Msg::Connect { addr }, Ok((m, fds))) if !matches!(m, Msg::Error { .. }) => {
                         Kept::Route(self.connected(*addr, m, fds))
                     }
                     (_, reply) => Kept::Reply(reply),

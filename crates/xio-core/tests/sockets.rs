@@ -3996,3 +3996,57 @@ fn peer_addr_after_a_reset_is_not_connected() {
     // Its own address is still its own.
     c.local_addr().unwrap();
 }
+
+/// A connect whose answer names a channel this net closed meanwhile (the
+/// peer's ring was found corrupt while the manager was stopped) is
+/// refused. That refusal was taken for the manager's own (it refuses an
+/// address it resolves to us, meaning one of our wildcard listeners), so
+/// the connect to another process's exact address went to our own
+/// wildcard listener instead.
+#[test]
+fn a_channel_closed_while_connecting_does_not_connect_to_our_own_wildcard() {
+    use rustix::process::Signal;
+    use xio_core::stack::Stack;
+
+    let Some((p, server, _net)) = stoppable_manager(
+        "closedwild",
+        "10.61.0.100:80".parse().unwrap(),
+        "10.61.0.101:80",
+    ) else {
+        return;
+    };
+    let port = 40000 + (std::process::id() % 20000) as u16;
+    let exact: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let ours: SocketAddr = "10.61.0.102:80".parse().unwrap();
+    let a = Net::attach(&p).unwrap();
+    a.set_control_timeout(WATCHDOG);
+    let mut poke = a.connect("10.61.0.101:80").unwrap();
+    let wild = a.listen(format!("0.0.0.0:{port}")).unwrap();
+    let _l = a.listen(ours).unwrap();
+    // b binds the exact address, and has a channel to a.
+    let mut b = Stack::attach(&p).unwrap();
+    b.bind(exact).unwrap();
+    let pa = b.connect(ours).unwrap();
+    hello_echo(&mut poke).unwrap();
+    server.signal(Signal::STOP);
+    let a2 = a.clone();
+    let connect = std::thread::spawn(move || a2.connect(exact));
+    wait_until("the connect waits for the manager", || {
+        a.__requests_awaited() == 1
+    });
+    // a finds b's ring corrupt and closes the channel; the manager, when
+    // it runs, answers the connect with that channel first.
+    assert!(b.__push_slot_count(pa, 9).unwrap());
+    // (A connect to a known route drains the rings.)
+    drop(a.connect("10.61.0.101:80").unwrap());
+    server.signal(Signal::CONT);
+    let r = connect.join().unwrap();
+    wild.set_nonblocking(true).unwrap();
+    let accepted = wild.accept();
+    assert!(
+        accepted.is_err(),
+        "the connect to {exact} reached our own wildcard listener"
+    );
+    let err = r.map(drop).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+}
