@@ -3759,8 +3759,12 @@ impl XioStream {
 
     /// Shuts down reading, writing or both. Writing: the peer reads end of
     /// stream after the data already written. Reading: reads return end of
-    /// stream; what arrives is discarded. A reset (or refused) stream is
-    /// `NotConnected`, as a TCP socket's `shutdown` after a RST on Linux.
+    /// stream at once; what was queued and what still arrives is
+    /// discarded and credited back, so the peer's writes go on, neither
+    /// blocked nor reset, and a later close is a FIN. (As on the BSDs;
+    /// Linux's TCP keeps those bytes readable instead.) A reset (or
+    /// refused) stream is `NotConnected`, as a TCP socket's `shutdown`
+    /// after a RST on Linux.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         let c = self.inner.id;
         self.inner.net.update(|g| {

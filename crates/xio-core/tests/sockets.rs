@@ -4050,3 +4050,50 @@ fn a_channel_closed_while_connecting_does_not_connect_to_our_own_wildcard() {
     let err = r.map(drop).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
 }
+
+/// `shutdown(Read)`: reads return end of stream at once, what was queued
+/// and what still arrives is discarded and credited back, so the peer's
+/// writes go on (neither blocked on a window nobody reads nor reset), and
+/// the reader's close is then a FIN, not a reset for unread data. (Linux
+/// keeps queued and arriving bytes readable instead; the BSDs discard, as
+/// here.) As for everything X-IO receives, this happens while the
+/// reader's process calls into its net (a wait, a read, a driver thread).
+#[test]
+fn shutdown_read_discards_without_stalling_or_resetting_the_writer() {
+    let (_mgr, p) = start("shutrd");
+    let addr: SocketAddr = "10.3.0.78:80".parse().unwrap();
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let l = server.listen(addr).unwrap();
+    let mut c = client.connect(addr).unwrap();
+    c.set_write_timeout(Some(WATCHDOG)).unwrap();
+    c.write_all(b"queued before the shutdown").unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    s.set_read_timeout(Some(WATCHDOG)).unwrap();
+    s.shutdown(Shutdown::Read).unwrap();
+    assert_eq!(s.read(&mut [0u8; 64]).unwrap(), 0);
+    // The server's net runs (here waiting for its next connection): with
+    // no kernel, the discarding and crediting happen as a net's process
+    // calls into it.
+    let waiting = std::thread::spawn(move || l.accept().map(drop));
+    // Far more than a window: only credit coming back lets it through.
+    let chunk = vec![7u8; 64 << 10];
+    for _ in 0..128 {
+        c.write_all(&chunk)
+            .expect("the writer is neither stalled nor reset");
+    }
+    assert_eq!(s.read(&mut [0u8; 64]).unwrap(), 0);
+    drop(client.connect(addr).unwrap());
+    waiting.join().unwrap().unwrap();
+    // The other direction still works.
+    s.write_all(b"still here").unwrap();
+    let mut got = [0u8; 10];
+    c.set_read_timeout(Some(WATCHDOG)).unwrap();
+    c.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"still here");
+    drop(s);
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest)
+        .expect("end of stream, not a reset");
+    assert!(rest.is_empty());
+}
