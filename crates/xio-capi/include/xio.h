@@ -621,6 +621,8 @@ xio_result xio_stream_set_token(struct xio_stream *stream, uint64_t token);
 /**
  * The peer's address as `"ip:port"`, NUL-terminated, into `buf` of `cap`
  * bytes (64 is always enough; `XIO_ERR_INVALID_ARGUMENT` if too small).
+ * `XIO_ERR_NOT_CONNECTED` once the connection was reset or refused, as
+ * `getpeername` on a reset TCP socket.
  *
  * # Safety
  * `stream` is a live stream handle or NULL; `buf` valid for `cap` bytes.
