@@ -700,16 +700,6 @@ impl Mempool {
         unsafe { sys::xio_shim_mempool_ring_repair(self.mp.as_ptr()) == 1 }
     }
 
-    /// Test hook: reserves `n` objects for a get and stops there, as a
-    /// process killed inside one would. False if fewer are free. Not for
-    /// applications.
-    #[doc(hidden)]
-    pub fn __half_get(&self, n: u32) -> bool {
-        // SAFETY: a live mempool; what it leaves is what a dead process
-        // would.
-        unsafe { sys::xio_shim_mempool_ring_half_dequeue(self.mp.as_ptr(), n) == 0 }
-    }
-
     /// Takes exactly `out.len()` objects, or none.
     fn get_bulk(&self, out: &mut [*mut c_void]) -> bool {
         // SAFETY: room for out.len() object pointers.
@@ -783,6 +773,29 @@ pub struct DpdkPool {
     /// operations are not bracketed and whose reclamation finds nothing
     /// lost.
     gates: Option<PoolView>,
+}
+
+/// Test hook: a mempool reached inside a mempool operation of a pool
+/// ([`DpdkPool::__inside_op`]), so what a test does to its ring happens
+/// where a real process's operations do: inside the intent/gate bracket
+/// and under the class's lock (a test outside them modelled a state no
+/// process can reach). Not for applications.
+#[doc(hidden)]
+pub struct InsideOp<'a>(&'a Mempool);
+
+impl InsideOp<'_> {
+    /// The mempool.
+    pub fn mempool(&self) -> &Mempool {
+        self.0
+    }
+
+    /// Reserves `n` objects for a get and stops there, as a process
+    /// killed inside one would. False if fewer are free.
+    pub fn half_get(&self, n: u32) -> bool {
+        // SAFETY: a live mempool, under its lock; what it leaves is what
+        // a process killed there would.
+        unsafe { sys::xio_shim_mempool_ring_half_dequeue(self.0.mp.as_ptr(), n) == 0 }
+    }
 }
 
 /// A held mempool lock (see [`DpdkPool::mempool_op`]), released when
@@ -919,12 +932,13 @@ impl DpdkPool {
         }
     }
 
-    /// Test hook: runs `f` on class `c`'s mempool inside the bracket a
-    /// mempool operation of this pool runs in (so a test can stop a
-    /// process there). Not for applications.
+    /// Test hook: runs `f` on class `c`'s mempool inside the bracket and
+    /// under the lock a mempool operation of this pool runs in (so a test
+    /// can stop a process there, or do to the ring what a process can).
+    /// Not for applications.
     #[doc(hidden)]
-    pub fn __inside_op<R>(&self, c: usize, f: impl FnOnce(&Mempool) -> R) -> Option<R> {
-        self.mempool_op(c, true, || f(&self.classes[c]))
+    pub fn __inside_op<R>(&self, c: usize, f: impl FnOnce(&InsideOp<'_>) -> R) -> Option<R> {
+        self.mempool_op(c, true, || f(&InsideOp(&self.classes[c])))
     }
 
     /// Whether class `c`'s gate is held closed by a manager that died.

@@ -424,16 +424,28 @@ fn scribbled_in_use(prefix: &str) {
     println!("XIO:took {}", held.len());
 }
 
-/// A stack whose process stops inside a get from class 0's mempool, as
-/// one killed there would: then waits to be killed.
+/// A stack's pool of the manager's classes (`manager`), its mempool
+/// operations bracketed and locked as the stack's own are.
+fn stack_pool(s: &xio_core::stack::Stack) -> DpdkPool {
+    let classes = [(0, 2048), (1, 65536)]
+        .iter()
+        .map(|&(c, size)| Mempool::lookup(&xio_core::dpdk::mempool_name(c), size).unwrap())
+        .collect();
+    DpdkPool::with_segment(classes, s.id().0, s.__segment().clone())
+}
+
+/// A stack whose process stops inside a get from class 0's mempool (inside
+/// the bracket and under the lock, as its allocations take them), as one
+/// killed there would: then waits to be killed.
 fn half_get(prefix: &str) {
-    let _s = xio_core::stack::Stack::attach(prefix).unwrap();
-    let mp = Mempool::lookup(&xio_core::dpdk::mempool_name(0), 2048).unwrap();
-    assert!(mp.__half_get(3));
-    println!("XIO:stopped inside a get");
-    loop {
-        std::thread::sleep(std::time::Duration::from_secs(1));
-    }
+    let s = xio_core::stack::Stack::attach(prefix).unwrap();
+    stack_pool(&s).__inside_op(0, |op| {
+        assert!(op.half_get(3));
+        println!("XIO:stopped inside a get");
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+    });
 }
 
 /// A stack that stops inside a get from class 0's mempool the way its
@@ -442,13 +454,8 @@ fn half_get(prefix: &str) {
 /// would: then waits to be killed.
 fn parked_get(prefix: &str) {
     let s = xio_core::stack::Stack::attach(prefix).unwrap();
-    let classes = [(0, 2048), (1, 65536)]
-        .iter()
-        .map(|&(c, size)| Mempool::lookup(&xio_core::dpdk::mempool_name(c), size).unwrap())
-        .collect();
-    let pool = DpdkPool::with_segment(classes, s.id().0, s.__segment().clone());
-    pool.__inside_op(0, |mp| {
-        assert!(mp.__half_get(3));
+    stack_pool(&s).__inside_op(0, |op| {
+        assert!(op.half_get(3));
         println!("XIO:parked");
         loop {
             std::thread::sleep(std::time::Duration::from_secs(1));
