@@ -473,7 +473,22 @@ pub struct Mempool {
     mp: NonNull<sys::rte_mempool>,
     /// Object `i`'s address, by the index in its header.
     objs: Vec<NonNull<ObjHeader>>,
+    /// Where the objects lie, from `objs` (our own memory): runs of
+    /// consecutive objects `stride` bytes apart, one per memory chunk
+    /// DPDK placed them in (usually one). A pointer the mempool's ring
+    /// hands out is checked against them before it is read through.
+    runs: Vec<Run>,
+    stride: usize,
     size: usize,
+}
+
+/// Objects `first..first + count` of a mempool, at `base + k * stride`.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    base: usize,
+    /// `count * stride`: the bytes the run spans.
+    span: usize,
+    first: u32,
 }
 
 // SAFETY: a mempool is a shared, thread-safe DPDK object (MP/MC ops); the
@@ -615,7 +630,22 @@ impl Mempool {
             .into_iter()
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| DpdkError::Corrupt(name.into()))?;
-        Ok(Mempool { mp, objs, size })
+        let (runs, stride) = runs_of(&objs);
+        Ok(Mempool {
+            mp,
+            objs,
+            runs,
+            stride,
+            size,
+        })
+    }
+
+    /// The index of the object at `o`, if `o` is exactly one of the
+    /// pool's objects (by address alone: nothing is read through `o`).
+    /// A subtraction, a compare and a division per run (one, usually).
+    #[inline]
+    fn position(&self, o: *mut c_void) -> Option<u32> {
+        position_in(&self.runs, self.stride, o as usize)
     }
 
     /// Objects in the pool.
@@ -646,37 +676,41 @@ impl Mempool {
     }
 
     /// The index of object `o` (a pointer the mempool handed out), if it is
-    /// one of the pool's objects. The header names it, but the header is
-    /// shared memory any process of the prefix can write: an index it
-    /// names beyond the class, or another object's, would be a buffer we
-    /// do not hold. Such an object is found by its address instead (a
-    /// scan, on this rare path only) and its index written back: left out
-    /// of the pool, as it was, it stayed lost (the sweep put it back, the
-    /// next get left it out again) and made every later lookup of the
-    /// mempool ([`Mempool::wrap`]) refuse it as corrupt.
+    /// one of the pool's objects. The mempool's ring, which holds the
+    /// pointers, and the object headers are shared memory any process of
+    /// the prefix can write: `o` is checked against the pool's object
+    /// area by address before anything is read through it (a bogus
+    /// pointer, read, crashed the process or read outside the pool), and
+    /// the index is taken from the address. One that is none of the
+    /// pool's objects is `None`: dropped by the caller, not used and not
+    /// put back. A header whose index was overwritten gets it written
+    /// back: left out of the pool, such an object stayed lost (the sweep
+    /// put it back, the next get left it out again) and made every later
+    /// lookup of the mempool ([`Mempool::wrap`]) refuse it as corrupt.
     fn index_of(&self, o: *mut c_void) -> Option<u32> {
-        // SAFETY: a pool object, starting with its header.
-        let h = unsafe { &*o.cast::<ObjHeader>() };
+        let Some(at) = self.position(o) else {
+            tracing::warn!(
+                mempool = self.size,
+                pointer = o as usize,
+                "the mempool handed out a pointer to none of its objects \
+                 (its ring was overwritten): dropped"
+            );
+            return None;
+        };
+        // SAFETY: object `at` of the pool (checked above by address);
+        // objects live as long as the mempool.
+        let h = unsafe { self.objs[at as usize].as_ref() };
         let i = h.index.load(Ordering::Relaxed);
-        if self
-            .objs
-            .get(i as usize)
-            .is_some_and(|p| p.as_ptr().cast::<c_void>() == o)
-        {
-            return Some(i);
+        if i != at {
+            tracing::warn!(
+                mempool = self.size,
+                object = at,
+                overwritten = i,
+                "an object's header named another index: written back"
+            );
+            h.index.store(at, Ordering::Relaxed);
         }
-        let at = self
-            .objs
-            .iter()
-            .position(|p| p.as_ptr().cast::<c_void>() == o)?;
-        tracing::warn!(
-            mempool = self.size,
-            object = at,
-            overwritten = i,
-            "an object's header named another index: written back"
-        );
-        h.index.store(at as u32, Ordering::Relaxed);
-        Some(at as u32)
+        Some(at)
     }
 
     /// Takes one object, as the pointer the mempool holds.
@@ -726,6 +760,39 @@ impl Mempool {
         // SAFETY: the payload follows the header inside the object.
         unsafe { (h as *const ObjHeader).cast_mut().cast::<u8>().add(HEADER) }
     }
+}
+
+/// The runs `objs` lie in (see the field of [`Mempool`]), and their stride: the
+/// smallest distance between consecutive objects (the object size, in a
+/// run of two or more; a run of one object matches its base alone).
+fn runs_of(objs: &[NonNull<ObjHeader>]) -> (Vec<Run>, usize) {
+    let addr = |i: usize| objs[i].as_ptr() as usize;
+    let stride = (1..objs.len())
+        .map(|i| addr(i).abs_diff(addr(i - 1)))
+        .filter(|&d| d > 0)
+        .min()
+        .unwrap_or(1);
+    let mut runs: Vec<Run> = Vec::new();
+    for i in 0..objs.len() {
+        match runs.last_mut() {
+            Some(r) if r.base.checked_add(r.span) == Some(addr(i)) => r.span += stride,
+            _ => runs.push(Run {
+                base: addr(i),
+                span: stride,
+                first: i as u32,
+            }),
+        }
+    }
+    (runs, stride)
+}
+
+/// The index of the object at address `a` in `runs` (see [`runs_of`]).
+#[inline]
+fn position_in(runs: &[Run], stride: usize, a: usize) -> Option<u32> {
+    runs.iter().find_map(|r| {
+        let off = a.wrapping_sub(r.base);
+        (off < r.span && off % stride == 0).then(|| r.first + (off / stride) as u32)
+    })
 }
 
 /// The name of class `c`'s mempool (DPDK names are per file prefix, so
@@ -795,6 +862,14 @@ impl InsideOp<'_> {
         // SAFETY: a live mempool, under its lock; what it leaves is what
         // a process killed there would.
         unsafe { sys::xio_shim_mempool_ring_half_dequeue(self.0.mp.as_ptr(), n) == 0 }
+    }
+
+    /// Puts `addrs` into the mempool's ring as object pointers, whatever
+    /// they point at: what a broken or hostile process of the prefix can
+    /// put there.
+    pub fn put_raw(&self, addrs: &[usize]) {
+        let objs: Vec<*mut c_void> = addrs.iter().map(|&a| a as *mut c_void).collect();
+        self.0.put_bulk(&objs);
     }
 }
 
@@ -1159,10 +1234,9 @@ impl DpdkPool {
     /// An object of class `c` and its index, stamped `CACHED` for us: from
     /// the private cache, refilled from the mempool in one bulk get when
     /// empty. `Err` when the class's gate is closed and `wait` is false,
-    /// or the manager died holding it (see [`DpdkPool::mempool_op`]). An
-    /// object whose header does not name it ([`Mempool::index_of`]) is
-    /// left unclaimed, out of the mempool: the manager's next sweep puts
-    /// it back.
+    /// or the manager died holding it (see [`DpdkPool::mempool_op`]). A
+    /// pointer the mempool hands out that is none of its objects
+    /// ([`Mempool::index_of`]) is dropped, and the refill goes on.
     fn take<'a>(
         &'a self,
         c: usize,
@@ -1649,6 +1723,34 @@ mod tests {
             set.set(c);
         }
         assert_eq!(cpu_list(&set), "1-3,6,9-10");
+    }
+
+    /// Objects in two memory chunks (DPDK places a mempool's objects in
+    /// as many as it needs), the second holding one: every object is
+    /// found at its address, and nothing else is, not even inside an
+    /// object or between the chunks.
+    #[test]
+    fn objects_are_found_by_address_alone() {
+        let stride = 2240;
+        let mut addrs: Vec<usize> = (0..5).map(|k| 0x1_0000_0000 + k * stride).collect();
+        addrs.push(0x2_0000_0000);
+        addrs.extend((0..3).map(|k| 0x1_8000_0000 + k * stride));
+        let objs: Vec<NonNull<ObjHeader>> = addrs
+            .iter()
+            .map(|&a| NonNull::new(a as *mut ObjHeader).unwrap())
+            .collect();
+        let (runs, s) = runs_of(&objs);
+        assert_eq!((runs.len(), s), (3, stride));
+        for (i, &a) in addrs.iter().enumerate() {
+            assert_eq!(position_in(&runs, s, a), Some(i as u32), "object {i}");
+            for bad in [a + 8, a - 64, a + stride / 2] {
+                assert_eq!(position_in(&runs, s, bad), None, "{bad:#x}");
+            }
+        }
+        for bad in [0, 0x1000, addrs[4] + stride, addrs[5] + stride, usize::MAX] {
+            assert_eq!(position_in(&runs, s, bad), None, "{bad:#x}");
+        }
+        assert!(runs_of(&[]).0.is_empty());
     }
 
     #[test]

@@ -112,6 +112,7 @@ fn child_main() {
         "late_get" => late_get(&a[0]),
         "scribbler" => scribbler(&a[0]),
         "take_all" => take_all(&a[0]),
+        "bogus_putter" => bogus_putter(&a[0]),
         "churn" => churn(&a[0]),
         "scribbled_in_use" => scribbled_in_use(&a[0]),
         "pool_ids" => pool_ids(&a[0]),
@@ -475,6 +476,27 @@ fn late_get(prefix: &str) {
     drop(b);
     for l in lines {
         l.unwrap();
+    }
+}
+
+/// A stack that puts pointers to none of class 0's objects into its
+/// mempool, as a broken or hostile process of the prefix can: one to an
+/// address no process maps, one inside an object, one past the last
+/// object, one just before the first. Then waits to be killed.
+fn bogus_putter(prefix: &str) {
+    let s = xio_core::stack::Stack::attach(prefix).unwrap();
+    let pool = stack_pool(&s);
+    pool.__inside_op(0, |op| {
+        let mp = op.mempool();
+        let at = |i: u32| mp.header(i).unwrap() as *const _ as usize;
+        let stride = at(1) - at(0);
+        let last = at(mp.len() as u32 - 1);
+        op.put_raw(&[0x1000, at(3) + 8, last + 4 * stride, at(0) - 64]);
+    })
+    .unwrap();
+    println!("XIO:put");
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(1));
     }
 }
 
@@ -1105,4 +1127,32 @@ fn an_overwritten_object_index_is_repaired_by_the_sweep() {
     assert_eq!(took, "256", "every small buffer of the manager's class 0");
     let w: Vec<&str> = w.split_whitespace().collect();
     assert_eq!(w[0], w[1], "every object back in its mempool");
+}
+
+/// A mempool's ring holds object pointers in memory every process of the
+/// prefix can write, and a stack dereferenced each pointer a get handed
+/// it (to read the object's header) before checking it was one of the
+/// pool's objects: one bogus entry, put there by a broken or hostile
+/// process, crashed the next stack whose cache refill took it (or made it
+/// read outside the pool). The pointer is now checked against the pool's
+/// object area first, and a bad one dropped: the stack takes every real
+/// object and lives.
+#[test]
+fn a_bogus_pointer_in_a_mempool_does_not_crash_the_stack_that_gets_it() {
+    setup();
+    let p = dpdk_prefix("bogus");
+    let mut m = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
+    m.expect("ready");
+    let mut s = ChildProc::spawn("child_main", "bogus_putter", std::slice::from_ref(&p));
+    s.expect("put");
+    let mut t = ChildProc::spawn("child_main", "take_all", std::slice::from_ref(&p));
+    let took = t.expect("took");
+    t.wait_success();
+    s.kill9();
+    m.tell("whole");
+    let w = m.expect("whole");
+    finish_primary(m, &p);
+    assert_eq!(took, "256", "every small buffer of the manager's class 0");
+    let w: Vec<&str> = w.split_whitespace().collect();
+    assert_eq!(w[0], w[1], "every object back in its mempool, nothing else");
 }
