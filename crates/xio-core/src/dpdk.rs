@@ -1246,6 +1246,21 @@ impl DpdkPool {
         let claim = |o: *mut c_void| {
             let i = mp.index_of(o)?;
             let h = mp.header(i)?;
+            // Every object the mempool lists is free in its header: each
+            // put stamps it free first, under the lock this runs under
+            // too. One that is not was listed twice (the ring is shared
+            // memory: a broken or hostile process put it again) and is
+            // someone's, maybe ours from earlier in this refill: handed
+            // out, two holders would share it. Dropped, as a bogus
+            // pointer is.
+            if h.stamped(Ordering::Relaxed) != (0, obj_state::FREE) {
+                tracing::warn!(
+                    mempool = mp.size,
+                    object = i,
+                    "the mempool listed an object that is not free: dropped"
+                );
+                return None;
+            }
             h.stamp(self.me, obj_state::CACHED, Ordering::Release);
             Some((i, h))
         };

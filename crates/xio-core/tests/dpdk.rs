@@ -113,6 +113,7 @@ fn child_main() {
         "scribbler" => scribbler(&a[0]),
         "take_all" => take_all(&a[0]),
         "bogus_putter" => bogus_putter(&a[0]),
+        "double_putter" => double_putter(&a[0]),
         "churn" => churn(&a[0]),
         "scribbled_in_use" => scribbled_in_use(&a[0]),
         "pool_ids" => pool_ids(&a[0]),
@@ -492,6 +493,35 @@ fn bogus_putter(prefix: &str) {
         let stride = at(1) - at(0);
         let last = at(mp.len() as u32 - 1);
         op.put_raw(&[0x1000, at(3) + 8, last + 4 * stride, at(0) - 64]);
+    })
+    .unwrap();
+    println!("XIO:put");
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
+/// A stack that allocates one buffer of class 0, then puts a second entry
+/// for it and for a free object into class 0's mempool, as a broken or
+/// hostile process of the prefix can (a double put). Then waits to be
+/// killed.
+fn double_putter(prefix: &str) {
+    let s = xio_core::stack::Stack::attach(prefix).unwrap();
+    let pool = stack_pool(&s);
+    let mine = pool.alloc(100, false).unwrap();
+    pool.__inside_op(0, |op| {
+        let mp = op.mempool();
+        let at = |i: u32| mp.header(i).unwrap() as *const _ as usize;
+        let free = (0..mp.len() as u32)
+            .find(|&i| {
+                mp.header(i)
+                    .unwrap()
+                    .stamped(std::sync::atomic::Ordering::Relaxed)
+                    .1
+                    == xio_core::dpdk::obj_state::FREE
+            })
+            .unwrap();
+        op.put_raw(&[at(mine.index), at(free)]);
     })
     .unwrap();
     println!("XIO:put");
@@ -1155,4 +1185,35 @@ fn a_bogus_pointer_in_a_mempool_does_not_crash_the_stack_that_gets_it() {
     assert_eq!(took, "256", "every small buffer of the manager's class 0");
     let w: Vec<&str> = w.split_whitespace().collect();
     assert_eq!(w[0], w[1], "every object back in its mempool, nothing else");
+}
+
+/// A mempool's ring is shared memory, and a broken or hostile process can
+/// list an object in it twice. A stack took whatever the ring handed it:
+/// an object another live stack held (its buffer stamped over and handed
+/// to two processes at once), or one it had just taken itself in the same
+/// refill (two of its own allocations sharing one buffer). Every object
+/// the ring lists is free in its header (each put stamps it free first);
+/// one that is not is a second entry and is dropped now.
+#[test]
+fn an_object_listed_twice_in_a_mempool_is_not_handed_out_twice() {
+    setup();
+    let p = dpdk_prefix("dup");
+    let mut m = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
+    m.expect("ready");
+    let mut s = ChildProc::spawn("child_main", "double_putter", std::slice::from_ref(&p));
+    s.expect("put");
+    let mut t = ChildProc::spawn("child_main", "take_all", std::slice::from_ref(&p));
+    let took = t.expect("took");
+    t.wait_success();
+    s.kill9();
+    wait_for_a_sweep(&mut m);
+    m.tell("whole");
+    let w = m.expect("whole");
+    finish_primary(m, &p);
+    assert_eq!(
+        took, "255",
+        "every small buffer but the other stack's, once"
+    );
+    let w: Vec<&str> = w.split_whitespace().collect();
+    assert_eq!(w[0], w[1], "every object back in its mempool");
 }
