@@ -168,10 +168,11 @@ int main(int argc, char **argv) {
         }
         if (want && served >= want)
             break;
-        /* Wait in the program's own loop; 1 ms bounds the pause while a
-         * write waits on a full ring or an empty pool. */
+        /* Wait in the program's own loop, for as long as it takes: the
+         * net's fd also becomes readable for a write that waits on a full
+         * ring or an empty pool. */
         struct epoll_event got[4];
-        int k = epoll_wait(ep, got, 4, 1);
+        int k = epoll_wait(ep, got, 4, -1);
         if (k < 0 && errno != EINTR) {
             perror("epoll_wait");
             return 1;

@@ -233,14 +233,16 @@ fn lazy_fd(
 /// An fd for an existing `epoll`/`poll`/`select` loop: it becomes readable
 /// when `xio_net_poll` may have events. Use it like this: call
 /// `xio_net_poll(net, ..., 0, ...)` once before the first wait and every
-/// time the fd is readable, and handle what it returns. While a
-/// non-blocking write waits after `XIO_ERR_WOULD_BLOCK`, also call it at
-/// least every millisecond (a full ring or an empty pool rings no fd).
-/// What the net sends by itself (a close's end of stream, the window a
-/// read gives back) and finds a peer's ring full for is retried by the
-/// next `xio_net_poll`: the fd becomes readable for it after a pause
-/// (50 us, doubling up to 1 ms while the peer makes no room), so a loop
-/// does not spin while a peer is stopped. The fd is an epoll instance:
+/// time the fd is readable, and handle what it returns; nothing more is
+/// needed. A non-blocking write, `xio_stream_send_buf` or
+/// `xio_stream_alloc` that said `XIO_ERR_WOULD_BLOCK` for a peer's full
+/// ring or an empty pool (which nothing signals the end of) is reported
+/// `XIO_EVENT_WRITABLE` again after a pause, and what the net sends by
+/// itself (a close's end of stream, the window a read gives back) and
+/// finds a peer's ring full for is retried by the next `xio_net_poll`:
+/// the fd becomes readable for both after 50 us, the pause doubling up
+/// to 1 ms while nothing changes, so a loop does not spin while a peer
+/// is stopped. The fd is an epoll instance:
 /// wait for it to be readable, do not read it. It belongs to the net: do
 /// not close it.
 ///

@@ -1310,7 +1310,7 @@ fn an_event_loop_asleep_on_the_fd_hears_its_own_nets_connections() {
 /// An event loop that closes connections faster than their peer drains
 /// its ring has FINs queued behind the full ring. Nothing rings for the
 /// room the peer makes later, and the loop has no write of its own
-/// waiting (it was told to poll every millisecond only then): asleep on
+/// waiting (a write of its own sets the fd's timer): asleep on
 /// `xio_net_fd` with no timeout, it kept them queued for good, and the
 /// peer read on for ever instead of reaching the end of its streams.
 /// `xio_net_poll` keeps the fd readable while something waits for ring
@@ -1565,6 +1565,296 @@ fn a_loop_waiting_on_a_stopped_peers_ring_sleeps_then_sends() {
         );
         for s in [bell_c, bell_s] {
             assert_eq!(xio_stream_close(s), XIO_OK);
+        }
+        assert_eq!(xio_listener_close(l), XIO_OK);
+        assert_eq!(xio_net_close(peer), XIO_OK);
+        assert_eq!(xio_net_close(net), XIO_OK);
+    }
+}
+
+/// A hang guard for a thread asleep in `poll(2)` without a timeout: an fd
+/// that becomes readable after [`WATCHDOG_MS`] unless the guard is
+/// dropped first. Poll it alongside the fd under test.
+struct Watchdog {
+    fd: std::os::unix::net::UnixStream,
+    _cancel: std::sync::mpsc::Sender<()>,
+}
+
+impl Watchdog {
+    fn new() -> Self {
+        use std::io::Write;
+        let (fd, mut bark) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (cancel, cancelled) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            let limit = std::time::Duration::from_millis(WATCHDOG_MS as u64);
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = cancelled.recv_timeout(limit) {
+                let _ = bark.write_all(b"!");
+            }
+        });
+        Self {
+            fd,
+            _cancel: cancel,
+        }
+    }
+}
+
+/// What an event loop that sleeps on `xio_net_fd` alone does after a
+/// non-blocking call on the stream `token` said `XIO_ERR_WOULD_BLOCK`:
+/// sleeps in `poll(2)` with no timeout, calls `xio_net_poll` only when
+/// the fd is readable, and returns once an event says the stream is
+/// writable; the `xio_net_poll` calls it made. Panics if the watchdog
+/// fires first (the fd never became readable for it).
+///
+/// # Safety
+/// `net` is a live net handle whose `xio_net_fd` is `fd`.
+unsafe fn sleep_on_fd_until_writable(net: *mut XioNet, fd: i32, token: u64, dog: &Watchdog) -> u64 {
+    let mut turns = 0;
+    use std::os::fd::AsRawFd;
+    let mut events = [XioEvent {
+        token: 0,
+        events: 0,
+    }; 64];
+    loop {
+        let mut fds = [
+            PollFd {
+                fd,
+                events: 1,
+                revents: 0,
+            },
+            PollFd {
+                fd: dog.fd.as_raw_fd(),
+                events: 1,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid `pollfd`s.
+        let r = unsafe { poll(fds.as_mut_ptr(), 2, -1) };
+        assert!(r > 0, "poll failed");
+        assert_eq!(
+            fds[1].revents, 0,
+            "watchdog: the net's fd never became readable for the blocked write"
+        );
+        let mut n = 0;
+        // SAFETY: per this function's contract; 64 events of room.
+        let r = unsafe { xio_net_poll(net, events.as_mut_ptr(), 64, 0, &mut n) };
+        assert_eq!(r, XIO_OK);
+        turns += 1;
+        if events[..n]
+            .iter()
+            .any(|e| e.token == token && e.events & XIO_EVENT_WRITABLE != 0)
+        {
+            return turns;
+        }
+    }
+}
+
+/// A write that met a peer's full ring is retried by a loop that sleeps on
+/// `xio_net_fd` alone (no periodic `xio_net_poll`): once the peer reads,
+/// the fd becomes readable for the write, which then goes through. While
+/// the peer does not read, the loop is woken at most about once a
+/// millisecond (a loose bound on wake-ups, not on time: a loop woken
+/// every 50 us, or spinning, turns many times more).
+#[test]
+fn a_loop_asleep_on_the_fd_alone_retries_a_write_that_met_a_full_ring() {
+    // Small rings: a few one-byte writes fill the peer's.
+    let pool = xio_core::prelude::PoolConfig {
+        ring_capacity: 16,
+        ..Default::default()
+    };
+    let (_m, p) = manager_with("fd-alone-full-ring", pool);
+    // SAFETY: live handles, valid out-parameters and buffers of the
+    // lengths given, NUL-terminated strings; the loop thread uses the net
+    // and a stream, which any thread may.
+    unsafe {
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+        let mut peer = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut peer), XIO_OK);
+        let a = addr("10.9.8.2:80");
+        let mut l = null_mut();
+        assert_eq!(xio_listen(net, a.as_ptr(), &mut l), XIO_OK);
+        let mut c = null_mut();
+        assert_eq!(xio_dial(peer, a.as_ptr(), &mut c), XIO_OK);
+        assert_eq!(xio_stream_set_timeouts(c, WATCHDOG_MS, 0), XIO_OK);
+        let mut s = null_mut();
+        assert_eq!(xio_accept(l, &mut s), XIO_OK);
+        assert_eq!(xio_stream_set_nonblocking(s, 1), XIO_OK);
+        assert_eq!(xio_stream_set_token(s, 7), XIO_OK);
+        let mut fd = -1;
+        assert_eq!(xio_net_fd(net, &mut fd), XIO_OK);
+        poll_until_quiet(net, fd);
+        let (blocked_tx, blocked) = std::sync::mpsc::channel();
+        let h = Send((net, s));
+        let event_loop = std::thread::spawn(move || {
+            let h = h;
+            let (net, s) = h.0;
+            let dog = Watchdog::new();
+            let mut k = 0;
+            let mut sent = 0usize;
+            // The peer does not read yet: its ring fills.
+            let r = loop {
+                let r = xio_write(s, b"x".as_ptr().cast(), 1, &mut k);
+                if r != XIO_OK {
+                    break r;
+                }
+                sent += 1;
+            };
+            assert_eq!(r, XIO_ERR_WOULD_BLOCK);
+            let t0 = std::time::Instant::now();
+            blocked_tx.send(sent).unwrap();
+            let mut turns = 0;
+            loop {
+                turns += sleep_on_fd_until_writable(net, fd, 7, &dog);
+                match xio_write(s, b"y".as_ptr().cast(), 1, &mut k) {
+                    XIO_OK => break,
+                    r => assert_eq!(r, XIO_ERR_WOULD_BLOCK),
+                }
+            }
+            (turns, t0.elapsed())
+        });
+        let sent = blocked.recv().unwrap();
+        // The peer stays away a while (a pause to count wake-ups over,
+        // not a bound on anything).
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // The peer reads what filled its ring (making room, which rings
+        // nobody), then the byte the loop wrote once it heard of the room.
+        let mut got = vec![0u8; sent + 1];
+        let mut at = 0;
+        while at < got.len() {
+            let mut k = 0;
+            let r = xio_read(c, got[at..].as_mut_ptr().cast(), got.len() - at, &mut k);
+            assert_eq!(r, XIO_OK);
+            assert!(k > 0, "end of stream after {at} bytes");
+            at += k;
+            if at == sent {
+                // Joined here: the loop's write went through.
+                let (turns, passed) = event_loop.join().unwrap();
+                let most = 5 * passed.as_millis() as u64 + 100;
+                assert!(
+                    turns <= most,
+                    "the loop came back {turns} times in {passed:?} while the peer did not read"
+                );
+                break;
+            }
+        }
+        let mut k = 0;
+        assert_eq!(
+            xio_read(c, got[sent..].as_mut_ptr().cast(), 1, &mut k),
+            XIO_OK
+        );
+        assert_eq!(k, 1);
+        assert!(got[..sent].iter().all(|&b| b == b'x'));
+        assert_eq!(got[sent], b'y');
+        for x in [c, s] {
+            assert_eq!(xio_stream_close(x), XIO_OK);
+        }
+        assert_eq!(xio_listener_close(l), XIO_OK);
+        assert_eq!(xio_net_close(peer), XIO_OK);
+        assert_eq!(xio_net_close(net), XIO_OK);
+    }
+}
+
+/// A write and a zero-copy alloc that met an empty pool are retried by a
+/// loop that sleeps on `xio_net_fd` alone: once a buffer is freed, the fd
+/// becomes readable for them and they go through.
+#[test]
+fn a_loop_asleep_on_the_fd_alone_retries_writes_that_met_an_empty_pool() {
+    let pool = xio_core::prelude::PoolConfig {
+        classes: vec![(2 << 10, 64)],
+        ..Default::default()
+    };
+    let (_m, p) = manager_with("fd-alone-empty-pool", pool);
+    // SAFETY: as in the test above; buffer handles are used by one thread.
+    unsafe {
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+        let mut peer = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut peer), XIO_OK);
+        let a = addr("10.9.8.3:80");
+        let mut l = null_mut();
+        assert_eq!(xio_listen(net, a.as_ptr(), &mut l), XIO_OK);
+        let mut c = null_mut();
+        assert_eq!(xio_dial(peer, a.as_ptr(), &mut c), XIO_OK);
+        assert_eq!(xio_stream_set_timeouts(c, WATCHDOG_MS, 0), XIO_OK);
+        let mut s = null_mut();
+        assert_eq!(xio_accept(l, &mut s), XIO_OK);
+        assert_eq!(xio_stream_set_nonblocking(s, 1), XIO_OK);
+        assert_eq!(xio_stream_set_token(s, 9), XIO_OK);
+        let mut fd = -1;
+        assert_eq!(xio_net_fd(net, &mut fd), XIO_OK);
+        poll_until_quiet(net, fd);
+        // Every buffer of the pool, held here.
+        assert_eq!(xio_stream_set_nonblocking(c, 1), XIO_OK);
+        let mut held = Vec::new();
+        loop {
+            let mut b = null_mut();
+            match xio_stream_alloc(c, 1, &mut b) {
+                XIO_OK => held.push(Send(b)),
+                r => {
+                    assert_eq!(r, XIO_ERR_WOULD_BLOCK);
+                    break;
+                }
+            }
+        }
+        assert_eq!(xio_stream_set_nonblocking(c, 0), XIO_OK);
+        let (blocked_tx, blocked) = std::sync::mpsc::channel();
+        let h = Send((net, s));
+        let event_loop = std::thread::spawn(move || {
+            let h = h;
+            let (net, s) = h.0;
+            let dog = Watchdog::new();
+            let mut k = 0;
+            // A copying write, with no buffer to copy into.
+            assert_eq!(
+                xio_write(s, b"w".as_ptr().cast(), 1, &mut k),
+                XIO_ERR_WOULD_BLOCK
+            );
+            blocked_tx.send(()).unwrap();
+            loop {
+                sleep_on_fd_until_writable(net, fd, 9, &dog);
+                match xio_write(s, b"w".as_ptr().cast(), 1, &mut k) {
+                    XIO_OK => break,
+                    r => assert_eq!(r, XIO_ERR_WOULD_BLOCK),
+                }
+            }
+            // A zero-copy send's buffer: the pool is empty again.
+            let mut b = null_mut();
+            assert_eq!(xio_stream_alloc(s, 1, &mut b), XIO_ERR_WOULD_BLOCK);
+            blocked_tx.send(()).unwrap();
+            loop {
+                sleep_on_fd_until_writable(net, fd, 9, &dog);
+                match xio_stream_alloc(s, 1, &mut b) {
+                    XIO_OK => break,
+                    r => assert_eq!(r, XIO_ERR_WOULD_BLOCK),
+                }
+            }
+            let (mut data, mut cap) = (null_mut(), 0);
+            assert_eq!(xio_buf_mut(b, &mut data, &mut cap), XIO_OK);
+            *data = b'z';
+            assert_eq!(xio_buf_set_len(b, 1), XIO_OK);
+            assert_eq!(xio_stream_send_buf(s, b), XIO_OK);
+        });
+        // Each wait ends when a buffer is freed here (which rings nobody).
+        for _ in 0..2 {
+            blocked.recv().unwrap();
+            assert_eq!(xio_buf_free(held.pop().unwrap().0), XIO_OK);
+        }
+        event_loop.join().unwrap();
+        for b in held {
+            assert_eq!(xio_buf_free(b.0), XIO_OK);
+        }
+        let mut got = [0u8; 2];
+        let mut at = 0;
+        while at < 2 {
+            let mut k = 0;
+            let r = xio_read(c, got[at..].as_mut_ptr().cast(), 2 - at, &mut k);
+            assert_eq!(r, XIO_OK);
+            assert!(k > 0, "end of stream");
+            at += k;
+        }
+        assert_eq!(&got, b"wz");
+        for x in [c, s] {
+            assert_eq!(xio_stream_close(x), XIO_OK);
         }
         assert_eq!(xio_listener_close(l), XIO_OK);
         assert_eq!(xio_net_close(peer), XIO_OK);

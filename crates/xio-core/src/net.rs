@@ -113,8 +113,9 @@ const SPARE_LISTS: usize = 1024;
 /// ring (nothing wakes it when the peer makes room).
 const RETRY_FULL: Duration = Duration::from_micros(50);
 /// Longest pause of [`Net::poll_fd`]'s retry timer: while a peer makes no
-/// room (it is stopped, say), the pause doubles from [`RETRY_FULL`] up to
-/// this, the pause the C ABI allows a write waiting after `WouldBlock`.
+/// room (it is stopped, say) or a pool no buffer, the pause doubles from
+/// [`RETRY_FULL`] up to this: a loop asleep on the fd wakes about once a
+/// millisecond meanwhile.
 const RETRY_FULL_MAX: Duration = Duration::from_millis(1);
 /// No data for this long means the traffic stopped: an adapter's empty
 /// watches then shrink the spin budget to nothing. Longer than any gap the
@@ -244,6 +245,7 @@ impl NetBuilder {
                     retry_waiters: Vec::new(),
                     missed: None,
                     retry_writes: Vec::new(),
+                    retries_reported: 0,
                     last_liveness: 0,
                     manager_watch: None,
                     loop_fd: None,
@@ -510,6 +512,10 @@ struct Core {
     /// empty pool (which no peer signals): [`Net::poll`] reports them
     /// writable after [`RETRY_FULL`], with when each was noted.
     retry_writes: Vec<(ConnId, Instant)>,
+    /// Writes of `retry_writes` reported writable since
+    /// [`Net::poll_nowait`] last set its timer: the loop tries them again,
+    /// and may find them blocked again (see `Core::set_retry_timer`).
+    retries_reported: usize,
     /// When [`Net::poll_nowait`] last read the control socket.
     last_liveness: u64,
     /// The epoll instance behind [`Net::manager_watch`], kept to be
@@ -518,9 +524,10 @@ struct Core {
     /// The epoll instance behind [`Net::poll_fd`] (the doorbell and
     /// `retry_timer`), made on first ask.
     loop_fd: Option<std::os::fd::OwnedFd>,
-    /// A timerfd in `loop_fd`: [`Net::poll_nowait`] sets it while the
-    /// net's own sends wait for a peer's full ring, which no peer signals
-    /// room in, so a loop asleep on the fd retries them after a pause.
+    /// A timerfd in `loop_fd`: set while the net's own sends wait for a
+    /// peer's full ring, or `retry_writes` for a ring or a buffer (which
+    /// no peer signals), so a loop asleep on the fd retries them after a
+    /// pause (see `Core::set_retry_timer`, `Core::note_retry_write`).
     retry_timer: Option<std::os::fd::OwnedFd>,
     /// `retry_timer` is set: the pause it was set for, and how many sends
     /// waited then (fewer later: the peer makes room, retry soon again).
@@ -890,25 +897,40 @@ impl Core {
         self.pending.values().map(VecDeque::len).sum()
     }
 
-    /// For [`Net::poll_nowait`]: while sends wait for ring space, sets the
-    /// retry timer of [`Net::poll_fd`] (a short pause, doubling up to
-    /// [`RETRY_FULL_MAX`] while the peers make no room), and stops it
-    /// once none wait. Without a timer (the loop sleeps on the bare
-    /// [`Net::doorbell`]) rings the doorbell instead: that loop comes
-    /// straight back, as it does if the timer cannot be set. True if the
-    /// doorbell has to ring.
+    /// For [`Net::poll_nowait`]: while sends wait for ring space, or
+    /// non-blocking writes for a full ring or an empty pool (noted in
+    /// `retry_writes`, or reported writable by this poll to be tried
+    /// again), sets the retry timer of [`Net::poll_fd`] (a short pause,
+    /// doubling up to [`RETRY_FULL_MAX`] while no fewer wait), and stops
+    /// it once none wait. Without a timer (the loop sleeps on the bare
+    /// [`Net::doorbell`]) rings the doorbell instead, for the net's own
+    /// sends: that loop comes straight back, as it does if the timer
+    /// cannot be set. True if the doorbell has to ring.
     fn set_retry_timer(&mut self) -> bool {
-        use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
-        let waiting = self.pending_len();
-        let Some(timer) = &self.retry_timer else {
-            return waiting > 0;
-        };
+        let own = self.pending_len();
+        let reported = std::mem::take(&mut self.retries_reported);
+        if self.retry_timer.is_none() {
+            return own > 0;
+        }
+        let waiting = own + self.retry_writes.len() + reported;
         let pause = match (waiting, self.retry_armed) {
             (0, None) => return false,
             (0, Some(_)) => None,
             // Room made since the last try, or the first wait: soon.
             (n, Some((p, before))) if n >= before => Some((p * 2).min(RETRY_FULL_MAX)),
             _ => Some(RETRY_FULL),
+        };
+        // Unset, the loop is brought straight back instead.
+        !self.arm_retry_timer(pause, waiting) && waiting > 0
+    }
+
+    /// Sets [`Net::poll_fd`]'s retry timer to fire once after `pause`
+    /// (stops it on `None`), for `waiting` sends and writes; false if it
+    /// could not be set (`retry_armed` is then left as it was).
+    fn arm_retry_timer(&mut self, pause: Option<Duration>, waiting: usize) -> bool {
+        use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
+        let Some(timer) = &self.retry_timer else {
+            return false;
         };
         let value = pause.map_or(
             Timespec {
@@ -935,11 +957,29 @@ impl Core {
             },
         );
         if set.is_err() {
-            // (`retry_armed` unchanged: the next call stops it again.)
-            return waiting > 0;
+            // (The next `set_retry_timer` tries again.)
+            return false;
         }
         self.retry_armed = pause.map(|p| (p, waiting));
-        false
+        true
+    }
+
+    /// A non-blocking write on `c` said `WouldBlock` for a full ring or an
+    /// empty pool, which no peer signals the end of: [`Net::poll`] reports
+    /// it writable after [`RETRY_FULL`], and a loop asleep on
+    /// [`Net::poll_fd`] is woken for that by the retry timer, set here if
+    /// it is not already (so the loop needs no poll of its own meanwhile).
+    /// Only the `WouldBlock` path comes here.
+    fn note_retry_write(&mut self, c: ConnId) {
+        if !self.track_ready || self.retry_writes.iter().any(|(r, _)| *r == c) {
+            return;
+        }
+        self.retry_writes.push((c, Instant::now()));
+        if self.retry_armed.is_none() {
+            let waiting = self.pending_len() + self.retry_writes.len();
+            // Unset (it cannot be), the loop's next poll tries again.
+            let _ = self.arm_retry_timer(Some(RETRY_FULL), waiting);
+        }
     }
 
     fn pending_for(&self, peer: PeerId) -> bool {
@@ -1489,6 +1529,7 @@ impl Core {
             let (c, since) = self.retry_writes[i];
             if now.duration_since(since) >= RETRY_FULL {
                 self.retry_writes.swap_remove(i);
+                self.retries_reported = self.retries_reported.saturating_add(1);
                 self.note_ready(c, false, true);
             } else {
                 i += 1;
@@ -1946,9 +1987,7 @@ impl Net {
             g.run_actions(&mut wake);
             if nonblocking {
                 if let (true, Key::Write(c)) = (retry, key) {
-                    if g.track_ready && !g.retry_writes.iter().any(|(r, _)| *r == c) {
-                        g.retry_writes.push((c, Instant::now()));
-                    }
+                    g.note_retry_write(c);
                 }
                 break Err(io::ErrorKind::WouldBlock.into());
             }
@@ -2729,15 +2768,22 @@ impl Net {
     /// [`Net::poll`] for event loops that wait on [`Net::poll_fd`]
     /// themselves (an `epoll` loop in C): collects what is ready without
     /// waiting, then arms the doorbell, so the fd becomes readable when
-    /// more arrives. Call it whenever the fd is readable, and at least
-    /// every millisecond while a non-blocking write waits after
-    /// `WouldBlock` (a full ring or an empty pool rings no doorbell).
+    /// more arrives. Call it whenever the fd is readable.
+    ///
+    /// A non-blocking write (or a stream's `alloc`) that said
+    /// `WouldBlock` for a full ring or an empty pool, which no peer
+    /// signals the end of, is reported writable again after 50 µs: on
+    /// [`Net::poll_fd`] the retry timer below makes the fd readable for
+    /// that, so a loop asleep on it alone needs nothing more. A loop
+    /// asleep on the bare [`Net::doorbell`] has no timer: it calls this at
+    /// least every millisecond while such a write waits.
     ///
     /// What the net sends by itself (a close's FIN, the window a read
     /// gives back) and finds a peer's ring full for is retried when the
     /// fd's timer fires: after 50 µs, the pause doubling up to 1 ms while
     /// the peer makes no room (a stopped peer costs the loop a wake-up a
-    /// millisecond, not a core). A loop asleep on the bare
+    /// millisecond, not a core). The same timer, with the same back-off,
+    /// brings the loop back for the writes above. A loop asleep on the bare
     /// [`Net::doorbell`] has no timer: for it the doorbell is left
     /// readable while such sends wait, and it comes straight back.
     ///
@@ -3844,13 +3890,13 @@ impl XioStream {
     pub fn alloc(&self, len: usize) -> io::Result<BufMut> {
         let deadline = timeout_of(&self.inner.write_timeout);
         if self.nb() {
-            return self
-                .inner
-                .net
-                .lock()
-                .stack
-                .try_alloc(len)
-                .map_err(stack_err);
+            let mut g = self.inner.net.lock();
+            let r = g.stack.try_alloc(len);
+            if let Err(Error::WouldBlock) = r {
+                // An empty pool: an event loop hears when to try again.
+                g.note_retry_write(self.inner.id);
+            }
+            return r.map_err(stack_err);
         }
         stream_timeout(self.inner.net.alloc_wait(len, deadline))
     }
@@ -4032,9 +4078,10 @@ impl Net {
     /// epoll instance (poll it for readability, never read it) that is
     /// readable when the doorbell rang ([`Net::doorbell`]) or when the
     /// net's retry timer fired: sends of the net's own that wait for a
-    /// peer's full ring are then retried by the next `poll_nowait`,
-    /// without the loop spinning while the peer makes no room. Every
-    /// call returns a copy of the same instance.
+    /// peer's full ring are then retried by the next `poll_nowait`, and
+    /// non-blocking writes that met a full ring or an empty pool are
+    /// reported writable by it, without the loop spinning while the peer
+    /// makes no room. Every call returns a copy of the same instance.
     pub fn poll_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
         use rustix::event::epoll;
         use rustix::time::{timerfd_create, TimerfdClockId, TimerfdFlags};
