@@ -142,7 +142,7 @@ fn stack_code(e: &StackError) -> XioResult {
             ..
         } => XIO_ERR_ADDR_IN_USE,
         StackError::Refused {
-            code: ErrorCode::ConnectionRefused,
+            code: ErrorCode::ConnectionRefused | ErrorCode::Busy,
             ..
         } => XIO_ERR_CONNECTION_REFUSED,
         StackError::Refused {

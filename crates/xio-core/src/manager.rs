@@ -1357,8 +1357,10 @@ impl Manager {
         if !self.stacks[&a].peers.contains_key(&b) && self.outbox_full(b) {
             let e = &self.stacks[&b];
             tracing::warn!(stack = b, pid = e.pid, name = %e.name, %addr, "a new channel refused: the stack is not reading its control socket");
+            // Busy, not ConnectionRefused: `a` must not take it for the
+            // refusal of an address only its own wildcard binding covers.
             let msg = Msg::Error {
-                code: ErrorCode::ConnectionRefused,
+                code: ErrorCode::Busy,
                 message: format!(
                     "{addr} is bound by process {} ({}), which is not reading its control socket",
                     e.pid, e.name

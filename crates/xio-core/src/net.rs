@@ -2361,7 +2361,9 @@ impl Net {
                 // refusal means that: one made here (the channel to the
                 // stack it named closed while connecting, or that stack
                 // exited) is about another stack, which binds the
-                // address exactly, and must not reach our wildcard.
+                // address exactly, and must not reach our wildcard; so is
+                // the manager's `Busy` (that stack does not read its
+                // control socket), which is why it is not this code.
                 Ok(Kept::Reply(Ok((
                     crate::proto::Msg::Error {
                         code: crate::proto::ErrorCode::ConnectionRefused,

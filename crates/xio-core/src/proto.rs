@@ -12,6 +12,14 @@
 //! Both sides speak exactly one version: a packet of another is refused
 //! ([`ProtoError::Version`]). Version 2 added [`Msg::StatusReplyFd`]: a
 //! status report longer than a packet travels in a memfd.
+//!
+//! A new [`ErrorCode`] does not change the version: a side that does not
+//! know a code decodes the [`Msg::Error`] carrying it as malformed, and a
+//! stack takes a malformed reply as its request's failure (a protocol
+//! error), keeping its later replies matched. So an older library under
+//! a newer manager sees that one request fail, with a less precise error,
+//! and goes on; a new version would instead have refused every packet
+//! between the two. [`ErrorCode::Busy`] (8) came this way.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
@@ -61,6 +69,16 @@ pub enum ErrorCode {
     Unexpected = 6,
     /// Anything else.
     Internal = 7,
+    /// A `Connect` to an address that another stack binds, refused
+    /// because that stack is not reading its control socket (no new
+    /// channel to it until it reads). Not [`ErrorCode::ConnectionRefused`]:
+    /// the manager also refuses so an address it resolves to the asking
+    /// stack itself (a wildcard binding of its own), and a stack takes
+    /// that refusal to mean its own wildcard listener may take the
+    /// connection; this one never means that. Added without a new
+    /// protocol version (see the module's docs): an older stack fails the
+    /// connect with a protocol error instead.
+    Busy = 8,
 }
 
 impl ErrorCode {
@@ -74,6 +92,7 @@ impl ErrorCode {
             5 => NoSpace,
             6 => Unexpected,
             7 => Internal,
+            8 => Busy,
             _ => return None,
         })
     }
@@ -472,6 +491,10 @@ mod tests {
                 code: ErrorCode::AddrInUse,
                 message: "taken".into(),
             },
+            Msg::Error {
+                code: ErrorCode::Busy,
+                message: "not reading".into(),
+            },
             Msg::Status,
             Msg::StatusReply {
                 text: "all well".into(),
@@ -485,6 +508,20 @@ mod tests {
         for m in all() {
             assert_eq!(Msg::decode(&m.encode()), Ok(m));
         }
+    }
+
+    /// An error code this side does not know (as a newer manager's code is
+    /// to an older library) makes the message malformed, nothing worse:
+    /// the stack takes it as its request's failure (see the module docs).
+    #[test]
+    fn an_unknown_error_code_is_a_malformed_message() {
+        let mut bad = Msg::Error {
+            code: ErrorCode::Busy,
+            message: String::new(),
+        }
+        .encode();
+        bad[HDR..HDR + 2].copy_from_slice(&9u16.to_le_bytes());
+        assert_eq!(Msg::decode(&bad), Err(ProtoError::Malformed("error code")));
     }
 
     #[test]

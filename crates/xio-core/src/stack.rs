@@ -179,7 +179,7 @@ impl From<Error> for io::Error {
                 ..
             } => io::ErrorKind::AddrInUse,
             Error::Refused {
-                code: ErrorCode::ConnectionRefused,
+                code: ErrorCode::ConnectionRefused | ErrorCode::Busy,
                 ..
             } => io::ErrorKind::ConnectionRefused,
             Error::Refused { .. } => io::ErrorKind::Other,

@@ -428,7 +428,7 @@ fn connects_to_a_stack_that_does_not_read_are_refused_past_the_fd_limit() {
             Ok(_) => peers.push(s),
             Err(
                 e @ Error::Refused {
-                    code: xio_core::proto::ErrorCode::ConnectionRefused,
+                    code: xio_core::proto::ErrorCode::Busy,
                     ..
                 },
             ) => break e,
@@ -480,6 +480,77 @@ fn connects_to_a_stack_that_does_not_read_are_refused_past_the_fd_limit() {
     ));
     drop((deaf, early, late, peers));
     wait_pool_whole(&mgr);
+}
+
+/// A connect to an address that another process's stack binds exactly,
+/// refused because that stack does not read its control socket, was
+/// taken for the manager's refusal of an address that only our own
+/// wildcard binding covers: a net listening on `0.0.0.0:port` connected
+/// to itself, where `127.0.0.1:port` belongs to someone else. The
+/// manager now refuses it with its own code (`ErrorCode::Busy`), which
+/// the net passes on as a refusal.
+#[test]
+fn a_connect_refused_for_a_stack_that_does_not_read_does_not_reach_our_own_wildcard() {
+    setup();
+    raise_fd_limit();
+    let p = prefix("deafwild");
+    let mgr = Manager::builder(&p)
+        .pool(PoolConfig {
+            classes: vec![(2 << 10, 256)],
+            max_stacks: 300,
+            max_channels: 300,
+            ring_capacity: 16,
+        })
+        .spawn()
+        .unwrap();
+    let port = 40000 + (std::process::id() % 20000) as u16;
+    let exact: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    // A stack that binds the exact address, then stops reading.
+    let (deaf, stack_id) = deaf_stack(&p);
+    ctrl::send(deaf.as_fd(), &Msg::Bind { addr: exact }, &[]).unwrap();
+    assert!(matches!(
+        ctrl::recv(deaf.as_fd(), false).unwrap().0,
+        Msg::Ok
+    ));
+    fill_until_queued(&mgr, &deaf, stack_id);
+    // Peers' new channels fill what the manager may hold for it.
+    let mut peers = Vec::new();
+    loop {
+        assert!(peers.len() < 290, "connections were never refused");
+        let (s, _) = deaf_stack(&p);
+        ctrl::send(s.as_fd(), &Msg::Connect { addr: exact }, &[]).unwrap();
+        let deadline = Some(std::time::Instant::now() + WATCHDOG);
+        match ctrl::recv_until(s.as_fd(), deadline).unwrap().0 {
+            Msg::Connected { .. } => peers.push(s),
+            Msg::Error { message, .. } => {
+                assert!(
+                    message.contains("not reading its control socket"),
+                    "{message}"
+                );
+                break;
+            }
+            other => panic!("connect {}: {other:?}", peers.len()),
+        }
+    }
+    // A net of ours listening on the port's wildcard connects to the
+    // exact address.
+    let net = xio_core::net::Net::attach(&p).unwrap();
+    net.set_control_timeout(WATCHDOG);
+    let wild = net.listen(format!("0.0.0.0:{port}")).unwrap();
+    let r = net.connect(exact);
+    wild.set_nonblocking(true).unwrap();
+    let accepted = wild.accept();
+    assert!(
+        accepted.is_err(),
+        "the connect to {exact} reached our own wildcard listener"
+    );
+    let err = r.map(drop).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+    assert!(
+        err.to_string().contains("not reading its control socket"),
+        "{err}"
+    );
+    drop((wild, net, peers, deaf));
 }
 
 /// A status report longer than a control packet (here 50 services with
