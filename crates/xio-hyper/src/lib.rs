@@ -63,7 +63,9 @@
 //! TCP rather than failing the request. As with hyper's `HttpConnector`,
 //! a TCP dial has no time limit unless [`XioConnector::connect_timeout`]
 //! sets one. A listener that refuses because
-//! its backlog is full is on this node: that refusal is the connect's
+//! its backlog is full is on this node, as is a process bound to the
+//! address that the manager refuses a connect to because it does not read
+//! its control socket (stopped, stuck): those refusals are the connect's
 //! error, never a reason to dial TCP.
 //!
 //! **No TLS.** `https` URIs (any scheme but `http`: `wss` too) are
@@ -248,8 +250,8 @@ impl XioConnector {
     }
 
     /// Dials over TCP when the address has no X-IO listener on this node
-    /// (not when its listener refuses for a full backlog: see the crate
-    /// docs).
+    /// (not when its listener refuses for a full backlog, or its process
+    /// does not read its control socket: see the crate docs).
     pub fn with_tcp_fallback(mut self) -> Self {
         self.tcp_fallback = true;
         self
@@ -378,8 +380,10 @@ impl tower_service::Service<http::Uri> for XioConnector {
             // ::1 first, where only 127.0.0.1 is listened on).
             let addrs = uri_addrs(&uri).await?;
             let mut refused = None;
-            // A refusal by a listener bound here (its backlog full): the
-            // service is on this node, so no TCP.
+            // A refusal by a listener bound here (its backlog full), or
+            // by the manager for a process bound here that does not read
+            // its control socket (stopped, stuck): the service is on this
+            // node, so no TCP.
             let mut busy = None;
             for &addr in &addrs {
                 let mut dialled = dial(net.as_ref(), addr).await;
@@ -395,6 +399,7 @@ impl tower_service::Service<http::Uri> for XioConnector {
                 match dialled {
                     Ok(s) => return Ok(XioConn::Xio(TokioIo::new(s))),
                     Err(Dial::Listener(e)) => busy = Some(e),
+                    Err(Dial::Connect(e)) if bound_here_but_busy(&e) => busy = Some(e),
                     Err(Dial::Connect(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
                         refused = Some(e)
                     }
@@ -429,6 +434,22 @@ impl tower_service::Service<http::Uri> for XioConnector {
             Ok(XioConn::Tcp(TokioIo::new(s)))
         })
     }
+}
+
+/// Whether a connect's `ConnectionRefused` is the manager's
+/// [`ErrorCode::Busy`](xio_core::proto::ErrorCode::Busy): a process on
+/// this node binds the address but does not read its control socket. The
+/// kind callers see is the same as for an address nobody binds; only the
+/// stack's error inside (the `io::Error`'s source) tells them apart.
+fn bound_here_but_busy(e: &io::Error) -> bool {
+    matches!(
+        e.get_ref()
+            .and_then(|i| i.downcast_ref::<xio_core::Error>()),
+        Some(xio_core::Error::Refused {
+            code: xio_core::proto::ErrorCode::Busy,
+            ..
+        })
+    )
 }
 
 /// Dials `addrs` over TCP in turn, as `TcpStream::connect` does (the last

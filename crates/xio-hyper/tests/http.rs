@@ -16,6 +16,13 @@ use xio_hyper::{Net, Protocol, Shutdown, XioConnector, XioListener};
 const WATCHDOG: Duration = Duration::from_secs(120);
 
 fn setup(test: &str) -> (ManagerHandle, String) {
+    let p = test_prefix(test);
+    let mgr = Manager::builder(&p).spawn().unwrap();
+    (mgr, p)
+}
+
+/// The test's pool prefix, in this test process's own run directory.
+fn test_prefix(test: &str) -> String {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         if std::env::var_os("XIO_CHILD_ROLE").is_none() {
@@ -24,9 +31,7 @@ fn setup(test: &str) -> (ManagerHandle, String) {
             std::env::set_var("XIO_RUN_DIR", &dir);
         }
     });
-    let p = format!("th-{test}-{}", std::process::id());
-    let mgr = Manager::builder(&p).spawn().unwrap();
-    (mgr, p)
+    format!("th-{test}-{}", std::process::id())
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -992,4 +997,117 @@ fn a_full_backlog_is_refused_not_dialled_over_tcp() {
         assert!(c.is_xio());
         drop(first);
     });
+}
+
+/// An address that a process on this node binds, refused because that
+/// process does not read its control socket (stopped, stuck; the
+/// manager's `ErrorCode::Busy`): the service is here, as with a full
+/// backlog, and the fallback is only for an address no X-IO service binds
+/// on this node. The connector took that refusal for "nobody binds it"
+/// and sent the request over TCP, to whatever answers there.
+#[test]
+fn a_service_here_that_does_not_read_is_refused_not_dialled_over_tcp() {
+    use std::os::fd::AsFd;
+    use xio_core::ctrl;
+    use xio_core::proto::Msg;
+    // Hundreds of raw stacks in this process (and the manager's fds for
+    // the deaf one) need more than the usual 1024 fds.
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let want = lim.maximum.map_or(1 << 16, |h| h.min(1 << 16));
+    let _ = rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(want.max(lim.current.unwrap_or(0))),
+            maximum: lim.maximum,
+        },
+    );
+    let p = test_prefix("busy");
+    let mgr = Manager::builder(&p)
+        .pool(xio_core::layout::PoolConfig {
+            classes: vec![(2 << 10, 256)],
+            max_stacks: 300,
+            max_channels: 300,
+            ring_capacity: 16,
+        })
+        .spawn()
+        .unwrap();
+    let rt = rt();
+    // A TCP server on the same address, to show where the request went.
+    let addr = rt.block_on(tcp_echo_server());
+    // A raw stack ("deaf": it never reads) binds the address here.
+    let deaf_stack = || {
+        let s = ctrl::connect(&xio_core::paths::socket_path(&p)).unwrap();
+        let hello = Msg::Hello {
+            pid: 1,
+            name: "deaf".into(),
+        };
+        ctrl::send(s.as_fd(), &hello, &[]).unwrap();
+        let Msg::Welcome { stack_id } = ctrl::recv(s.as_fd(), false).unwrap().0 else {
+            panic!("no Welcome")
+        };
+        (s, stack_id)
+    };
+    let (deaf, id) = deaf_stack();
+    ctrl::send(deaf.as_fd(), &Msg::Bind { addr }, &[]).unwrap();
+    assert!(matches!(
+        ctrl::recv(deaf.as_fd(), false).unwrap().0,
+        Msg::Ok
+    ));
+    // Status requests it does not read, until the manager holds replies
+    // for it.
+    let queued = || {
+        mgr.snapshot()
+            .stacks
+            .iter()
+            .find(|s| s.id == id)
+            .map_or(0, |s| s.queued)
+    };
+    let deadline = std::time::Instant::now() + WATCHDOG;
+    while queued() == 0 {
+        assert!(std::time::Instant::now() < deadline, "nothing queued");
+        loop {
+            match ctrl::send_nowait(deaf.as_fd(), &Msg::Status, &[]) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Peers' new channels fill what the manager may hold for it, until
+    // it refuses them.
+    let mut peers = Vec::new();
+    loop {
+        assert!(peers.len() < 290, "connections were never refused");
+        let (s, _) = deaf_stack();
+        ctrl::send(s.as_fd(), &Msg::Connect { addr }, &[]).unwrap();
+        match ctrl::recv_until(s.as_fd(), Some(std::time::Instant::now() + WATCHDOG))
+            .unwrap()
+            .0
+        {
+            Msg::Connected { .. } => peers.push(s),
+            Msg::Error { message, .. } => {
+                assert!(message.contains("not reading"), "{message}");
+                break;
+            }
+            other => panic!("connect {}: {other:?}", peers.len()),
+        }
+    }
+    let cli = Net::attach(&p).unwrap();
+    cli.set_control_timeout(WATCHDOG);
+    let uri: http::Uri = format!("http://{addr}/x").parse().unwrap();
+    let mut fallback = XioConnector::with_net(cli.clone()).with_tcp_fallback();
+    let r = rt
+        .block_on(async {
+            tokio::time::timeout(WATCHDOG, tower_service::Service::call(&mut fallback, uri)).await
+        })
+        .expect("watchdog");
+    match r {
+        Ok(c) => panic!("connected (over X-IO: {})", c.is_xio()),
+        Err(e) => {
+            assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+            assert!(e.to_string().contains("not reading"), "{e}");
+        }
+    }
+    drop((cli, peers, deaf));
 }
