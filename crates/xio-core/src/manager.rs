@@ -365,7 +365,8 @@ struct Owed {
 pub struct Manager {
     prefix: String,
     sock_path: PathBuf,
-    _lock: CloseOnFork,
+    /// Dropped (unlinked, then released) before the listener closes.
+    _lock: LockFile,
     listener: CloseOnFork,
     seg: Segment,
     pool: MgrPool,
@@ -532,6 +533,81 @@ fn check_run_dir(dir: &std::path::Path) -> Result<(), ManagerError> {
     }
 }
 
+/// A manager's hold on its pool's lock file, `<run dir>/<prefix>.lock`: an
+/// exclusive `flock` on the file the path names. Dropped in the process
+/// that took it, it unlinks the file while still holding the lock, so a
+/// clean stop leaves no file behind (each prefix ever run left one).
+///
+/// Unlinking a lock file is safe only because taking it checks, once the
+/// lock is held, that the path still names the file locked (the dev and
+/// inode of the fd and of the path match), and starts over if not: a
+/// starter that opened the file just before a stopping manager unlinked
+/// it would otherwise lock the unlinked file while a third starter locks
+/// the new one, and two managers would run.
+struct LockFile {
+    fd: CloseOnFork,
+    path: PathBuf,
+    born: crate::fork::Birth,
+}
+
+impl LockFile {
+    /// Takes the lock of `path` (creating the file), or `None` when another
+    /// manager holds it.
+    fn acquire(path: &std::path::Path) -> io::Result<Option<LockFile>> {
+        use rustix::fs::{FlockOperation, Mode, OFlags};
+        loop {
+            let fd = rustix::fs::open(
+                path,
+                OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            )?;
+            match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => {}
+                Err(rustix::io::Errno::WOULDBLOCK) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+            let held = rustix::fs::fstat(&fd)?;
+            match rustix::fs::stat(path) {
+                Ok(named) if same_file(&held, &named) => {
+                    return Ok(Some(LockFile {
+                        fd: CloseOnFork::new(fd),
+                        path: path.to_owned(),
+                        born: crate::fork::Birth::now(),
+                    }))
+                }
+                // Unlinked (or replaced) by a manager that stopped between
+                // our open and our lock: the lock guards nothing; take the
+                // one of the file the path names now.
+                Ok(_) | Err(rustix::io::Errno::NOENT) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+fn same_file(a: &rustix::fs::Stat, b: &rustix::fs::Stat) -> bool {
+    a.st_dev == b.st_dev && a.st_ino == b.st_ino
+}
+
+impl Drop for LockFile {
+    fn drop(&mut self) {
+        // A forked child's copy: the lock is the parent's (the child's fd
+        // was pointed at an inert socket, if it was registered).
+        if self.born.forked() {
+            return;
+        }
+        // Unlinked while the lock is still held (it is released when the
+        // fd closes, after this): a starter that opened this file finds,
+        // once it gets the lock, that the path no longer names it. Only if
+        // the path still names our file: never another manager's.
+        if let (Ok(held), Ok(named)) = (rustix::fs::fstat(&self.fd), rustix::fs::stat(&self.path)) {
+            if same_file(&held, &named) {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
 /// A listening socket's temporary path: removed if the manager fails to
 /// start, renamed to the real path once it has.
 struct Staged(std::path::PathBuf);
@@ -576,13 +652,9 @@ impl Manager {
             .map_err(io_err(format!("create {}", dir.display())))?;
         check_run_dir(&dir)?;
         let lock_path = paths::lock_path(&b.prefix);
-        let lock = rustix::fs::open(
-            &lock_path,
-            rustix::fs::OFlags::CREATE | rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::from_raw_mode(0o600),
-        )
-        .map_err(|e| io_err(format!("open {}", lock_path.display()))(e.into()))?;
-        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        let Some(lock) = LockFile::acquire(&lock_path)
+            .map_err(io_err(format!("lock {}", lock_path.display())))?
+        else {
             let pid = std::fs::read_to_string(&lock_path)
                 .ok()
                 .and_then(|s| s.trim().parse().ok());
@@ -591,9 +663,9 @@ impl Manager {
                 pid,
                 lock: lock_path.display().to_string(),
             });
-        }
-        let _ = rustix::fs::ftruncate(&lock, 0);
-        let _ = rustix::io::pwrite(&lock, format!("{}\n", std::process::id()).as_bytes(), 0);
+        };
+        let _ = rustix::fs::ftruncate(&lock.fd, 0);
+        let _ = rustix::io::pwrite(&lock.fd, format!("{}\n", std::process::id()).as_bytes(), 0);
         let sock_path = paths::socket_path(&b.prefix);
         // We hold the lock, so socket files left here are a dead manager's.
         let _ = std::fs::remove_file(&sock_path);
@@ -645,7 +717,7 @@ impl Manager {
         Ok(Manager {
             prefix: b.prefix,
             sock_path,
-            _lock: CloseOnFork::new(lock),
+            _lock: lock,
             listener: CloseOnFork::new(listener),
             channels: (0..seg.max_channels()).map(|_| None).collect(),
             seg,
@@ -2044,6 +2116,57 @@ fn cut(s: &mut String, max: usize) {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// Two starters racing for a lock a stopping manager lets go of (and
+    /// unlinks) never both hold it: the one that locked the unlinked file
+    /// sees that the path no longer names it and takes the new file's
+    /// lock instead. Without that check, a starter that opened the old
+    /// file just before the unlink and locked it just after ran beside
+    /// one that created the new file. A race: it shows only in some
+    /// rounds, so there are many; a pass is no proof, a failure is a bug.
+    #[test]
+    fn racing_starters_never_both_hold_a_lock_being_let_go() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let dir = std::env::temp_dir().join(format!("xio-lockrace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("race.lock");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        for round in 0..500 {
+            let stopping = LockFile::acquire(&path)
+                .unwrap()
+                .expect("free between rounds");
+            let holders = AtomicUsize::new(0);
+            let go = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                for _ in 0..2 {
+                    s.spawn(|| {
+                        while !go.load(Ordering::Relaxed) {
+                            std::hint::spin_loop();
+                        }
+                        let held = loop {
+                            if let Some(l) = LockFile::acquire(&path).unwrap() {
+                                break l;
+                            }
+                            assert!(std::time::Instant::now() < deadline, "hang guard");
+                        };
+                        let others = holders.fetch_add(1, Ordering::SeqCst);
+                        assert_eq!(others, 0, "round {round}: two starters hold the lock");
+                        std::thread::yield_now();
+                        holders.fetch_sub(1, Ordering::SeqCst);
+                        drop(held);
+                    });
+                }
+                go.store(true, Ordering::Relaxed);
+                std::thread::yield_now();
+                drop(stopping);
+            });
+            assert!(
+                !path.exists(),
+                "round {round}: the last holder left its file"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// What a sweep takes for "exited, end of file not read yet": the
     /// peer's end closed, whether or not messages wait unread.

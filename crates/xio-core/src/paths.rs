@@ -2,9 +2,10 @@
 //!
 //! A pool is named by its *prefix* (like DPDK's `--file-prefix`: one pool per
 //! security domain). Its manager listens on `<run dir>/<prefix>.sock` and
-//! holds `<run dir>/<prefix>.lock`. The socket file appears only once the
-//! manager accepts on it (it listens under `<prefix>.sock.new` first), so
-//! waiting for the file is waiting for the manager. The run dir is
+//! holds `<run dir>/<prefix>.lock` (both removed at a clean stop). The
+//! socket file appears only once the manager accepts on it (it listens
+//! under `<prefix>.sock.new` first), so waiting for the file is waiting
+//! for the manager. The run dir is
 //! `$XIO_RUN_DIR` if set, else `$XDG_RUNTIME_DIR/xio`, else `/tmp/xio-<uid>`.
 //! The manager makes it private (0700) if missing, and refuses one another
 //! user owns or every user may write to without the sticky bit.

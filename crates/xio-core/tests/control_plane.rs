@@ -247,6 +247,31 @@ fn second_manager_on_a_prefix_is_refused() {
     assert!(e.to_string().contains("invalid pool prefix"), "{e}");
 }
 
+/// A manager stopped cleanly leaves nothing in the run dir: its lock file
+/// went with its socket. It stayed before, so every prefix ever run left
+/// a `<prefix>.lock` behind. Removing it must not weaken the lock: while
+/// a manager runs a second is still refused, and start/stop cycles on one
+/// prefix keep working.
+#[test]
+fn a_clean_stop_leaves_neither_socket_nor_lock() {
+    setup();
+    let p = prefix("tidy");
+    let sock = xio_core::paths::socket_path(&p);
+    let lock = xio_core::paths::lock_path(&p);
+    for round in 0..3 {
+        let m = Manager::builder(&p).spawn().unwrap();
+        assert!(sock.exists() && lock.exists(), "round {round}: running");
+        let e = Manager::builder(&p).bind().unwrap_err();
+        assert!(e.to_string().contains("already running"), "{e}");
+        m.stop();
+        assert!(!sock.exists(), "round {round}: socket left");
+        assert!(!lock.exists(), "round {round}: lock file left");
+    }
+    // A manager bound, never run, and dropped leaves no lock either.
+    drop(Manager::builder(&p).bind().unwrap());
+    assert!(!lock.exists(), "lock file left by a dropped manager");
+}
+
 /// A stack that leaves does not hand its id to the next one at once (ids
 /// are given round-robin, as pids are): a peer still holding news of the
 /// old one, a reset queued for its `recv`, must not take the newcomer for
