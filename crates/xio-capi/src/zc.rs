@@ -870,6 +870,10 @@ pub(crate) fn buf_out(state: BufState) -> *mut XioBuf {
 }
 
 #[cfg(test)]
+#[path = "../../xio-core/tests/common/process_dir.rs"]
+mod process_dir;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -883,8 +887,7 @@ mod tests {
     /// entry for it, not one per claim.
     #[test]
     fn claiming_a_stack_again_keeps_one_claim() {
-        let dir = std::env::temp_dir().join(format!("xio-capi-unit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = process_dir::process_dir("xio-capi-unit");
         std::env::set_var("XIO_RUN_DIR", &dir);
         let prefix = format!("unit-claims-{}", std::process::id());
         let _m = xio_core::Manager::builder(&prefix).spawn().unwrap();

@@ -3,6 +3,9 @@
 //! teardown, a write that stops half way. (Linked as the rlib; the C
 //! programs of `tests/c.rs` cover the same functions through the header.)
 
+#[path = "../../xio-core/tests/common/process_dir.rs"]
+mod process_dir;
+
 use std::ffi::CString;
 use std::ptr::null_mut;
 use std::sync::OnceLock;
@@ -30,8 +33,7 @@ fn manager(test: &str) -> (ManagerHandle, CString) {
 fn manager_with(test: &str, pool: xio_core::prelude::PoolConfig) -> (ManagerHandle, CString) {
     static DIR: OnceLock<()> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("xio-capi-abi-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = process_dir::process_dir("xio-capi-abi");
         // Before any thread of ours reads the environment.
         std::env::set_var("XIO_RUN_DIR", &dir);
     });

@@ -4,6 +4,9 @@
 //! the pkg-config file, and run as real processes against a manager; C
 //! and Rust processes talk over the same pool.
 
+#[path = "../../xio-core/tests/common/process_dir.rs"]
+mod process_dir;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -21,12 +24,13 @@ const WATCHDOG: Duration = Duration::from_secs(120);
 fn run_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("xio-capi-test-{}", std::process::id()));
+        // Those of test processes gone are removed (24 MB each).
+        let dir = process_dir::process_dir("xio-capi-test");
         // Fresh: an earlier test process with the same pid (another boot,
         // container or checkout) left its C programs here, and `build_with`
         // would run those, built from other sources against another
         // libxio.
-        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
         std::fs::create_dir_all(&dir).unwrap();
         // Before any thread of ours reads the environment.
         std::env::set_var("XIO_RUN_DIR", &dir);

@@ -34,6 +34,7 @@
 //! assert_eq!(&client.recv()?.buf[..], b"hello");
 //! # drop((server, client));
 //! # manager.stop();
+//! # let _ = std::fs::remove_dir_all(&dir);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -272,6 +272,37 @@ fn a_clean_stop_leaves_neither_socket_nor_lock() {
     assert!(!lock.exists(), "lock file left by a dropped manager");
 }
 
+/// A test process's own dir (`<kind>-<pid>` in the temp dir) removes
+/// those of its kind whose process is gone, and nothing else: each run
+/// left one behind before (hundreds piled up).
+#[test]
+fn a_process_dir_removes_only_dead_processes_dirs_of_its_kind() {
+    let tmp = std::env::temp_dir();
+    let kind = format!("xio-tidy-check-{}", std::process::id());
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    child.wait().unwrap();
+    let dead = child.id();
+    let keep = [
+        format!("{kind}-1"),                                       // alive (init)
+        format!("{kind}-{}", std::os::unix::process::parent_id()), // alive
+        format!("{kind}-{dead}x"),                                 // not the pattern
+        format!("{kind}x-{dead}"),                                 // another kind
+    ];
+    let gone = format!("{kind}-{dead}");
+    for d in keep.iter().chain([&gone]) {
+        std::fs::create_dir_all(tmp.join(d).join("inside")).unwrap();
+    }
+    let own = process_dir(&kind);
+    assert_eq!(own, tmp.join(format!("{kind}-{}", std::process::id())));
+    assert!(own.is_dir());
+    assert!(!tmp.join(&gone).exists(), "a dead process's dir stayed");
+    for d in &keep {
+        assert!(tmp.join(d).join("inside").is_dir(), "{d} removed");
+        std::fs::remove_dir_all(tmp.join(d)).unwrap();
+    }
+    std::fs::remove_dir_all(own).unwrap();
+}
+
 /// A stack that leaves does not hand its id to the next one at once (ids
 /// are given round-robin, as pids are): a peer still holding news of the
 /// old one, a reset queued for its `recv`, must not take the newcomer for

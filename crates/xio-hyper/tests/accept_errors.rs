@@ -2,6 +2,9 @@
 //! own: it lowers the process's fd limit, which would starve any test
 //! running beside it.
 
+#[path = "../../xio-core/tests/common/process_dir.rs"]
+mod process_dir;
+
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -126,8 +129,7 @@ fn serve_on_survives_running_out_of_fds() {
 fn manager(test: &str) -> (xio_core::manager::ManagerHandle, String) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let dir = std::env::temp_dir().join(format!("xio-hyper-acc-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = process_dir::process_dir("xio-hyper-acc");
         std::env::set_var("XIO_RUN_DIR", &dir);
     });
     let p = format!("ta-{test}-{}", std::process::id());

@@ -4,6 +4,9 @@
 //! The protobuf messages are written by hand with prost's derive (no
 //! protoc needed), and so is the routing code tonic-build would generate.
 
+#[path = "../../xio-core/tests/common/process_dir.rs"]
+mod process_dir;
+
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -116,8 +119,7 @@ where
 
 #[test]
 fn tonic_unary_and_server_streaming_over_xio() {
-    let dir = std::env::temp_dir().join(format!("xio-grpc-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = process_dir::process_dir("xio-grpc-test");
     std::env::set_var("XIO_RUN_DIR", &dir);
     let p = format!("tg-{}", std::process::id());
     let _mgr = Manager::builder(&p).spawn().unwrap();

@@ -2,6 +2,9 @@
 //! clients and servers in HTTP/1.1 and h2c, the TCP fallback, and a server
 //! process that dies mid-request.
 
+#[path = "../../xio-core/tests/common/process_dir.rs"]
+mod process_dir;
+
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -26,8 +29,7 @@ fn test_prefix(test: &str) -> String {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         if std::env::var_os("XIO_CHILD_ROLE").is_none() {
-            let dir = std::env::temp_dir().join(format!("xio-hyper-test-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
+            let dir = process_dir::process_dir("xio-hyper-test");
             std::env::set_var("XIO_RUN_DIR", &dir);
         }
     });

@@ -74,6 +74,8 @@ fn run_status_refuse_second_and_stop_on_signals() {
         let st = m.wait().unwrap();
         assert!(st.success(), "manager exit on {sig:?}: {st:?}");
         assert!(!sock.exists(), "socket removed on exit");
+        let lock = dir.join(format!("{prefix}.lock"));
+        assert!(!lock.exists(), "lock file removed on exit");
         let mut log = String::new();
         std::io::Read::read_to_string(m.stderr.as_mut().unwrap(), &mut log).unwrap();
         assert!(
@@ -87,6 +89,7 @@ fn run_status_refuse_second_and_stop_on_signals() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no X-IO manager"));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The control socket's file appears only once the manager accepts on it:
@@ -94,8 +97,7 @@ fn run_status_refuse_second_and_stop_on_signals() {
 /// socket is bound under a temporary name and renamed when it listens).
 #[test]
 fn the_socket_appears_only_when_it_listens() {
-    let dir = std::env::temp_dir().join(format!("xio-bin-appear-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::process_dir("xio-bin-appear");
     let sock = dir.join("appear-test.sock");
     /// Kills the manager if an assertion fails first.
     struct Reap(std::process::Child);
@@ -150,8 +152,7 @@ fn the_socket_appears_only_when_it_listens() {
 /// killed the manager, or the signal thread, so SIGTERM was ignored.
 #[test]
 fn a_manager_whose_stderr_is_closed_serves_and_stops() {
-    let dir = std::env::temp_dir().join(format!("xio-bin-nolog-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::process_dir("xio-bin-nolog");
     let prefix = "nolog-test";
     let sock = dir.join(format!("{prefix}.sock"));
     let (read_end, write_end) = rustix::pipe::pipe().unwrap();

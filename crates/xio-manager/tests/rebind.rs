@@ -16,8 +16,7 @@ use crate::support::{raw_stack, wait_until, Reap, BIN};
 #[test]
 fn an_address_whose_owner_died_binds_at_once() {
     use rustix::process::Signal;
-    let dir = std::env::temp_dir().join(format!("xio-rebind-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::process_dir("xio-rebind-test");
     let prefix = "rebind-test";
     let sock = dir.join(format!("{prefix}.sock"));
     let m = Reap(

@@ -25,8 +25,7 @@ fn status(sock: &std::path::Path) -> String {
 #[test]
 fn a_dead_stacks_owed_release_is_not_handed_to_the_newcomer_with_its_id() {
     use rustix::process::Signal;
-    let dir = std::env::temp_dir().join(format!("xio-reused-id-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::process_dir("xio-reused-id-test");
     let prefix = "reused-id-test";
     let sock = dir.join(format!("{prefix}.sock"));
     let m = Reap(

@@ -2,6 +2,9 @@
 //! shared-memory channels between them) in the test process, and a real
 //! child process where a test kills its peer.
 
+#[path = "../../xio-core/tests/common/process_dir.rs"]
+mod process_dir;
+
 use std::future::Future;
 use std::io::{self, Write};
 use std::time::Duration;
@@ -18,8 +21,7 @@ fn setup(test: &str) -> (ManagerHandle, String) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         if std::env::var_os("XIO_CHILD_ROLE").is_none() {
-            let dir = std::env::temp_dir().join(format!("xio-tokio-test-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
+            let dir = process_dir::process_dir("xio-tokio-test");
             std::env::set_var("XIO_RUN_DIR", &dir);
         }
     });

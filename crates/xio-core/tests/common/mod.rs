@@ -11,17 +11,19 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
+mod process_dir;
+pub use process_dir::process_dir;
+
 /// Generous: a watchdog against hangs, not a performance bound.
 pub const WATCHDOG: Duration = Duration::from_secs(120);
 
 /// Points every stack and manager of this test process (and its children)
-/// at a private run directory.
+/// at a private run directory (those of test processes gone are removed).
 pub fn setup() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         if std::env::var_os("XIO_CHILD_ROLE").is_none() {
-            let dir = std::env::temp_dir().join(format!("xio-test-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
+            let dir = process_dir("xio-test");
             // Set before any thread of ours reads the environment.
             std::env::set_var("XIO_RUN_DIR", &dir);
         }

@@ -50,8 +50,7 @@ pub enum Sleep {
 /// `XIO_RUN_DIR`.
 pub fn sleeping_stacks_learn_of_a_killed_manager(sleep: Sleep) {
     let waitv = kernel_has_futex_waitv();
-    let dir = std::env::temp_dir().join(format!("xio-killed-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::support::process_dir("xio-killed-test");
     std::env::set_var("XIO_RUN_DIR", &dir);
     let prefix = "killed-test";
     let sock = dir.join(format!("{prefix}.sock"));

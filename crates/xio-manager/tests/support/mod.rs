@@ -11,6 +11,12 @@ use std::time::{Duration, Instant};
 use xio_core::ctrl;
 use xio_core::proto::Msg;
 
+#[path = "../../../xio-core/tests/common/process_dir.rs"]
+mod process_dir;
+/// `<tmp>/<kind>-<pid>`, those of dead processes removed (see the module).
+#[allow(unused_imports)] // not every test binary makes one
+pub use process_dir::process_dir;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_xio-manager");
 
 /// A watchdog, not a time bound: what it waits for happens or the test fails.
@@ -133,13 +139,12 @@ pub fn fds_of(pid: u32) -> u64 {
         .count() as u64
 }
 
-/// A run dir of its own for this test process, `<tmp>/<name>-<pid>`,
-/// made and set as `$XIO_RUN_DIR` for the process (stacks read it). For
+/// A run dir of its own for this test process, `<tmp>/<name>-<pid>`
+/// (see [`process_dir`]), made and set as `$XIO_RUN_DIR` for the process (stacks read it). For
 /// test binaries whose other tests, if any, neither read nor set the
 /// environment while this runs.
 pub fn process_run_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = process_dir(name);
     std::env::set_var("XIO_RUN_DIR", &dir);
     dir
 }
