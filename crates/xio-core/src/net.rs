@@ -4628,6 +4628,7 @@ mod tests {
     #[test]
     fn a_drain_failing_in_poll_nowait_loses_no_event() {
         use std::io::Write;
+        crate::paths::use_test_run_dir();
         let p = format!("unit-drive-fails-{}", std::process::id());
         let _m = crate::Manager::builder(&p).spawn().unwrap();
         let server = Net::attach(&p).unwrap();

@@ -43,6 +43,21 @@ pub fn run_dir() -> PathBuf {
     PathBuf::from(format!("/tmp/xio-{}", rustix::process::getuid().as_raw()))
 }
 
+#[cfg(test)]
+#[path = "../tests/common/process_dir.rs"]
+mod process_dir;
+
+/// Points this unit-test process's managers and stacks at a run dir of
+/// its own (`<tmp>/xio-unit-<pid>`, those of test processes gone
+/// removed), as the integration tests do: not the user's real one, which
+/// collected a lock file per run (and a socket after a crash). Call it
+/// first in every unit test that runs a manager.
+#[cfg(test)]
+pub(crate) fn use_test_run_dir() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| std::env::set_var("XIO_RUN_DIR", process_dir::process_dir("xio-unit")));
+}
+
 /// The control socket of pool `prefix`.
 pub fn socket_path(prefix: &str) -> PathBuf {
     run_dir().join(format!("{prefix}.sock"))
