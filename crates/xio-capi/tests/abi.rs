@@ -1309,6 +1309,130 @@ fn an_event_loop_asleep_on_the_fd_hears_its_own_nets_connections() {
     }
 }
 
+/// 64 connections from `peer` to `net`'s listener, closed on `net`'s
+/// side while `peer` reads nothing: with 16-slot rings their FINs wait
+/// behind `peer`'s full ring. One more connection (`bell`) stays open,
+/// to wake `net`'s event loop when the test is done.
+struct FinsBehindFullRing {
+    _manager: ManagerHandle,
+    net: *mut XioNet,
+    peer: *mut XioNet,
+    l: *mut XioListener,
+    /// `peer`'s ends of the closed connections.
+    theirs: Vec<*mut XioStream>,
+    bell: (*mut XioStream, *mut XioStream),
+    /// `net`'s fd (`xio_net_fd`).
+    fd: i32,
+}
+
+impl FinsBehindFullRing {
+    /// # Safety
+    /// Calls the C ABI with live handles it made itself.
+    unsafe fn new(test: &str, at: &str) -> Self {
+        // Small rings: 64 FINs do not fit.
+        let pool = xio_core::prelude::PoolConfig {
+            ring_capacity: 16,
+            ..Default::default()
+        };
+        let (manager, p) = manager_with(test, pool);
+        // SAFETY: valid out-parameters, NUL-terminated strings, live
+        // handles made here.
+        unsafe {
+            let mut net = null_mut();
+            assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+            let mut peer = null_mut();
+            assert_eq!(xio_net_attach(p.as_ptr(), &mut peer), XIO_OK);
+            let a = addr(at);
+            let mut l = null_mut();
+            assert_eq!(xio_listen(net, a.as_ptr(), &mut l), XIO_OK);
+            let mut theirs = Vec::new();
+            let mut ours = Vec::new();
+            for _ in 0..64 {
+                let mut c = null_mut();
+                assert_eq!(xio_dial(peer, a.as_ptr(), &mut c), XIO_OK);
+                let mut s = null_mut();
+                assert_eq!(xio_accept(l, &mut s), XIO_OK);
+                assert_eq!(xio_stream_set_nonblocking(s, 1), XIO_OK);
+                // The watchdog: a read that never ends times out instead.
+                assert_eq!(xio_stream_set_timeouts(c, WATCHDOG_MS, 0), XIO_OK);
+                theirs.push(c);
+                ours.push(s);
+            }
+            let (mut bell_c, mut bell_s) = (null_mut(), null_mut());
+            assert_eq!(xio_dial(peer, a.as_ptr(), &mut bell_c), XIO_OK);
+            assert_eq!(xio_accept(l, &mut bell_s), XIO_OK);
+            let mut fd = -1;
+            assert_eq!(xio_net_fd(net, &mut fd), XIO_OK);
+            poll_until_quiet(net, fd);
+            // The peer's net is idle: its ring fills with our FINs.
+            for s in ours {
+                assert_eq!(xio_stream_close(s), XIO_OK);
+            }
+            FinsBehindFullRing {
+                _manager: manager,
+                net,
+                peer,
+                l,
+                theirs,
+                bell: (bell_c, bell_s),
+                fd,
+            }
+        }
+    }
+
+    /// The peer reads its streams now, draining its ring: each must end
+    /// (its FIN came). It sends nothing meanwhile, which would wake
+    /// `net`'s loop.
+    ///
+    /// # Safety
+    /// As [`FinsBehindFullRing::new`].
+    unsafe fn peer_reads_every_end(&mut self) {
+        let mut buf = [0u8; 8];
+        // SAFETY: live stream handles; `buf` and `k` valid for writes.
+        unsafe {
+            for (i, c) in self.theirs.iter().enumerate() {
+                let mut k = usize::MAX;
+                let r = xio_read(*c, buf.as_mut_ptr().cast(), buf.len(), &mut k);
+                assert_eq!(
+                    (r, k),
+                    (XIO_OK, 0),
+                    "stream {i}: no end of stream (a FIN still queued?)"
+                );
+            }
+            for c in self.theirs.drain(..) {
+                assert_eq!(xio_stream_close(c), XIO_OK);
+            }
+        }
+    }
+
+    /// Wakes `event_loop`, told to stop already, joins it and closes
+    /// everything.
+    ///
+    /// # Safety
+    /// As [`FinsBehindFullRing::new`].
+    unsafe fn wake_join_and_close(self, event_loop: std::thread::JoinHandle<()>) {
+        let (bell_c, bell_s) = self.bell;
+        // SAFETY: live handles; `k` valid for a write.
+        unsafe {
+            // Non-blocking: the loop may have seen its stop flag and gone
+            // already, leaving the ring toward it full of what the peer's
+            // reads and closes sent (a blocking write would wait for room
+            // for good); a full ring keeps its fd readable anyway.
+            assert_eq!(xio_stream_set_nonblocking(bell_c, 1), XIO_OK);
+            let mut k = 0;
+            let r = xio_write(bell_c, b"x".as_ptr().cast(), 1, &mut k);
+            assert!(r == XIO_OK || r == XIO_ERR_WOULD_BLOCK, "{r}");
+            event_loop.join().unwrap();
+            for s in [bell_c, bell_s] {
+                assert_eq!(xio_stream_close(s), XIO_OK);
+            }
+            assert_eq!(xio_listener_close(self.l), XIO_OK);
+            assert_eq!(xio_net_close(self.peer), XIO_OK);
+            assert_eq!(xio_net_close(self.net), XIO_OK);
+        }
+    }
+}
+
 /// An event loop that closes connections faster than their peer drains
 /// its ring has FINs queued behind the full ring. Nothing rings for the
 /// room the peer makes later, and the loop has no write of its own
@@ -1320,49 +1444,13 @@ fn an_event_loop_asleep_on_the_fd_hears_its_own_nets_connections() {
 #[test]
 fn a_loop_asleep_on_the_fd_sends_the_fins_a_full_ring_held_back() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    // Small rings: 64 FINs do not fit.
-    let pool = xio_core::prelude::PoolConfig {
-        ring_capacity: 16,
-        ..Default::default()
-    };
-    let (_m, p) = manager_with("fins-behind-full-ring", pool);
     // SAFETY: live handles, valid out-parameters and buffers of the
-    // lengths given, NUL-terminated strings throughout; the loop thread
-    // uses the net, which any thread may.
+    // lengths given; the loop thread uses the net, which any thread may.
     unsafe {
-        let mut net = null_mut();
-        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
-        let mut peer = null_mut();
-        assert_eq!(xio_net_attach(p.as_ptr(), &mut peer), XIO_OK);
-        let a = addr("10.9.7.1:80");
-        let mut l = null_mut();
-        assert_eq!(xio_listen(net, a.as_ptr(), &mut l), XIO_OK);
-        let mut theirs = Vec::new();
-        let mut ours = Vec::new();
-        for _ in 0..64 {
-            let mut c = null_mut();
-            assert_eq!(xio_dial(peer, a.as_ptr(), &mut c), XIO_OK);
-            let mut s = null_mut();
-            assert_eq!(xio_accept(l, &mut s), XIO_OK);
-            assert_eq!(xio_stream_set_nonblocking(s, 1), XIO_OK);
-            // The watchdog: a read that never ends times out instead.
-            assert_eq!(xio_stream_set_timeouts(c, WATCHDOG_MS, 0), XIO_OK);
-            theirs.push(c);
-            ours.push(s);
-        }
-        // One more connection, to wake the loop when the test is done.
-        let (mut bell_c, mut bell_s) = (null_mut(), null_mut());
-        assert_eq!(xio_dial(peer, a.as_ptr(), &mut bell_c), XIO_OK);
-        assert_eq!(xio_accept(l, &mut bell_s), XIO_OK);
-        let mut fd = -1;
-        assert_eq!(xio_net_fd(net, &mut fd), XIO_OK);
-        poll_until_quiet(net, fd);
-        // The peer's net is idle: its ring fills with our FINs.
-        for s in ours {
-            assert_eq!(xio_stream_close(s), XIO_OK);
-        }
+        let mut t = FinsBehindFullRing::new("fins-behind-full-ring", "10.9.7.1:80");
+        let fd = t.fd;
         let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let (h, stop2) = (Send(net), stop.clone());
+        let (h, stop2) = (Send(t.net), stop.clone());
         let event_loop = std::thread::spawn(move || {
             let h = h;
             let mut events = [XioEvent {
@@ -1385,37 +1473,9 @@ fn a_loop_asleep_on_the_fd_sends_the_fins_a_full_ring_held_back() {
                 poll(&mut pfd, 1, WATCHDOG_MS);
             }
         });
-        // The peer reads its streams now, draining its ring: each ends.
-        // (It sends nothing meanwhile, which would wake the loop.)
-        let mut buf = [0u8; 8];
-        for (i, c) in theirs.iter().enumerate() {
-            let mut k = usize::MAX;
-            let r = xio_read(*c, buf.as_mut_ptr().cast(), buf.len(), &mut k);
-            assert_eq!(
-                (r, k),
-                (XIO_OK, 0),
-                "stream {i}: no end of stream (a FIN still queued?)"
-            );
-        }
-        for c in theirs {
-            assert_eq!(xio_stream_close(c), XIO_OK);
-        }
+        t.peer_reads_every_end();
         stop.store(true, Ordering::Relaxed);
-        // Non-blocking: the loop may have seen `stop` and gone already,
-        // leaving the ring toward it full of what the peer's reads and
-        // closes sent (a blocking write would wait for room for good);
-        // a full ring keeps its fd readable anyway.
-        assert_eq!(xio_stream_set_nonblocking(bell_c, 1), XIO_OK);
-        let mut k = 0;
-        let r = xio_write(bell_c, b"x".as_ptr().cast(), 1, &mut k);
-        assert!(r == XIO_OK || r == XIO_ERR_WOULD_BLOCK, "{r}");
-        event_loop.join().unwrap();
-        for s in [bell_c, bell_s] {
-            assert_eq!(xio_stream_close(s), XIO_OK);
-        }
-        assert_eq!(xio_listener_close(l), XIO_OK);
-        assert_eq!(xio_net_close(peer), XIO_OK);
-        assert_eq!(xio_net_close(net), XIO_OK);
+        t.wake_join_and_close(event_loop);
     }
 }
 
@@ -1450,50 +1510,15 @@ fn a_loop_waiting_on_a_stopped_peers_ring_sleeps_then_sends() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
-    // Small rings: 64 FINs do not fit.
-    let pool = xio_core::prelude::PoolConfig {
-        ring_capacity: 16,
-        ..Default::default()
-    };
-    let (_m, p) = manager_with("stopped-peer-sleep", pool);
     // SAFETY: live handles, valid out-parameters and buffers of the
-    // lengths given, NUL-terminated strings throughout; the loop thread
-    // uses the net, which any thread may.
+    // lengths given; the loop thread uses the net, which any thread may.
     unsafe {
-        let mut net = null_mut();
-        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
-        let mut peer = null_mut();
-        assert_eq!(xio_net_attach(p.as_ptr(), &mut peer), XIO_OK);
-        let a = addr("10.9.8.1:80");
-        let mut l = null_mut();
-        assert_eq!(xio_listen(net, a.as_ptr(), &mut l), XIO_OK);
-        let mut theirs = Vec::new();
-        let mut ours = Vec::new();
-        for _ in 0..64 {
-            let mut c = null_mut();
-            assert_eq!(xio_dial(peer, a.as_ptr(), &mut c), XIO_OK);
-            let mut s = null_mut();
-            assert_eq!(xio_accept(l, &mut s), XIO_OK);
-            assert_eq!(xio_stream_set_nonblocking(s, 1), XIO_OK);
-            // The watchdog: a read that never ends times out instead.
-            assert_eq!(xio_stream_set_timeouts(c, WATCHDOG_MS, 0), XIO_OK);
-            theirs.push(c);
-            ours.push(s);
-        }
-        let (mut bell_c, mut bell_s) = (null_mut(), null_mut());
-        assert_eq!(xio_dial(peer, a.as_ptr(), &mut bell_c), XIO_OK);
-        assert_eq!(xio_accept(l, &mut bell_s), XIO_OK);
-        let mut fd = -1;
-        assert_eq!(xio_net_fd(net, &mut fd), XIO_OK);
-        poll_until_quiet(net, fd);
-        // The peer does not run: its ring fills with our FINs.
-        for s in ours {
-            assert_eq!(xio_stream_close(s), XIO_OK);
-        }
+        let mut t = FinsBehindFullRing::new("stopped-peer-sleep", "10.9.8.1:80");
+        let fd = t.fd;
         let stop = Arc::new(AtomicBool::new(false));
         // (CPU used, time passed, turns of the loop) over the first second.
         let measured = Arc::new(Mutex::new(None));
-        let (h, stop2, measured2) = (Send(net), stop.clone(), measured.clone());
+        let (h, stop2, measured2) = (Send(t.net), stop.clone(), measured.clone());
         let event_loop = std::thread::spawn(move || {
             let h = h;
             let mut events = [XioEvent {
@@ -1532,24 +1557,9 @@ fn a_loop_waiting_on_a_stopped_peers_ring_sleeps_then_sends() {
             }
             std::thread::sleep(Duration::from_millis(10));
         };
-        // Then it reads its streams, draining its ring: each ends.
-        let mut buf = [0u8; 8];
-        for (i, c) in theirs.iter().enumerate() {
-            let mut k = usize::MAX;
-            let r = xio_read(*c, buf.as_mut_ptr().cast(), buf.len(), &mut k);
-            assert_eq!(
-                (r, k),
-                (XIO_OK, 0),
-                "stream {i}: no end of stream (a FIN still queued?)"
-            );
-        }
-        for c in theirs {
-            assert_eq!(xio_stream_close(c), XIO_OK);
-        }
+        // Then it reads its streams: each ends.
+        t.peer_reads_every_end();
         stop.store(true, Ordering::Relaxed);
-        let mut k = 0;
-        assert_eq!(xio_write(bell_c, b"x".as_ptr().cast(), 1, &mut k), XIO_OK);
-        event_loop.join().unwrap();
         let (cpu, passed, turns) = measured;
         assert!(
             cpu < passed / 2,
@@ -1565,12 +1575,7 @@ fn a_loop_waiting_on_a_stopped_peers_ring_sleeps_then_sends() {
             "the loop came back {turns} times in {passed:?} ({cpu:?} of CPU) \
              while the peer did not run"
         );
-        for s in [bell_c, bell_s] {
-            assert_eq!(xio_stream_close(s), XIO_OK);
-        }
-        assert_eq!(xio_listener_close(l), XIO_OK);
-        assert_eq!(xio_net_close(peer), XIO_OK);
-        assert_eq!(xio_net_close(net), XIO_OK);
+        t.wake_join_and_close(event_loop);
     }
 }
 
