@@ -717,6 +717,24 @@ impl Drop for OneCpuCgroup {
     }
 }
 
+/// Asks the manager whether every object of its mempools is back (the
+/// pool's count against the mempools'), then stops it.
+fn assert_whole_then_finish(mut m: ChildProc, prefix: &str) {
+    m.tell("whole");
+    let w = m.expect("whole");
+    finish_primary(m, prefix);
+    let w: Vec<&str> = w.split_whitespace().collect();
+    assert_eq!(w[0], w[1], "every object back in its mempool");
+}
+
+/// A new stack takes every buffer of class 0 it can get; how many.
+fn taken_by_a_new_stack(prefix: &str) -> String {
+    let mut t = ChildProc::spawn("child_main", "take_all", &[prefix.to_owned()]);
+    let took = t.expect("took");
+    t.wait_success();
+    took
+}
+
 /// Ends a primary (stdin closed: it returns and exits) and removes what
 /// DPDK leaves of the prefix: its hugepage files and runtime directory (a
 /// new primary of the same prefix would clear them, but test prefixes are
@@ -975,11 +993,7 @@ fn objects_a_killed_stack_took_but_never_stamped_come_back() {
     s.expect("unstamped");
     s.kill9();
     wait_for_a_sweep(&mut m);
-    m.tell("whole");
-    let w = m.expect("whole");
-    finish_primary(m, &p);
-    let w: Vec<&str> = w.split_whitespace().collect();
-    assert_eq!(w[0], w[1], "every object back in its mempool");
+    assert_whole_then_finish(m, &p);
 }
 
 /// An allocation whose class is empty reports the pool exhausted, as the
@@ -1092,11 +1106,7 @@ fn a_stack_killed_inside_a_mempool_get_does_not_hang_the_sweep() {
     s.expect("stopped inside a get");
     s.kill9();
     wait_for_a_sweep(&mut m);
-    m.tell("whole");
-    let w = m.expect("whole");
-    finish_primary(m, &p);
-    let w: Vec<&str> = w.split_whitespace().collect();
-    assert_eq!(w[0], w[1], "every object back in its mempool");
+    assert_whole_then_finish(m, &p);
 }
 
 /// One stack killed inside a mempool get while another live one had
@@ -1126,11 +1136,7 @@ fn a_stack_killed_inside_a_mempool_get_does_not_block_another_ones_get() {
     live.expect("allocated");
     drop(live.child.stdin.take());
     live.wait_success();
-    m.tell("whole");
-    let w = m.expect("whole");
-    finish_primary(m, &p);
-    let w: Vec<&str> = w.split_whitespace().collect();
-    assert_eq!(w[0], w[1], "every object back in its mempool");
+    assert_whole_then_finish(m, &p);
 }
 
 /// An object whose header's index was overwritten: the pool leaves it
@@ -1148,15 +1154,9 @@ fn an_overwritten_object_index_is_repaired_by_the_sweep() {
     s.expect("scribbled");
     s.kill9();
     wait_for_a_sweep(&mut m);
-    let mut t = ChildProc::spawn("child_main", "take_all", std::slice::from_ref(&p));
-    let took = t.expect("took");
-    t.wait_success();
-    m.tell("whole");
-    let w = m.expect("whole");
-    finish_primary(m, &p);
+    let took = taken_by_a_new_stack(&p);
+    assert_whole_then_finish(m, &p);
     assert_eq!(took, "256", "every small buffer of the manager's class 0");
-    let w: Vec<&str> = w.split_whitespace().collect();
-    assert_eq!(w[0], w[1], "every object back in its mempool");
 }
 
 /// A mempool's ring holds object pointers in memory every process of the
@@ -1175,16 +1175,10 @@ fn a_bogus_pointer_in_a_mempool_does_not_crash_the_stack_that_gets_it() {
     m.expect("ready");
     let mut s = ChildProc::spawn("child_main", "bogus_putter", std::slice::from_ref(&p));
     s.expect("put");
-    let mut t = ChildProc::spawn("child_main", "take_all", std::slice::from_ref(&p));
-    let took = t.expect("took");
-    t.wait_success();
+    let took = taken_by_a_new_stack(&p);
     s.kill9();
-    m.tell("whole");
-    let w = m.expect("whole");
-    finish_primary(m, &p);
+    assert_whole_then_finish(m, &p);
     assert_eq!(took, "256", "every small buffer of the manager's class 0");
-    let w: Vec<&str> = w.split_whitespace().collect();
-    assert_eq!(w[0], w[1], "every object back in its mempool, nothing else");
 }
 
 /// A mempool's ring is shared memory, and a broken or hostile process can
@@ -1202,18 +1196,12 @@ fn an_object_listed_twice_in_a_mempool_is_not_handed_out_twice() {
     m.expect("ready");
     let mut s = ChildProc::spawn("child_main", "double_putter", std::slice::from_ref(&p));
     s.expect("put");
-    let mut t = ChildProc::spawn("child_main", "take_all", std::slice::from_ref(&p));
-    let took = t.expect("took");
-    t.wait_success();
+    let took = taken_by_a_new_stack(&p);
     s.kill9();
     wait_for_a_sweep(&mut m);
-    m.tell("whole");
-    let w = m.expect("whole");
-    finish_primary(m, &p);
+    assert_whole_then_finish(m, &p);
     assert_eq!(
         took, "255",
         "every small buffer but the other stack's, once"
     );
-    let w: Vec<&str> = w.split_whitespace().collect();
-    assert_eq!(w[0], w[1], "every object back in its mempool");
 }
