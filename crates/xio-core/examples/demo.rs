@@ -158,8 +158,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (x50, x99) = percentiles(xio);
     let (u50, u99) = percentiles(uds);
     println!();
-    println!("| transport ({SIZE} B echo)        | p50 round trip | p99 round trip |");
-    println!("|-------------------------------|---------------:|---------------:|");
+    println!("| transport ({SIZE} B echo)          | p50 round trip | p99 round trip |");
+    println!("|--------------------------------|---------------:|---------------:|");
     println!("| X-IO zero-copy (adaptive wait) | {x50:>11.2} us | {x99:>11.2} us |");
     println!("| Unix-domain stream socket      | {u50:>11.2} us | {u99:>11.2} us |");
     println!();
