@@ -11,5 +11,5 @@ export XIO_CONTROL_TIMEOUT_MS="${XIO_CONTROL_TIMEOUT_MS:-60000}"
 cargo test --workspace
 # Loom builds xio-core with loom's atomics (a separate target dir keeps the
 # normal build cached); release mode keeps model checking fast.
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
     cargo test -p xio-core --lib --release loom_
