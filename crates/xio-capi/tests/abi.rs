@@ -1655,6 +1655,49 @@ unsafe fn sleep_on_fd_until_writable(net: *mut XioNet, fd: i32, token: u64, dog:
     }
 }
 
+/// Two nets of pool `p`, `peer` dialled to `net`'s listener on `at`:
+/// the dialling end `c` (reads time out after the watchdog's time), the
+/// accepted end `s` (non-blocking, `token` set), and `net`'s fd, polled
+/// until quiet. Returns `(net, peer, l, c, s, fd)`.
+///
+/// # Safety
+/// Calls the C ABI with handles it made itself.
+unsafe fn one_connection_polled_by_fd(
+    p: &CString,
+    at: &str,
+    token: u64,
+) -> (
+    *mut XioNet,
+    *mut XioNet,
+    *mut XioListener,
+    *mut XioStream,
+    *mut XioStream,
+    i32,
+) {
+    // SAFETY: valid out-parameters, NUL-terminated strings, live handles
+    // made here.
+    unsafe {
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+        let mut peer = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut peer), XIO_OK);
+        let a = addr(at);
+        let mut l = null_mut();
+        assert_eq!(xio_listen(net, a.as_ptr(), &mut l), XIO_OK);
+        let mut c = null_mut();
+        assert_eq!(xio_dial(peer, a.as_ptr(), &mut c), XIO_OK);
+        assert_eq!(xio_stream_set_timeouts(c, WATCHDOG_MS, 0), XIO_OK);
+        let mut s = null_mut();
+        assert_eq!(xio_accept(l, &mut s), XIO_OK);
+        assert_eq!(xio_stream_set_nonblocking(s, 1), XIO_OK);
+        assert_eq!(xio_stream_set_token(s, token), XIO_OK);
+        let mut fd = -1;
+        assert_eq!(xio_net_fd(net, &mut fd), XIO_OK);
+        poll_until_quiet(net, fd);
+        (net, peer, l, c, s, fd)
+    }
+}
+
 /// A write that met a peer's full ring is retried by a loop that sleeps on
 /// `xio_net_fd` alone (no periodic `xio_net_poll`): once the peer reads,
 /// the fd becomes readable for the write, which then goes through. While
@@ -1673,23 +1716,7 @@ fn a_loop_asleep_on_the_fd_alone_retries_a_write_that_met_a_full_ring() {
     // lengths given, NUL-terminated strings; the loop thread uses the net
     // and a stream, which any thread may.
     unsafe {
-        let mut net = null_mut();
-        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
-        let mut peer = null_mut();
-        assert_eq!(xio_net_attach(p.as_ptr(), &mut peer), XIO_OK);
-        let a = addr("10.9.8.2:80");
-        let mut l = null_mut();
-        assert_eq!(xio_listen(net, a.as_ptr(), &mut l), XIO_OK);
-        let mut c = null_mut();
-        assert_eq!(xio_dial(peer, a.as_ptr(), &mut c), XIO_OK);
-        assert_eq!(xio_stream_set_timeouts(c, WATCHDOG_MS, 0), XIO_OK);
-        let mut s = null_mut();
-        assert_eq!(xio_accept(l, &mut s), XIO_OK);
-        assert_eq!(xio_stream_set_nonblocking(s, 1), XIO_OK);
-        assert_eq!(xio_stream_set_token(s, 7), XIO_OK);
-        let mut fd = -1;
-        assert_eq!(xio_net_fd(net, &mut fd), XIO_OK);
-        poll_until_quiet(net, fd);
+        let (net, peer, l, c, s, fd) = one_connection_polled_by_fd(&p, "10.9.8.2:80", 7);
         let (blocked_tx, blocked) = std::sync::mpsc::channel();
         let h = Send((net, s));
         let event_loop = std::thread::spawn(move || {
@@ -1773,23 +1800,7 @@ fn a_loop_asleep_on_the_fd_alone_retries_writes_that_met_an_empty_pool() {
     let (_m, p) = manager_with("fd-alone-empty-pool", pool);
     // SAFETY: as in the test above; buffer handles are used by one thread.
     unsafe {
-        let mut net = null_mut();
-        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
-        let mut peer = null_mut();
-        assert_eq!(xio_net_attach(p.as_ptr(), &mut peer), XIO_OK);
-        let a = addr("10.9.8.3:80");
-        let mut l = null_mut();
-        assert_eq!(xio_listen(net, a.as_ptr(), &mut l), XIO_OK);
-        let mut c = null_mut();
-        assert_eq!(xio_dial(peer, a.as_ptr(), &mut c), XIO_OK);
-        assert_eq!(xio_stream_set_timeouts(c, WATCHDOG_MS, 0), XIO_OK);
-        let mut s = null_mut();
-        assert_eq!(xio_accept(l, &mut s), XIO_OK);
-        assert_eq!(xio_stream_set_nonblocking(s, 1), XIO_OK);
-        assert_eq!(xio_stream_set_token(s, 9), XIO_OK);
-        let mut fd = -1;
-        assert_eq!(xio_net_fd(net, &mut fd), XIO_OK);
-        poll_until_quiet(net, fd);
+        let (net, peer, l, c, s, fd) = one_connection_polled_by_fd(&p, "10.9.8.3:80", 9);
         // Every buffer of the pool, held here.
         assert_eq!(xio_stream_set_nonblocking(c, 1), XIO_OK);
         let mut held = Vec::new();
