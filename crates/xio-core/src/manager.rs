@@ -364,7 +364,9 @@ struct Owed {
 /// A bound manager; [`Manager::run`] serves until stopped.
 pub struct Manager {
     prefix: String,
-    sock_path: PathBuf,
+    /// Unlinked before the lock is let go: while it is held, no other
+    /// manager binds the path.
+    sock: SocketFile,
     /// Dropped (unlinked, then released) before the listener closes.
     _lock: LockFile,
     listener: CloseOnFork,
@@ -608,6 +610,40 @@ impl Drop for LockFile {
     }
 }
 
+/// A started manager's control socket, `<run dir>/<prefix>.sock`: unlinked
+/// when it stops ([`Manager::run`] returns) or is dropped without running,
+/// so neither leaves a file nobody listens on, which whoever waits for the
+/// socket to appear (a script, a test, a stack retrying) would take for a
+/// running manager. As [`LockFile`], only if the path still names the file
+/// it bound (dev and inode), and not in a forked child.
+struct SocketFile {
+    path: PathBuf,
+    /// The bound file's `stat`; `None` once removed.
+    bound: Option<rustix::fs::Stat>,
+    born: crate::fork::Birth,
+}
+
+impl SocketFile {
+    fn remove(&mut self) {
+        // A forked child's copy: the socket is the parent's.
+        if self.born.forked() {
+            return;
+        }
+        let Some(bound) = self.bound.take() else {
+            return;
+        };
+        if rustix::fs::stat(&self.path).is_ok_and(|named| same_file(&bound, &named)) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
 /// A listening socket's temporary path: removed if the manager fails to
 /// start, renamed to the real path once it has.
 struct Staged(std::path::PathBuf);
@@ -705,10 +741,19 @@ impl Manager {
             }
         };
         let stop = Arc::new(EventFdDoorbell::new().map_err(io_err("eventfd"))?);
+        // The rename keeps the inode: what the path names until someone
+        // else's file replaces it.
+        let bound = rustix::fs::stat(&staged.0)
+            .map_err(|e| io_err(format!("stat {}", staged.0.display()))(e.into()))?;
         staged.publish(&sock_path)?;
+        let sock = SocketFile {
+            path: sock_path,
+            bound: Some(bound),
+            born: crate::fork::Birth::now(),
+        };
         tracing::info!(
             prefix = %b.prefix,
-            socket = %sock_path.display(),
+            socket = %sock.path.display(),
             segment_mib = seg.region().len() >> 20,
             backend = ?b.backend,
             classes = ?b.pool.classes,
@@ -716,7 +761,7 @@ impl Manager {
         );
         Ok(Manager {
             prefix: b.prefix,
-            sock_path,
+            sock,
             _lock: lock,
             listener: CloseOnFork::new(listener),
             channels: (0..seg.max_channels()).map(|_| None).collect(),
@@ -811,7 +856,7 @@ impl Manager {
 
     /// The control socket's path.
     pub fn socket_path(&self) -> &std::path::Path {
-        &self.sock_path
+        &self.sock.path
     }
 
     /// Serves until stopped; then removes the socket.
@@ -826,7 +871,7 @@ impl Manager {
             );
         }
         let r = self.serve();
-        let _ = std::fs::remove_file(&self.sock_path);
+        self.sock.remove();
         // Close the stacks' sockets, then mark the word: a stack it wakes
         // finds its control socket closed.
         self.stacks.clear();

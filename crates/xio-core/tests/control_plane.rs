@@ -272,6 +272,37 @@ fn a_clean_stop_leaves_neither_socket_nor_lock() {
     assert!(!lock.exists(), "lock file left by a dropped manager");
 }
 
+/// A manager bound and dropped without `run` (a program that failed
+/// between `bind` and `run`) leaves nothing in the run dir: its socket
+/// stayed before, a file nobody listens on, which whoever waits for the
+/// socket to appear (a script, a test) takes for a running manager. It
+/// removes only the socket it made: a file put at that path since is
+/// someone else's.
+#[test]
+fn a_manager_dropped_without_running_leaves_nothing() {
+    setup();
+    let p = prefix("unrun");
+    let sock = xio_core::paths::socket_path(&p);
+    let lock = xio_core::paths::lock_path(&p);
+    let staged = sock.with_extension("sock.new");
+    let m = Manager::builder(&p).bind().unwrap();
+    assert!(sock.exists() && lock.exists(), "bound");
+    drop(m);
+    assert!(!sock.exists(), "socket left by a manager never run");
+    assert!(!lock.exists(), "lock file left by a manager never run");
+    assert!(
+        !staged.exists(),
+        "staged socket left by a manager never run"
+    );
+    // Its socket replaced by another file: that one stays.
+    let m = Manager::builder(&p).bind().unwrap();
+    std::fs::remove_file(&sock).unwrap();
+    std::fs::write(&sock, b"not the manager's").unwrap();
+    drop(m);
+    assert!(sock.exists(), "a file the manager did not make was removed");
+    std::fs::remove_file(&sock).unwrap();
+}
+
 /// A test process's own dir (`<kind>-<pid>` in the temp dir) removes
 /// those of its kind whose process is gone, and nothing else: each run
 /// left one behind before (hundreds piled up).
