@@ -17,6 +17,9 @@ use std::time::Instant;
 
 use xio_core::prelude::*;
 
+#[path = "common/run_dir.rs"]
+mod run_dir;
+
 const ROUNDS: usize = 100_000;
 const SIZE: usize = 64;
 
@@ -94,9 +97,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         _ => {}
     }
-    let dir = std::env::temp_dir().join(format!("xio-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    std::env::set_var("XIO_RUN_DIR", &dir);
+    // Removed on the way out, however `main` returns.
+    let dir = run_dir::RunDir::create("demo")?;
     let prefix = "demo";
     println!(
         "X-IO demo: {ROUNDS} round trips of {SIZE} B, client and service in separate processes"
@@ -177,7 +179,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("manager status after the X-IO run (every buffer back in the pool):");
     print!("{status}");
     manager.stop();
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

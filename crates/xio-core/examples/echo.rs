@@ -17,6 +17,9 @@ use std::time::Instant;
 
 use xio_core::prelude::*;
 
+#[path = "common/run_dir.rs"]
+mod run_dir;
+
 fn serve(prefix: &str, addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
     let mut stack = Stack::builder(prefix).name("l2fwd-echo").attach()?;
     stack.bind(addr)?;
@@ -53,9 +56,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return serve(prefix, addr);
     }
 
-    let dir = std::env::temp_dir().join(format!("xio-echo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    std::env::set_var("XIO_RUN_DIR", &dir);
+    // Removed on the way out, however `main` returns.
+    let _dir = run_dir::RunDir::create("echo")?;
     let prefix = format!("echo-{}", std::process::id());
     let manager = Manager::builder(&prefix).spawn()?;
     let addr: SocketAddr = "10.0.0.1:9".parse()?;
@@ -98,6 +100,5 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     drop(stack);
     print!("{}", xio_core::manager::query_status(&prefix)?);
     manager.stop();
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -16,6 +16,9 @@ use std::time::Instant;
 
 use xio_core::prelude::*;
 
+#[path = "common/run_dir.rs"]
+mod run_dir;
+
 const N: u64 = 2_000_000;
 
 fn receive(prefix: &str, addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
@@ -48,9 +51,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.get(1).map(String::as_str) == Some("receive") {
         return receive(&args[2], args[3].parse()?);
     }
-    let dir = std::env::temp_dir().join(format!("xio-oneway-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    std::env::set_var("XIO_RUN_DIR", &dir);
+    // Removed on the way out, however `main` returns.
+    let _dir = run_dir::RunDir::create("oneway")?;
     let prefix = format!("oneway-{}", std::process::id());
     let manager = Manager::builder(&prefix).spawn()?;
     let addr: SocketAddr = "10.0.0.2:9".parse()?;
@@ -85,6 +87,5 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     child.wait()?;
     drop(stack);
     manager.stop();
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

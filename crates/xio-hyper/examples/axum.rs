@@ -31,6 +31,9 @@ use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
+#[path = "../../xio-core/examples/common/run_dir.rs"]
+mod run_dir;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Sequential requests in each timed run.
@@ -180,11 +183,10 @@ fn main() -> Result<(), BoxError> {
     }
 
     // A private pool: a manager on a thread of this process, its control
-    // socket in a directory of our own; the child finds both through the
-    // environment it inherits.
-    let dir = std::env::temp_dir().join(format!("xio-axum-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    std::env::set_var("XIO_RUN_DIR", &dir);
+    // socket in a directory of our own (removed on the way out, however
+    // `main` returns); the child finds both through the environment it
+    // inherits.
+    let _dir = run_dir::RunDir::create("axum")?;
     let prefix = format!("axum-{}", std::process::id());
     std::env::set_var("XIO_PREFIX", &prefix);
     let manager = xio_core::Manager::builder(&prefix).spawn()?;
@@ -250,6 +252,5 @@ fn main() -> Result<(), BoxError> {
         std::thread::sleep(Duration::from_millis(20));
     }
     drop(manager);
-    let _ = std::fs::remove_dir_all(&dir);
     result
 }
