@@ -183,7 +183,9 @@ typedef uint16_t xio_peer;
 #define XIO_ERR_NO_MANAGER 5
 
 /**
- * Nobody listens on that address.
+ * Nobody listens on that address (no X-IO service binds it on this
+ * node), or its listener's backlog is full. Not a process that binds it
+ * but does not read its control socket: that is `XIO_ERR_PEER_BUSY`.
  */
 #define XIO_ERR_CONNECTION_REFUSED 6
 
@@ -274,6 +276,15 @@ typedef uint16_t xio_peer;
  * once others leave (see the pool's `max_stacks` and `max_channels`).
  */
 #define XIO_ERR_NO_SPACE 19
+
+/**
+ * A process on this node binds that address, but does not read its
+ * control socket (it is stopped, stuck or overloaded), so the manager
+ * makes no new connection to it until it does. The service is there: do
+ * not take this for `XIO_ERR_CONNECTION_REFUSED` (and do not fall back to
+ * TCP); trying again later may succeed.
+ */
+#define XIO_ERR_PEER_BUSY 20
 
 #ifdef __cplusplus
 extern "C" {
@@ -504,7 +515,8 @@ xio_result xio_listener_token(struct xio_listener *listener, uint64_t *out);
  * Connects to the listener on `"ip:port"`. Returns once the connection
  * request is on its way; `XIO_ERR_CONNECTION_REFUSED` at once when
  * nobody listens there (or on the first read, if the listener left
- * meanwhile).
+ * meanwhile); `XIO_ERR_PEER_BUSY` when the process listening there does
+ * not read its control socket (it is there: no reason to dial TCP).
  *
  * # Safety
  * `net` is a live net handle or NULL; `addr` a NUL-terminated string;
@@ -739,6 +751,9 @@ xio_result xio_stack_bind(struct xio_stack *stack, const char *addr);
 /**
  * Opens a channel to the stack bound to `"ip:port"` (through the
  * manager, once per peer) and gives its peer id.
+ * `XIO_ERR_CONNECTION_REFUSED` when no stack binds it,
+ * `XIO_ERR_PEER_BUSY` when one does but does not read its control
+ * socket.
  *
  * # Safety
  * `stack` is a live stack handle or NULL; `addr` a NUL-terminated string;

@@ -24,7 +24,9 @@ pub const XIO_ERR_WOULD_BLOCK: XioResult = 3;
 pub const XIO_ERR_TIMED_OUT: XioResult = 4;
 /// No manager runs for this pool prefix (start `xio-manager --prefix P`).
 pub const XIO_ERR_NO_MANAGER: XioResult = 5;
-/// Nobody listens on that address.
+/// Nobody listens on that address (no X-IO service binds it on this
+/// node), or its listener's backlog is full. Not a process that binds it
+/// but does not read its control socket: that is `XIO_ERR_PEER_BUSY`.
 pub const XIO_ERR_CONNECTION_REFUSED: XioResult = 6;
 /// The peer reset the connection, crashed or left. On a stream it is
 /// reported once, as TCP's `ECONNRESET`: later reads return 0 (end of
@@ -75,6 +77,12 @@ pub const XIO_ERR_FORKED: XioResult = 18;
 /// (dial, accept: about a million connections open at once). It passes
 /// once others leave (see the pool's `max_stacks` and `max_channels`).
 pub const XIO_ERR_NO_SPACE: XioResult = 19;
+/// A process on this node binds that address, but does not read its
+/// control socket (it is stopped, stuck or overloaded), so the manager
+/// makes no new connection to it until it does. The service is there: do
+/// not take this for `XIO_ERR_CONNECTION_REFUSED` (and do not fall back to
+/// TCP); trying again later may succeed.
+pub const XIO_ERR_PEER_BUSY: XioResult = 20;
 
 /// An error on its way to C: a code and the message for `xio_last_error`.
 #[derive(Debug)]
@@ -142,9 +150,15 @@ fn stack_code(e: &StackError) -> XioResult {
             ..
         } => XIO_ERR_ADDR_IN_USE,
         StackError::Refused {
-            code: ErrorCode::ConnectionRefused | ErrorCode::Busy,
+            code: ErrorCode::ConnectionRefused,
             ..
         } => XIO_ERR_CONNECTION_REFUSED,
+        // Rust sees `ConnectionRefused` as its kind, with this code inside
+        // (xio-hyper looks there); C gets a code of its own.
+        StackError::Refused {
+            code: ErrorCode::Busy,
+            ..
+        } => XIO_ERR_PEER_BUSY,
         StackError::Refused {
             code: ErrorCode::NoSpace,
             ..
@@ -233,6 +247,7 @@ pub extern "C" fn xio_strerror(code: XioResult) -> *const c_char {
         XIO_ERR_INTERNAL => c"internal error",
         XIO_ERR_FORKED => c"handle inherited across fork(); attach a new stack",
         XIO_ERR_NO_SPACE => c"no free stack, channel or connection slot",
+        XIO_ERR_PEER_BUSY => c"the process bound to the address is not reading its control socket",
         _ => c"unknown error",
     };
     s.as_ptr()

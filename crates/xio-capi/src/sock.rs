@@ -589,7 +589,8 @@ pub unsafe extern "C" fn xio_listener_token(
 /// Connects to the listener on `"ip:port"`. Returns once the connection
 /// request is on its way; `XIO_ERR_CONNECTION_REFUSED` at once when
 /// nobody listens there (or on the first read, if the listener left
-/// meanwhile).
+/// meanwhile); `XIO_ERR_PEER_BUSY` when the process listening there does
+/// not read its control socket (it is there: no reason to dial TCP).
 ///
 /// # Safety
 /// `net` is a live net handle or NULL; `addr` a NUL-terminated string;

@@ -417,6 +417,9 @@ pub unsafe extern "C" fn xio_stack_bind(stack: *mut XioStack, addr: *const c_cha
 
 /// Opens a channel to the stack bound to `"ip:port"` (through the
 /// manager, once per peer) and gives its peer id.
+/// `XIO_ERR_CONNECTION_REFUSED` when no stack binds it,
+/// `XIO_ERR_PEER_BUSY` when one does but does not read its control
+/// socket.
 ///
 /// # Safety
 /// `stack` is a live stack handle or NULL; `addr` a NUL-terminated string;

@@ -1069,6 +1069,119 @@ fn a_full_pool_is_no_space_not_a_protocol_error() {
     }
 }
 
+/// A connect to an address another process binds, refused because that
+/// process does not read its control socket (stopped, stuck), returns
+/// `XIO_ERR_PEER_BUSY`, not `XIO_ERR_CONNECTION_REFUSED`: a C program
+/// that dials TCP when no X-IO service binds the address (what the
+/// refusal means) must not take a service that is there for one that is
+/// not, as xio-hyper's TCP fallback does not.
+#[test]
+fn a_connect_to_a_stack_that_does_not_read_is_peer_busy_not_refused() {
+    use std::os::fd::AsFd;
+    use xio_core::ctrl;
+    use xio_core::proto::Msg;
+    raise_fd_limit();
+    let (mgr, p) = manager_with(
+        "peer-busy",
+        xio_core::prelude::PoolConfig {
+            classes: vec![(2 << 10, 256)],
+            max_stacks: 300,
+            max_channels: 300,
+            ring_capacity: 16,
+        },
+    );
+    let prefix = p.to_str().unwrap();
+    let a = "10.9.5.1:80";
+    // A raw stack that binds `a`, then stops reading its socket.
+    let raw = || {
+        let s = ctrl::connect(&xio_core::paths::socket_path(prefix)).unwrap();
+        let hello = Msg::Hello {
+            pid: 1,
+            name: "deaf".into(),
+        };
+        ctrl::send(s.as_fd(), &hello, &[]).unwrap();
+        let Msg::Welcome { stack_id } = ctrl::recv(s.as_fd(), false).unwrap().0 else {
+            panic!("no welcome");
+        };
+        (s, stack_id)
+    };
+    let (deaf, id) = raw();
+    let bind = Msg::Bind {
+        addr: a.parse().unwrap(),
+    };
+    ctrl::send(deaf.as_fd(), &bind, &[]).unwrap();
+    assert!(matches!(
+        ctrl::recv(deaf.as_fd(), false).unwrap().0,
+        Msg::Ok
+    ));
+    // Status requests it does not read, until the manager queues replies.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let queued = || {
+        let s = mgr.snapshot();
+        s.stacks.iter().find(|s| s.id == id).map_or(0, |s| s.queued)
+    };
+    while queued() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "watchdog: never queued"
+        );
+        while ctrl::send_nowait(deaf.as_fd(), &Msg::Status, &[]).is_ok() {}
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // Peers' new channels fill what the manager may hold for it, until it
+    // refuses.
+    let mut peers = Vec::new();
+    loop {
+        assert!(peers.len() < 290, "connections were never refused");
+        let (s, _) = raw();
+        let connect = Msg::Connect {
+            addr: a.parse().unwrap(),
+        };
+        ctrl::send(s.as_fd(), &connect, &[]).unwrap();
+        match ctrl::recv(s.as_fd(), false).unwrap().0 {
+            Msg::Connected { .. } => peers.push(s),
+            Msg::Error { .. } => break,
+            other => panic!("connect {}: {other:?}", peers.len()),
+        }
+    }
+    let a = addr(a);
+    // SAFETY: live handles, valid out-parameters and NUL-terminated
+    // strings throughout.
+    unsafe {
+        let s = stack(&p);
+        let mut peer = 0;
+        let r = xio_stack_connect(s, a.as_ptr(), &mut peer);
+        let msg = std::ffi::CStr::from_ptr(xio_last_error()).to_string_lossy();
+        assert_eq!(r, XIO_ERR_PEER_BUSY, "xio_stack_connect: {msg}");
+        assert!(msg.contains("not reading its control socket"), "{msg}");
+        assert_eq!(xio_stack_close(s), XIO_OK);
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+        let mut c = null_mut();
+        let r = xio_dial(net, a.as_ptr(), &mut c);
+        let msg = std::ffi::CStr::from_ptr(xio_last_error()).to_string_lossy();
+        assert_eq!(r, XIO_ERR_PEER_BUSY, "xio_dial: {msg}");
+        assert!(c.is_null());
+        assert_eq!(xio_net_close(net), XIO_OK);
+    }
+    drop((deaf, peers));
+}
+
+/// Enough fds for a few hundred stacks in this process (with its
+/// manager's share of them): a soft limit of 1024 is common.
+fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let lim = getrlimit(Resource::Nofile);
+    let want = lim.maximum.map_or(1 << 16, |h| h.min(1 << 16));
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(want.max(lim.current.unwrap_or(0))),
+            maximum: lim.maximum,
+        },
+    );
+}
+
 /// A closed stream's readiness not yet returned by `xio_net_poll` is not
 /// returned after the close, as `epoll_wait` reports nothing for a
 /// closed fd: its token may be a pointer the program freed with the

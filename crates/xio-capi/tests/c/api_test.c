@@ -68,7 +68,7 @@ int main(int argc, char **argv) {
     const char *prefix = argv[1];
 
     /* Codes and messages. */
-    for (xio_result c = XIO_OK; c <= XIO_ERR_NO_SPACE; c++)
+    for (xio_result c = XIO_OK; c <= XIO_ERR_PEER_BUSY; c++)
         CHECK(xio_strerror(c) != NULL && strlen(xio_strerror(c)) > 0);
     CHECK(strcmp(xio_strerror(12345), "unknown error") == 0);
     CHECK(xio_strerror(XIO_ERR_WOULD_BLOCK) != xio_strerror(XIO_ERR_TIMED_OUT));
