@@ -919,7 +919,11 @@ impl RunDir {
     pub(crate) fn create() -> Result<Self> {
         let d = std::env::temp_dir().join(format!("xio-bench-run-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).with_context(|| format!("creating {d:?}"))?;
+        // Private whatever the umask: the manager refuses a run dir every
+        // user may write to (under umask 0 the bench failed to start).
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(&d)
+            .with_context(|| format!("creating {d:?}"))?;
         Ok(RunDir(d))
     }
 }
