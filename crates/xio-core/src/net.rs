@@ -2263,7 +2263,8 @@ impl Net {
     /// Connects to `addr`, which some process (this one included) listens
     /// on. Fails with `ConnectionRefused` if nobody does, or if the address
     /// needs the manager to resolve and it is gone (the source error says
-    /// so: [`Error::ManagerGone`]).
+    /// so: [`Error::ManagerGone`]). The unspecified address (`0.0.0.0`,
+    /// `[::]`) means this host's loopback, as for a TCP connect on Linux.
     pub fn connect(&self, addr: impl ToSocketAddrs) -> io::Result<XioStream> {
         let mut last = None;
         for a in addr.to_socket_addrs()? {
@@ -2314,6 +2315,16 @@ impl Net {
         deadline: Option<Instant>,
         may_ask: bool,
     ) -> io::Result<Option<XioStream>> {
+        // The unspecified address is this host's loopback, as Linux's TCP
+        // connect takes it (`connect("0.0.0.0:3000")` dials the address a
+        // server bound and reaches it on 127.0.0.1).
+        let mut addr = addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
         // An IPv6 SYN's buffer, taken before the lock (it may have to
         // wait). An IPv4 SYN needs none (see `kind::SYN4`).
         let syn = match addr {

@@ -1252,14 +1252,15 @@ fn a_wildcard_listener_answers_for_this_nodes_addresses() {
     let any: SocketAddr = "0.0.0.0:3000".parse().unwrap();
     let l = server.listen(any).unwrap();
     assert_eq!(l.local_addr().unwrap(), any);
-    for target in [
-        "127.0.0.1:3000",
-        "127.1.2.3:3000",
-        "0.0.0.0:3000",
-        "[::ffff:127.0.0.1]:3000",
+    for (target, reached) in [
+        ("127.0.0.1:3000", "127.0.0.1:3000"),
+        ("127.1.2.3:3000", "127.1.2.3:3000"),
+        // Loopback, as TCP dials the unspecified address.
+        ("0.0.0.0:3000", "127.0.0.1:3000"),
+        ("[::ffff:127.0.0.1]:3000", "[::ffff:127.0.0.1]:3000"),
     ] {
         let local = exchange_via(&l, &client, target);
-        assert_eq!(local, target.parse::<SocketAddr>().unwrap());
+        assert_eq!(local, reached.parse::<SocketAddr>().unwrap());
     }
     // `localhost` may resolve to ::1 first, which this listener does not
     // take; the IPv4 address after it connects.
@@ -4096,4 +4097,44 @@ fn shutdown_read_discards_without_stalling_or_resetting_the_writer() {
     c.read_to_end(&mut rest)
         .expect("end of stream, not a reset");
     assert!(rest.is_empty());
+}
+
+/// A connect to the unspecified address (`0.0.0.0:port`, `[::]:port`)
+/// reaches this host's listener on the port, as Linux's TCP connect does
+/// (it takes the unspecified address for loopback): code that dials the
+/// address its server bound, `0.0.0.0:3000`, was refused unless that very
+/// wildcard was bound, and a server on `127.0.0.1:port` was never reached.
+/// Checked against loopback TCP first.
+#[test]
+fn a_connect_to_the_unspecified_address_reaches_this_host() {
+    // The contract, over TCP.
+    {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let c = std::net::TcpStream::connect(("0.0.0.0", port)).unwrap();
+        assert_eq!(c.peer_addr().unwrap(), l.local_addr().unwrap());
+        let (s, _) = l.accept().unwrap();
+        assert_eq!(s.local_addr().unwrap(), l.local_addr().unwrap());
+    }
+    let (_mgr, p) = start("connunspec");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let cases = [
+        ("127.0.0.1:8081", "0.0.0.0:8081", "127.0.0.1:8081"),
+        ("0.0.0.0:8082", "0.0.0.0:8082", "127.0.0.1:8082"),
+        ("[::1]:8083", "[::]:8083", "[::1]:8083"),
+    ];
+    for (bound, dialled, reached) in cases {
+        let reached: SocketAddr = reached.parse().unwrap();
+        let l = server.listen(bound).unwrap();
+        let c = client.connect(dialled);
+        let mut c = c.unwrap_or_else(|e| panic!("{dialled}: {e}"));
+        assert_eq!(c.peer_addr().unwrap(), reached, "{dialled}");
+        c.write_all(b"ping").unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        assert_eq!(s.local_addr().unwrap(), reached, "{dialled}");
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"ping");
+    }
 }
