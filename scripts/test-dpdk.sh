@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The DPDK backend's tests: the dpdk-specific suite, then the control-plane,
-# cross-process and socket suites run against a DPDK manager (XIO_TEST_BACKEND=dpdk).
+# cross-process, socket and std-parity suites run against a DPDK manager
+# (XIO_TEST_BACKEND=dpdk).
 # Needs the system DPDK (libdpdk-dev, libclang-dev), hugepages and root:
 # .ci/run sets them up. A process can be the DPDK primary of one prefix
 # only, so each test runs in its own process; DPDK's hugepage files and
@@ -26,7 +27,7 @@ cargo test -p xio-core --features dpdk --test dpdk
 cleanup
 
 export XIO_TEST_BACKEND=dpdk
-for suite in control_plane cross_process sockets; do
+for suite in control_plane cross_process sockets std_parity; do
     tests=$(cargo test -q -p xio-core --features dpdk --test "$suite" -- --list 2>/dev/null |
         sed -n 's/: test$//p' | grep -v '^child_main$')
     for t in $tests; do

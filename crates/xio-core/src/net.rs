@@ -2265,6 +2265,12 @@ impl Net {
     /// needs the manager to resolve and it is gone (the source error says
     /// so: [`Error::ManagerGone`]). The unspecified address (`0.0.0.0`,
     /// `[::]`) means this host's loopback, as for a TCP connect on Linux.
+    ///
+    /// Unlike a blocking TCP connect, one to an address this net has
+    /// connected to before (the route is known) returns without waiting
+    /// for the listener's answer, as a non-blocking connect does: if the
+    /// listener has gone since, the stream's first read or write fails
+    /// with `ConnectionRefused` instead of the connect.
     pub fn connect(&self, addr: impl ToSocketAddrs) -> io::Result<XioStream> {
         let mut last = None;
         for a in addr.to_socket_addrs()? {
@@ -3152,6 +3158,11 @@ fn fastrand(i: u32) -> u32 {
 /// Connections accepted before keep working on the old net; ones that had
 /// arrived but were not yet accepted are reset. A listener made with
 /// [`Net::listen`] stays on its net.
+///
+/// Differences from `TcpListener` on Linux (see also [`XioStream`]'s): a
+/// connect beyond the backlog is refused rather than left to retry (see
+/// [`Net::listen_with_backlog`]); no `set_ttl`/`ttl` and no file
+/// descriptor (an event loop uses [`Net::poll`]).
 pub struct XioListener {
     /// Shared by [`XioListener::try_clone`]s; the address is unbound when
     /// the last one goes.
@@ -3579,6 +3590,28 @@ const DROP_DRAIN_MAX: usize = 64;
 /// zero-copy [`XioStream::recv_buf`] and [`XioStream::send_buf`].
 /// Dropping the last handle closes it (a FIN, or a RST if received data
 /// was left unread).
+///
+/// # Differences from `TcpStream` on Linux
+/// Ported code sees the same data, error kinds and byte counts (but for
+/// how much a write takes before a full window stops it, which buffer
+/// sizes decide on both) — the `std_parity` test suite runs the same
+/// scenarios against both — except:
+/// - `local_addr` of a connecting stream is an address made from the
+///   process's stack id, not the listener's IP (X-IO clients do not bind).
+/// - A connect over a route the net knows returns before the listener
+///   answers: a refusal is the first read's or write's (see
+///   [`Net::connect`]).
+/// - `shutdown(Read)` discards what is queued and what still arrives, as
+///   on the BSDs (see [`XioStream::shutdown`]).
+/// - A read into an empty buffer returns `Ok(0)` without waiting (Linux's
+///   waits for data or the timeout, or in non-blocking mode says
+///   `WouldBlock`).
+/// - `read_vectored` fills the first non-empty buffer only (the `Read`
+///   default; a short read, which the trait allows).
+/// - Timeouts read back exactly as set (a socket's are rounded to the
+///   kernel's clock tick).
+/// - No `set_ttl`/`ttl` (nothing routes these bytes), no file descriptor
+///   (`AsRawFd`): an event loop uses [`Net::poll`] or [`Net::poll_fd`].
 #[derive(Clone)]
 pub struct XioStream {
     inner: Arc<StreamInner>,
@@ -3675,7 +3708,7 @@ impl XioStream {
     /// Connects to `addr` on the process-wide [`Net::global`]. With no
     /// manager running, as with nobody listening: `ConnectionRefused`
     /// (code that waits for its server to come up retries on it), whose
-    /// message says how to start one.
+    /// message says how to start one. Otherwise as [`Net::connect`].
     pub fn connect(addr: impl ToSocketAddrs) -> io::Result<XioStream> {
         Net::with_global(|n| n.connect(&addr)).map_err(no_manager_refuses)
     }
