@@ -43,7 +43,7 @@ pub fn wildcards(addr: SocketAddr) -> impl Iterator<Item = SocketAddr> {
 /// (which TCP also takes for "this host"), or assigned to one of its
 /// interfaces. Asked for every connect or SYN that misses every exact
 /// binding and finds a wildcard one, with whatever address the peer
-/// chose: the interfaces are listed at most once per [`REFRESH`] (a
+/// chose: the interfaces are listed at most once per 100 ms (`REFRESH`; a
 /// listing is a netlink dump), and an address added to an interface, or
 /// taken from it, is seen within that time.
 pub fn is_this_node(ip: IpAddr) -> bool {
