@@ -339,6 +339,12 @@ where
     A: FnOnce(&Std, &mut Log),
     B: FnOnce(&Xio, &mut Log),
 {
+    // A host without IPv6 loopback (a container started with it off) has
+    // no std side to compare with: say so rather than fail.
+    if v6 && std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("{name}: skipped over IPv6: ::1 cannot be bound here");
+        return;
+    }
     V6.set(v6);
     let mut want = Log::default();
     scenario(&Std, &mut want);
