@@ -5,30 +5,115 @@
 
 int xio_shim_errno(void) { return rte_errno; }
 
-int xio_shim_mempool_get_bulk(struct rte_mempool *mp, void **objs, unsigned int n) {
-    return rte_mempool_get_bulk(mp, objs, n);
-}
-
-void xio_shim_mempool_put_bulk(struct rte_mempool *mp, void *const *objs, unsigned int n) {
-    rte_mempool_put_bulk(mp, objs, n);
-}
-
 unsigned int xio_shim_mempool_elt_size(const struct rte_mempool *mp) { return mp->elt_size; }
 
-/* The ring under `mp`, if it uses the default multi-producer/consumer
- * ring ops (whose head/tail pairs the functions below rewrite). */
-static struct rte_ring *mempool_mpmc_ring(struct rte_mempool *mp) {
-    if (strcmp(rte_mempool_get_ops(mp->ops_index)->name, "ring_mp_mc") != 0) {
-        return NULL;
+/* The index of the default multi-producer/consumer ring ops in this
+ * process's ops table (its own memory), or -1. */
+static int mpmc_ops_index(void) {
+    uint32_t n = rte_mempool_ops_table.num_ops;
+    for (uint32_t i = 0; i < n && i < RTE_MEMPOOL_MAX_OPS_IDX; i++) {
+        if (strcmp(rte_mempool_ops_table.ops[i].name, "ring_mp_mc") == 0) {
+            return (int)i;
+        }
     }
-    return mp->pool_data;
+    return -1;
 }
 
-int xio_shim_mempool_ring_repair(struct rte_mempool *mp) {
-    struct rte_ring *r = mempool_mpmc_ring(mp);
-    if (r == NULL) {
+int xio_shim_mempool_ring(struct rte_mempool *mp, unsigned int nobjs, struct rte_ring **ring,
+                          uint32_t *mask) {
+    /* Each field read once: what is checked is what is used. */
+    int ops = __atomic_load_n(&mp->ops_index, __ATOMIC_RELAXED);
+    if (ops < 0 || ops != mpmc_ops_index()) {
         return -1;
     }
+    struct rte_ring *r = __atomic_load_n(&mp->pool_data, __ATOMIC_RELAXED);
+    if (r == NULL || nobjs == 0 || nobjs >= (1u << 31)) {
+        return -1;
+    }
+    /* What the ring ops made for `nobjs` objects (rte_ring_create of
+     * rte_align32pow2(n + 1) entries, not exact-sized). */
+    uint32_t size = rte_align32pow2(nobjs + 1);
+    if (__atomic_load_n(&r->size, __ATOMIC_RELAXED) != size ||
+        __atomic_load_n(&r->mask, __ATOMIC_RELAXED) != size - 1 ||
+        __atomic_load_n(&r->capacity, __ATOMIC_RELAXED) != size - 1) {
+        return -1;
+    }
+    *ring = r;
+    *mask = size - 1;
+    return 0;
+}
+
+void xio_shim_mempool_ring_restore(struct rte_mempool *mp, struct rte_ring *r, uint32_t mask) {
+    int ops = mpmc_ops_index();
+    if (ops >= 0) {
+        __atomic_store_n(&mp->ops_index, ops, __ATOMIC_RELAXED);
+    }
+    __atomic_store_n(&mp->pool_data, (void *)r, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->size, mask + 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->mask, mask, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->capacity, mask, __ATOMIC_RELAXED);
+}
+
+/* The slots of a ring of object pointers follow its header (as DPDK's
+ * own element accessors take them). */
+static void **mpring_slots(struct rte_ring *r) { return (void **)&r[1]; }
+
+/* DPDK's multi-producer/consumer bulk enqueue and dequeue
+ * (rte_ring_c11_pvt.h, rte_ring_elem_pvt.h), the same head/tail protocol
+ * and orderings, with the slot index masked by `mask`, kept in this
+ * process, not by the ring's own field. */
+int xio_shim_mpring_get(struct rte_ring *r, uint32_t mask, void **objs, unsigned int n) {
+    uint32_t head = __atomic_load_n(&r->cons.head, __ATOMIC_ACQUIRE);
+    uint32_t next;
+    do {
+        /* Acquire: pairs with the producer's tail release (the slots). */
+        uint32_t prod_tail = __atomic_load_n(&r->prod.tail, __ATOMIC_ACQUIRE);
+        if (n == 0 || prod_tail - head < n) {
+            return -1;
+        }
+        next = head + n;
+    } while (!__atomic_compare_exchange_n(&r->cons.head, &head, next, 0, __ATOMIC_RELEASE,
+                                          __ATOMIC_ACQUIRE));
+    void **slots = mpring_slots(r);
+    for (unsigned int i = 0; i < n; i++) {
+        objs[i] = slots[(head + i) & mask];
+    }
+    rte_wait_until_equal_32(&r->cons.tail, head, __ATOMIC_RELAXED);
+    /* Release: the slots were read before producers may reuse them. */
+    __atomic_store_n(&r->cons.tail, next, __ATOMIC_RELEASE);
+    return 0;
+}
+
+int xio_shim_mpring_put(struct rte_ring *r, uint32_t mask, void *const *objs, unsigned int n) {
+    uint32_t head = __atomic_load_n(&r->prod.head, __ATOMIC_RELAXED);
+    uint32_t next;
+    do {
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        /* Acquire: pairs with the consumer's tail release. */
+        uint32_t cons_tail = __atomic_load_n(&r->cons.tail, __ATOMIC_ACQUIRE);
+        if (n == 0 || mask + cons_tail - head < n) {
+            return -1;
+        }
+        next = head + n;
+    } while (!__atomic_compare_exchange_n(&r->prod.head, &head, next, 0, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+    void **slots = mpring_slots(r);
+    for (unsigned int i = 0; i < n; i++) {
+        slots[(head + i) & mask] = objs[i];
+    }
+    rte_wait_until_equal_32(&r->prod.tail, head, __ATOMIC_RELAXED);
+    /* Release: publishes the slots to consumers (their prod.tail acquire). */
+    __atomic_store_n(&r->prod.tail, next, __ATOMIC_RELEASE);
+    return 0;
+}
+
+unsigned int xio_shim_mpring_count(const struct rte_ring *r, uint32_t mask) {
+    uint32_t count = (__atomic_load_n(&r->prod.tail, __ATOMIC_RELAXED) -
+                      __atomic_load_n(&r->cons.tail, __ATOMIC_RELAXED)) & mask;
+    return count;
+}
+
+int xio_shim_mpring_repair(struct rte_ring *r) {
     int fixed = 0;
     uint32_t h = __atomic_load_n(&r->cons.head, __ATOMIC_ACQUIRE);
     if (__atomic_load_n(&r->cons.tail, __ATOMIC_ACQUIRE) != h) {
@@ -47,12 +132,21 @@ int xio_shim_mempool_ring_repair(struct rte_mempool *mp) {
     return fixed;
 }
 
-int xio_shim_mempool_ring_half_dequeue(struct rte_mempool *mp, unsigned int n) {
-    struct rte_ring *r = mempool_mpmc_ring(mp);
-    if (r == NULL || rte_ring_count(r) < n) {
+int xio_shim_mpring_half_dequeue(struct rte_ring *r, uint32_t mask, unsigned int n) {
+    if (xio_shim_mpring_count(r, mask) < n) {
         return -1;
     }
     __atomic_fetch_add(&r->cons.head, n, __ATOMIC_ACQ_REL);
+    return 0;
+}
+
+int xio_shim_mempool_scribble(struct rte_mempool *mp, int ops_index, uint32_t ring_mask) {
+    struct rte_ring *r = mp->pool_data;
+    if (r == NULL) {
+        return -1;
+    }
+    mp->ops_index = ops_index;
+    r->mask = ring_mask;
     return 0;
 }
 

@@ -11,8 +11,6 @@
 #include <rte_ring_elem.h>
 
 int xio_shim_errno(void);
-int xio_shim_mempool_get_bulk(struct rte_mempool *mp, void **objs, unsigned int n);
-void xio_shim_mempool_put_bulk(struct rte_mempool *mp, void *const *objs, unsigned int n);
 unsigned int xio_shim_ring_enqueue_burst_elem(struct rte_ring *r, const void *objs,
                                               unsigned int esize, unsigned int n,
                                               unsigned int *free_space);
@@ -21,19 +19,41 @@ unsigned int xio_shim_ring_dequeue_burst_elem(struct rte_ring *r, void *objs,
                                               unsigned int *available);
 /* Bytes of each object's element (the part a get hands out). */
 unsigned int xio_shim_mempool_elt_size(const struct rte_mempool *mp);
-/* Finishes, in the ring under a mempool of the default ring ops, what a
- * process killed inside an enqueue or dequeue left half done (DPDK's
- * multi-producer/consumer ring then makes every later operation on that
- * side wait for ever): a dequeue's reservation is taken as done, an
- * enqueue's is dropped. Only with no other process inside an operation
- * on the mempool. Returns 1 if something was finished, 0 if nothing was
- * half done, -1 if the mempool does not use the ring ops. */
-int xio_shim_mempool_ring_repair(struct rte_mempool *mp);
+/* The ring under `mp`, of `nobjs` objects, checked once: the mempool
+ * uses the default multi-producer/consumer ring ops (by this process's
+ * own ops table) and the ring's size, mask and capacity are what those
+ * ops make for `nobjs` objects. Sets `*ring` and `*mask` and returns 0,
+ * or returns -1. Everything here is shared memory any process of the
+ * prefix can write: the caller keeps `*ring` and `*mask` and passes them
+ * to the xio_shim_mpring_* functions, which read neither the mempool's
+ * ops index, ring pointer and cache nor the ring's mask again. */
+int xio_shim_mempool_ring(struct rte_mempool *mp, unsigned int nobjs, struct rte_ring **ring,
+                          uint32_t *mask);
+/* Writes back what xio_shim_mempool_ring checked (the primary, which made
+ * the mempool, with the values it took then). */
+void xio_shim_mempool_ring_restore(struct rte_mempool *mp, struct rte_ring *r, uint32_t mask);
+/* rte_mempool_get_bulk / put_bulk of a mempool with the ring ops and no
+ * cache: takes or puts exactly `n` objects (0) or none (-1), on ring `r`
+ * with slot mask `mask` (from xio_shim_mempool_ring). */
+int xio_shim_mpring_get(struct rte_ring *r, uint32_t mask, void **objs, unsigned int n);
+int xio_shim_mpring_put(struct rte_ring *r, uint32_t mask, void *const *objs, unsigned int n);
+/* Objects in the ring. */
+unsigned int xio_shim_mpring_count(const struct rte_ring *r, uint32_t mask);
+/* Finishes, in a mempool's ring, what a process killed inside an enqueue
+ * or dequeue left half done (DPDK's multi-producer/consumer ring then
+ * makes every later operation on that side wait for ever): a dequeue's
+ * reservation is taken as done, an enqueue's is dropped. Only with no
+ * other process inside an operation on the mempool. Returns 1 if
+ * something was finished, 0 if nothing was half done. */
+int xio_shim_mpring_repair(struct rte_ring *r);
 /* Test hook: reserves `n` objects for a dequeue and stops there, as a
  * process killed inside one would (the objects are in nobody's hands).
- * Returns 0, or -1 if the mempool does not use the ring ops or holds
- * fewer than `n`. Not for applications. */
-int xio_shim_mempool_ring_half_dequeue(struct rte_mempool *mp, unsigned int n);
+ * Returns 0, or -1 if the ring holds fewer than `n`. Not for
+ * applications. */
+int xio_shim_mpring_half_dequeue(struct rte_ring *r, uint32_t mask, unsigned int n);
+/* Test hook: overwrites the mempool's ops index and its ring's mask, as
+ * a broken or hostile process of the prefix can. Not for applications. */
+int xio_shim_mempool_scribble(struct rte_mempool *mp, int ops_index, uint32_t ring_mask);
 unsigned int xio_shim_ring_count(const struct rte_ring *r);
 unsigned int xio_shim_ring_free_count(const struct rte_ring *r);
 

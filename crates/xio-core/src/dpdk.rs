@@ -471,6 +471,16 @@ pub const HEADER: usize = std::mem::size_of::<ObjHeader>();
 #[derive(Debug)]
 pub struct Mempool {
     mp: NonNull<sys::rte_mempool>,
+    /// The mempool's ring and its slot mask, checked once when the pool
+    /// was wrapped ([`Mempool::wrap`]) and kept here: every get and put
+    /// goes to them directly. The mempool's ops index and ring pointer,
+    /// and the ring's mask, are shared memory any process of the prefix
+    /// can write; DPDK's `rte_mempool_get_bulk` read them on every call,
+    /// so an overwritten ops index aborted the process (DPDK's
+    /// `RTE_VERIFY`) or called another ops' functions, and an overwritten
+    /// mask made it read and write slots outside the ring.
+    ring: NonNull<sys::rte_ring>,
+    mask: u32,
     /// Object `i`'s address, by the index in its header.
     objs: Vec<NonNull<ObjHeader>>,
     /// Where the objects lie, from `objs` (our own memory): runs of
@@ -631,8 +641,20 @@ impl Mempool {
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| DpdkError::Corrupt(name.into()))?;
         let (runs, stride) = runs_of(&objs);
+        let mut ring = std::ptr::null_mut();
+        let mut mask = 0;
+        // SAFETY: a live mempool; the shim reads each field once and
+        // checks it (the ring's size against the objects found).
+        let r = unsafe {
+            sys::xio_shim_mempool_ring(mp.as_ptr(), objs.len() as u32, &mut ring, &mut mask)
+        };
+        let ring = NonNull::new(ring)
+            .filter(|_| r == 0)
+            .ok_or_else(|| DpdkError::Corrupt(name.into()))?;
         Ok(Mempool {
             mp,
+            ring,
+            mask,
             objs,
             runs,
             stride,
@@ -660,8 +682,8 @@ impl Mempool {
 
     /// Objects currently free in the pool.
     pub fn avail(&self) -> u32 {
-        // SAFETY: a live mempool.
-        unsafe { sys::rte_mempool_avail_count(self.mp.as_ptr()) }
+        // SAFETY: the mempool's ring (checked in `wrap`); reads its tails.
+        unsafe { sys::xio_shim_mpring_count(self.ring.as_ptr(), self.mask) }
     }
 
     /// Payload bytes per object.
@@ -716,8 +738,9 @@ impl Mempool {
     /// Takes one object, as the pointer the mempool holds.
     fn get_raw(&self) -> Option<*mut c_void> {
         let mut o: *mut c_void = std::ptr::null_mut();
-        // SAFETY: room for one object pointer.
-        let r = unsafe { sys::xio_shim_mempool_get_bulk(self.mp.as_ptr(), &mut o, 1) };
+        // SAFETY: room for one object pointer; the ring and mask checked
+        // in `wrap` (slots are read at `index & mask` only).
+        let r = unsafe { sys::xio_shim_mpring_get(self.ring.as_ptr(), self.mask, &mut o, 1) };
         (r == 0).then_some(o)
     }
 
@@ -729,31 +752,76 @@ impl Mempool {
     /// an operation on the mempool (the gates closed). True if something
     /// was half done.
     fn repair_ring(&self) -> bool {
-        // SAFETY: a live mempool; nobody else is inside an operation on
-        // it (the caller's contract).
-        unsafe { sys::xio_shim_mempool_ring_repair(self.mp.as_ptr()) == 1 }
+        // SAFETY: the mempool's ring (checked in `wrap`); nobody else is
+        // inside an operation on it (the caller's contract).
+        unsafe { sys::xio_shim_mpring_repair(self.ring.as_ptr()) == 1 }
+    }
+
+    /// Writes back the mempool's ops index and ring pointer and the
+    /// ring's size, mask and capacity as this process checked them (the
+    /// manager's sweep: any stack can overwrite them, and a stack that
+    /// attaches later checks them, and refuses the mempool as corrupt).
+    fn restore_ring(&self) {
+        // SAFETY: a live mempool and its ring; writes the fields DPDK set
+        // at creation back to those values.
+        unsafe {
+            sys::xio_shim_mempool_ring_restore(self.mp.as_ptr(), self.ring.as_ptr(), self.mask)
+        }
+    }
+
+    /// Test hook: overwrites the mempool's ops index and its ring's mask
+    /// (in shared memory), as a broken or hostile process of the prefix
+    /// can. Not for applications.
+    #[doc(hidden)]
+    pub fn __scribble_ring(&self, ops_index: i32, mask: u32) {
+        // SAFETY: a live mempool; writes two fields of shared memory, as
+        // any process of the prefix can.
+        unsafe { sys::xio_shim_mempool_scribble(self.mp.as_ptr(), ops_index, mask) };
     }
 
     /// Takes exactly `out.len()` objects, or none.
     fn get_bulk(&self, out: &mut [*mut c_void]) -> bool {
-        // SAFETY: room for out.len() object pointers.
+        // SAFETY: room for out.len() object pointers; the ring and mask
+        // checked in `wrap`.
         unsafe {
-            sys::xio_shim_mempool_get_bulk(self.mp.as_ptr(), out.as_mut_ptr(), out.len() as u32)
-                == 0
+            sys::xio_shim_mpring_get(
+                self.ring.as_ptr(),
+                self.mask,
+                out.as_mut_ptr(),
+                out.len() as u32,
+            ) == 0
         }
     }
 
     fn put_bulk(&self, objs: &[*mut c_void]) {
-        // SAFETY: objects of this pool that nobody uses any more.
-        unsafe {
-            sys::xio_shim_mempool_put_bulk(self.mp.as_ptr(), objs.as_ptr(), objs.len() as u32)
+        if objs.is_empty() {
+            return;
+        }
+        // SAFETY: objects of this pool that nobody uses any more; the ring
+        // and mask checked in `wrap`.
+        let r = unsafe {
+            sys::xio_shim_mpring_put(
+                self.ring.as_ptr(),
+                self.mask,
+                objs.as_ptr(),
+                objs.len() as u32,
+            )
         };
+        if r != 0 {
+            // The ring has room for every object: full, it lists some
+            // twice (a broken or hostile process put them). What was not
+            // put back stays free in its header; the next sweep lists it.
+            tracing::warn!(
+                mempool = self.size,
+                objects = objs.len(),
+                "the mempool's ring is full (it lists objects twice): not put back"
+            );
+        }
     }
 
     fn put(&self, h: &ObjHeader) {
         let o = (h as *const ObjHeader).cast_mut().cast::<c_void>();
-        // SAFETY: an object of this pool that nobody uses any more.
-        unsafe { sys::xio_shim_mempool_put_bulk(self.mp.as_ptr(), &o, 1) };
+        self.put_bulk(&[o]);
     }
 
     fn data(&self, h: &ObjHeader) -> *mut u8 {
@@ -861,7 +929,7 @@ impl InsideOp<'_> {
     pub fn half_get(&self, n: u32) -> bool {
         // SAFETY: a live mempool, under its lock; what it leaves is what
         // a process killed there would.
-        unsafe { sys::xio_shim_mempool_ring_half_dequeue(self.0.mp.as_ptr(), n) == 0 }
+        unsafe { sys::xio_shim_mpring_half_dequeue(self.0.ring.as_ptr(), self.0.mask, n) == 0 }
     }
 
     /// Puts `addrs` into the mempool's ring as object pointers, whatever
@@ -1109,6 +1177,10 @@ impl DpdkPool {
         crate::pool::close_gates(seg, live, patience, gone)?;
         let mut r = Reclaimed::default();
         for mp in &self.classes {
+            // What a stack may have overwritten in the mempool's and
+            // ring's headers (this process uses its own copies; stacks
+            // attaching later check them).
+            mp.restore_ring();
             // Frozen: no live stack is inside a mempool operation, so a
             // get or put half done in the ring is a dead stack's, and
             // would make the gets below wait for ever.

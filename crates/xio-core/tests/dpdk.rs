@@ -111,6 +111,7 @@ fn child_main() {
         "parked_get" => parked_get(&a[0]),
         "late_get" => late_get(&a[0]),
         "scribbler" => scribbler(&a[0]),
+        "ring_scribbler" => ring_scribbler(&a[0]),
         "take_all" => take_all(&a[0]),
         "bogus_putter" => bogus_putter(&a[0]),
         "double_putter" => double_putter(&a[0]),
@@ -541,6 +542,19 @@ fn scribbler(prefix: &str) {
         .unwrap()
         .index
         .store(77_777, std::sync::atomic::Ordering::Relaxed);
+    println!("XIO:scribbled");
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
+/// A stack that overwrites class 0's mempool's ops index (past DPDK's
+/// ops table) and its ring's slot mask (every bit), as a broken or
+/// hostile process of the prefix can, then waits to be killed.
+fn ring_scribbler(prefix: &str) {
+    let _s = xio_core::stack::Stack::attach(prefix).unwrap();
+    let mp = Mempool::lookup(&xio_core::dpdk::mempool_name(0), 2048).unwrap();
+    mp.__scribble_ring(1000, u32::MAX);
     println!("XIO:scribbled");
     loop {
         std::thread::sleep(std::time::Duration::from_secs(1));
@@ -1204,4 +1218,27 @@ fn an_object_listed_twice_in_a_mempool_is_not_handed_out_twice() {
         took, "255",
         "every small buffer but the other stack's, once"
     );
+}
+
+/// A mempool's ops index and its ring's mask live in memory every process
+/// of the prefix can write, and DPDK's get and put read them on every
+/// call: a stack that overwrote them made the manager's next sweep (and
+/// every stack's next cache refill) abort inside DPDK (an ops index past
+/// its table fails an `RTE_VERIFY`) or index slots outside the ring. The
+/// pool now checks the ring once, when it wraps the mempool, and uses its
+/// own copies; the manager's sweep writes the values back, so a stack
+/// attaching later (which checks them) takes the pool.
+#[test]
+fn an_overwritten_mempool_ops_index_and_ring_mask_hurt_no_other_process() {
+    setup();
+    let p = dpdk_prefix("ops");
+    let mut m = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
+    m.expect("ready");
+    let mut s = ChildProc::spawn("child_main", "ring_scribbler", std::slice::from_ref(&p));
+    s.expect("scribbled");
+    s.kill9();
+    wait_for_a_sweep(&mut m);
+    let took = taken_by_a_new_stack(&p);
+    assert_whole_then_finish(m, &p);
+    assert_eq!(took, "256", "every small buffer of the manager's class 0");
 }
