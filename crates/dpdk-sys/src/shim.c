@@ -7,6 +7,41 @@ int xio_shim_errno(void) { return rte_errno; }
 
 unsigned int xio_shim_mempool_elt_size(const struct rte_mempool *mp) { return mp->elt_size; }
 
+static struct rte_mempool_objhdr *objhdr_of(const void *obj) {
+    return (struct rte_mempool_objhdr *)obj - 1;
+}
+
+unsigned int xio_shim_mempool_size(const struct rte_mempool *mp) {
+    return __atomic_load_n(&mp->size, __ATOMIC_RELAXED);
+}
+
+void *xio_shim_mempool_first_obj(const struct rte_mempool *mp) {
+    struct rte_mempool_objhdr *h = __atomic_load_n(&mp->elt_list.stqh_first, __ATOMIC_RELAXED);
+    return h == NULL ? NULL : (void *)(h + 1);
+}
+
+void *xio_shim_mempool_next_obj(const void *obj) {
+    struct rte_mempool_objhdr *h = __atomic_load_n(&objhdr_of(obj)->next.stqe_next,
+                                                   __ATOMIC_RELAXED);
+    return h == NULL ? NULL : (void *)(h + 1);
+}
+
+void xio_shim_mempool_relink(struct rte_mempool *mp, void *const *objs, unsigned int n) {
+    if (n == 0) {
+        return;
+    }
+    for (unsigned int i = 0; i + 1 < n; i++) {
+        objhdr_of(objs[i])->next.stqe_next = objhdr_of(objs[i + 1]);
+    }
+    objhdr_of(objs[n - 1])->next.stqe_next = NULL;
+    mp->elt_list.stqh_first = objhdr_of(objs[0]);
+    mp->elt_list.stqh_last = &objhdr_of(objs[n - 1])->next.stqe_next;
+}
+
+void xio_shim_mempool_scribble_next(void *obj, uintptr_t next) {
+    objhdr_of(obj)->next.stqe_next = (struct rte_mempool_objhdr *)next;
+}
+
 /* The index of the default multi-producer/consumer ring ops in this
  * process's ops table (its own memory), or -1. */
 static int mpmc_ops_index(void) {
@@ -19,15 +54,19 @@ static int mpmc_ops_index(void) {
     return -1;
 }
 
-int xio_shim_mempool_ring(struct rte_mempool *mp, unsigned int nobjs, struct rte_ring **ring,
+struct rte_ring *xio_shim_mempool_pool_data(const struct rte_mempool *mp) {
+    return __atomic_load_n(&mp->pool_data, __ATOMIC_RELAXED);
+}
+
+int xio_shim_mempool_ring(struct rte_mempool *mp, struct rte_ring *r, unsigned int nobjs,
                           uint32_t *mask) {
     /* Each field read once: what is checked is what is used. */
     int ops = __atomic_load_n(&mp->ops_index, __ATOMIC_RELAXED);
     if (ops < 0 || ops != mpmc_ops_index()) {
         return -1;
     }
-    struct rte_ring *r = __atomic_load_n(&mp->pool_data, __ATOMIC_RELAXED);
-    if (r == NULL || nobjs == 0 || nobjs >= (1u << 31)) {
+    if (r == NULL || __atomic_load_n(&mp->pool_data, __ATOMIC_RELAXED) != r || nobjs == 0 ||
+        nobjs >= (1u << 31)) {
         return -1;
     }
     /* What the ring ops made for `nobjs` objects (rte_ring_create of
@@ -38,7 +77,6 @@ int xio_shim_mempool_ring(struct rte_mempool *mp, unsigned int nobjs, struct rte
         __atomic_load_n(&r->capacity, __ATOMIC_RELAXED) != size - 1) {
         return -1;
     }
-    *ring = r;
     *mask = size - 1;
     return 0;
 }

@@ -19,15 +19,34 @@ unsigned int xio_shim_ring_dequeue_burst_elem(struct rte_ring *r, void *objs,
                                               unsigned int *available);
 /* Bytes of each object's element (the part a get hands out). */
 unsigned int xio_shim_mempool_elt_size(const struct rte_mempool *mp);
-/* The ring under `mp`, of `nobjs` objects, checked once: the mempool
+/* The mempool's object count (`size`: shared memory, check it). */
+unsigned int xio_shim_mempool_size(const struct rte_mempool *mp);
+/* The mempool's first object (the element after its DPDK object header),
+ * or NULL: the start of the walk rte_mempool_obj_iter makes, one step at
+ * a time, so the caller can check each object's address before the next
+ * step reads its header. */
+void *xio_shim_mempool_first_obj(const struct rte_mempool *mp);
+/* The object after `obj` in its mempool's list, or NULL: reads the DPDK
+ * object header just before `obj` (XIO_SHIM_OBJHDR_SIZE bytes). */
+void *xio_shim_mempool_next_obj(const void *obj);
+/* Links the mempool's object list as `objs` (the primary, in the order
+ * it numbered them at creation). */
+void xio_shim_mempool_relink(struct rte_mempool *mp, void *const *objs, unsigned int n);
+/* Test hook: overwrites the list link in `obj`'s DPDK object header, as
+ * a broken or hostile process of the prefix can. Not for applications. */
+void xio_shim_mempool_scribble_next(void *obj, uintptr_t next);
+/* The mempool's ring pointer (shared memory: check it). */
+struct rte_ring *xio_shim_mempool_pool_data(const struct rte_mempool *mp);
+/* Ring `r` (the mempool's ring pointer, as the caller read and checked
+ * it) under `mp`, of `nobjs` objects, checked once: the mempool
  * uses the default multi-producer/consumer ring ops (by this process's
  * own ops table) and the ring's size, mask and capacity are what those
- * ops make for `nobjs` objects. Sets `*ring` and `*mask` and returns 0,
- * or returns -1. Everything here is shared memory any process of the
- * prefix can write: the caller keeps `*ring` and `*mask` and passes them
+ * ops make for `nobjs` objects. Sets `*mask` and returns 0, or
+ * returns -1. Everything here is shared memory any process of the
+ * prefix can write: the caller keeps `r` and `*mask` and passes them
  * to the xio_shim_mpring_* functions, which read neither the mempool's
  * ops index, ring pointer and cache nor the ring's mask again. */
-int xio_shim_mempool_ring(struct rte_mempool *mp, unsigned int nobjs, struct rte_ring **ring,
+int xio_shim_mempool_ring(struct rte_mempool *mp, struct rte_ring *r, unsigned int nobjs,
                           uint32_t *mask);
 /* Writes back what xio_shim_mempool_ring checked (the primary, which made
  * the mempool, with the values it took then). */
@@ -62,4 +81,5 @@ unsigned int xio_shim_ring_free_count(const struct rte_ring *r);
 enum xio_shim_limits {
     XIO_SHIM_RING_NAMESIZE = RTE_RING_NAMESIZE,
     XIO_SHIM_MEMPOOL_NAMESIZE = RTE_MEMPOOL_NAMESIZE,
+    XIO_SHIM_OBJHDR_SIZE = sizeof(struct rte_mempool_objhdr),
 };

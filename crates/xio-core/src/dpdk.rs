@@ -532,18 +532,6 @@ unsafe extern "C" fn init_obj(
     }
 }
 
-unsafe extern "C" fn collect_obj(
-    _mp: *mut sys::rte_mempool,
-    arg: *mut c_void,
-    obj: *mut c_void,
-    _idx: u32,
-) {
-    // SAFETY: `arg` is the Vec we passed; `obj` a live object.
-    unsafe {
-        (*arg.cast::<Vec<*mut c_void>>()).push(obj);
-    }
-}
-
 impl Mempool {
     /// Creates the pool of class `class`: `n` objects of `size` payload
     /// bytes (primary only).
@@ -609,48 +597,98 @@ impl Mempool {
     /// comes from the segment's class table, and a table that does not
     /// match the mempool found by name would make every buffer reach into
     /// the objects after it.
+    ///
+    /// The walk over the objects is DPDK's list of them, linked through
+    /// DPDK's object headers: shared memory too. `rte_mempool_obj_iter`
+    /// followed it blindly, so a link a peer overwrote crashed every stack
+    /// attaching afterwards (an unmapped address), or never ended (a
+    /// cycle, collecting objects until memory ran out), or put addresses
+    /// outside DPDK's memory in the table. Each step is now checked
+    /// before it is read through: the mempool, every object (with its
+    /// DPDK header and `size` payload bytes) and the ring lie in the
+    /// prefix's hugepage mappings of this process (the kernel's list, not
+    /// DPDK's), objects do not overlap, and the walk stops at the object
+    /// count or at the first index met twice.
     fn wrap(mp: NonNull<sys::rte_mempool>, name: &str, size: usize) -> Result<Mempool, DpdkError> {
-        // SAFETY: a live mempool; reads one field.
-        let elt = unsafe { sys::xio_shim_mempool_elt_size(mp.as_ptr()) } as usize;
-        if HEADER.checked_add(size).is_none_or(|need| need > elt) {
-            return Err(DpdkError::Corrupt(name.into()));
+        let corrupt = || DpdkError::Corrupt(name.into());
+        let shared = SharedMem::of_prefix();
+        if !shared.holds(
+            mp.as_ptr() as usize,
+            std::mem::size_of::<sys::rte_mempool>(),
+        ) {
+            return Err(corrupt());
         }
-        let mut raw: Vec<*mut c_void> = Vec::new();
-        // SAFETY: a live mempool; the callback only pushes into `raw`.
-        unsafe {
-            sys::rte_mempool_obj_iter(
-                mp.as_ptr(),
-                Some(collect_obj),
-                (&mut raw as *mut Vec<*mut c_void>).cast(),
-            )
-        };
-        let mut objs: Vec<Option<NonNull<ObjHeader>>> = vec![None; raw.len()];
-        for o in raw {
-            let h = o.cast::<ObjHeader>();
-            // SAFETY: every object starts with the header written at
-            // creation (its index is checked below: any process of the
-            // prefix could have overwritten it).
-            let i = unsafe { (*h).index.load(Ordering::Relaxed) } as usize;
-            match objs.get_mut(i) {
-                Some(slot @ None) => *slot = NonNull::new(h),
-                _ => return Err(DpdkError::Corrupt(name.into())),
+        // SAFETY: a live mempool in shared memory (checked); reads one field.
+        let elt = unsafe { sys::xio_shim_mempool_elt_size(mp.as_ptr()) } as usize;
+        let need = HEADER.checked_add(size).ok_or_else(corrupt)?;
+        if need > elt {
+            return Err(corrupt());
+        }
+        let dpdk_hdr = sys::xio_shim_limits::XIO_SHIM_OBJHDR_SIZE as usize;
+        let span = dpdk_hdr + need;
+        // SAFETY: as above.
+        let n = unsafe { sys::xio_shim_mempool_size(mp.as_ptr()) } as usize;
+        if shared.len().is_some_and(|l| n > l / span) {
+            return Err(corrupt());
+        }
+        let mut objs: Vec<Option<NonNull<ObjHeader>>> = vec![None; n];
+        // SAFETY: a live mempool (checked above).
+        let mut o = unsafe { sys::xio_shim_mempool_first_obj(mp.as_ptr()) };
+        while let Some(p) = NonNull::new(o) {
+            let a = p.as_ptr() as usize;
+            if a % std::mem::align_of::<ObjHeader>() != 0
+                || !shared.holds(a.wrapping_sub(dpdk_hdr), span)
+            {
+                return Err(corrupt());
             }
+            let h = p.cast::<ObjHeader>();
+            // SAFETY: `h` lies in the prefix's shared memory with room for
+            // DPDK's header before it and ours after it (checked above),
+            // aligned; its index is checked below (any process of the
+            // prefix could have overwritten it).
+            let i = unsafe { h.as_ref().index.load(Ordering::Relaxed) } as usize;
+            match objs.get_mut(i) {
+                Some(slot @ None) => *slot = Some(h),
+                // A second visit (a cycle ends here) or an index past
+                // the count.
+                _ => return Err(corrupt()),
+            }
+            // SAFETY: DPDK's header before `o` is in shared memory
+            // (checked above).
+            o = unsafe { sys::xio_shim_mempool_next_obj(o) };
         }
         let objs = objs
             .into_iter()
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| DpdkError::Corrupt(name.into()))?;
+            .ok_or_else(corrupt)?;
+        let mut at: Vec<usize> = objs.iter().map(|h| h.as_ptr() as usize).collect();
+        at.sort_unstable();
+        if at.windows(2).any(|w| w[1] - w[0] < span) {
+            return Err(corrupt());
+        }
         let (runs, stride) = runs_of(&objs);
-        let mut ring = std::ptr::null_mut();
-        let mut mask = 0;
-        // SAFETY: a live mempool; the shim reads each field once and
-        // checks it (the ring's size against the objects found).
-        let r = unsafe {
-            sys::xio_shim_mempool_ring(mp.as_ptr(), objs.len() as u32, &mut ring, &mut mask)
-        };
+        // SAFETY: a live mempool; reads one field (checked below and in
+        // the shim before anything is read through it).
+        let ring = unsafe { sys::xio_shim_mempool_pool_data(mp.as_ptr()) };
         let ring = NonNull::new(ring)
-            .filter(|_| r == 0)
-            .ok_or_else(|| DpdkError::Corrupt(name.into()))?;
+            .filter(|r| shared.holds(r.as_ptr() as usize, std::mem::size_of::<sys::rte_ring>()))
+            .ok_or_else(corrupt)?;
+        let mut mask = 0;
+        // SAFETY: a live mempool and a ring header in shared memory
+        // (checked); the shim reads each field once and checks it (the
+        // ring's size against the objects found).
+        let r = unsafe {
+            sys::xio_shim_mempool_ring(mp.as_ptr(), ring.as_ptr(), objs.len() as u32, &mut mask)
+        };
+        let slots = (mask as usize + 1) * std::mem::size_of::<*mut c_void>();
+        if r != 0
+            || !shared.holds(
+                ring.as_ptr() as usize,
+                std::mem::size_of::<sys::rte_ring>() + slots,
+            )
+        {
+            return Err(corrupt());
+        }
         Ok(Mempool {
             mp,
             ring,
@@ -761,11 +799,28 @@ impl Mempool {
     /// ring's size, mask and capacity as this process checked them (the
     /// manager's sweep: any stack can overwrite them, and a stack that
     /// attaches later checks them, and refuses the mempool as corrupt).
+    /// And links DPDK's list of the objects again as this process found
+    /// it (by index: the order DPDK numbered them in at creation), for
+    /// the same stacks.
     fn restore_ring(&self) {
-        // SAFETY: a live mempool and its ring; writes the fields DPDK set
-        // at creation back to those values.
+        let objs: Vec<*mut c_void> = self.objs.iter().map(|h| h.as_ptr().cast()).collect();
+        // SAFETY: a live mempool, its ring and its objects; writes the
+        // fields DPDK set at creation back to those values.
         unsafe {
-            sys::xio_shim_mempool_ring_restore(self.mp.as_ptr(), self.ring.as_ptr(), self.mask)
+            sys::xio_shim_mempool_ring_restore(self.mp.as_ptr(), self.ring.as_ptr(), self.mask);
+            sys::xio_shim_mempool_relink(self.mp.as_ptr(), objs.as_ptr(), objs.len() as u32);
+        }
+    }
+
+    /// Test hook: overwrites the link in object `i`'s DPDK header (to the
+    /// next object, in shared memory) with `next`, as a broken or hostile
+    /// process of the prefix can. Not for applications.
+    #[doc(hidden)]
+    pub fn __scribble_link(&self, i: u32, next: usize) {
+        if let Some(h) = self.objs.get(i as usize) {
+            // SAFETY: one of our objects; writes one word of DPDK's
+            // header before it, as any process of the prefix can.
+            unsafe { sys::xio_shim_mempool_scribble_next(h.as_ptr().cast(), next) };
         }
     }
 
@@ -861,6 +916,69 @@ fn position_in(runs: &[Run], stride: usize, a: usize) -> Option<u32> {
         let off = a.wrapping_sub(r.base);
         (off < r.span && off % stride == 0).then(|| r.first + (off / stride) as u32)
     })
+}
+
+/// The address ranges where this process maps its EAL prefix's hugepage
+/// files (DPDK's shared memory), from the kernel's `/proc/self/maps`:
+/// what a peer cannot forge, unlike DPDK's own tables of that memory,
+/// which live in it. Adjacent mappings are merged (DPDK maps one file
+/// per page, and an object may span pages). Empty when the process maps
+/// none (DPDK without hugepage files, where no other process can join):
+/// then nothing is checked.
+struct SharedMem(Vec<(usize, usize)>);
+
+impl SharedMem {
+    fn of_prefix() -> SharedMem {
+        let Some(Ok(eal)) = EAL.get() else {
+            return SharedMem(Vec::new());
+        };
+        let stem = format!("{}map_", eal.prefix);
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+        SharedMem::parse(&maps, &stem)
+    }
+
+    /// The ranges of `maps` (`/proc/<pid>/maps` text) whose file's name
+    /// starts with `stem`.
+    fn parse(maps: &str, stem: &str) -> SharedMem {
+        let mut r: Vec<(usize, usize)> = maps
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let range = f.next()?;
+                let file = f.nth(4)?;
+                if !file.rsplit('/').next()?.starts_with(stem) {
+                    return None;
+                }
+                let (a, b) = range.split_once('-')?;
+                Some((
+                    usize::from_str_radix(a, 16).ok()?,
+                    usize::from_str_radix(b, 16).ok()?,
+                ))
+            })
+            .collect();
+        r.sort_unstable();
+        let mut merged: Vec<(usize, usize)> = Vec::new();
+        for (a, b) in r {
+            match merged.last_mut() {
+                Some((_, end)) if *end == a => *end = b,
+                _ => merged.push((a, b)),
+            }
+        }
+        SharedMem(merged)
+    }
+
+    /// Bytes mapped, if anything is.
+    fn len(&self) -> Option<usize> {
+        (!self.0.is_empty()).then(|| self.0.iter().map(|(a, b)| b - a).sum())
+    }
+
+    /// Whether `len` bytes at `at` lie in one range (or nothing is mapped).
+    fn holds(&self, at: usize, len: usize) -> bool {
+        self.0.is_empty()
+            || at
+                .checked_add(len)
+                .is_some_and(|end| self.0.iter().any(|&(a, b)| a <= at && end <= b))
+    }
 }
 
 /// The name of class `c`'s mempool (DPDK names are per file prefix, so
@@ -1838,6 +1956,32 @@ mod tests {
             assert_eq!(position_in(&runs, s, bad), None, "{bad:#x}");
         }
         assert!(runs_of(&[]).0.is_empty());
+    }
+
+    /// The prefix's hugepage files, one mapping per page, merged where
+    /// adjacent; other files and other prefixes are not DPDK's memory of
+    /// this pool.
+    #[test]
+    fn shared_memory_is_the_prefixs_hugepage_mappings() {
+        let maps = "\
+100000000-100200000 rw-s 00000000 00:2f 11 /dev/hugepages/xtamap_0
+100200000-100400000 rw-s 00000000 00:2f 12 /dev/hugepages/xtamap_1
+100600000-100800000 rw-s 00000000 00:2f 13 /dev/hugepages/xtamap_2
+100400000-100600000 rw-s 00000000 00:2f 14 /dev/hugepages/xtbmap_0
+7f0000000000-7f0000001000 rw-p 00000000 00:00 0 [heap]
+7f0000002000-7f0000003000 r--s 00000000 00:05 9 /memfd:xtamap_9 (deleted)
+";
+        let m = SharedMem::parse(maps, "xtamap_");
+        assert_eq!(m.len(), Some(0x60_0000));
+        assert!(m.holds(0x1_001f_ff00, 0x200), "across two pages");
+        assert!(!m.holds(0x1_003f_ff00, 0x200), "into another prefix's page");
+        assert!(!m.holds(0x1_0080_0000 - 8, 16), "past the end");
+        assert!(!m.holds(usize::MAX - 4, 16));
+        assert!(!m.holds(0x7f00_0000_0000, 8));
+        assert!(
+            SharedMem::parse(maps, "xtcmap_").holds(0x1000, 8),
+            "none: unchecked"
+        );
     }
 
     #[test]

@@ -112,6 +112,7 @@ fn child_main() {
         "late_get" => late_get(&a[0]),
         "scribbler" => scribbler(&a[0]),
         "ring_scribbler" => ring_scribbler(&a[0]),
+        "link_scribbler" => link_scribbler(&a[0]),
         "take_all" => take_all(&a[0]),
         "bogus_putter" => bogus_putter(&a[0]),
         "double_putter" => double_putter(&a[0]),
@@ -555,6 +556,19 @@ fn ring_scribbler(prefix: &str) {
     let _s = xio_core::stack::Stack::attach(prefix).unwrap();
     let mp = Mempool::lookup(&xio_core::dpdk::mempool_name(0), 2048).unwrap();
     mp.__scribble_ring(1000, u32::MAX);
+    println!("XIO:scribbled");
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
+/// A stack that overwrites the link to the next object in the DPDK header
+/// of object 5 of class 0 with an address no process maps, as a broken or
+/// hostile process of the prefix can, then waits to be killed.
+fn link_scribbler(prefix: &str) {
+    let _s = xio_core::stack::Stack::attach(prefix).unwrap();
+    let mp = Mempool::lookup(&xio_core::dpdk::mempool_name(0), 2048).unwrap();
+    mp.__scribble_link(5, 0x1000);
     println!("XIO:scribbled");
     loop {
         std::thread::sleep(std::time::Duration::from_secs(1));
@@ -1241,4 +1255,35 @@ fn an_overwritten_mempool_ops_index_and_ring_mask_hurt_no_other_process() {
     let took = taken_by_a_new_stack(&p);
     assert_whole_then_finish(m, &p);
     assert_eq!(took, "256", "every small buffer of the manager's class 0");
+}
+
+/// DPDK links a mempool's objects in a list through its headers before
+/// each object, in memory every process of the prefix can write, and a
+/// stack attaching walked it blindly (`rte_mempool_obj_iter`) to build
+/// its object table: a link a peer overwrote crashed every stack that
+/// attached afterwards (or, a cycle, made it collect objects until its
+/// memory ran out). The walk now checks each object is in the prefix's
+/// hugepage mappings before reading its link, and refuses the mempool as
+/// corrupt; the manager's sweep links the list again.
+#[test]
+fn an_overwritten_object_link_does_not_crash_a_stack_attaching_later() {
+    setup();
+    let p = dpdk_prefix("link");
+    let mut m = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
+    m.expect("ready");
+    let mut s = ChildProc::spawn("child_main", "link_scribbler", std::slice::from_ref(&p));
+    s.expect("scribbled");
+    let while_corrupt = taken_by_a_new_stack(&p);
+    s.kill9();
+    wait_for_a_sweep(&mut m);
+    let after_sweep = taken_by_a_new_stack(&p);
+    assert_whole_then_finish(m, &p);
+    assert!(
+        while_corrupt.starts_with("none") && while_corrupt.contains("corrupt"),
+        "{while_corrupt}"
+    );
+    assert_eq!(
+        after_sweep, "256",
+        "every small buffer of the manager's class 0"
+    );
 }
