@@ -1059,6 +1059,28 @@ impl InsideOp<'_> {
     }
 }
 
+/// One step of waiting for a mempool lock another process holds (see
+/// [`DpdkPool::mempool_op`]): `LOCK_YIELDS` yields, then sleeps of
+/// 1 µs doubling up to [`LOCK_SLEEP_MAX`].
+fn lock_wait(step: &mut u32) {
+    *step = step.saturating_add(1);
+    match lock_pause(*step) {
+        None => std::thread::yield_now(),
+        Some(d) => std::thread::sleep(d),
+    }
+}
+
+/// Yields before a lock wait sleeps.
+const LOCK_YIELDS: u32 = 64;
+/// The longest sleep of a lock wait.
+const LOCK_SLEEP_MAX: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// The pause of step `step` of a lock wait: `None` to yield.
+fn lock_pause(step: u32) -> Option<std::time::Duration> {
+    let past = step.checked_sub(LOCK_YIELDS)?;
+    Some(std::time::Duration::from_micros(1 << past.min(10)).min(LOCK_SLEEP_MAX))
+}
+
 /// A held mempool lock (see [`DpdkPool::mempool_op`]), released when
 /// dropped (also on unwind: a panic inside an operation must not leave
 /// every process waiting for the lock).
@@ -1167,6 +1189,7 @@ impl DpdkPool {
         let lock: &crate::sync::AtomicU64 = &seg.free_head(c).head;
         let mine = u64::from(self.me) + 1;
         let mut op = Some(op);
+        let mut waited = 0u32;
         loop {
             let done = v.global_op(self.me, c, wait, || {
                 // Acquire: pairs with the Release in `MempoolLock::drop`
@@ -1181,14 +1204,19 @@ impl DpdkPool {
             }
             // Held by another operation, or by a stack that died inside
             // one: the manager's sweep, which this wait does not hold up,
-            // repairs the ring and frees the lock.
+            // repairs the ring and frees the lock. An operation holds it
+            // for a bulk get or put (microseconds): a few yields see it
+            // free. A holder that is stopped (SIGSTOP, a debugger) or
+            // descheduled holds it for as long as that lasts, and
+            // yielding for ever burned a core per waiting thread: past
+            // the yields the wait sleeps, doubling up to a millisecond.
             while lock.load(Ordering::Relaxed) != 0 {
                 if (!wait && v.segment().free_head(c).gate.load(Ordering::Relaxed) != 0)
                     || crate::liveness::died(seg.manager_alive())
                 {
                     return None;
                 }
-                std::thread::yield_now();
+                lock_wait(&mut waited);
             }
         }
     }
@@ -1982,6 +2010,20 @@ mod tests {
             SharedMem::parse(maps, "xtcmap_").holds(0x1000, 8),
             "none: unchecked"
         );
+    }
+
+    /// A lock wait yields first, then sleeps from 1 µs, doubling, and
+    /// never longer than a millisecond however long it waits.
+    #[test]
+    fn a_lock_wait_yields_then_backs_off_to_a_millisecond() {
+        assert_eq!(lock_pause(1), None);
+        assert_eq!(lock_pause(LOCK_YIELDS - 1), None);
+        let us = |s| lock_pause(s).map(|d: std::time::Duration| d.as_micros());
+        assert_eq!(us(LOCK_YIELDS), Some(1));
+        assert_eq!(us(LOCK_YIELDS + 1), Some(2));
+        assert_eq!(us(LOCK_YIELDS + 9), Some(512));
+        assert_eq!(us(LOCK_YIELDS + 10), Some(1000));
+        assert_eq!(us(u32::MAX), Some(1000));
     }
 
     #[test]
