@@ -188,18 +188,83 @@ int xio_shim_mempool_scribble(struct rte_mempool *mp, int ops_index, uint32_t ri
     return 0;
 }
 
-unsigned int xio_shim_ring_enqueue_burst_elem(struct rte_ring *r, const void *objs,
-                                              unsigned int esize, unsigned int n,
-                                              unsigned int *free_space) {
-    return rte_ring_enqueue_burst_elem(r, objs, esize, n, free_space);
+int xio_shim_ring_check(const struct rte_ring *r, uint32_t *mask) {
+    uint32_t size = __atomic_load_n(&r->size, __ATOMIC_RELAXED);
+    if (size < 2 || (size & (size - 1)) != 0 ||
+        __atomic_load_n(&r->mask, __ATOMIC_RELAXED) != size - 1 ||
+        __atomic_load_n(&r->capacity, __ATOMIC_RELAXED) != size - 1) {
+        return -1;
+    }
+    *mask = size - 1;
+    return 0;
 }
 
-unsigned int xio_shim_ring_dequeue_burst_elem(struct rte_ring *r, void *objs,
-                                              unsigned int esize, unsigned int n,
-                                              unsigned int *available) {
-    return rte_ring_dequeue_burst_elem(r, objs, esize, n, available);
+/* DPDK's single-producer/single-consumer burst enqueue and dequeue of
+ * 16-byte elements (rte_ring_c11_pvt.h, rte_ring_elem_pvt.h: the same
+ * loads, stores and orderings), with the slot index masked by `mask`,
+ * kept in the caller's memory, instead of the ring's own size, mask and
+ * capacity fields, and without its sync-type switch. */
+typedef struct {
+    uint64_t w[2];
+} xio_elem16;
+
+unsigned int xio_shim_spsc_enqueue(struct rte_ring *r, uint32_t mask, const void *objs,
+                                   unsigned int n) {
+    uint32_t head = __atomic_load_n(&r->prod.head, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    /* Acquire: pairs with the consumer's release of cons.tail. */
+    uint32_t cons_tail = __atomic_load_n(&r->cons.tail, __ATOMIC_ACQUIRE);
+    uint32_t free_entries = mask + cons_tail - head;
+    if (n > free_entries) {
+        n = free_entries;
+    }
+    if (n == 0) {
+        return 0;
+    }
+    uint32_t next = head + n;
+    r->prod.head = next;
+    xio_elem16 *slots = (xio_elem16 *)&r[1];
+    const xio_elem16 *src = objs;
+    for (unsigned int i = 0; i < n; i++) {
+        memcpy(&slots[(head + i) & mask], &src[i], sizeof(xio_elem16));
+    }
+    /* Release: publishes the slots (the consumer's prod.tail acquire). */
+    __atomic_store_n(&r->prod.tail, next, __ATOMIC_RELEASE);
+    return n;
 }
 
-unsigned int xio_shim_ring_count(const struct rte_ring *r) { return rte_ring_count(r); }
+unsigned int xio_shim_spsc_dequeue(struct rte_ring *r, uint32_t mask, void *objs,
+                                   unsigned int n) {
+    uint32_t head = __atomic_load_n(&r->cons.head, __ATOMIC_ACQUIRE);
+    /* Acquire: pairs with the producer's release of prod.tail. */
+    uint32_t prod_tail = __atomic_load_n(&r->prod.tail, __ATOMIC_ACQUIRE);
+    uint32_t entries = prod_tail - head;
+    if (n > entries) {
+        n = entries;
+    }
+    if (n == 0) {
+        return 0;
+    }
+    uint32_t next = head + n;
+    r->cons.head = next;
+    const xio_elem16 *slots = (const xio_elem16 *)&r[1];
+    xio_elem16 *dst = objs;
+    for (unsigned int i = 0; i < n; i++) {
+        memcpy(&dst[i], &slots[(head + i) & mask], sizeof(xio_elem16));
+    }
+    /* Release: the slots were read before the producer may reuse them. */
+    __atomic_store_n(&r->cons.tail, next, __ATOMIC_RELEASE);
+    return n;
+}
 
-unsigned int xio_shim_ring_free_count(const struct rte_ring *r) { return rte_ring_free_count(r); }
+unsigned int xio_shim_spsc_count(const struct rte_ring *r, uint32_t mask) {
+    return (__atomic_load_n(&r->prod.tail, __ATOMIC_RELAXED) -
+            __atomic_load_n(&r->cons.tail, __ATOMIC_RELAXED)) & mask;
+}
+
+void xio_shim_ring_scribble(struct rte_ring *r, uint32_t mask, uint32_t size, uint32_t at) {
+    r->mask = mask;
+    r->size = size;
+    r->cons.head = r->cons.tail = at;
+    r->prod.head = r->prod.tail = at + 1;
+}

@@ -11,12 +11,6 @@
 #include <rte_ring_elem.h>
 
 int xio_shim_errno(void);
-unsigned int xio_shim_ring_enqueue_burst_elem(struct rte_ring *r, const void *objs,
-                                              unsigned int esize, unsigned int n,
-                                              unsigned int *free_space);
-unsigned int xio_shim_ring_dequeue_burst_elem(struct rte_ring *r, void *objs,
-                                              unsigned int esize, unsigned int n,
-                                              unsigned int *available);
 /* Bytes of each object's element (the part a get hands out). */
 unsigned int xio_shim_mempool_elt_size(const struct rte_mempool *mp);
 /* The mempool's object count (`size`: shared memory, check it). */
@@ -73,8 +67,25 @@ int xio_shim_mpring_half_dequeue(struct rte_ring *r, uint32_t mask, unsigned int
 /* Test hook: overwrites the mempool's ops index and its ring's mask, as
  * a broken or hostile process of the prefix can. Not for applications. */
 int xio_shim_mempool_scribble(struct rte_mempool *mp, int ops_index, uint32_t ring_mask);
-unsigned int xio_shim_ring_count(const struct rte_ring *r);
-unsigned int xio_shim_ring_free_count(const struct rte_ring *r);
+/* Checks a ring's size, mask and capacity once (a power of two, its mask,
+ * and one less than it): sets `*mask` and returns 0, or returns -1. The
+ * caller keeps the mask and passes it to xio_shim_spsc_*, which never
+ * read the ring's own fields (shared memory any process of the prefix
+ * can write) again. */
+int xio_shim_ring_check(const struct rte_ring *r, uint32_t *mask);
+/* rte_ring_enqueue_burst_elem / dequeue_burst_elem of 16-byte elements on
+ * a single-producer single-consumer ring, slots masked by `mask`: how
+ * many went in or came out. */
+unsigned int xio_shim_spsc_enqueue(struct rte_ring *r, uint32_t mask, const void *objs,
+                                   unsigned int n);
+unsigned int xio_shim_spsc_dequeue(struct rte_ring *r, uint32_t mask, void *objs,
+                                   unsigned int n);
+/* Elements waiting. */
+unsigned int xio_shim_spsc_count(const struct rte_ring *r, uint32_t mask);
+/* Test hook: overwrites the ring's mask and size and puts its heads and
+ * tails at `at` with one element waiting, as a broken or hostile process
+ * of the prefix can. Not for applications. */
+void xio_shim_ring_scribble(struct rte_ring *r, uint32_t mask, uint32_t size, uint32_t at);
 
 /* Name limits DPDK defines with sizeof expressions, which bindgen cannot
  * evaluate in a #define; clang evaluates them here. */

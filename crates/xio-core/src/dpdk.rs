@@ -83,6 +83,10 @@ pub enum DpdkError {
     /// write), or its objects are smaller than the pool's class says.
     #[error("DPDK mempool {0:?} is corrupt: its objects do not match its buffer class")]
     Corrupt(String),
+    /// A ring's size, mask and capacity do not agree, or it lies outside
+    /// the prefix's memory (overwritten, as [`DpdkError::Corrupt`]).
+    #[error("DPDK ring {0:?} is corrupt")]
+    CorruptRing(String),
 }
 
 fn errno_text() -> String {
@@ -927,7 +931,29 @@ fn position_in(runs: &[Run], stride: usize, a: usize) -> Option<u32> {
 /// then nothing is checked.
 struct SharedMem(Vec<(usize, usize)>);
 
+/// The process's [`SharedMem`], read once (both rings of every
+/// connection are checked against it, and `/proc/self/maps` is long: one
+/// mapping per hugepage), and again on a miss (DPDK maps more memory
+/// when the primary allocates some).
+static SHARED: std::sync::Mutex<Option<Arc<SharedMem>>> = std::sync::Mutex::new(None);
+
 impl SharedMem {
+    /// Whether `len` bytes at `at` lie in the shared memory: the cached
+    /// ranges, or the process's mappings read again.
+    fn holds_now(at: usize, len: usize) -> bool {
+        let cached = SHARED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(|| Arc::new(SharedMem::of_prefix()))
+            .clone();
+        if cached.holds(at, len) {
+            return true;
+        }
+        let fresh = Arc::new(SharedMem::of_prefix());
+        *SHARED.lock().unwrap_or_else(|e| e.into_inner()) = Some(fresh.clone());
+        fresh.holds(at, len)
+    }
+
     fn of_prefix() -> SharedMem {
         let Some(Ok(eal)) = EAL.get() else {
             return SharedMem(Vec::new());
@@ -1725,6 +1751,12 @@ impl BufferPool for DpdkPool {
 #[derive(Debug)]
 pub struct Ring {
     r: NonNull<sys::rte_ring>,
+    /// The slot mask, checked once (see [`Ring::wrap`]) and kept here:
+    /// the ring's own size, mask and capacity are shared memory, and
+    /// DPDK's burst functions read them on every call (a peer that
+    /// overwrote the mask made the other end read and write slots far
+    /// outside the ring).
+    mask: u32,
 }
 
 // SAFETY: an rte_ring is shared memory; SP/SC discipline is kept by giving
@@ -1735,6 +1767,8 @@ unsafe impl Send for Ring {}
 unsafe impl Sync for Ring {}
 
 const DESC: u32 = std::mem::size_of::<Descriptor>() as u32;
+// The shim's ring functions move 16-byte elements.
+const _: () = assert!(DESC == 16);
 
 impl Ring {
     /// Creates a ring of `count` descriptors (a power of two; primary).
@@ -1750,13 +1784,33 @@ impl Ring {
                 sys::RING_F_SP_ENQ | sys::RING_F_SC_DEQ,
             )
         };
-        NonNull::new(r)
-            .map(|r| Ring { r })
-            .ok_or_else(|| DpdkError::Create {
-                what: "ring",
-                name: name.into(),
-                reason: errno_text(),
-            })
+        let r = NonNull::new(r).ok_or_else(|| DpdkError::Create {
+            what: "ring",
+            name: name.into(),
+            reason: errno_text(),
+        })?;
+        Ring::wrap(r, name)
+    }
+
+    /// The ring at `r`, its size, mask and capacity checked once, its
+    /// header and slots in the prefix's shared memory.
+    fn wrap(r: NonNull<sys::rte_ring>, name: &str) -> Result<Ring, DpdkError> {
+        let corrupt = || DpdkError::CorruptRing(name.into());
+        let head = std::mem::size_of::<sys::rte_ring>();
+        if !SharedMem::holds_now(r.as_ptr() as usize, head) {
+            return Err(corrupt());
+        }
+        let mut mask = 0;
+        // SAFETY: a ring header in shared memory (checked above); the
+        // shim reads each field once.
+        if unsafe { sys::xio_shim_ring_check(r.as_ptr(), &mut mask) } != 0 {
+            return Err(corrupt());
+        }
+        let slots = (mask as usize + 1) * DESC as usize;
+        if !SharedMem::holds_now(r.as_ptr() as usize, head + slots) {
+            return Err(corrupt());
+        }
+        Ok(Ring { r, mask })
     }
 
     /// Looks up a ring made by the primary.
@@ -1764,30 +1818,39 @@ impl Ring {
         let c = cname(name, sys::xio_shim_limits::XIO_SHIM_RING_NAMESIZE as usize)?;
         // SAFETY: valid name.
         let r = unsafe { sys::rte_ring_lookup(c.as_ptr()) };
-        NonNull::new(r)
-            .map(|r| Ring { r })
-            .ok_or_else(|| DpdkError::NotFound {
-                what: "ring",
-                name: name.into(),
-            })
+        let r = NonNull::new(r).ok_or_else(|| DpdkError::NotFound {
+            what: "ring",
+            name: name.into(),
+        })?;
+        Ring::wrap(r, name)
+    }
+
+    /// Test hook: overwrites the ring's mask and size and moves its heads
+    /// and tails to `at`, one descriptor waiting, as a broken or hostile
+    /// process of the prefix can. Not for applications.
+    #[doc(hidden)]
+    pub fn __scribble(&self, mask: u32, size: u32, at: u32) {
+        // SAFETY: a live ring; writes fields of shared memory, as any
+        // process of the prefix can.
+        unsafe { sys::xio_shim_ring_scribble(self.r.as_ptr(), mask, size, at) }
     }
 
     /// Descriptors waiting.
     pub fn count(&self) -> u32 {
         // SAFETY: a live ring; reads its indices.
-        unsafe { sys::xio_shim_ring_count(self.r.as_ptr()) }
+        unsafe { sys::xio_shim_spsc_count(self.r.as_ptr(), self.mask) }
     }
 
     fn push(&mut self, ds: &[Descriptor]) -> usize {
-        // SAFETY: `ds` holds ds.len() elements of DESC bytes; we are the
-        // ring's only producer.
+        // SAFETY: `ds` holds ds.len() elements of DESC (16) bytes; we
+        // are the ring's only producer; slots are reached through the
+        // mask checked in `wrap` only.
         unsafe {
-            sys::xio_shim_ring_enqueue_burst_elem(
+            sys::xio_shim_spsc_enqueue(
                 self.r.as_ptr(),
+                self.mask,
                 ds.as_ptr().cast(),
-                DESC,
                 ds.len() as u32,
-                std::ptr::null_mut(),
             ) as usize
         }
     }
@@ -1802,13 +1865,13 @@ impl Ring {
         // SAFETY: `out` has room for out.len() elements; the caller is the
         // only consumer (above). Descriptor is plain data, any bytes are a
         // value.
+        // Slots are reached through the mask checked in `wrap` only.
         unsafe {
-            sys::xio_shim_ring_dequeue_burst_elem(
+            sys::xio_shim_spsc_dequeue(
                 self.r.as_ptr(),
+                self.mask,
                 out.as_mut_ptr().cast(),
-                DESC,
                 out.len() as u32,
-                std::ptr::null_mut(),
             ) as usize
         }
     }
@@ -1826,7 +1889,7 @@ impl Ring {
 
     fn free_count(&self) -> u32 {
         // SAFETY: a live ring.
-        unsafe { sys::xio_shim_ring_free_count(self.r.as_ptr()) }
+        unsafe { self.mask - sys::xio_shim_spsc_count(self.r.as_ptr(), self.mask) }
     }
 }
 

@@ -113,6 +113,7 @@ fn child_main() {
         "scribbler" => scribbler(&a[0]),
         "ring_scribbler" => ring_scribbler(&a[0]),
         "link_scribbler" => link_scribbler(&a[0]),
+        "ring_mask" => ring_mask(&a[0]),
         "take_all" => take_all(&a[0]),
         "bogus_putter" => bogus_putter(&a[0]),
         "double_putter" => double_putter(&a[0]),
@@ -573,6 +574,19 @@ fn link_scribbler(prefix: &str) {
     loop {
         std::thread::sleep(std::time::Duration::from_secs(1));
     }
+}
+
+/// Makes a channel ring and takes its consumer end, then overwrites the
+/// ring's mask and size (every bit) and moves its indices far along with
+/// one descriptor waiting, as a broken or hostile process of the prefix
+/// can (the producer end, say): says how many descriptors a pop took.
+fn ring_mask(prefix: &str) {
+    Eal::init(prefix, Role::Primary).unwrap();
+    let made = Ring::create("xio-mask", 1024).unwrap();
+    let mut rx = DpdkConsumer::new(Ring::lookup("xio-mask").unwrap());
+    made.__scribble(u32::MAX, u32::MAX, 0x4000_0000);
+    let mut d = [Descriptor::default(); 4];
+    println!("XIO:popped {}", rx.pop_burst(&mut d).unwrap());
 }
 
 /// A stack that takes every small buffer it can: says how many (or why
@@ -1286,4 +1300,18 @@ fn an_overwritten_object_link_does_not_crash_a_stack_attaching_later() {
         after_sweep, "256",
         "every small buffer of the manager's class 0"
     );
+}
+
+/// A channel ring's size and mask live in memory every process of the
+/// prefix can write, and DPDK's burst functions read them on every call:
+/// a peer that overwrote the mask and moved the indices made the other
+/// end read (or write) a slot gigabytes past the ring, and crash there.
+/// The ring's mask is checked once when it is looked up and kept by the
+/// process; a pop reads a slot of the ring (a descriptor the receiver
+/// checks, as any from a peer).
+#[test]
+fn an_overwritten_ring_mask_does_not_send_a_pop_outside_the_ring() {
+    setup();
+    let r = child_says("mask", "ring_mask", "popped");
+    assert_eq!(r, "1");
 }
