@@ -1116,19 +1116,20 @@ impl XioStream {
     /// error are there (as `TcpStream::readable`; then use
     /// [`XioStream::try_read`]).
     pub async fn readable(&self) -> io::Result<()> {
-        let mut one = [0u8; 1];
-        match std::future::poll_fn(|cx| self.poll_peek(cx, &mut one)).await {
-            // The error itself is the next read's to report.
-            Ok(_) | Err(_) => Ok(()),
-        }
+        std::future::poll_fn(|cx| self.poll_read_ready(cx)).await
     }
 
     /// Polls until a read would not wait (as
-    /// `TcpStream::poll_read_ready`).
+    /// `TcpStream::poll_read_ready`). Fails only when it cannot wait (no
+    /// driver can serve the task, say outside any runtime), as a read
+    /// would.
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let mut one = [0u8; 1];
-        // An error is the next read's to report.
-        self.poll_peek(cx, &mut one).map(|_| Ok(()))
+        // The stream's error is the next read's to report; the missing
+        // driver (`pending`) is this call's: reported as readiness, it
+        // made a `readable().await?; try_read()` loop spin on `WouldBlock`.
+        let p = self.inner.poll_peek(cx, &mut one).map(|_| Ok(()));
+        self.pending(cx, p)
     }
 
     /// Waits until a write would not wait: it would take at least one
@@ -1167,7 +1168,7 @@ impl XioStream {
             let mut ready = Ready::EMPTY;
             if interest.is_readable() {
                 let mut one = [0u8; 1];
-                match self.poll_peek(cx, &mut one) {
+                match self.inner.poll_peek(cx, &mut one) {
                     Poll::Ready(Ok(0)) => ready |= Ready::READABLE | Ready::READ_CLOSED,
                     // A reset: as epoll reports one (IN, RDHUP, ERR).
                     Poll::Ready(Err(_)) => {
@@ -1177,7 +1178,15 @@ impl XioStream {
                         }
                     }
                     Poll::Ready(Ok(_)) => ready |= Ready::READABLE,
-                    Poll::Pending => {}
+                    // A missing driver is this call's error, not a reset
+                    // (see `poll_read_ready`).
+                    Poll::Pending => {
+                        if let Poll::Ready(Err(e)) =
+                            self.pending(cx, Poll::<io::Result<()>>::Pending)
+                        {
+                            return Poll::Ready(Err(e));
+                        }
+                    }
                 }
             }
             if interest.is_writable() {

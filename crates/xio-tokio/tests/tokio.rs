@@ -1863,3 +1863,41 @@ fn a_listener_following_a_restart_does_not_wait_for_the_manager_on_a_worker() {
     ticks(100, "the service's runtime waited on the stopped manager");
     signal(&second.0, rustix::process::Signal::CONT);
 }
+
+/// A readiness wait that cannot wait (no driver can serve it: here,
+/// polled outside any runtime while the net's only driver is a
+/// current_thread runtime's) fails, as `read` does: it must not report
+/// the stream readable, or a `readable().await?; try_read()` loop spins
+/// on `WouldBlock` for good.
+#[test]
+fn a_readiness_wait_without_a_driver_fails_instead_of_reporting_ready() {
+    use std::task::{Context, Poll};
+    let (_mgr, p) = setup("nodriver");
+    let rt = current_thread_runtime();
+    let (c, s) = rt.block_on(connected(&p, "10.4.0.67:80"));
+    let (_flag, w) = flag_waker();
+    let mut cx = Context::from_waker(&w);
+    // Outside the runtime: nothing would wake the task.
+    let mut one = [0u8; 1];
+    let mut read = std::pin::pin!(s.peek(&mut one));
+    assert!(matches!(read.as_mut().poll(&mut cx), Poll::Ready(Err(_))));
+    assert!(
+        matches!(s.poll_read_ready(&mut cx), Poll::Ready(Err(_))),
+        "poll_read_ready reported ready without a driver"
+    );
+    let mut readable = std::pin::pin!(s.readable());
+    match readable.as_mut().poll(&mut cx) {
+        Poll::Ready(Err(_)) => {}
+        other => panic!("readable without a driver: {other:?}"),
+    }
+    let mut ready = std::pin::pin!(s.ready(Interest::READABLE));
+    match ready.as_mut().poll(&mut cx) {
+        Poll::Ready(Err(_)) => {}
+        other => panic!("ready(READABLE) without a driver: {other:?}"),
+    }
+    assert_eq!(
+        s.try_read(&mut [0u8; 1]).unwrap_err().kind(),
+        io::ErrorKind::WouldBlock
+    );
+    drop(c);
+}
