@@ -1864,6 +1864,462 @@ fn a_listener_following_a_restart_does_not_wait_for_the_manager_on_a_worker() {
     signal(&second.0, rustix::process::Signal::CONT);
 }
 
+// ---------------------------------------------------------------------
+// Review probes (r13c): behaviour a port from tokio::net would rely on.
+// ---------------------------------------------------------------------
+
+/// Waits (with the watchdog) until every stack left `mgr` and every
+/// buffer is back in its pool.
+fn wait_pool_whole(mgr: &ManagerHandle) {
+    let deadline = std::time::Instant::now() + WATCHDOG;
+    while !mgr.snapshot().stacks.is_empty() || !mgr.pool_is_whole() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pool whole after every stack left"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `write`, `writable` and `readable` raced against timers, with a
+/// reader that pauses so that writes really wait for the window: every
+/// byte arrives once and in order, as tokio's cancel-safe `TcpStream`
+/// methods promise.
+#[test]
+fn cancelled_writes_and_readiness_waits_lose_nothing() {
+    let (mgr, p) = setup("cancelw");
+    rt(2).block_on(async {
+        let (c, s) = connected(&p, "10.4.0.60:80").await;
+        let total = 3 * c.as_core().net().window() as u64 + 12_345;
+        let writer = tokio::spawn(async move {
+            let mut c = c;
+            let mut sent = 0u64;
+            let mut cancelled = 0u32;
+            let mut round = 0u32;
+            while sent < total {
+                round += 1;
+                let n = 50_000.min(total - sent);
+                let chunk: Vec<u8> = (sent..sent + n).map(|i| stream_byte(9, i)).collect();
+                if round % 3 == 0 {
+                    tokio::select! {
+                        r = c.writable() => r.unwrap(),
+                        _ = tokio::time::sleep(Duration::from_millis(1)) => { cancelled += 1; continue; }
+                    }
+                }
+                tokio::select! {
+                    r = c.write(&chunk) => { let w = r.unwrap(); assert!(w > 0); sent += w as u64; }
+                    _ = tokio::time::sleep(Duration::from_millis(1)) => cancelled += 1,
+                }
+            }
+            c.shutdown().await.unwrap();
+            (c, cancelled)
+        });
+        let mut got = 0u64;
+        let mut buf = vec![0u8; 40_000];
+        'outer: loop {
+            // Pause: the writer meets a full window and its waits time out.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            loop {
+                tokio::select! {
+                    r = s.readable() => r.unwrap(),
+                    _ = tokio::time::sleep(Duration::from_millis(1)) => continue 'outer,
+                }
+                loop {
+                    let n = match s.try_read(&mut buf) {
+                        Ok(n) => n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => panic!("{e}"),
+                    };
+                    if n == 0 {
+                        break 'outer;
+                    }
+                    for (k, &b) in buf[..n].iter().enumerate() {
+                        assert_eq!(b, stream_byte(9, got + k as u64), "byte {}", got + k as u64);
+                    }
+                    got += n as u64;
+                }
+            }
+        }
+        assert_eq!(got, total);
+        let (c, cancelled) = tokio::time::timeout(WATCHDOG, writer).await.unwrap().unwrap();
+        assert!(cancelled > 0, "no write or wait was cancelled");
+        println!("{cancelled} writes/waits cancelled");
+        drop((c, s));
+    });
+    wait_pool_whole(&mgr);
+}
+
+/// Zero-length reads and writes, and vectored writes with empty slices,
+/// as a `TcpStream` has them: `write(&[])` is `Ok(0)` at once even with a
+/// full window, empty slices are skipped, `read(&mut [])` is `Ok(0)` and
+/// takes nothing; `shutdown` twice is fine.
+#[test]
+fn zero_length_and_vectored_io_match_tcp() {
+    use std::task::Poll;
+    use tokio::io::AsyncWrite;
+    let (mgr, p) = setup("zerolen");
+    rt(1).block_on(async {
+        let (mut c, mut s) = connected(&p, "10.4.0.61:80").await;
+        assert!(c.is_write_vectored());
+        assert_eq!(c.write(&[]).await.unwrap(), 0);
+        assert_eq!(c.write_vectored(&[]).await.unwrap(), 0);
+        let iov = [
+            io::IoSlice::new(b""),
+            io::IoSlice::new(b"ab"),
+            io::IoSlice::new(b""),
+            io::IoSlice::new(b"c"),
+        ];
+        assert_eq!(c.write_vectored(&iov).await.unwrap(), 3);
+        s.readable().await.unwrap();
+        assert_eq!(s.read(&mut []).await.unwrap(), 0);
+        let mut three = [0u8; 3];
+        s.read_exact(&mut three).await.unwrap();
+        assert_eq!(&three, b"abc");
+        // Fill the window: a zero-length write still does not wait.
+        let big = vec![1u8; 64 << 10];
+        loop {
+            match c.try_write(&big) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let r =
+            std::future::poll_fn(|cx| Poll::Ready(std::pin::Pin::new(&mut c).poll_write(cx, &[])))
+                .await;
+        assert!(matches!(r, Poll::Ready(Ok(0))), "{r:?}");
+        c.shutdown().await.unwrap();
+        c.shutdown().await.unwrap();
+        let e = c.write(b"x").await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe, "{e}");
+        // As Linux's `send` of nothing on a shut-down socket.
+        let e = c.write(&[]).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe, "{e}");
+        let mut sink = Vec::new();
+        s.read_to_end(&mut sink).await.unwrap();
+        assert!(!sink.is_empty());
+        drop((c, s));
+    });
+    wait_pool_whole(&mgr);
+}
+
+/// A stream dropped with bytes it never read resets its peer (as TCP
+/// sends a RST): the peer's read says `ConnectionReset`, its write fails.
+#[test]
+fn dropping_a_stream_with_unread_bytes_resets_the_peer() {
+    let (mgr, p) = setup("unread");
+    rt(1).block_on(async {
+        let (mut c, s) = connected(&p, "10.4.0.62:80").await;
+        c.write_all(b"never read").await.unwrap();
+        s.readable().await.unwrap();
+        drop(s);
+        let mut b = [0u8; 8];
+        let e = tokio::time::timeout(WATCHDOG, c.read(&mut b))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}");
+        // Deliberately unlike tokio's (`NotConnected`, see the crate docs):
+        // shutting a reset stream down succeeds.
+        c.shutdown().await.unwrap();
+        drop(c);
+    });
+    wait_pool_whole(&mgr);
+}
+
+/// A runtime dropped while its tasks hold X-IO streams (reads pending,
+/// writes waiting for a full window, received `Bytes` held): the drop
+/// does not hang, every peer sees its stream end (end of stream or a
+/// reset), and every buffer goes back to the pool.
+#[test]
+fn a_runtime_dropped_with_streams_in_tasks_returns_every_buffer() {
+    let (mgr, p) = setup("rtdrop");
+    let cli = Net::builder(&p).window(16 << 10).attach().unwrap();
+    let addr = "10.4.0.63:80";
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let p2 = p.clone();
+    let server = std::thread::spawn(move || {
+        let rt = rt(2);
+        rt.block_on(async {
+            let srv = Net::builder(&p2).window(16 << 10).attach().unwrap();
+            let l = XioListener::bind_with(&srv, addr).unwrap();
+            ready_tx.send(()).unwrap();
+            for i in 0..6 {
+                let (mut s, _) = l.accept().await.unwrap();
+                let ready = ready_tx.clone();
+                tokio::spawn(async move {
+                    match i % 3 {
+                        // Holds a received buffer, then waits on a read.
+                        0 => {
+                            let held = s.recv_bytes().await.unwrap().unwrap();
+                            ready.send(()).unwrap();
+                            let mut b = [0u8; 1];
+                            let _ = s.read(&mut b).await;
+                            drop(held);
+                        }
+                        // Writes into a full window (the client never reads).
+                        1 => {
+                            let big = vec![3u8; 1 << 20];
+                            ready.send(()).unwrap();
+                            let _ = s.write_all(&big).await;
+                        }
+                        // Split halves in two tasks, both waiting.
+                        _ => {
+                            let (mut r, mut w) = s.into_split();
+                            tokio::spawn(async move {
+                                let big = vec![4u8; 1 << 20];
+                                let _ = w.write_all(&big).await;
+                            });
+                            ready.send(()).unwrap();
+                            let mut b = [0u8; 1];
+                            let _ = r.read(&mut b).await;
+                        }
+                    }
+                });
+            }
+            // Keep the listener in a task too.
+            tokio::spawn(async move {
+                let _ = l.accept().await;
+            });
+        });
+        // Wait until the tasks are all in place, then drop the runtime.
+        std::thread::sleep(Duration::from_millis(200));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(rt);
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(WATCHDOG).expect("the runtime's drop hung");
+    });
+    rt(1).block_on(async {
+        ready_rx.recv().unwrap();
+        let mut cs = Vec::new();
+        for i in 0..6 {
+            let mut c = XioStream::connect_with(&cli, addr).await.unwrap();
+            if i % 3 == 0 {
+                c.write_all(b"hold me").await.unwrap();
+            }
+            cs.push(c);
+        }
+        for _ in 0..6 {
+            tokio::task::block_in_place(|| ready_rx.recv().unwrap());
+        }
+        server.join().unwrap();
+        // Every peer sees its stream end, after whatever was in flight.
+        for mut c in cs {
+            let mut b = vec![0u8; 64 << 10];
+            tokio::time::timeout(WATCHDOG, async {
+                loop {
+                    match c.read(&mut b).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                }
+            })
+            .await
+            .expect("the peer never saw the stream end");
+        }
+    });
+    drop(cli);
+    wait_pool_whole(&mgr);
+}
+
+/// The CPU time used so far by this process's threads named `name`.
+fn cpu_of_threads(name: &str) -> Duration {
+    let tick = 100u64; // USER_HZ on Linux
+    let mut ticks = 0u64;
+    let mut found = 0;
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // Fields after the ")" of the command: state is field 3, utime 14, stime 15.
+        let Some(rest) = stat.rsplit_once(')').map(|x| x.1) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        found += 1;
+        ticks += f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    }
+    assert!(found > 0, "no thread named {name}");
+    Duration::from_millis(ticks * 1000 / tick)
+}
+
+/// Many idle streams, each with a task waiting to read, burn no CPU: the
+/// driver sleeps on the doorbell. A spinning driver or task would use
+/// about a core; the bound is a quarter of one.
+#[test]
+fn many_idle_streams_burn_no_cpu() {
+    let (mgr, p) = setup("idlecpu");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("xio-idle-rt")
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, "10.4.0.64:80").unwrap();
+        let mut tasks = Vec::new();
+        for _ in 0..200 {
+            let mut c = XioStream::connect_with(&cli, "10.4.0.64:80").await.unwrap();
+            let (mut s, _) = l.accept().await.unwrap();
+            c.write_all(b"x").await.unwrap();
+            let mut one = [0u8; 1];
+            s.read_exact(&mut one).await.unwrap();
+            tasks.push(tokio::spawn(async move {
+                let mut b = [0u8; 16];
+                let _ = c.read(&mut b).await;
+                c
+            }));
+            tasks.push(tokio::spawn(async move {
+                let mut b = [0u8; 16];
+                let _ = s.read(&mut b).await;
+                s
+            }));
+        }
+        // Settle (the adaptive watch ends when nothing comes), then measure.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = cpu_of_threads("xio-idle-rt");
+        tokio::task::block_in_place(|| std::thread::sleep(Duration::from_secs(2)));
+        let used = cpu_of_threads("xio-idle-rt") - before;
+        println!("idle CPU over 2 s: {used:?}");
+        assert!(
+            used < Duration::from_millis(500),
+            "idle streams used {used:?} of CPU in 2 s"
+        );
+        for t in tasks {
+            t.abort();
+        }
+        drop(l);
+    });
+    drop(rt);
+    wait_pool_whole(&mgr);
+}
+
+/// A `connect` that waits for the manager (the first to its address),
+/// dropped mid-way, leaves no connection behind the listener could wait
+/// on for good, and a later connect works.
+#[test]
+fn a_cancelled_first_connect_leaves_nothing_behind() {
+    let (mgr, p) = setup("cancelconn");
+    rt(2).block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, "10.4.0.65:80").unwrap();
+        for _ in 0..20 {
+            let cli = Net::attach(&p).unwrap();
+            // Polled once (it goes to a blocking thread), then dropped.
+            let _ = tokio::time::timeout(
+                Duration::from_micros(1),
+                XioStream::connect_with(&cli, "10.4.0.65:80"),
+            )
+            .await;
+            let mut c = XioStream::connect_with(&cli, "10.4.0.65:80").await.unwrap();
+            c.write_all(b"z").await.unwrap();
+            // What the cancelled connect made (if anything) reads end of stream.
+            loop {
+                let (mut s, _) = tokio::time::timeout(WATCHDOG, l.accept())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let mut b = [0u8; 1];
+                let n = tokio::time::timeout(WATCHDOG, s.read(&mut b))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                if n == 1 {
+                    assert_eq!(&b, b"z");
+                    break;
+                }
+            }
+        }
+        drop(l);
+    });
+    wait_pool_whole(&mgr);
+}
+
+/// Both ends split (`tokio::io::split` on one, `into_split` on the
+/// other), each half in its own task on a 4-worker runtime, both
+/// directions at once: everything arrives.
+#[test]
+fn split_halves_full_duplex_on_a_multi_thread_runtime() {
+    let (mgr, p) = setup("duplex");
+    rt(4).block_on(async {
+        let (c, s) = connected(&p, "10.4.0.68:80").await;
+        let (mut cr, mut cw) = tokio::io::split(c);
+        let (mut sr, mut sw) = s.into_split();
+        let total = 5_000_000u64;
+        async fn send(w: &mut (impl tokio::io::AsyncWrite + Unpin), seed: u64, total: u64) {
+            let mut sent = 0u64;
+            while sent < total {
+                let n = 7001.min(total - sent);
+                let chunk: Vec<u8> = (sent..sent + n).map(|i| stream_byte(seed, i)).collect();
+                w.write_all(&chunk).await.unwrap();
+                sent += n;
+            }
+            w.shutdown().await.unwrap();
+        }
+        async fn recv(r: &mut (impl tokio::io::AsyncRead + Unpin), seed: u64) -> u64 {
+            let mut got = 0u64;
+            let mut buf = vec![0u8; 5000];
+            loop {
+                let n = r.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    return got;
+                }
+                for (k, &b) in buf[..n].iter().enumerate() {
+                    assert_eq!(b, stream_byte(seed, got + k as u64));
+                }
+                got += n as u64;
+            }
+        }
+        let t1 = tokio::spawn(async move {
+            send(&mut cw, 1, total).await;
+            cw
+        });
+        let t2 = tokio::spawn(async move {
+            send(&mut sw, 2, total).await;
+            sw
+        });
+        let t3 = tokio::spawn(async move { (recv(&mut cr, 2).await, cr) });
+        let t4 = tokio::spawn(async move { (recv(&mut sr, 1).await, sr) });
+        let all = tokio::time::timeout(WATCHDOG, async {
+            let (a, b, c, d) = tokio::join!(t1, t2, t3, t4);
+            (a.unwrap(), b.unwrap(), c.unwrap(), d.unwrap())
+        })
+        .await
+        .expect("watchdog");
+        assert_eq!((all.2).0, total);
+        assert_eq!((all.3).0, total);
+        drop(all);
+    });
+    wait_pool_whole(&mgr);
+}
+
+/// What `tokio::spawn` needs of the futures a ported service awaits.
+#[test]
+fn the_futures_are_send() {
+    fn send<T: Send>(_: &T) {}
+    fn check(l: &XioListener, s: &mut XioStream, net: &Net, b: xio_tokio::BufMut) {
+        send(&l.accept());
+        send(&XioStream::connect("10.0.0.1:80"));
+        send(&XioStream::connect_with(net, "10.0.0.1:80"));
+        send(&XioListener::bind("10.0.0.1:80"));
+        send(&s.readable());
+        send(&s.writable());
+        send(&s.ready(Interest::READABLE));
+        send(&s.recv_bytes());
+        send(&s.alloc(10));
+        send(&s.connected());
+        send(&s.read(&mut []));
+        send(&s.send_buf(b));
+    }
+    let _ = check;
+}
+
 /// A readiness wait that cannot wait (no driver can serve it: here,
 /// polled outside any runtime while the net's only driver is a
 /// current_thread runtime's) fails, as `read` does: it must not report
