@@ -77,7 +77,28 @@
 //! and then unbinds; [`XioListener::bind_with`] leaves nothing behind.
 //! `write` is as `AsyncWrite` always is (bytes reported written are sent;
 //! a dropped future wrote nothing or a reported prefix). `send_buf` is not:
-//! dropping its future drops the buffer unsent.
+//! dropping its future drops the buffer unsent. `readable`, `writable`,
+//! `ready` and `peek` are cancellation safe, as tokio's are.
+//!
+//! # Where it differs from tokio's `TcpStream`
+//! Beyond what [`XioStream::connect`] says of a refusal (reported by the
+//! first read, not by `connect`):
+//! - `shutdown()` (`poll_shutdown`) of a stream that was reset succeeds,
+//!   where tokio's says `NotConnected`: the reset is the reads' to report,
+//!   and closing paths that shut down before they drop (hyper's) need no
+//!   case of their own. Writes after it fail with `BrokenPipe`, as TCP's.
+//! - A writer waits in the kernel with TCP. Here, what no peer signals,
+//!   room in a full ring to a peer or a buffer in an exhausted pool, is
+//!   looked for again on a timer (tokio's, about every millisecond) that
+//!   wakes the tasks waiting for it. Readers that do not read can hold a
+//!   pool's buffers (the default pool holds some 40 full windows of the
+//!   default 2 MiB): while such a pool stays empty, its stalled writers
+//!   cost a little CPU each millisecond, where TCP's sleep. Idle streams
+//!   cost nothing.
+//! - Every task that polled a stream's read (or write) is woken when it
+//!   becomes ready, not only the one that polled last as with tokio's:
+//!   one whose future was dropped meanwhile sees a spurious wake-up,
+//!   which futures allow.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -1339,6 +1360,8 @@ fn pending_needs_driver<T>(net: &Net, p: Poll<io::Result<T>>) -> Poll<io::Result
     p
 }
 
+/// `poll_shutdown`: a reset stream's `NotConnected` is success here (a
+/// documented difference from tokio, see the crate docs).
 fn shutdown_core(s: &xio_core::net::XioStream) -> Poll<io::Result<()>> {
     match s.shutdown(Shutdown::Write) {
         Err(e) if e.kind() == io::ErrorKind::NotConnected => Poll::Ready(Ok(())),
