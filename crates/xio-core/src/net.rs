@@ -4230,6 +4230,15 @@ impl Net {
         })
     }
 
+    /// Sends what waits behind full rings (data, and control messages such
+    /// as a closed stream's FIN), as far as the rings take it now; true
+    /// once nothing waits. For an adapter whose last driver ended (its
+    /// runtime shut down): nobody else retries those sends until the net
+    /// is used again, and the peers would wait for them meanwhile.
+    pub fn flush_queued(&self) -> bool {
+        self.lock().flush_pending()
+    }
+
     /// Wakes the tasks waiting on a full ring or an empty pool (see
     /// [`Drive::retry`]), and retries queued control sends.
     pub fn wake_retriers(&self) {

@@ -185,7 +185,7 @@ impl Drop for Running {
         // cleared, which the net's lock (taken by `wake_tasks`, then by
         // the woken task's poll) also ensures.
         self.driver.alive.store(false, Ordering::Release);
-        self.live.fetch_sub(1, Ordering::Relaxed);
+        let last = self.live.fetch_sub(1, Ordering::Relaxed) == 1;
         // Not the registry's lock: this may run inside `ensure_driver`,
         // which holds it (a spawn on a runtime that is shutting down drops
         // the future at once). No net lock is held here either: nothing
@@ -193,6 +193,60 @@ impl Drop for Running {
         if let Some(net) = self.net.upgrade() {
             net.wake_tasks();
         }
+        // The runtime's tasks are being dropped with it, before or after
+        // this: the streams they held close, their FINs maybe queued
+        // behind a full ring. With no driver left to retry those sends,
+        // the peers would wait for good (a net kept by `Net::global` is
+        // never dropped, whose drop sends them).
+        if last {
+            flush_without_driver(self.net.clone(), self.live.clone());
+        }
+    }
+}
+
+/// How long the sends queued when a net's last driver ended are retried
+/// for, off the runtime (see [`flush_without_driver`]). A peer that
+/// drains its rings, however slowly it reads, takes them well within it.
+const ORPHAN_FLUSH: Duration = Duration::from_secs(60);
+
+/// How long [`flush_without_driver`] looks for sends to retry after it
+/// last found some: the tasks of a runtime shutting down are dropped
+/// (closing their streams) before or after its driver, within its drop.
+const ORPHAN_GRACE: Duration = Duration::from_secs(1);
+
+/// Retries, on a thread of its own, what a net queues behind full rings
+/// once its last driver ended (its runtime shut down), as a kernel goes
+/// on sending a closed socket's data: until a driver runs again (it
+/// retries them), the net is dropped (its drop sends them), nothing was
+/// queued for [`ORPHAN_GRACE`], or [`ORPHAN_FLUSH`] passes. Looks every
+/// 10 ms at most (backing off from [`RETRY`]), so it costs next to
+/// nothing meanwhile. A stream closed later than the grace, outside any
+/// runtime, with its FIN behind a full ring, waits for the net's next use.
+fn flush_without_driver(net: xio_core::net::WeakNet, live: Arc<AtomicUsize>) {
+    let spawned = std::thread::Builder::new()
+        .name("xio-tokio-flush".into())
+        .spawn(move || {
+            let start = std::time::Instant::now();
+            let mut busy = start;
+            let mut pause = RETRY;
+            loop {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(10));
+                let now = std::time::Instant::now();
+                // Relaxed: a stale count costs one more look.
+                if live.load(Ordering::Relaxed) > 0 || now >= start + ORPHAN_FLUSH {
+                    return;
+                }
+                let Some(n) = net.upgrade() else { return };
+                if !n.flush_queued() {
+                    busy = now;
+                } else if now >= busy + ORPHAN_GRACE {
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "xio-tokio: no thread to send what waits behind full rings");
     }
 }
 

@@ -2030,18 +2030,28 @@ fn dropping_a_stream_with_unread_bytes_resets_the_peer() {
 /// A runtime dropped while its tasks hold X-IO streams (reads pending,
 /// writes waiting for a full window, received `Bytes` held): the drop
 /// does not hang, every peer sees its stream end (end of stream or a
-/// reset), and every buffer goes back to the pool.
+/// reset), and every buffer goes back to the pool. Both flavours: a
+/// current_thread runtime's tasks are dropped where they stopped when its
+/// last `block_on` returned.
 #[test]
 fn a_runtime_dropped_with_streams_in_tasks_returns_every_buffer() {
-    let (mgr, p) = setup("rtdrop");
-    let cli = Net::builder(&p).window(16 << 10).attach().unwrap();
-    let addr = "10.4.0.63:80";
+    runtime_dropped_with_streams_in_tasks("rtdrop-mt", "10.4.0.63:80", || rt(2));
+    runtime_dropped_with_streams_in_tasks("rtdrop-ct", "10.4.0.69:80", current_thread_runtime);
+}
+
+fn runtime_dropped_with_streams_in_tasks(
+    test: &str,
+    addr: &'static str,
+    make: fn() -> tokio::runtime::Runtime,
+) {
+    let (mgr, p) = setup(test);
+    let cli = Net::attach(&p).unwrap();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
     let p2 = p.clone();
     let server = std::thread::spawn(move || {
-        let rt = rt(2);
+        let rt = make();
         rt.block_on(async {
-            let srv = Net::builder(&p2).window(16 << 10).attach().unwrap();
+            let srv = Net::attach(&p2).unwrap();
             let l = XioListener::bind_with(&srv, addr).unwrap();
             ready_tx.send(()).unwrap();
             for i in 0..6 {
@@ -2059,7 +2069,7 @@ fn a_runtime_dropped_with_streams_in_tasks_returns_every_buffer() {
                         }
                         // Writes into a full window (the client never reads).
                         1 => {
-                            let big = vec![3u8; 1 << 20];
+                            let big = vec![3u8; 8 << 20];
                             ready.send(()).unwrap();
                             let _ = s.write_all(&big).await;
                         }
@@ -2067,7 +2077,7 @@ fn a_runtime_dropped_with_streams_in_tasks_returns_every_buffer() {
                         _ => {
                             let (mut r, mut w) = s.into_split();
                             tokio::spawn(async move {
-                                let big = vec![4u8; 1 << 20];
+                                let big = vec![4u8; 8 << 20];
                                 let _ = w.write_all(&big).await;
                             });
                             ready.send(()).unwrap();
@@ -2081,9 +2091,10 @@ fn a_runtime_dropped_with_streams_in_tasks_returns_every_buffer() {
             tokio::spawn(async move {
                 let _ = l.accept().await;
             });
+            // Let the tasks run to where they wait (a current_thread
+            // runtime runs them only in here).
+            tokio::time::sleep(Duration::from_millis(200)).await;
         });
-        // Wait until the tasks are all in place, then drop the runtime.
-        std::thread::sleep(Duration::from_millis(200));
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             drop(rt);
@@ -2356,4 +2367,60 @@ fn a_readiness_wait_without_a_driver_fails_instead_of_reporting_ready() {
         io::ErrorKind::WouldBlock
     );
     drop(c);
+}
+
+/// A runtime dropped while a stream's close waits behind a full ring to
+/// its peer, the net kept (as `Net::global` keeps it): the peer still
+/// reads what was written, then end of stream, as a TCP peer would once
+/// the kernel sent the closed socket's data. (No driver was left to retry
+/// the queued FIN: the peer waited for good.)
+#[test]
+fn a_close_queued_behind_a_full_ring_leaves_when_the_runtime_drops() {
+    use std::io::Read;
+    drop(setup("fullring-drop"));
+    let p = format!("tt-fullring-drop-{}", std::process::id());
+    let pool = xio_core::layout::PoolConfig {
+        ring_capacity: 4,
+        ..Default::default()
+    };
+    let _mgr = Manager::builder(&p).pool(pool).spawn().unwrap();
+    let srv = Net::attach(&p).unwrap();
+    let cli = Net::attach(&p).unwrap();
+    let l = srv.listen("10.4.0.70:80").unwrap();
+    let a = rt(1);
+    let l = a.block_on(async { XioListener::from_std(l).unwrap() });
+    // A blocking client: nobody drains its ring until it reads.
+    let c = cli.connect("10.4.0.70:80").unwrap();
+    let (wrote_tx, wrote_rx) = std::sync::mpsc::channel();
+    a.spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        // Small writes, each a descriptor: the 4-slot ring fills.
+        for i in 0..64u32 {
+            s.write_all(&[i as u8; 100]).await.unwrap();
+            wrote_tx.send(i).unwrap();
+        }
+        s.shutdown().await.unwrap();
+        std::future::pending::<()>().await;
+    });
+    // Wait until the writes stall (or finish), then drop the runtime.
+    let mut written = 0usize;
+    while wrote_rx.recv_timeout(Duration::from_millis(300)).is_ok() {
+        written += 1;
+    }
+    drop(a);
+    c.set_read_timeout(Some(WATCHDOG)).unwrap();
+    let mut got = Vec::new();
+    let r = (&c).read_to_end(&mut got);
+    assert!(
+        r.is_ok(),
+        "the peer never saw the stream end: {r:?} after {} bytes",
+        got.len()
+    );
+    // Every write that returned was sent (a stalled one may have sent a
+    // prefix of its own too).
+    assert!(got.len() >= 100 * written, "{} bytes", got.len());
+    for (k, &b) in got.iter().enumerate() {
+        assert_eq!(b, (k / 100) as u8, "byte {k}");
+    }
+    drop(srv);
 }
