@@ -742,14 +742,7 @@ fn peer_killed_gives_connection_reset() {
         .expect("watchdog");
         assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
     });
-    let deadline = std::time::Instant::now() + WATCHDOG;
-    while !mgr.snapshot().stacks.is_empty() || !mgr.pool_is_whole() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "pool whole after every stack left"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_pool_whole(&mgr);
 }
 
 /// The manager's process is killed while the driver sleeps (an idle
@@ -1865,7 +1858,7 @@ fn a_listener_following_a_restart_does_not_wait_for_the_manager_on_a_worker() {
 }
 
 // ---------------------------------------------------------------------
-// Review probes (r13c): behaviour a port from tokio::net would rely on.
+// Behaviour a port from tokio::net would rely on.
 // ---------------------------------------------------------------------
 
 /// Waits (with the watchdog) until every stack left `mgr` and every
