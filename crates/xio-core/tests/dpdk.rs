@@ -85,6 +85,18 @@ fn msg_len(i: u64) -> usize {
     size_of_msg(i).min(65536)
 }
 
+/// This binary's `child_main` in role `role`, on prefix `p`.
+fn child(role: &str, p: &str) -> ChildProc {
+    ChildProc::spawn("child_main", role, &[p.to_owned()])
+}
+
+/// A manager of prefix `p` in a child process, once it says it is ready.
+fn manager_ready(p: &str) -> ChildProc {
+    let mut m = child("manager", p);
+    m.expect("ready");
+    m
+}
+
 #[test]
 fn child_main() {
     let Ok(role) = std::env::var("XIO_CHILD_ROLE") else {
@@ -832,7 +844,7 @@ fn dpdk_prefix(test: &str) -> String {
 fn buffers_cross_processes_through_dpdk_rings() {
     setup();
     let p = dpdk_prefix("x");
-    let mut prim = ChildProc::spawn("child_main", "primary", std::slice::from_ref(&p));
+    let mut prim = child("primary", &p);
     prim.expect("ready");
     let n = 3000u64;
     let mut sec = ChildProc::spawn("child_main", "echo", &[p.clone(), n.to_string()]);
@@ -849,9 +861,9 @@ fn buffers_cross_processes_through_dpdk_rings() {
 fn killed_secondary_is_reclaimed() {
     setup();
     let p = dpdk_prefix("k");
-    let mut prim = ChildProc::spawn("child_main", "primary", std::slice::from_ref(&p));
+    let mut prim = child("primary", &p);
     prim.expect("ready");
-    let mut h = ChildProc::spawn("child_main", "hoard", std::slice::from_ref(&p));
+    let mut h = child("hoard", &p);
     h.expect("allocated");
     prim.tell("send 10");
     prim.expect("sent");
@@ -921,14 +933,14 @@ fn the_eal_starts_in_a_cgroup_limited_to_other_cpus() {
 fn a_primary_refused_for_a_live_secondary_names_it() {
     setup();
     let p = dpdk_prefix("live");
-    let mut prim = ChildProc::spawn("child_main", "primary", std::slice::from_ref(&p));
+    let mut prim = child("primary", &p);
     prim.expect("ready");
-    let mut sec = ChildProc::spawn("child_main", "idle_secondary", std::slice::from_ref(&p));
+    let mut sec = child("idle_secondary", &p);
     let pid = sec.expect("ready");
     // The primary stops as a manager does: its runtime files stay.
     drop(prim.child.stdin.take());
     prim.wait_success();
-    let mut again = ChildProc::spawn("child_main", "try_primary", std::slice::from_ref(&p));
+    let mut again = child("try_primary", &p);
     let e = again.expect("");
     again.wait_success();
     drop(sec.child.stdin.take());
@@ -985,7 +997,7 @@ fn hugepage_files(prefix: &str) -> Vec<String> {
 fn a_manager_that_fails_to_start_leaves_no_hugepages_taken() {
     setup();
     let p = dpdk_prefix("failed");
-    let mut c = ChildProc::spawn("child_main", "failed_manager", std::slice::from_ref(&p));
+    let mut c = child("failed_manager", &p);
     let r = c.expect("");
     c.wait_success();
     let left = hugepage_files(&p);
@@ -1029,9 +1041,8 @@ fn a_class_too_large_for_dpdk_objects_is_refused() {
 fn objects_a_killed_stack_took_but_never_stamped_come_back() {
     setup();
     let p = dpdk_prefix("unst");
-    let mut m = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
-    m.expect("ready");
-    let mut s = ChildProc::spawn("child_main", "unstamped_stack", std::slice::from_ref(&p));
+    let mut m = manager_ready(&p);
+    let mut s = child("unstamped_stack", &p);
     s.expect("unstamped");
     s.kill9();
     wait_for_a_sweep(&mut m);
@@ -1106,10 +1117,9 @@ fn an_object_whose_header_index_was_overwritten_is_handed_out_as_itself() {
 fn stacks_killed_while_taking_and_giving_back_buffers_lose_none() {
     setup();
     let p = dpdk_prefix("churn");
-    let mut m = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
-    m.expect("ready");
+    let mut m = manager_ready(&p);
     for k in 1..=20u64 {
-        let mut s = ChildProc::spawn("child_main", "churn", std::slice::from_ref(&p));
+        let mut s = child("churn", &p);
         s.expect("churning");
         // Not a time bound: where in its loop the stack is when killed.
         std::thread::sleep(std::time::Duration::from_millis(5 + (k * 7919) % 50));
@@ -1142,9 +1152,8 @@ fn stacks_killed_while_taking_and_giving_back_buffers_lose_none() {
 fn a_stack_killed_inside_a_mempool_get_does_not_hang_the_sweep() {
     setup();
     let p = dpdk_prefix("halfget");
-    let mut m = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
-    m.expect("ready");
-    let mut s = ChildProc::spawn("child_main", "half_get", std::slice::from_ref(&p));
+    let mut m = manager_ready(&p);
+    let mut s = child("half_get", &p);
     s.expect("stopped inside a get");
     s.kill9();
     wait_for_a_sweep(&mut m);
@@ -1163,11 +1172,10 @@ fn a_stack_killed_inside_a_mempool_get_does_not_hang_the_sweep() {
 fn a_stack_killed_inside_a_mempool_get_does_not_block_another_ones_get() {
     setup();
     let p = dpdk_prefix("park");
-    let mut m = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
-    m.expect("ready");
-    let mut dead = ChildProc::spawn("child_main", "parked_get", std::slice::from_ref(&p));
+    let mut m = manager_ready(&p);
+    let mut dead = child("parked_get", &p);
     dead.expect("parked");
-    let mut live = ChildProc::spawn("child_main", "late_get", std::slice::from_ref(&p));
+    let mut live = child("late_get", &p);
     live.expect("ready");
     live.tell("go");
     // Not a time bound: lets the live stack reach its get before the
@@ -1190,9 +1198,8 @@ fn a_stack_killed_inside_a_mempool_get_does_not_block_another_ones_get() {
 fn an_overwritten_object_index_is_repaired_by_the_sweep() {
     setup();
     let p = dpdk_prefix("rix");
-    let mut m = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
-    m.expect("ready");
-    let mut s = ChildProc::spawn("child_main", "scribbler", std::slice::from_ref(&p));
+    let mut m = manager_ready(&p);
+    let mut s = child("scribbler", &p);
     s.expect("scribbled");
     s.kill9();
     wait_for_a_sweep(&mut m);
@@ -1213,9 +1220,8 @@ fn an_overwritten_object_index_is_repaired_by_the_sweep() {
 fn a_bogus_pointer_in_a_mempool_does_not_crash_the_stack_that_gets_it() {
     setup();
     let p = dpdk_prefix("bogus");
-    let mut m = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
-    m.expect("ready");
-    let mut s = ChildProc::spawn("child_main", "bogus_putter", std::slice::from_ref(&p));
+    let m = manager_ready(&p);
+    let mut s = child("bogus_putter", &p);
     s.expect("put");
     let took = taken_by_a_new_stack(&p);
     s.kill9();
@@ -1234,9 +1240,8 @@ fn a_bogus_pointer_in_a_mempool_does_not_crash_the_stack_that_gets_it() {
 fn an_object_listed_twice_in_a_mempool_is_not_handed_out_twice() {
     setup();
     let p = dpdk_prefix("dup");
-    let mut m = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
-    m.expect("ready");
-    let mut s = ChildProc::spawn("child_main", "double_putter", std::slice::from_ref(&p));
+    let mut m = manager_ready(&p);
+    let mut s = child("double_putter", &p);
     s.expect("put");
     let took = taken_by_a_new_stack(&p);
     s.kill9();
@@ -1260,9 +1265,8 @@ fn an_object_listed_twice_in_a_mempool_is_not_handed_out_twice() {
 fn an_overwritten_mempool_ops_index_and_ring_mask_hurt_no_other_process() {
     setup();
     let p = dpdk_prefix("ops");
-    let mut m = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
-    m.expect("ready");
-    let mut s = ChildProc::spawn("child_main", "ring_scribbler", std::slice::from_ref(&p));
+    let mut m = manager_ready(&p);
+    let mut s = child("ring_scribbler", &p);
     s.expect("scribbled");
     s.kill9();
     wait_for_a_sweep(&mut m);
@@ -1283,9 +1287,8 @@ fn an_overwritten_mempool_ops_index_and_ring_mask_hurt_no_other_process() {
 fn an_overwritten_object_link_does_not_crash_a_stack_attaching_later() {
     setup();
     let p = dpdk_prefix("link");
-    let mut m = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
-    m.expect("ready");
-    let mut s = ChildProc::spawn("child_main", "link_scribbler", std::slice::from_ref(&p));
+    let mut m = manager_ready(&p);
+    let mut s = child("link_scribbler", &p);
     s.expect("scribbled");
     let while_corrupt = taken_by_a_new_stack(&p);
     s.kill9();
