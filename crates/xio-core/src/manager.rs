@@ -342,6 +342,10 @@ struct StackEntry {
     /// It left because the manager cut it off for a bad control message
     /// (not of its own accord): the status report says so.
     bad: bool,
+    /// It left, its end shut for writing (`POLLRDHUP`), and what it had
+    /// sent before was read and dropped: nothing more can come but the
+    /// hang-up.
+    drained: bool,
 }
 
 struct ChanEntry {
@@ -912,10 +916,15 @@ impl Manager {
                     let e = &self.stacks[id];
                     // A stack with messages waiting for room: only room
                     // (or its hang-up) is of interest until they are out.
-                    let want = if e.left {
+                    let want = if e.left && e.drained {
                         // Only its hang-up (reported unasked): its end of
                         // file is read, and would wake every poll.
                         PollFlags::empty()
+                    } else if e.left {
+                        // What it still sends, to drop (see
+                        // `Self::discard_from_left`), and the shutting of
+                        // its end.
+                        PollFlags::IN | PollFlags::RDHUP
                     } else if e.outbox.is_empty() {
                         PollFlags::IN
                     } else if e.stalled {
@@ -977,6 +986,10 @@ impl Manager {
                     Some(_) if hup => {
                         let e = self.stacks.remove(id).expect("present");
                         self.on_death(*id, e);
+                    }
+                    // A stack that left has no outbox and is not served.
+                    Some(e) if e.left && r => {
+                        self.discard_from_left(*id, ev.contains(PollFlags::RDHUP))
                     }
                     Some(e) if (r || e.stalled) && !e.outbox.is_empty() => self.flush(*id),
                     Some(_) if r => self.on_stack_readable(*id),
@@ -1184,6 +1197,7 @@ impl Manager {
                 stalled: false,
                 left: false,
                 bad: false,
+                drained: false,
             },
         );
     }
@@ -1585,6 +1599,39 @@ impl Manager {
             e.bad = true;
         }
         self.cut_off(id);
+    }
+
+    /// Reads and drops what stack `id`, which left (or was cut off) while
+    /// its process holds its socket, sent since: nothing of it is acted
+    /// on, but left unread, a packet's fds stay open, and one may be the
+    /// stack's own socket, which would then never hang up once its
+    /// process closes it (its slot taken until the manager stops).
+    /// `shut`: its end is shut for writing, so nothing more comes once
+    /// the end of file is read. An empty packet reads as the end of file
+    /// too: one sent before more packets, then the shutdown, leaves those
+    /// unread, as a process may keep its socket open; a stack never sends
+    /// one. The reads are bounded per pass (the loop serves the others).
+    fn discard_from_left(&mut self, id: u16, shut: bool) {
+        const MOST: usize = 256;
+        let Some(e) = self.stacks.get_mut(&id) else {
+            return;
+        };
+        for _ in 0..MOST {
+            match ctrl::recv_raw(e.sock.as_fd(), true) {
+                // Dropped, fds and all.
+                Ok(_) | Err(RecvError::Proto(_)) => {}
+                Err(RecvError::Closed) if shut => {
+                    e.drained = true;
+                    return;
+                }
+                // An empty packet (or an end of file that came after the
+                // poll: the next one reports the shutdown).
+                Err(RecvError::Closed) => {}
+                Err(RecvError::Io(err)) if err.kind() == io::ErrorKind::Interrupted => {}
+                // Nothing waits (or the socket failed: its hang-up follows).
+                Err(RecvError::Io(_)) => return,
+            }
+        }
     }
 
     /// Stack `id` left (dropped) while its process still holds its socket

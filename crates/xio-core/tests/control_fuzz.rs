@@ -264,18 +264,8 @@ fn some_fds(r: &mut Rng, own: BorrowedFd<'_>) -> Vec<OwnedFd> {
         return Vec::new();
     }
     let n = r.pick(&[1, 1, 2, 3, 4, 5, 8]);
-    // The connection's own socket only when asked for: in a packet the
-    // manager does not read, it keeps the connection open after the
-    // client closes it, and its slot taken for ever (a bug not fixed yet:
-    // see `a_cut_off_stack_that_sent_its_own_socket_still_dies` in
-    // control_plane.rs).
-    let kinds = if std::env::var_os("XIO_FUZZ_SELF_FDS").is_some() {
-        7
-    } else {
-        6
-    };
     (0..n)
-        .map(|_| match r.below(kinds) {
+        .map(|_| match r.below(7) {
             0 => rustix::pipe::pipe().unwrap().0,
             1 => rustix::pipe::pipe().unwrap().1,
             2 => rustix::fs::memfd_create("fuzz", rustix::fs::MemfdFlags::CLOEXEC).unwrap(),

@@ -1120,13 +1120,11 @@ fn a_connect_to_a_stack_that_just_died_is_refused() {
 /// A stack cut off for a bad message whose later, unread packet carries
 /// a duplicate of its own control socket: once its process closes the
 /// socket, the manager must still see it go. Found by the control fuzz
-/// test (tests/control_fuzz.rs with XIO_FUZZ_SELF_FDS=1). The packet is
-/// never read (a cut-off stack's socket is only watched for its
-/// hang-up), so the fd in it keeps the client's end open: the hang-up
-/// never comes and the stack's slot (and any buffers) are held until the
-/// manager stops. Ignored until fixed: it fails by the watchdog.
+/// test (tests/control_fuzz.rs). The packet was never read (a cut-off
+/// stack's socket was only watched for its hang-up), so the fd in it
+/// kept the client's end open: the hang-up never came, and the stack's
+/// slot (and any buffers) were held until the manager stopped.
 #[test]
-#[ignore = "known bug: a cut-off stack's unread packets are never drained"]
 fn a_cut_off_stack_that_sent_its_own_socket_still_dies() {
     setup();
     let p = prefix("self-fd");
