@@ -4393,16 +4393,25 @@ impl XioListener {
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(XioStream, SocketAddr)>> {
         let addr = self.inner.addr;
         let net = self.net();
-        let c = ready!(net.poll_op(Key::Accept(addr), cx, |core, wake| {
+        // The peer's address under the same lock, from the table entry as
+        // `accept` takes it: a connection reset while queued (its client
+        // died) is still handed over, as Linux's accept does, and reports
+        // the reset to its first read. `peer_addr` would refuse it
+        // (`NotConnected`, getpeername's answer for a reset socket) and
+        // fail the accept, losing the connection.
+        let (c, peer) = ready!(net.poll_op(Key::Accept(addr), cx, |core, wake| {
             match core.accept_on(addr, wake) {
-                Ok(c) => Try::Done(Ok(c)),
+                Ok(c) => Try::Done(
+                    core.table
+                        .addrs(c)
+                        .map(|a| (c, a.1))
+                        .map_err(io::Error::from),
+                ),
                 Err(ConnError::WouldBlock) => Try::Wait,
                 Err(e) => Try::Done(Err(e.into())),
             }
         }))?;
-        let s = XioStream::new(net, c);
-        let peer = s.peer_addr()?;
-        Poll::Ready(Ok((s, peer)))
+        Poll::Ready(Ok((XioStream::new(net, c), peer)))
     }
 }
 

@@ -598,6 +598,18 @@ fn child_main() {
     if role == "forker" {
         return fork_holding_the_registry(&prefix);
     }
+    if role == "connects_and_parks" {
+        // Connects to a listener that has not accepted yet, writes, and
+        // waits to be killed.
+        let net = Net::attach(&prefix).unwrap();
+        let mut s = net.connect("10.4.0.25:80").unwrap();
+        std::io::Write::write_all(&mut s, b"hi").unwrap();
+        println!("ready");
+        std::io::stdout().flush().unwrap();
+        loop {
+            std::thread::park();
+        }
+    }
     assert_eq!(role, "writer");
     // A plain blocking X-IO server in the child: accepts, then writes.
     let net = Net::attach(&prefix).unwrap();
@@ -740,6 +752,52 @@ fn peer_killed_gives_connection_reset() {
         })
         .await
         .expect("watchdog");
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    });
+    wait_pool_whole(&mgr);
+}
+
+/// A client killed -9 after its connection was queued and before the
+/// server accepted it: the accept still hands the connection over (with
+/// the client's address), as Linux's accept returns a connection reset in
+/// its backlog, and the stream reads what the client wrote, then
+/// `ConnectionReset`. It used to fail the accept itself with
+/// `NotConnected`, an error servers' accept loops do not expect (axum's
+/// sleeps a second on it), where the blocking accept returned the stream.
+#[test]
+fn a_client_killed_before_its_connection_is_accepted_is_accepted_reset() {
+    let (mgr, p) = setup("killedq");
+    rt(1).block_on(async {
+        let net = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&net, "10.4.0.25:80").unwrap();
+        let mut child = spawn_child("connects_and_parks", &p);
+        let pid = child.id();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // The manager has announced the death; the net learns of it at
+        // its next look at the control socket, before the accept.
+        let deadline = std::time::Instant::now() + WATCHDOG;
+        while mgr.snapshot().stacks.iter().any(|s| s.pid == pid) {
+            assert!(std::time::Instant::now() < deadline, "watchdog: death seen");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let (mut s, _) = tokio::time::timeout(WATCHDOG, l.accept())
+            .await
+            .expect("watchdog")
+            .expect("a queued connection whose client died is still accepted");
+        let mut buf = [0u8; 16];
+        let mut got = Vec::new();
+        let err = loop {
+            match s.read(&mut buf).await {
+                Ok(n) => {
+                    assert!(n > 0, "a reset, not end of stream");
+                    got.extend_from_slice(&buf[..n]);
+                }
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(got, b"hi");
         assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
     });
     wait_pool_whole(&mgr);
