@@ -29,8 +29,9 @@ pub trait BufferPool: Send + Sync + std::fmt::Debug + 'static {
     fn data(&self, b: RawBuf) -> (*mut u8, usize);
     /// Hands ownership to stack `to` and builds the descriptor.
     fn prepare_send(&self, b: RawBuf, len: u32, to: u16, conn: u32, kind: u8) -> Descriptor;
-    /// Validates a received descriptor and takes the buffer.
-    fn accept(&self, d: &Descriptor) -> Result<RawBuf, Reject>;
+    /// Validates a descriptor received from stack `from` and takes the
+    /// buffer.
+    fn accept(&self, from: u16, d: &Descriptor) -> Result<RawBuf, Reject>;
     /// Makes a received buffer writable again.
     fn reuse(&self, b: RawBuf);
     /// Largest buffer size.
@@ -60,8 +61,8 @@ impl BufferPool for StackPool {
         self.view()
             .prepare_send(self.stack_id(), b, len, to, conn, kind)
     }
-    fn accept(&self, d: &Descriptor) -> Result<RawBuf, Reject> {
-        self.view().accept(self.stack_id(), d)
+    fn accept(&self, from: u16, d: &Descriptor) -> Result<RawBuf, Reject> {
+        self.view().accept(self.stack_id(), from, d)
     }
     fn reuse(&self, b: RawBuf) {
         StackPool::reuse(self, b)

@@ -1688,7 +1688,9 @@ impl BufferPool for DpdkPool {
         }
     }
 
-    fn accept(&self, d: &Descriptor) -> Result<RawBuf, Reject> {
+    /// `_from` is not checked: a DPDK object's header does not name the
+    /// stack that sent it.
+    fn accept(&self, _from: u16, d: &Descriptor) -> Result<RawBuf, Reject> {
         let mp = self
             .classes
             .get(d.class as usize)

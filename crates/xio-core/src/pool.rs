@@ -274,9 +274,12 @@ impl PoolView {
         }
     }
 
-    /// Checks a descriptor read from a ring by stack `me` and takes the
-    /// buffer (`INFLIGHT -> HELD`). Everything in `d` is untrusted.
-    pub fn accept(&self, me: u16, d: &Descriptor) -> Result<RawBuf, Reject> {
+    /// Checks a descriptor read by stack `me` from the ring of stack
+    /// `from` and takes the buffer (`INFLIGHT -> HELD`). Everything in `d`
+    /// is untrusted. The buffer must be in flight from `from`: another
+    /// peer's in-flight buffer named through this ring would hand that
+    /// peer's message out as `from`'s (and its real descriptor be refused).
+    pub fn accept(&self, me: u16, from: u16, d: &Descriptor) -> Result<RawBuf, Reject> {
         let class = d.class as usize;
         let info = self
             .seg
@@ -294,6 +297,7 @@ impl PoolView {
         let w = hdr.word.load(Ordering::Acquire);
         if bufword::state(w) != bufword::INFLIGHT
             || bufword::owner(w) != me
+            || bufword::from(w) != from
             || bufword::gen(w) as u16 != d.gen
         {
             return Err(Reject::Ownership(w));
@@ -1298,11 +1302,20 @@ mod tests {
         let b = StackPool::new(PoolView::new(seg), 2);
         let x = a.alloc(100, true).unwrap();
         let d = a.view().prepare_send(1, x, 100, 2, 0, 0);
-        // Not addressed to stack 3; wrong generation; bad class, index, length.
-        assert!(matches!(b.view().accept(3, &d), Err(Reject::Ownership(_))));
+        // Not addressed to stack 3; not from stack 3; wrong generation; bad class, index, length.
+        assert!(matches!(
+            b.view().accept(3, 1, &d),
+            Err(Reject::Ownership(_))
+        ));
+        // Through another sender's ring.
+        assert!(matches!(
+            b.view().accept(2, 3, &d),
+            Err(Reject::Ownership(_))
+        ));
         assert!(matches!(
             b.view().accept(
                 2,
+                1,
                 &Descriptor {
                     gen: d.gen ^ 1,
                     ..d
@@ -1311,20 +1324,23 @@ mod tests {
             Err(Reject::Ownership(_))
         ));
         assert_eq!(
-            b.view().accept(2, &Descriptor { class: 5, ..d }),
+            b.view().accept(2, 1, &Descriptor { class: 5, ..d }),
             Err(Reject::Class(5))
         );
         assert_eq!(
-            b.view().accept(2, &Descriptor { index: 8, ..d }),
+            b.view().accept(2, 1, &Descriptor { index: 8, ..d }),
             Err(Reject::Index(8))
         );
         assert_eq!(
-            b.view().accept(2, &Descriptor { len: 257, ..d }),
+            b.view().accept(2, 1, &Descriptor { len: 257, ..d }),
             Err(Reject::Length(257))
         );
-        assert_eq!(b.view().accept(2, &d), Ok(x));
+        assert_eq!(b.view().accept(2, 1, &d), Ok(x));
         // A replay of the same descriptor is refused.
-        assert!(matches!(b.view().accept(2, &d), Err(Reject::Ownership(_))));
+        assert!(matches!(
+            b.view().accept(2, 1, &d),
+            Err(Reject::Ownership(_))
+        ));
         b.free(x);
     }
 
@@ -1482,7 +1498,7 @@ mod tests {
             .reclaim(&[1], &[2], &[(1, 2)], Duration::MAX, |_| false)
             .unwrap();
         assert_eq!(r.owned, 0, "both may still reach b: {r:?}");
-        assert_eq!(b.view().accept(2, &d_pushed), Ok(pushed));
+        assert_eq!(b.view().accept(2, 1, &d_pushed), Ok(pushed));
         // b drained the ring and released the channel: the second sweep
         // takes back what a stamped for b and b never took, not what it did.
         let r = m
@@ -1493,7 +1509,7 @@ mod tests {
         // A stale descriptor for the reclaimed buffer is refused, even
         // once the buffer is in flight to b again with a newer generation.
         assert!(matches!(
-            b.view().accept(2, &d_stranded),
+            b.view().accept(2, 1, &d_stranded),
             Err(Reject::Ownership(_))
         ));
         let c = StackPool::new(PoolView::new(seg), 3);
@@ -1501,7 +1517,7 @@ mod tests {
         assert!(again.contains(&stranded));
         let _ = c.view().prepare_send(3, stranded, 8, 2, 0, 0);
         assert!(matches!(
-            b.view().accept(2, &d_stranded),
+            b.view().accept(2, 1, &d_stranded),
             Err(Reject::Ownership(_))
         ));
         b.free(pushed);

@@ -447,11 +447,16 @@ impl PoolRef {
     }
 
     #[inline]
-    fn accept(&self, me: u16, d: &Descriptor) -> Result<crate::pool::RawBuf, crate::pool::Reject> {
+    fn accept(
+        &self,
+        me: u16,
+        from: u16,
+        d: &Descriptor,
+    ) -> Result<crate::pool::RawBuf, crate::pool::Reject> {
         match self {
-            PoolRef::Shm(p) => p.view().accept(me, d),
+            PoolRef::Shm(p) => p.view().accept(me, from, d),
             #[cfg(feature = "dpdk")]
-            PoolRef::Dpdk(p) => p.accept(d),
+            PoolRef::Dpdk(p) => p.accept(from, d),
         }
     }
 
@@ -1301,7 +1306,7 @@ impl Stack {
     /// one is counted (here and in the slot, for status) and logged.
     fn take_descriptor(&mut self, peer: u16, d: &Descriptor) -> Option<crate::pool::RawBuf> {
         let r = if kind::carries_buffer(d.kind) {
-            self.pool.accept(self.id, d)
+            self.pool.accept(self.id, peer, d)
         } else {
             Err(crate::pool::Reject::Kind(d.kind))
         };

@@ -860,6 +860,65 @@ fn corrupt_descriptors_are_counted_and_rejected() {
     wait_pool_whole(&mgr);
 }
 
+/// A descriptor naming a buffer that another peer has in flight to the
+/// receiver (its header says so: a hostile stack reads it from the
+/// segment, a broken one replays a stale descriptor) is refused when it
+/// comes through the wrong peer's ring: taken, it handed the other peer's
+/// message out as this one's, and the real descriptor was then refused
+/// as corrupt, the message lost to its real sender.
+#[test]
+fn a_buffer_in_flight_from_another_peer_is_refused() {
+    use std::sync::atomic::Ordering;
+    use xio_core::layout::{bufword, Descriptor};
+    if test_backend() == Backend::Dpdk {
+        return; // DPDK's buffer headers do not name the sender
+    }
+    let (mgr, mut rx, mut good, to) = manager_and_pair("wrongsender", addr(96));
+    let mut evil = Stack::attach(mgr.prefix()).unwrap();
+    let evil_to = evil.connect(addr(96)).unwrap();
+    let seg = evil.__segment().clone();
+    // The receiver reads its rings in turn, starting at another each
+    // time: over a few rounds the forgery is read before the real one.
+    for round in 0..4u32 {
+        let mut b = good.alloc(10).unwrap();
+        b.copy_from(b"good bytes");
+        good.send_tagged(to, round, b).unwrap();
+        // The good message's buffer, as its header shows it.
+        let (index, w) = (0..seg.classes()[0].count)
+            .map(|i| {
+                (
+                    i,
+                    seg.buf_header(0, i).unwrap().word.load(Ordering::Acquire),
+                )
+            })
+            .find(|&(_, w)| bufword::state(w) == bufword::INFLIGHT && bufword::owner(w) == to.0)
+            .expect("the good message in flight");
+        let forged = Descriptor {
+            index,
+            len: 10,
+            conn: 99,
+            class: 0,
+            kind: 0,
+            gen: bufword::gen(w) as u16,
+        };
+        assert!(evil.__push_raw(evil_to, forged).unwrap());
+        let m = rx.recv_timeout(WATCHDOG).unwrap();
+        assert_eq!(
+            (m.from, m.tag, &m.buf[..]),
+            (good.id(), round, &b"good bytes"[..]),
+            "round {round}: the good peer's message came as the hostile one's"
+        );
+        // Both descriptors read: the forgery is counted.
+        assert!(matches!(
+            rx.recv_timeout(std::time::Duration::from_millis(20)),
+            Err(Error::TimedOut)
+        ));
+        assert_eq!(rx.corrupt_descriptors(), u64::from(round) + 1);
+    }
+    drop((rx, good, evil));
+    wait_pool_whole(&mgr);
+}
+
 /// A ring slot that claims an impossible number of descriptors (slots
 /// carry one to three) makes the ring corrupt: the receiver delivers what
 /// came before it, counts it, reports the peer reset and gives the channel

@@ -157,7 +157,7 @@ fn primary(prefix: &str) {
                     fill(payload(&pool, b, len), i);
                     send(&pool, &mut tx, b, len, SECONDARY, i as u32);
                     let d = recv(&mut rx);
-                    let b = pool.accept(&d).unwrap();
+                    let b = pool.accept(0, &d).unwrap();
                     assert_eq!(d.conn, i as u32);
                     assert!(verify(payload(&pool, b, d.len as usize), i + 1_000_000));
                     pool.free(b);
@@ -208,12 +208,12 @@ fn echo(prefix: &str, n: u64) {
     println!("XIO:ready");
     for i in 0..n {
         let d = recv(&mut rx);
-        let b = pool.accept(&d).unwrap();
+        let b = pool.accept(0, &d).unwrap();
         let len = d.len as usize;
         assert_eq!(len, msg_len(i));
         assert!(verify(payload(&pool, b, len), i));
         // A replayed descriptor is refused: the buffer is ours now.
-        assert!(pool.accept(&d).is_err());
+        assert!(pool.accept(0, &d).is_err());
         pool.reuse(b);
         fill(payload(&pool, b, len), i + 1_000_000);
         send(&pool, &mut tx, b, len, PRIMARY, d.conn);
@@ -233,7 +233,7 @@ fn hoard(prefix: &str) {
     println!("XIO:allocated");
     for _ in 0..5 {
         let d = recv(&mut rx);
-        held.push(pool.accept(&d).unwrap());
+        held.push(pool.accept(0, &d).unwrap());
     }
     println!("XIO:holding {}", held.len());
     loop {
@@ -273,14 +273,14 @@ fn replay(prefix: &str) {
     let two = pools(false, SECONDARY);
     let b = one.alloc(64, false).unwrap();
     let first = one.prepare_send(b, 64, SECONDARY, 7, kind::DATA);
-    let b = two.accept(&first).unwrap();
+    let b = two.accept(0, &first).unwrap();
     two.reuse(b);
     let back = two.prepare_send(b, 64, PRIMARY, 8, kind::DATA);
-    let b = one.accept(&back).unwrap();
+    let b = one.accept(0, &back).unwrap();
     one.reuse(b);
     let again = one.prepare_send(b, 32, SECONDARY, 9, kind::DATA);
-    let replayed = two.accept(&first);
-    let genuine = two.accept(&again);
+    let replayed = two.accept(0, &first);
+    let genuine = two.accept(0, &again);
     println!(
         "XIO:replay {} genuine {}",
         if replayed.is_ok() { "taken" } else { "refused" },
