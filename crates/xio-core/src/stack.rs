@@ -562,6 +562,9 @@ impl PoolRef {
 
 struct Chan {
     id: u32,
+    /// The ring of the channel this stack produces into (it consumes the
+    /// other).
+    dir: u8,
     peer: u16,
     tx: Box<dyn DescProducer>,
     rx: Box<dyn DescConsumer>,
@@ -1147,6 +1150,7 @@ impl Stack {
         let (tx, rx) = self.channel_ends(channel, dir)?;
         self.channels.push(Chan {
             id: channel,
+            dir,
             peer,
             tx,
             rx,
@@ -2664,6 +2668,43 @@ impl Stack {
         let ok = push(&mut *ch.tx).map_err(|e| Error::Protocol(e.to_string()))?;
         Self::notify(&self.seg, ch);
         Ok(ok)
+    }
+
+    /// Test hook: stores `value` into 32-bit word `word` of the shared
+    /// ring memory of the channel to `peer` that this stack's side writes,
+    /// as a broken or hostile stack could: a word of the ring it produces
+    /// into (taken modulo the ring's size, sixteen words a slot: the
+    /// descriptors, then the sequence number at 12 and the count at 13),
+    /// or, for `word == u32::MAX`, the index at which it consumes the
+    /// peer's ring. `Ok(false)` on DPDK, whose rings are not in the
+    /// segment. Not for applications.
+    #[doc(hidden)]
+    pub fn __scribble_ring(&mut self, peer: PeerId, word: u32, value: u32) -> Result<bool, Error> {
+        if !matches!(self.pool, PoolRef::Shm(_)) {
+            return Ok(false);
+        }
+        let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
+        let ch = &self.channels[ci];
+        const WORDS: u32 = (core::mem::size_of::<crate::layout::RingSlot>() / 4) as u32;
+        let target = if word == u32::MAX {
+            let (h, _) = self.seg.ring_ptrs(ch.id, 1 - ch.dir as usize);
+            // SAFETY: `ring_ptrs` points into the mapping, which `self.seg`
+            // keeps alive; the header is atomics only.
+            let hdr: &crate::layout::RingHeader = unsafe { &*h };
+            let head: &AtomicU32 = &hdr.head;
+            head
+        } else {
+            let (_, slots) = self.seg.ring_ptrs(ch.id, ch.dir as usize);
+            let w = word % (self.seg.ring_capacity() * WORDS);
+            // SAFETY: `w` words lie inside the ring's slots (modulo its
+            // size), which lie inside the mapping `self.seg` keeps alive;
+            // slots are 64-byte aligned, so every word is aligned for an
+            // `AtomicU32`, and the other side reads them only as
+            // untrusted.
+            unsafe { &*slots.add(w as usize * 4).cast::<AtomicU32>() }
+        };
+        target.store(value, Ordering::Release);
+        Ok(true)
     }
 
     /// Test hook: sends a real buffer under any descriptor kind and
