@@ -304,7 +304,9 @@ fn hostile(prefix: &str, addr: SocketAddr, seed: u64, iters: u64, sockets: bool)
             // A real buffer of ours under any kind and connection.
             55..=69 => {
                 let len = rng.pick(&[0usize, 1, 64, 2048, 2049, 65_536]);
-                match evil.alloc(len) {
+                // Not `alloc`: with the pool dry (our own wasted buffers,
+                // the victim's receive queues) it would wait for good.
+                match evil.try_alloc(len) {
                     Ok(mut b) => {
                         b.as_full_mut().fill(0xa5);
                         let k = if sockets && rng.one_in(2) {
@@ -319,13 +321,15 @@ fn hostile(prefix: &str, addr: SocketAddr, seed: u64, iters: u64, sockets: bool)
                         };
                         push_buf(&mut evil, victim, k, conn, b)
                     }
+                    // The pool is dry: nothing to send this time.
+                    Err(Error::WouldBlock) => Ok(()),
                     Err(e) => Err(e),
                 }
             }
             // A buffer of ours whose header we scribble on first, then
             // send (the handle is forgotten: the header no longer says
             // it is ours).
-            70..=79 => match evil.alloc(64) {
+            70..=79 => match evil.try_alloc(64) {
                 Ok(b) => {
                     let mine: Vec<u32> = words(&seg, 0)
                         .filter(|&(_, w)| {
@@ -371,6 +375,7 @@ fn hostile(prefix: &str, addr: SocketAddr, seed: u64, iters: u64, sockets: bool)
                         Ok(())
                     }
                 }
+                Err(Error::WouldBlock) => Ok(()),
                 Err(e) => Err(e),
             },
             // The socket layer's control descriptors: SYNs to the
