@@ -25,6 +25,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Instant;
 
+use common::seeded::{env_u64, Rng};
 use common::*;
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use xio_core::ctrl::{self, RecvError};
@@ -32,47 +33,6 @@ use xio_core::layout::PoolConfig;
 use xio_core::prelude::*;
 use xio_core::proto::{ErrorCode, Msg, MAX_MSG, PROTO_VERSION};
 use xio_core::stack::Error as StackError;
-
-/// splitmix64: tiny, good enough, and the same everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `0..n` (n > 0).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    /// True with probability `pct` percent.
-    fn pct(&mut self, pct: usize) -> bool {
-        self.below(100) < pct
-    }
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())]
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(s) => {
-            let s = s.trim();
-            let r = match s.strip_prefix("0x") {
-                Some(h) => u64::from_str_radix(h, 16),
-                None => s.parse(),
-            };
-            r.unwrap_or_else(|_| panic!("{name}={s:?}: not a number"))
-        }
-        Err(_) => default,
-    }
-}
 
 /// Protocol message type numbers, every one of them (see `proto::ty`).
 const KINDS: [u8; 14] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14];
@@ -92,7 +52,7 @@ fn u16_edge(r: &mut Rng) -> u16 {
 /// different sessions meet; and some at the edges.
 fn addr(r: &mut Rng) -> SocketAddr {
     let port = r.pick(&[0u16, 1, 7000, 7001, 7002, 65535]);
-    let ip = match r.below(8) {
+    let ip = match r.index(8) {
         0 => "0.0.0.0",
         1 => "::",
         2 => "127.0.0.1",
@@ -106,7 +66,7 @@ fn addr(r: &mut Rng) -> SocketAddr {
 }
 
 fn name(r: &mut Rng) -> String {
-    match r.below(6) {
+    match r.index(6) {
         0 => String::new(),
         1 => "n".repeat(64),
         2 => "é".repeat(40), // cut on a char boundary when encoded
@@ -131,7 +91,7 @@ fn valid(r: &mut Rng) -> Msg {
         5 => Msg::Connect { addr: addr(r) },
         6 => Msg::ChannelUp {
             channel: u32_edge(r),
-            dir: r.below(2) as u8,
+            dir: r.index(2) as u8,
             peer: u16_edge(r),
         },
         7 => Msg::PeerDown {
@@ -150,7 +110,7 @@ fn valid(r: &mut Rng) -> Msg {
         12 => Msg::StatusReply { text: name(r) },
         13 => Msg::Connected {
             channel: u32_edge(r),
-            dir: r.below(2) as u8,
+            dir: r.index(2) as u8,
             peer: u16_edge(r),
             existing: r.pct(50),
         },
@@ -172,17 +132,17 @@ fn mutated(r: &mut Rng) -> Vec<u8> {
     let mut p = valid(r).encode();
     let n = r.pick(&[0, 0, 1, 1, 2, 3]);
     for _ in 0..n {
-        match r.below(11) {
+        match r.index(11) {
             0 if !p.is_empty() => {
-                let i = r.below(p.len());
-                p[i] ^= 1 << r.below(8);
+                let i = r.index(p.len());
+                p[i] ^= 1 << r.index(8);
             }
             1 if !p.is_empty() => {
-                let i = r.below(p.len());
+                let i = r.index(p.len());
                 p[i] = r.pick(&[0, 1, 0x7f, 0x80, 0xff]);
             }
             2 => {
-                let l = r.below(p.len() + 1);
+                let l = r.index(p.len() + 1);
                 p.truncate(l);
             }
             3 => {
@@ -211,7 +171,7 @@ fn mutated(r: &mut Rng) -> Vec<u8> {
             7 if p.len() > HDR + 1 => {
                 // A body field's first bytes at an edge: a string's length
                 // prefix, an address family, a direction, a flag.
-                let i = HDR + r.below(p.len() - HDR);
+                let i = HDR + r.index(p.len() - HDR);
                 let v = r.pick(&[0u16, 1, 4, 6, 64, 65, 1024, 4088, u16::MAX]);
                 let b = v.to_le_bytes();
                 p[i] = b[0];
@@ -227,7 +187,7 @@ fn mutated(r: &mut Rng) -> Vec<u8> {
             }
             9 if p.len() > HDR => {
                 // Invalid UTF-8 where a string starts, length fixed.
-                let i = HDR + r.below(p.len() - HDR);
+                let i = HDR + r.index(p.len() - HDR);
                 p[i] = 0xC3;
                 if i + 1 < p.len() {
                     p[i + 1] = 0x28;
@@ -246,7 +206,7 @@ fn mutated(r: &mut Rng) -> Vec<u8> {
 /// A packet with no structure at all (sometimes a valid header on it).
 fn random_packet(r: &mut Rng) -> Vec<u8> {
     let len = r.pick(&[0, 1, 7, 8, 9, 16, 40, 300, MAX_MSG, 5000]);
-    let len = r.below(len + 1);
+    let len = r.index(len + 1);
     let mut p = r.bytes(len);
     if p.len() >= HDR && r.pct(50) {
         p[0] = b'X';
@@ -265,7 +225,7 @@ fn some_fds(r: &mut Rng, own: BorrowedFd<'_>) -> Vec<OwnedFd> {
     }
     let n = r.pick(&[1, 1, 2, 3, 4, 5, 8]);
     (0..n)
-        .map(|_| match r.below(7) {
+        .map(|_| match r.index(7) {
             0 => rustix::pipe::pipe().unwrap().0,
             1 => rustix::pipe::pipe().unwrap().1,
             2 => rustix::fs::memfd_create("fuzz", rustix::fs::MemfdFlags::CLOEXEC).unwrap(),
@@ -565,8 +525,8 @@ fn check_serves(p: &str, round: u32, ctx: &str) {
 #[test]
 fn the_manager_survives_fuzzed_control_messages() {
     setup();
-    let seed = env_u64("XIO_FUZZ_SEED", 0x5eed_c0de);
-    let iters = env_u64("XIO_FUZZ_ITERS", 10_000);
+    let seed = env_u64("XIO_FUZZ_SEED").unwrap_or(0x5eed_c0de);
+    let iters = env_u64("XIO_FUZZ_ITERS").unwrap_or(10_000);
     eprintln!("control fuzz: XIO_FUZZ_SEED={seed:#x} XIO_FUZZ_ITERS={iters}");
     let mut r = Rng(seed);
     let p = prefix("ctlfuzz");
@@ -587,7 +547,7 @@ fn the_manager_survives_fuzzed_control_messages() {
     let started = Instant::now();
     for i in 0..iters {
         let ctx = format!("seed {seed:#x} iteration {i}");
-        match r.below(100) {
+        match r.index(100) {
             // A short connection, one packet, unregistered.
             0..=29 => {
                 let mut s = Session::open(&p);
@@ -610,8 +570,8 @@ fn the_manager_survives_fuzzed_control_messages() {
                     name: name(&mut r),
                 };
                 s.send(&mut r, &hello.encode());
-                for _ in 0..r.below(6) {
-                    let b = match r.below(10) {
+                for _ in 0..r.index(6) {
+                    let b = match r.index(10) {
                         0 => random_packet(&mut r),
                         1..=4 => valid(&mut r).encode(),
                         _ => mutated(&mut r),
@@ -633,19 +593,19 @@ fn the_manager_survives_fuzzed_control_messages() {
                     s.send(&mut r, &hello.encode());
                     s.settle(&ctx);
                     if long.len() >= LONG {
-                        long.remove(r.below(long.len()));
+                        long.remove(r.index(long.len()));
                     }
                     long.push(s);
                 }
-                let k = r.below(long.len());
+                let k = r.index(long.len());
                 let s = &mut long[k];
-                for _ in 0..1 + r.below(3) {
-                    let m = match r.below(20) {
+                for _ in 0..1 + r.index(3) {
+                    let m = match r.index(20) {
                         0..=5 => Msg::Bind { addr: addr(&mut r) },
                         6..=7 => Msg::Unbind { addr: addr(&mut r) },
                         8..=13 => Msg::Connect { addr: addr(&mut r) },
                         14..=16 => Msg::ChannelReleased {
-                            channel: r.below(10) as u32,
+                            channel: r.index(10) as u32,
                         },
                         17 => Msg::Status,
                         // Repeats and wrong-state requests.

@@ -20,6 +20,7 @@
 
 mod common;
 
+use common::seeded::{env_u64, Rng};
 use common::*;
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -35,70 +36,12 @@ const DEFAULT_ITERS: u64 = 4_000;
 /// Bits of a socket connection id below its generation (see `conn.rs`).
 const INDEX_BITS: u32 = 20;
 
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    let t = v.trim();
-    let n = match t.strip_prefix("0x") {
-        Some(h) => u64::from_str_radix(h, 16).ok(),
-        None => t.parse().ok(),
-    };
-    Some(n.unwrap_or_else(|| panic!("{name}={v:?}: not a number")))
-}
-
 /// The run's seed and length, printed for replay.
 fn fuzz_params(test: &str) -> (u64, u64) {
     let seed = env_u64("XIO_FUZZ_SEED").unwrap_or(DEFAULT_SEED);
     let iters = env_u64("XIO_FUZZ_ITERS").unwrap_or(DEFAULT_ITERS);
     eprintln!("{test}: XIO_FUZZ_SEED={seed:#x} XIO_FUZZ_ITERS={iters}");
     (seed, iters)
-}
-
-/// splitmix64: small, and the same sequence on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn one_in(&mut self, n: u64) -> bool {
-        self.below(n) == 0
-    }
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len() as u64) as usize]
-    }
-    /// A `u32` at a boundary, next to one of `near`, or anything.
-    fn u32_near(&mut self, near: &[u32]) -> u32 {
-        const EDGES: [u32; 13] = [
-            0,
-            1,
-            2,
-            0x7f,
-            0x80,
-            0xff,
-            0x100,
-            0xffff,
-            0x1_0000,
-            0x7fff_ffff,
-            0x8000_0000,
-            u32::MAX - 1,
-            u32::MAX,
-        ];
-        match self.below(3) {
-            0 => self.pick(&EDGES),
-            1 if !near.is_empty() => {
-                let n = self.pick(near);
-                n.wrapping_add(self.below(3) as u32).wrapping_sub(1)
-            }
-            _ => self.next() as u32,
-        }
-    }
 }
 
 #[test]

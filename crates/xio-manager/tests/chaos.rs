@@ -32,57 +32,11 @@ use xio_core::net::Net;
 use xio_core::prelude::*;
 use xio_core::proto::ErrorCode;
 
+use support::seeded::{env_u64, fill, verify, Rng};
 use support::{fds_of, process_run_dir, wait_until, Reap, BIN, WATCHDOG};
 
 const WORKERS: usize = 4;
 const DEFAULT_ROUNDS: u64 = 20;
-
-/// splitmix64: small, and the same sequence for the same seed.
-#[derive(Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// In `lo..hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-}
-
-/// Fills `buf` with a pattern determined by `seed`.
-fn fill(buf: &mut [u8], seed: u64) {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for c in buf.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let n = c.len();
-        c.copy_from_slice(&x.to_le_bytes()[..n]);
-    }
-}
-
-/// Whether `buf` is what [`fill`] writes for `seed`.
-fn verify(buf: &[u8], seed: u64) -> bool {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for c in buf.chunks(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        if c != &x.to_le_bytes()[..c.len()] {
-            return false;
-        }
-    }
-    true
-}
 
 fn raw_addr(i: usize) -> SocketAddr {
     SocketAddr::from(([10, 1, 0, i as u8 + 1], 7))
@@ -283,7 +237,7 @@ fn raw_loop(mut s: Stack, idx: usize, seed: u64, b: &AtomicU64) {
         match s.recv_timeout(Duration::from_millis(5)) {
             Ok(m) => {
                 check_msg(&m.buf, m.from);
-                if held_rx.len() < 64 && rng.chance(30) {
+                if held_rx.len() < 64 && rng.pct(30) {
                     held_rx.push_back(m.buf);
                 }
             }
@@ -302,7 +256,7 @@ fn raw_loop(mut s: Stack, idx: usize, seed: u64, b: &AtomicU64) {
                     let r = s.recv_burst(&mut msgs, 32);
                     for m in msgs.drain(..) {
                         check_msg(&m.buf, m.from);
-                        if held_rx.len() < 64 && rng.chance(10) {
+                        if held_rx.len() < 64 && rng.pct(10) {
                             held_rx.push_back(m.buf);
                         }
                     }
@@ -317,10 +271,10 @@ fn raw_loop(mut s: Stack, idx: usize, seed: u64, b: &AtomicU64) {
                 Err(e) => panic!("raw drain: {e}"),
             }
         }
-        while held_rx.len() > 32 || (!held_rx.is_empty() && rng.chance(20)) {
+        while held_rx.len() > 32 || (!held_rx.is_empty() && rng.pct(20)) {
             held_rx.pop_front();
         }
-        if held_tx.len() > 8 || rng.chance(10) {
+        if held_tx.len() > 8 || rng.pct(10) {
             held_tx.clear();
         }
         // Send to a random other worker.
@@ -342,7 +296,7 @@ fn raw_loop(mut s: Stack, idx: usize, seed: u64, b: &AtomicU64) {
                 match s.alloc(len) {
                     Ok(mut buf) => {
                         write_msg(&mut buf, (rng.next() << 24) | len as u64);
-                        if rng.chance(20) {
+                        if rng.pct(20) {
                             // Hold it a while unsent.
                             held_tx.push(buf);
                             Ok(())
@@ -431,7 +385,7 @@ fn write_pieces(s: &mut impl Write, data: &[u8], rng: &mut Rng) -> io::Result<()
     while off < data.len() {
         let k = (rng.range(1, 300_000) as usize).min(data.len() - off);
         let piece = &data[off..off + k];
-        let r = if k > 1 && rng.chance(20) {
+        let r = if k > 1 && rng.pct(20) {
             // Two slices: packed into one buffer when they fit.
             let (x, y) = piece.split_at(k / 2);
             s.write_vectored(&[io::IoSlice::new(x), io::IoSlice::new(y)])
@@ -612,7 +566,7 @@ fn churn(prefix: &str, net: &Net, idx: usize, c: u64, seed: u64) {
             }) => {}
             Err(e) => panic!("churn connect: {e}"),
         }
-        if rng.chance(50) {
+        if rng.pct(50) {
             let _ = s.unbind(a);
         }
         drop(s);
@@ -925,17 +879,13 @@ fn chaos_kill_workers_mid_traffic() {
     if std::env::var_os("XIO_CHAOS_ROLE").is_some() {
         return;
     }
-    let seed = std::env::var("XIO_CHAOS_SEED")
-        .map(|s| s.parse().expect("XIO_CHAOS_SEED: a number"))
-        .unwrap_or_else(|_| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    let rounds = std::env::var("XIO_CHAOS_ROUNDS")
-        .map(|s| s.parse().expect("XIO_CHAOS_ROUNDS: a number"))
-        .unwrap_or(DEFAULT_ROUNDS);
+    let seed = env_u64("XIO_CHAOS_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    });
+    let rounds = env_u64("XIO_CHAOS_ROUNDS").unwrap_or(DEFAULT_ROUNDS);
     eprintln!("chaos seed {seed}, {rounds} rounds (replay: XIO_CHAOS_SEED={seed})");
     let mut rng = Rng(seed);
 
@@ -968,7 +918,7 @@ fn chaos_kill_workers_mid_traffic() {
     for round in 0..rounds {
         gen += 1;
         std::thread::sleep(Duration::from_millis(rng.range(20, 400)));
-        let n_victims = if rng.chance(30) { 2 } else { 1 };
+        let n_victims = if rng.pct(30) { 2 } else { 1 };
         let mut victims: Vec<usize> = Vec::new();
         while victims.len() < n_victims {
             let v = rng.range(0, WORKERS as u64) as usize;
@@ -985,7 +935,7 @@ fn chaos_kill_workers_mid_traffic() {
         ][how as usize];
         // Respawned at once, before the manager has seen the death (its
         // addresses must bind at once), or once it shows nothing of it.
-        let early = rng.chance(40);
+        let early = rng.pct(40);
         eprintln!(
             "round {round}: {how_name} workers {victims:?}{}",
             if early { ", respawned at once" } else { "" }

@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 mod process_dir;
 pub use process_dir::process_dir;
+pub mod seeded;
+#[allow(unused_imports)] // not every test binary checks bytes
+pub use seeded::{fill, verify};
 
 /// Generous: a watchdog against hangs, not a performance bound.
 pub const WATCHDOG: Duration = Duration::from_secs(120);
@@ -204,36 +207,6 @@ pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "watchdog: {what}");
         std::thread::sleep(Duration::from_millis(2));
     }
-}
-
-/// Fills `buf` with a pattern determined by `seed`.
-pub fn fill(buf: &mut [u8], seed: u64) {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut chunks = buf.chunks_exact_mut(8);
-    for c in &mut chunks {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        c.copy_from_slice(&x.to_le_bytes());
-    }
-    for b in chunks.into_remainder() {
-        *b = seed as u8;
-    }
-}
-
-/// Checks a buffer filled by [`fill`] with `seed`.
-pub fn verify(buf: &[u8], seed: u64) -> bool {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut chunks = buf.chunks_exact(8);
-    for c in &mut chunks {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        if c != x.to_le_bytes() {
-            return false;
-        }
-    }
-    chunks.remainder().iter().all(|&b| b == seed as u8)
 }
 
 /// The message-size schedule of the checksummed tests: mostly small, with a

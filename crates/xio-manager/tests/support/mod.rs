@@ -16,6 +16,9 @@ mod process_dir;
 /// `<tmp>/<kind>-<pid>`, those of dead processes removed (see the module).
 #[allow(unused_imports)] // not every test binary makes one
 pub use process_dir::process_dir;
+/// The seeded generator and byte pattern of the randomized tests.
+#[path = "../../../xio-core/tests/common/seeded.rs"]
+pub mod seeded;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_xio-manager");
 
