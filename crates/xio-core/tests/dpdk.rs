@@ -1189,6 +1189,22 @@ fn a_stack_killed_inside_a_mempool_get_does_not_block_another_ones_get() {
     assert_whole_then_finish(m, &p);
 }
 
+/// A manager, and a child in `role` that scribbles on the prefix's shared
+/// DPDK state, says so, and is killed -9: after the sweep of its death,
+/// what a new stack takes (the pool then checked whole).
+fn taken_after_a_scribblers_sweep(tag: &str, role: &str) -> String {
+    setup();
+    let p = dpdk_prefix(tag);
+    let mut m = manager_ready(&p);
+    let mut s = child(role, &p);
+    s.expect("scribbled");
+    s.kill9();
+    wait_for_a_sweep(&mut m);
+    let took = taken_by_a_new_stack(&p);
+    assert_whole_then_finish(m, &p);
+    took
+}
+
 /// An object whose header's index was overwritten: the pool leaves it
 /// out of every allocation, and a stack attaching later refused the
 /// whole mempool as corrupt, for good (nothing rewrote the index). The
@@ -1196,15 +1212,7 @@ fn a_stack_killed_inside_a_mempool_get_does_not_block_another_ones_get() {
 /// now writes it back: after the next death every object serves again.
 #[test]
 fn an_overwritten_object_index_is_repaired_by_the_sweep() {
-    setup();
-    let p = dpdk_prefix("rix");
-    let mut m = manager_ready(&p);
-    let mut s = child("scribbler", &p);
-    s.expect("scribbled");
-    s.kill9();
-    wait_for_a_sweep(&mut m);
-    let took = taken_by_a_new_stack(&p);
-    assert_whole_then_finish(m, &p);
+    let took = taken_after_a_scribblers_sweep("rix", "scribbler");
     assert_eq!(took, "256", "every small buffer of the manager's class 0");
 }
 
@@ -1263,15 +1271,7 @@ fn an_object_listed_twice_in_a_mempool_is_not_handed_out_twice() {
 /// attaching later (which checks them) takes the pool.
 #[test]
 fn an_overwritten_mempool_ops_index_and_ring_mask_hurt_no_other_process() {
-    setup();
-    let p = dpdk_prefix("ops");
-    let mut m = manager_ready(&p);
-    let mut s = child("ring_scribbler", &p);
-    s.expect("scribbled");
-    s.kill9();
-    wait_for_a_sweep(&mut m);
-    let took = taken_by_a_new_stack(&p);
-    assert_whole_then_finish(m, &p);
+    let took = taken_after_a_scribblers_sweep("ops", "ring_scribbler");
     assert_eq!(took, "256", "every small buffer of the manager's class 0");
 }
 
