@@ -44,6 +44,19 @@ fn fuzz_params(test: &str) -> (u64, u64) {
     (seed, iters)
 }
 
+/// The hostile process, attacking `addr` on pool `p` (`mode`: "zero-copy"
+/// or "sockets").
+fn spawn_hostile(p: &str, addr: SocketAddr, seed: u64, iters: u64, mode: &str) -> ChildProc {
+    let args = [
+        p.to_owned(),
+        addr.to_string(),
+        seed.to_string(),
+        iters.to_string(),
+        mode.into(),
+    ];
+    ChildProc::spawn("child_main", "hostile", &args)
+}
+
 #[test]
 fn child_main() {
     let Ok(role) = std::env::var("XIO_CHILD_ROLE") else {
@@ -465,17 +478,7 @@ fn a_hostile_peer_cannot_hurt_a_zero_copy_receiver() {
         })
     };
 
-    let mut evil = ChildProc::spawn(
-        "child_main",
-        "hostile",
-        &[
-            p.clone(),
-            addr.to_string(),
-            seed.to_string(),
-            iters.to_string(),
-            "zero-copy".into(),
-        ],
-    );
+    let mut evil = spawn_hostile(&p, addr, seed, iters, "zero-copy");
     evil.expect("ready");
 
     let mut check = Check {
@@ -731,17 +734,7 @@ fn a_hostile_peer_cannot_hurt_a_socket_server() {
             rounds
         })
     };
-    let mut evil = ChildProc::spawn(
-        "child_main",
-        "hostile",
-        &[
-            p.clone(),
-            addr.to_string(),
-            seed.to_string(),
-            iters.to_string(),
-            "sockets".into(),
-        ],
-    );
+    let mut evil = spawn_hostile(&p, addr, seed, iters, "sockets");
     evil.expect("ready");
     let said = evil.expect("done");
     let watcher = Stack::attach(&p).unwrap();
