@@ -1410,9 +1410,17 @@ impl Core {
     /// before, as epoll reports a socket when it is added (a loop that
     /// waits to be told it may write, to greet, say, is told): a thread
     /// asleep in `poll` is woken, and the doorbell rung for a loop that
-    /// sleeps on its fd.
-    fn accept_on(&mut self, addr: SocketAddr, wake: &mut Vec<Waiter>) -> Result<ConnId, ConnError> {
+    /// sleeps on its fd. With it, the peer's address, from the table
+    /// entry: a connection reset while queued (its client died) is still
+    /// handed over, as Linux's accept does, and reports the reset to its
+    /// first read (`peer_addr` would refuse it, as getpeername does).
+    fn accept_on(
+        &mut self,
+        addr: SocketAddr,
+        wake: &mut Vec<Waiter>,
+    ) -> Result<(ConnId, SocketAddr), ConnError> {
         let c = self.table.accept(addr)?;
+        let peer = self.table.addrs(c)?.1;
         if self.track_ready {
             let readable = self.table.is_readable(c);
             self.note_ready(c, readable, true);
@@ -1425,7 +1433,7 @@ impl Core {
                 self.ring_reactor();
             }
         }
-        Ok(c)
+        Ok((c, peer))
     }
 
     /// Rings the doorbell if a reactor may sleep on it ([`Net::doorbell`]
@@ -3252,12 +3260,7 @@ impl XioListener {
                     return Try::Done(Ok(None)); // went away while we waited
                 }
                 match core.accept_on(addr, wake) {
-                    Ok(c) => Try::Done(
-                        core.table
-                            .addrs(c)
-                            .map(|a| Some((c, a.1)))
-                            .map_err(io::Error::from),
-                    ),
+                    Ok(accepted) => Try::Done(Ok(Some(accepted))),
                     Err(ConnError::WouldBlock) => Try::Wait,
                     Err(e) => Try::Done(Err(e.into())),
                 }
@@ -4393,20 +4396,11 @@ impl XioListener {
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(XioStream, SocketAddr)>> {
         let addr = self.inner.addr;
         let net = self.net();
-        // The peer's address under the same lock, from the table entry as
-        // `accept` takes it: a connection reset while queued (its client
-        // died) is still handed over, as Linux's accept does, and reports
-        // the reset to its first read. `peer_addr` would refuse it
-        // (`NotConnected`, getpeername's answer for a reset socket) and
-        // fail the accept, losing the connection.
+        // The peer's address under the same lock, as `accept` takes it
+        // (see `accept_on`: a connection reset while queued is handed over).
         let (c, peer) = ready!(net.poll_op(Key::Accept(addr), cx, |core, wake| {
             match core.accept_on(addr, wake) {
-                Ok(c) => Try::Done(
-                    core.table
-                        .addrs(c)
-                        .map(|a| (c, a.1))
-                        .map_err(io::Error::from),
-                ),
+                Ok(accepted) => Try::Done(Ok(accepted)),
                 Err(ConnError::WouldBlock) => Try::Wait,
                 Err(e) => Try::Done(Err(e.into())),
             }
