@@ -896,6 +896,19 @@ impl<B: Chunk> Table<B> {
         &mut self,
         c: ConnId,
         out: &mut [std::mem::MaybeUninit<u8>],
+        spent: impl FnMut(B),
+    ) -> Result<usize, ConnError> {
+        self.read_vectored_uninit_with(c, std::iter::once(out), spent)
+    }
+
+    /// As [`Self::read_uninit_with`] into several buffers, filled in order
+    /// as far as the received bytes go (as `readv` on a TCP socket): a
+    /// buffer is only started once the ones before it are full. Empty
+    /// buffers are skipped; if all are, the read is `Ok(0)` at once.
+    pub fn read_vectored_uninit_with<'o>(
+        &mut self,
+        c: ConnId,
+        outs: impl IntoIterator<Item = &'o mut [std::mem::MaybeUninit<u8>]>,
         mut spent: impl FnMut(B),
     ) -> Result<usize, ConnError> {
         let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
@@ -907,28 +920,36 @@ impl<B: Chunk> Table<B> {
         }
         let mut n = 0;
         let mut consumed = 0;
-        while n < out.len() {
-            let Some(front) = e.rx.front() else { break };
-            let bytes = &front.as_ref()[e.offset..];
-            let k = bytes.len().min(out.len() - n);
-            for (d, &b) in out[n..n + k].iter_mut().zip(&bytes[..k]) {
-                d.write(b);
-            }
-            n += k;
-            e.offset += k;
-            if e.offset == front.as_ref().len() {
-                consumed += front.footprint();
-                if let Some(b) = e.rx.pop_front() {
-                    spent(b);
+        let mut room = false;
+        'outs: for out in outs {
+            room |= !out.is_empty();
+            let mut m = 0;
+            while m < out.len() {
+                let Some(front) = e.rx.front() else {
+                    break 'outs;
+                };
+                let bytes = &front.as_ref()[e.offset..];
+                let k = bytes.len().min(out.len() - m);
+                for (d, &b) in out[m..m + k].iter_mut().zip(&bytes[..k]) {
+                    d.write(b);
                 }
-                e.offset = 0;
+                m += k;
+                n += k;
+                e.offset += k;
+                if e.offset == front.as_ref().len() {
+                    consumed += front.footprint();
+                    if let Some(b) = e.rx.pop_front() {
+                        spent(b);
+                    }
+                    e.offset = 0;
+                }
             }
         }
         let fin = e.peer_fin;
         if consumed > 0 {
             self.consumed(c, consumed);
         }
-        if n > 0 || out.is_empty() {
+        if n > 0 || !room {
             Ok(n)
         } else if fin {
             Ok(0)

@@ -79,7 +79,7 @@ use std::collections::VecDeque;
 
 use crate::signal::ReadSignal;
 use crate::sync::FxHashMap as HashMap;
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -997,6 +997,21 @@ impl Core {
         let r = self
             .table
             .read_uninit_with(c, out, |b| keep_spare(spare, size, max, b));
+        self.settle_read(wake, r)
+    }
+
+    /// [`Core::read_step`] into several buffers, in order (`readv`).
+    fn read_vectored_step(
+        &mut self,
+        wake: &mut Vec<Waiter>,
+        c: ConnId,
+        outs: &mut [IoSliceMut<'_>],
+    ) -> Try<usize> {
+        let (spare, size, max) = (&mut self.spare, self.spare_size, self.spare_max);
+        let outs = outs.iter_mut().map(|o| crate::conn::as_uninit(o));
+        let r = self
+            .table
+            .read_vectored_uninit_with(c, outs, |b| keep_spare(spare, size, max, b));
         self.settle_read(wake, r)
     }
 
@@ -3609,8 +3624,6 @@ const DROP_DRAIN_MAX: usize = 64;
 /// - A read into an empty buffer returns `Ok(0)` without waiting (Linux's
 ///   waits for data or the timeout, or in non-blocking mode says
 ///   `WouldBlock`).
-/// - `read_vectored` fills the first non-empty buffer only (the `Read`
-///   default; a short read, which the trait allows).
 /// - Timeouts read back exactly as set (a socket's are rounded to the
 ///   kernel's clock tick).
 /// - No `set_ttl`/`ttl` (nothing routes these bytes), no file descriptor
@@ -3888,6 +3901,12 @@ impl XioStream {
         self.read_op(|core, wake, c| core.read_step(wake, c, out))
     }
 
+    /// `readv`: waits as `read` does until a byte is there, then fills
+    /// `outs` in order with as much as has arrived.
+    fn read_vectored_on(&self, outs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        self.read_op(|core, wake, c| core.read_vectored_step(wake, c, outs))
+    }
+
     /// Receives the next chunk as the pool buffer itself, without copying
     /// (FABLE's getreadbuf): `Ok(None)` is end of stream. Bytes already
     /// taken by `read` are skipped. Mixes freely with `read`.
@@ -4025,11 +4044,19 @@ impl Read for XioStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.read_on(buf)
     }
+
+    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        self.read_vectored_on(bufs)
+    }
 }
 
 impl Read for &XioStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.read_on(buf)
+    }
+
+    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        self.read_vectored_on(bufs)
     }
 }
 
