@@ -3184,8 +3184,11 @@ fn fastrand(i: u32) -> u32 {
 ///
 /// Differences from `TcpListener` on Linux (see also [`XioStream`]'s): a
 /// connect beyond the backlog is refused rather than left to retry (see
-/// [`Net::listen_with_backlog`]); no `set_ttl`/`ttl` and no file
-/// descriptor (an event loop uses [`Net::poll`]).
+/// [`Net::listen_with_backlog`]); any address can be bound, not only
+/// this host's (X-IO addresses are names, not routes: where std says
+/// `AddrNotAvailable`, the bind succeeds and connects naming the address
+/// reach it); no `set_ttl`/`ttl` and no file descriptor (an event loop
+/// uses [`Net::poll`]).
 pub struct XioListener {
     /// Shared by [`XioListener::try_clone`]s; the address is unbound when
     /// the last one goes.
@@ -3626,6 +3629,9 @@ const DROP_DRAIN_MAX: usize = 64;
 ///   `WouldBlock`).
 /// - Timeouts read back exactly as set (a socket's are rounded to the
 ///   kernel's clock tick).
+/// - `nodelay` is always true, whatever `set_nodelay` was given (a TCP
+///   socket's is false until set): no write is ever held back to be
+///   coalesced, so that is what happens here (see [`XioStream::nodelay`]).
 /// - No `set_ttl`/`ttl` (nothing routes these bytes), no file descriptor
 ///   (`AsRawFd`): an event loop uses [`Net::poll`] or [`Net::poll_fd`].
 #[derive(Clone)]
@@ -3833,12 +3839,15 @@ impl XioStream {
     }
 
     /// TCP_NODELAY has no meaning here (nothing is delayed); accepted for
-    /// compatibility.
+    /// compatibility, and `false` changes nothing: X-IO has no Nagle
+    /// algorithm to turn on.
     pub fn set_nodelay(&self, _nodelay: bool) -> io::Result<()> {
         Ok(())
     }
 
-    /// Always true: a write leaves at once, as with `TCP_NODELAY`.
+    /// Always true, also after `set_nodelay(false)` and on a new stream
+    /// (where a TCP socket says false): a write leaves at once, as with
+    /// `TCP_NODELAY`, and this says what the stream does.
     pub fn nodelay(&self) -> io::Result<bool> {
         Ok(true)
     }

@@ -144,6 +144,11 @@ trait Family {
     fn bind(&self, a: SocketAddr) -> io::Result<Self::L>;
     fn connect(&self, a: SocketAddr) -> io::Result<<Self::L as Lst>::S>;
     fn connect_timeout(&self, a: SocketAddr, t: Duration) -> io::Result<<Self::L as Lst>::S>;
+    /// Binds the first of `a` that can be bound (std's `bind` over a
+    /// `ToSocketAddrs` of several).
+    fn bind_any(&self, a: &[SocketAddr]) -> io::Result<Self::L>;
+    /// Connects to the first of `a` that answers.
+    fn connect_any(&self, a: &[SocketAddr]) -> io::Result<<Self::L as Lst>::S>;
     /// Lets what is in flight arrive (a moment; not a bound on anything).
     fn settle(&self) {
         std::thread::sleep(Duration::from_millis(50));
@@ -162,6 +167,12 @@ impl Family for Std {
     }
     fn connect_timeout(&self, a: SocketAddr, t: Duration) -> io::Result<TcpStream> {
         TcpStream::connect_timeout(&a, t)
+    }
+    fn bind_any(&self, a: &[SocketAddr]) -> io::Result<TcpListener> {
+        TcpListener::bind(a)
+    }
+    fn connect_any(&self, a: &[SocketAddr]) -> io::Result<TcpStream> {
+        TcpStream::connect(a)
     }
 }
 
@@ -222,6 +233,12 @@ impl Family for Xio {
     }
     fn connect_timeout(&self, a: SocketAddr, t: Duration) -> io::Result<XioStream> {
         self.client.connect_timeout(&a, t)
+    }
+    fn bind_any(&self, a: &[SocketAddr]) -> io::Result<XioListener> {
+        self.server.listen(a)
+    }
+    fn connect_any(&self, a: &[SocketAddr]) -> io::Result<XioStream> {
+        self.client.connect(a)
     }
 }
 
@@ -306,6 +323,28 @@ const KNOWN: &[Known] = &[
         step: "client's ip is the listener's",
         std: "true",
         xio: "false",
+    },
+    // `XioStream::nodelay` docs: X-IO never delays a write, so `nodelay`
+    // says true whatever was set (Nagle is on by default in TCP).
+    Known {
+        scenario: "several_addresses_and_after_shutdown",
+        step: "nodelay by default",
+        std: "Ok(false)",
+        xio: "Ok(true)",
+    },
+    Known {
+        scenario: "several_addresses_and_after_shutdown",
+        step: "nodelay after",
+        std: "Ok(false)",
+        xio: "Ok(true)",
+    },
+    // `XioListener` docs: X-IO addresses are names, not routes, so any
+    // address can be bound (std's bind wants one of the host's).
+    Known {
+        scenario: "several_addresses_and_after_shutdown",
+        step: "bind an address of no interface",
+        std: "Err(AddrNotAvailable)",
+        xio: "Ok(())",
     },
     // `XioStream` docs: a read into an empty buffer is `Ok(0)` at once
     // (Linux's waits for data or the timeout, or says `EAGAIN`).
@@ -415,6 +454,8 @@ scenarios!(
     nonblocking_writes_fill_then_drain,
     write_timeout_takes_part,
     shutdown_from_another_thread_ends_a_blocked_call,
+    several_addresses_and_after_shutdown,
+    reset_seen_through_take_error_then_nonblocking,
 );
 
 mod scenario {
@@ -896,6 +937,101 @@ mod scenario {
         log.r("shutdown(Write)", c.shutdown(Shutdown::Write));
         log.v("the blocked write ends", t.join().unwrap());
         drop(s);
+    }
+
+    pub fn several_addresses_and_after_shutdown<F: Family>(f: &F, log: &mut Log) {
+        let l = f.bind(lo(0)).unwrap();
+        let a = l.local_addr().unwrap();
+        let free = {
+            let l = f.bind(lo(0)).unwrap();
+            l.local_addr().unwrap()
+        };
+        log.r(
+            "bind takes the first that can be bound",
+            f.bind_any(&[a, free])
+                .and_then(|l2| Ok(l2.local_addr()? == free)),
+        );
+        log.r(
+            "bind with no address",
+            f.bind_any(&[]).map(drop).map_err(|e| e.kind().into()),
+        );
+        log.r(
+            "connect goes on past a refusal",
+            f.connect_any(&[free, a])
+                .and_then(|c| Ok(c.peer_addr()? == a)),
+        );
+        let (s, _) = l.accept().unwrap();
+        log.r(
+            "connect with no address",
+            f.connect_any(&[]).map(drop).map_err(|e| e.kind().into()),
+        );
+        // (TEST-NET-1 / documentation addresses: on no interface here.)
+        let elsewhere: SocketAddr = if V6.get() {
+            "[2001:db8::1]:0".parse().unwrap()
+        } else {
+            "192.0.2.1:0".parse().unwrap()
+        };
+        log.r(
+            "bind an address of no interface",
+            f.bind(elsewhere).map(drop).map_err(|e| e.kind().into()),
+        );
+        log.r(
+            "unspecified address stays so",
+            f.bind(any(0))
+                .and_then(|l| Ok(l.local_addr()?.ip().is_unspecified())),
+        );
+        let (c, s2, _l2) = pair(f);
+        let (ca, sa) = (c.local_addr().unwrap(), s2.local_addr().unwrap());
+        log.r("nodelay by default", c.nodelay());
+        log.r("set_nodelay(false)", c.set_nodelay(false));
+        log.r("nodelay after", c.nodelay());
+        log.r("shutdown(Both)", c.shutdown(Shutdown::Both));
+        log.r("local_addr after shutdown", c.local_addr().map(|x| x == ca));
+        log.r("peer_addr after shutdown", c.peer_addr().map(|x| x == sa));
+        log.r(
+            "take_error after shutdown",
+            c.take_error().map(|e| e.map(|e| e.kind())),
+        );
+        let mut b = [0u8; 4];
+        log.r("peer reads the end", s2.read(&mut b));
+        log.r(
+            "peer's addresses still there",
+            s2.local_addr()
+                .and_then(|l| Ok(l == sa && s2.peer_addr()? == ca)),
+        );
+        drop(s);
+    }
+
+    pub fn reset_seen_through_take_error_then_nonblocking<F: Family>(f: &F, log: &mut Log) {
+        // A FIN, seen by a non-blocking reader that had found nothing.
+        let (c, s, _l) = pair(f);
+        c.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 8];
+        log.r("nothing yet", c.read(&mut b));
+        log.r("peek nothing yet", c.peek(&mut b));
+        drop(s);
+        f.settle();
+        log.r("nonblocking read sees the end", c.read(&mut b));
+        log.r("nonblocking peek sees the end", c.peek(&mut b));
+        // A reset, asked for with take_error before any read or write.
+        let (c, s, _l) = pair(f);
+        log.r("write", c.write(b"unread"));
+        s.peek(&mut b[..1]).unwrap();
+        drop(s);
+        f.settle();
+        log.r(
+            "take_error says reset",
+            c.take_error().map(|e| e.map(|e| e.kind())),
+        );
+        log.r(
+            "take_error once",
+            c.take_error().map(|e| e.map(|e| e.kind())),
+        );
+        c.set_nonblocking(true).unwrap();
+        log.r("nonblocking read after", c.read(&mut b));
+        log.r("nonblocking peek after", c.peek(&mut b));
+        log.r("nonblocking write after", c.write(b"x"));
+        log.r("peer_addr after", c.peer_addr().map(drop));
     }
 
     pub fn listener_dropped_with_unaccepted<F: Family>(f: &F, log: &mut Log) {
