@@ -652,6 +652,10 @@ mod scenario {
         log.r("empty read, nothing queued", c.read(&mut []));
         log.r("empty peek, nothing queued", c.peek(&mut []));
         log.r(
+            "empty readv, nothing queued",
+            c.read_vectored(&mut [IoSliceMut::new(&mut [])]),
+        );
+        log.r(
             "empty vectored write",
             c.write_vectored(&[IoSlice::new(b""), IoSlice::new(b"")]),
         );
@@ -667,6 +671,10 @@ mod scenario {
         log.read("the data is all there", r, &b);
         c.set_nonblocking(true).unwrap();
         log.r("nonblocking empty read, nothing queued", c.read(&mut []));
+        log.r(
+            "nonblocking empty readv, nothing queued",
+            c.read_vectored(&mut [IoSliceMut::new(&mut []), IoSliceMut::new(&mut [])]),
+        );
         c.set_nonblocking(false).unwrap();
         drop(s);
         f.settle();
@@ -719,6 +727,16 @@ mod scenario {
         let mut b = [0u8; 16];
         let r = s.read(&mut b);
         log.read("the rest", r, &b);
+        // Nothing queued: a non-blocking readv would block, a blocking
+        // one waits for its timeout.
+        s.set_nonblocking(true).unwrap();
+        let r = s.read_vectored(&mut [IoSliceMut::new(&mut x), IoSliceMut::new(&mut y)]);
+        log.r("nonblocking readv, nothing queued", r);
+        s.set_nonblocking(false).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        let r = s.read_vectored(&mut [IoSliceMut::new(&mut x), IoSliceMut::new(&mut y)]);
+        log.r("readv times out", r);
+        s.set_read_timeout(Some(WATCHDOG)).unwrap();
         // End of stream: a readv says 0.
         drop(c);
         let r = s.read_vectored(&mut [IoSliceMut::new(&mut x), IoSliceMut::new(&mut y)]);
