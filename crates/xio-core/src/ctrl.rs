@@ -66,7 +66,8 @@ fn send_with(
 
 /// Receives one packet: its bytes (raw, for the caller to decode) and fds.
 /// Packets longer than [`MAX_MSG`] are truncated, which makes them fail to
-/// decode (the length field no longer matches).
+/// decode (the length field no longer matches), as does an empty packet:
+/// [`RecvError::Closed`] is the end of file only.
 pub fn recv_raw(
     sock: BorrowedFd<'_>,
     nonblocking: bool,
@@ -92,11 +93,40 @@ pub fn recv_raw(
             fds.extend(it);
         }
     }
-    if r.bytes == 0 {
+    // On a seqpacket socket nothing read is either the end of file or an
+    // empty packet, which a peer may send and live on: taken for the end,
+    // it made the manager drop a live stack as gone (and a stack its live
+    // manager). Only the end has the peer's end shut, for good once it is:
+    // an empty packet, returned empty, decodes as malformed. (One followed
+    // by the shutdown before this looks reads as the end: the peer is
+    // done sending either way.)
+    if r.bytes == 0 && peer_shut(sock) {
         return Err(RecvError::Closed);
     }
     buf.truncate(r.bytes);
     Ok((buf, fds))
+}
+
+/// Whether the peer of `sock` shut its end for writing (or closed it).
+fn peer_shut(sock: BorrowedFd<'_>) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut p = [PollFd::new(&sock, PollFlags::RDHUP)];
+    let now = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    loop {
+        match poll(&mut p, Some(&now)) {
+            Ok(_) => {
+                return p[0]
+                    .revents()
+                    .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            // Cannot tell: the end, as before (the caller stops reading).
+            Err(_) => return true,
+        }
+    }
 }
 
 /// Receives and decodes one message.

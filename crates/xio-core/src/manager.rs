@@ -1607,10 +1607,11 @@ impl Manager {
     /// stack's own socket, which would then never hang up once its
     /// process closes it (its slot taken until the manager stops).
     /// `shut`: its end is shut for writing, so nothing more comes once
-    /// the end of file is read. An empty packet reads as the end of file
-    /// too: one sent before more packets, then the shutdown, leaves those
-    /// unread, as a process may keep its socket open; a stack never sends
-    /// one. The reads are bounded per pass (the loop serves the others).
+    /// the end of file is read. Once its end is shut, an empty packet
+    /// reads as the end of file too: one sent before more packets, then
+    /// the shutdown, leaves those unread, as a process may keep its socket
+    /// open; a stack never sends one. The reads are bounded per pass (the
+    /// loop serves the others).
     fn discard_from_left(&mut self, id: u16, shut: bool) {
         const MOST: usize = 256;
         let Some(e) = self.stacks.get_mut(&id) else {
@@ -1624,8 +1625,8 @@ impl Manager {
                     e.drained = true;
                     return;
                 }
-                // An empty packet (or an end of file that came after the
-                // poll: the next one reports the shutdown).
+                // An end of file that came after the poll: the next one
+                // reports the shutdown.
                 Err(RecvError::Closed) => {}
                 Err(RecvError::Io(err)) if err.kind() == io::ErrorKind::Interrupted => {}
                 // Nothing waits (or the socket failed: its hang-up follows).

@@ -296,19 +296,14 @@ enum Expect {
     Connected,
     /// No reply.
     Nothing,
-    /// `Error { BadMessage }`, then nothing more is read.
+    /// `Error { BadMessage }`, then nothing more is read (an empty
+    /// packet too: it is not the end of the stream).
     Bad,
-    /// Nothing, and nothing more is read (an empty packet reads as the
-    /// end of the stream).
-    Eof,
 }
 
 /// What the manager must answer to `bytes` (as it receives them: cut at
 /// [`MAX_MSG`]), from a connection `registered` or not.
 fn expect(bytes: &[u8], registered: bool) -> Expect {
-    if bytes.is_empty() {
-        return Expect::Eof;
-    }
     let Ok(m) = Msg::decode(&bytes[..bytes.len().min(MAX_MSG)]) else {
         return Expect::Bad;
     };
@@ -379,11 +374,11 @@ impl Session {
         let e = expect(bytes, self.registered);
         match e {
             Expect::Welcome => self.registered = true,
-            Expect::Bad | Expect::Eof => self.done = true,
+            Expect::Bad => self.done = true,
             Expect::Status if !self.registered => self.done = true,
             _ => {}
         }
-        if e != Expect::Nothing && e != Expect::Eof {
+        if e != Expect::Nothing {
             self.owed.push_back(e);
         }
     }

@@ -1145,3 +1145,116 @@ fn a_cut_off_stack_that_sent_its_own_socket_still_dies() {
         mgr.snapshot().stacks.is_empty()
     });
 }
+
+/// Whether status report `status` says stack `id` was cut off for a bad
+/// control message (the line after the stack's own says so).
+fn reported_cut_off(status: &str, id: u16) -> bool {
+    let line = status
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with(&format!("stack {id} ")))
+        .nth(1)
+        .unwrap_or_default();
+    line.contains("cut off") && line.contains("bad control message")
+}
+
+/// On a `SOCK_SEQPACKET` socket a zero-length read is either the end of
+/// file or an empty packet, which any peer may send while it lives on.
+/// A stack never sends one, so it is a bad message: answered with an
+/// error and cut off (its buffers kept until its process lets go), not
+/// taken for the stack leaving of its own accord, silently, with its
+/// requests after it dropped unanswered.
+#[test]
+fn an_empty_packet_is_a_bad_message_not_a_stack_leaving() {
+    setup();
+    let p = prefix("empty-pkt");
+    let mgr = Manager::builder(&p).spawn().unwrap();
+    let s = raw_conn(&p);
+    let hello = Msg::Hello {
+        pid: 1,
+        name: "empty".into(),
+    };
+    ctrl::send(s.as_fd(), &hello, &[]).unwrap();
+    let (m, _fds) = ctrl::recv(s.as_fd(), false).unwrap();
+    let Msg::Welcome { stack_id } = m else {
+        panic!("expected Welcome, got {m:?}");
+    };
+    let n = rustix::net::send(&s, &[], rustix::net::SendFlags::NOSIGNAL).unwrap();
+    assert_eq!(n, 0);
+    // Answered after the empty packet was handled.
+    let status = xio_core::manager::query_status(&p).unwrap();
+    assert!(reported_cut_off(&status, stack_id), "{status}");
+    match ctrl::recv_until(s.as_fd(), Some(std::time::Instant::now() + WATCHDOG)) {
+        Ok((
+            Msg::Error {
+                code: xio_core::proto::ErrorCode::BadMessage,
+                ..
+            },
+            _,
+        )) => {}
+        other => panic!("expected a BadMessage error, got {other:?}"),
+    }
+    // Before registering, too: an error, not a silently closed socket.
+    match exchange(&p, &[]) {
+        Some(Msg::Error {
+            code: xio_core::proto::ErrorCode::BadMessage,
+            ..
+        }) => {}
+        other => panic!("an empty first packet: expected BadMessage, got {other:?}"),
+    }
+    drop(s);
+    wait_until("the cut-off stack's death is seen", || {
+        mgr.snapshot().stacks.is_empty()
+    });
+}
+
+/// The stack's side of the same: an empty packet from the manager is a
+/// malformed message, not the manager gone (which would make the stack
+/// give up on a manager that still serves it).
+#[test]
+fn an_empty_packet_from_the_manager_does_not_read_as_its_end() {
+    use xio_core::segment::{Region, Segment};
+    setup();
+    let p = prefix("empty-from-mgr");
+    let path = xio_core::paths::socket_path(&p);
+    let _ = std::fs::remove_file(&path);
+    // A stand-in manager: a real segment, a listener, no loop.
+    let cfg = PoolConfig {
+        classes: vec![(2048, 16)],
+        max_stacks: 4,
+        max_channels: 4,
+        ring_capacity: 16,
+    };
+    let geo = cfg.geometry().unwrap();
+    let region = Region::create_memfd("empty-from-mgr", geo.total_len as usize).unwrap();
+    let seg = Segment::init(region, &cfg, &geo).unwrap();
+    let _pool = xio_core::pool::ManagerPool::init(seg.clone());
+    let listener = ctrl::listen(&path).unwrap();
+    let seg_fd = seg.region().fd().unwrap().try_clone_to_owned().unwrap();
+    let mgr = std::thread::spawn(move || {
+        let s = ctrl::accept(listener.as_fd()).unwrap();
+        let (m, _) = ctrl::recv(s.as_fd(), false).unwrap();
+        assert!(matches!(m, Msg::Hello { .. }), "{m:?}");
+        let bell = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+        let welcome = Msg::Welcome { stack_id: 1 };
+        ctrl::send(s.as_fd(), &welcome, &[seg_fd.as_fd(), bell.as_fd()]).unwrap();
+        (s, bell)
+    });
+    let mut stack = Stack::builder(&p)
+        .wait_mode(WaitMode::NonBlocking)
+        .attach()
+        .unwrap();
+    let (s, _bell) = mgr.join().unwrap();
+    rustix::net::send(&s, &[], rustix::net::SendFlags::NOSIGNAL).unwrap();
+    seg.stack_slot(1)
+        .ctrl_seq
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    for _ in 0..3 {
+        let _ = stack.try_recv();
+    }
+    assert!(
+        !stack.manager_gone(),
+        "an empty packet read as the manager gone"
+    );
+    drop((stack, s));
+    let _ = std::fs::remove_file(&path);
+}
