@@ -82,9 +82,22 @@ pub fn recv_raw(
     }
     let r = match rustix::net::recvmsg(sock, &mut iov, &mut anc, flags) {
         Ok(r) => r,
-        // The peer closed with our messages unread: a Unix socket says
-        // ECONNRESET once, then end of file. Closed either way.
-        Err(rustix::io::Errno::CONNRESET) => return Err(RecvError::Closed),
+        // The peer closed with our packets unread: a Unix socket then
+        // says ECONNRESET once, before what the peer sent ahead of its
+        // close, then the end of file. What it sent last is often why it
+        // closed (the manager's error reply to a bad message, a refused
+        // Hello): it is read now, not lost to a bare "closed". Nothing
+        // more can come, so there is no waiting for it.
+        Err(rustix::io::Errno::CONNRESET) => {
+            let flags = RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT;
+            match rustix::net::recvmsg(sock, &mut iov, &mut anc, flags) {
+                Ok(r) => r,
+                Err(rustix::io::Errno::CONNRESET | rustix::io::Errno::AGAIN) => {
+                    return Err(RecvError::Closed)
+                }
+                Err(e) => return Err(io::Error::from(e).into()),
+            }
+        }
         Err(e) => return Err(io::Error::from(e).into()),
     };
     let mut fds = Vec::new();

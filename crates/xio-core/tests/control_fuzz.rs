@@ -328,9 +328,9 @@ struct Session {
     /// Replies owed, oldest first.
     owed: std::collections::VecDeque<Expect>,
     /// Packets were sent after one the manager may answer by closing the
-    /// connection: closed with them unread, it resets ours, and the
-    /// kernel reports the reset (`ECONNRESET`) before the reply it had
-    /// queued for us (which is then lost).
+    /// connection (a reset, with them unread: `ctrl` still reads the reply
+    /// queued before it), or by closing it with no reply (a Welcome it
+    /// could not send).
     may_reset: bool,
 }
 

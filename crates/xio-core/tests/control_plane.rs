@@ -1258,3 +1258,39 @@ fn an_empty_packet_from_the_manager_does_not_read_as_its_end() {
     drop((stack, s));
     let _ = std::fs::remove_file(&path);
 }
+
+/// A connection the manager answers with an error and then closes while
+/// packets it did not read wait in it (here: a malformed first packet,
+/// and a request after it, both queued while the manager, a process of
+/// its own, was stopped) is reset by the kernel, which reports the reset
+/// before the reply queued ahead of it. The client must still read why
+/// it was turned away, not a bare "connection closed".
+#[test]
+fn an_error_reply_before_a_reset_is_still_read() {
+    setup();
+    let p = prefix("reset-reply");
+    let mut mgr = ChildProc::spawn("child_main", "manager", std::slice::from_ref(&p));
+    mgr.expect("ready");
+    mgr.signal(rustix::process::Signal::STOP);
+    let s = raw_conn(&p);
+    let flags = rustix::net::SendFlags::NOSIGNAL;
+    rustix::net::send(&s, b"not a message", flags).unwrap();
+    rustix::net::send(&s, &Msg::Status.encode(), flags).unwrap();
+    mgr.signal(rustix::process::Signal::CONT);
+    match ctrl::recv_until(s.as_fd(), Some(std::time::Instant::now() + WATCHDOG)) {
+        Ok((
+            Msg::Error {
+                code: xio_core::proto::ErrorCode::BadMessage,
+                ..
+            },
+            _,
+        )) => {}
+        other => panic!("expected the BadMessage reply, got {other:?}"),
+    }
+    // Then the end of file.
+    assert!(matches!(
+        ctrl::recv_until(s.as_fd(), Some(std::time::Instant::now() + WATCHDOG)),
+        Err(ctrl::RecvError::Closed)
+    ));
+    mgr.kill9();
+}
