@@ -12,13 +12,16 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Instant;
 
 use xio_core::prelude::*;
 
 #[path = "common/run_dir.rs"]
 mod run_dir;
+
+#[path = "common/child.rs"]
+mod child;
 
 const ROUNDS: usize = 100_000;
 const SIZE: usize = 64;
@@ -31,10 +34,6 @@ fn pin(cpu: usize) {
 
 fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-fn die_with_parent() {
-    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
 }
 
 fn serve_xio(prefix: &str, addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
@@ -67,10 +66,7 @@ fn serve_uds(path: &str) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn spawn(args: &[&str]) -> Result<Child, Box<dyn std::error::Error>> {
-    let mut c = Command::new(std::env::current_exe()?)
-        .args(args)
-        .stdout(Stdio::piped())
-        .spawn()?;
+    let mut c = child::command(args)?.stdout(Stdio::piped()).spawn()?;
     let mut line = String::new();
     BufReader::new(c.stdout.as_mut().unwrap()).read_line(&mut line)?;
     Ok(c)
@@ -86,12 +82,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("serve-xio") => {
-            die_with_parent();
+            child::die_with_parent()?;
             pin_to(&args[4]);
             return serve_xio(&args[2], args[3].parse()?);
         }
         Some("serve-uds") => {
-            die_with_parent();
+            child::die_with_parent()?;
             pin_to(&args[3]);
             return serve_uds(&args[2]);
         }

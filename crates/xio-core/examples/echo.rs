@@ -12,13 +12,16 @@
 //! process, and a client that sends 100,000 frames and checks every echo.
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Instant;
 
 use xio_core::prelude::*;
 
 #[path = "common/run_dir.rs"]
 mod run_dir;
+
+#[path = "common/child.rs"]
+mod child;
 
 fn serve(prefix: &str, addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
     let mut stack = Stack::builder(prefix).name("l2fwd-echo").attach()?;
@@ -53,6 +56,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .get(3)
             .ok_or("usage: echo serve PREFIX ADDR")?
             .parse()?;
+        child::die_with_parent()?;
         return serve(prefix, addr);
     }
 
@@ -62,8 +66,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let manager = Manager::builder(&prefix).spawn()?;
     let addr: SocketAddr = "10.0.0.1:9".parse()?;
 
-    let mut child = Command::new(std::env::current_exe()?)
-        .args(["serve", &prefix, &addr.to_string()])
+    let mut child = child::command(&["serve", &prefix, &addr.to_string()])?
         .stdout(Stdio::piped())
         .spawn()?;
     let mut line = String::new();

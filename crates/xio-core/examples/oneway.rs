@@ -11,13 +11,16 @@
 //! nothing is ever dropped.
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Instant;
 
 use xio_core::prelude::*;
 
 #[path = "common/run_dir.rs"]
 mod run_dir;
+
+#[path = "common/child.rs"]
+mod child;
 
 const N: u64 = 2_000_000;
 
@@ -49,6 +52,7 @@ fn receive(prefix: &str, addr: SocketAddr) -> Result<(), Box<dyn std::error::Err
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("receive") {
+        child::die_with_parent()?;
         return receive(&args[2], args[3].parse()?);
     }
     // Removed on the way out, however `main` returns.
@@ -56,8 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let prefix = format!("oneway-{}", std::process::id());
     let manager = Manager::builder(&prefix).spawn()?;
     let addr: SocketAddr = "10.0.0.2:9".parse()?;
-    let mut child = Command::new(std::env::current_exe()?)
-        .args(["receive", &prefix, &addr.to_string()])
+    let mut child = child::command(&["receive", &prefix, &addr.to_string()])?
         .stdout(Stdio::piped())
         .spawn()?;
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());

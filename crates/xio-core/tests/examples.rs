@@ -1,6 +1,6 @@
 //! The examples leave nothing in the temp dir: each makes a run dir of its
 //! own there (`xio-<name>-<pid>`), which an early error return left
-//! behind, one per failed run.
+//! behind, one per failed run. And the children they spawn die with them.
 
 #[path = "common/process_dir.rs"]
 mod process_dir;
@@ -54,4 +54,69 @@ fn an_example_that_fails_leaves_no_run_dir() {
         assert!(left.is_empty(), "{name} left {left:?} in {}", tmp.display());
     }
     std::fs::remove_dir(&tmp).unwrap();
+}
+
+/// The service child a self-contained example spawns dies with the
+/// example however it ends, `kill -9` included, rather than serve for
+/// ever. Here a shell plays the example: it starts echo's service as the
+/// example does (its own pid in `XIO_EXAMPLE_PARENT`), and is killed.
+#[test]
+fn an_examples_child_dies_with_it() {
+    use std::io::BufRead;
+    use std::time::{Duration, Instant};
+    // Ends a test that would otherwise hang; no bound on speed.
+    const HANG_GUARD: Duration = Duration::from_secs(120);
+    let examples = examples_dir();
+    let prefix = format!("ex-orphan-{}", std::process::id());
+    let mgr = xio_core::manager::Manager::builder(&prefix)
+        .spawn()
+        .unwrap();
+    let mut sh = Command::new("sh")
+        .args(["-c", "XIO_EXAMPLE_PARENT=$$ \"$@\" & wait", "sh"])
+        .arg(examples.join("echo"))
+        .args(["serve", &prefix, "10.0.0.1:9"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(sh.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    // The service's pid, from the manager it registered with (once the
+    // manager has published it).
+    let deadline = Instant::now() + HANG_GUARD;
+    let pid = loop {
+        if let Some(s) = mgr.snapshot().stacks.first() {
+            break s.pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "hang guard: the service registers"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    // Held while it lives: readable once it exits (a zombie too).
+    let pidfd = rustix::process::pidfd_open(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::PidfdFlags::empty(),
+    )
+    .unwrap();
+    sh.kill().unwrap();
+    sh.wait().unwrap();
+    let mut fds = [rustix::event::PollFd::new(
+        &pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    let t = rustix::time::Timespec {
+        tv_sec: HANG_GUARD.as_secs() as _,
+        tv_nsec: 0,
+    };
+    let exited = matches!(rustix::event::poll(&mut fds, Some(&t)), Ok(n) if n > 0);
+    if !exited {
+        // Not left running after the test.
+        let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+    }
+    assert!(exited, "hang guard: echo's service outlived its parent");
+    drop(mgr);
 }
