@@ -379,6 +379,10 @@ pub struct Manager {
     /// DPDK: both rings of every channel slot, made at start.
     #[cfg(feature = "dpdk")]
     rings: Vec<[crate::dpdk::Ring; 2]>,
+    /// DPDK: the prefix's hugepage files, removed when the manager stops
+    /// or is dropped without running.
+    #[cfg(feature = "dpdk")]
+    hugepages: Option<HugepageFiles>,
     stop: Arc<EventFdDoorbell>,
     pending: Vec<CloseOnFork>,
     stacks: HashMap<u16, StackEntry>,
@@ -648,6 +652,28 @@ impl Drop for SocketFile {
     }
 }
 
+/// The DPDK primary's hugepage files of a prefix (DPDK keeps them for
+/// secondaries, and clears them only when a primary of the same prefix
+/// starts again): removed when the manager stops ([`Manager::run`]
+/// returns), is dropped without running, or fails to start once DPDK
+/// made them, so the pages are not left taken, by nobody, after the
+/// process exits. Processes that still map them keep their memory until
+/// they exit. Not in a forked child (the files are the parent's).
+#[cfg(feature = "dpdk")]
+struct HugepageFiles {
+    prefix: String,
+    born: crate::fork::Birth,
+}
+
+#[cfg(feature = "dpdk")]
+impl Drop for HugepageFiles {
+    fn drop(&mut self) {
+        if !self.born.forked() {
+            crate::dpdk::Eal::remove_hugepage_files(&self.prefix);
+        }
+    }
+}
+
 /// A listening socket's temporary path: removed if the manager fails to
 /// start, renamed to the real path once it has.
 struct Staged(std::path::PathBuf);
@@ -721,6 +747,8 @@ impl Manager {
         ctrl::set_nonblocking(&listener, true).map_err(io_err("set listener non-blocking"))?;
         #[cfg(feature = "dpdk")]
         let mut rings = Vec::new();
+        #[cfg(feature = "dpdk")]
+        let mut hugepages = None;
         let (seg, pool) = match b.backend {
             Backend::Shm => {
                 let region =
@@ -731,8 +759,9 @@ impl Manager {
             }
             #[cfg(feature = "dpdk")]
             Backend::Dpdk => {
-                let (seg, pool, r) = Self::dpdk_pool(&b)?;
+                let (seg, pool, r, files) = Self::dpdk_pool(&b)?;
                 rings = r;
+                hugepages = Some(files);
                 (seg, pool)
             }
             #[cfg(not(feature = "dpdk"))]
@@ -773,6 +802,8 @@ impl Manager {
             pool,
             #[cfg(feature = "dpdk")]
             rings,
+            #[cfg(feature = "dpdk")]
+            hugepages,
             stop,
             pending: Vec::new(),
             stacks: HashMap::new(),
@@ -795,25 +826,26 @@ impl Manager {
     /// The DPDK backend's objects: joins DPDK as the primary of the
     /// prefix, creates a mempool per class and both rings of every channel
     /// slot, and a segment for the stack slots and channel states whose
-    /// class table gives the sizes (one shm buffer per class, unused).
+    /// class table gives the sizes (one shm buffer per class, unused);
+    /// and the guard of the prefix's hugepage files.
     #[cfg(feature = "dpdk")]
     #[allow(clippy::type_complexity)]
     fn dpdk_pool(
         b: &ManagerBuilder,
-    ) -> Result<(Segment, MgrPool, Vec<[crate::dpdk::Ring; 2]>), ManagerError> {
+    ) -> Result<(Segment, MgrPool, Vec<[crate::dpdk::Ring; 2]>, HugepageFiles), ManagerError> {
         use crate::dpdk::{Eal, Role};
         let dpdk = |e: crate::dpdk::DpdkError| ManagerError::Dpdk(e.to_string());
         Eal::init(&b.prefix, Role::Primary).map_err(dpdk)?;
-        // The prefix's hugepages are ours now. Failing past here (the
+        // The prefix's hugepages are ours now: failing past here (the
         // pool larger than the hugepages left, more rings than DPDK's
-        // memzone limit), nothing would remove their files, which keep
-        // the pages taken after this process exits, until a primary of
-        // the same prefix starts: removed on the way out.
-        let made = Self::dpdk_objects(b);
-        if made.is_err() {
-            Eal::remove_hugepage_files(&b.prefix);
-        }
-        made
+        // memzone limit, anything later in `bind`) or dropped without
+        // running, the guard removes their files.
+        let files = HugepageFiles {
+            prefix: b.prefix.clone(),
+            born: crate::fork::Birth::now(),
+        };
+        let (seg, pool, rings) = Self::dpdk_objects(b)?;
+        Ok((seg, pool, rings, files))
     }
 
     /// What [`Self::dpdk_pool`] makes once this process is the primary.
@@ -882,9 +914,7 @@ impl Manager {
         self.pending.clear();
         drop(alive);
         #[cfg(feature = "dpdk")]
-        if let MgrPool::Dpdk(_) = self.pool {
-            crate::dpdk::Eal::remove_hugepage_files(&self.prefix);
-        }
+        drop(self.hugepages.take());
         tracing::info!(prefix = %self.prefix, "manager stopped");
         r
     }

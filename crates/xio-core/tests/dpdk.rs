@@ -115,6 +115,7 @@ fn child_main() {
         "replay" => replay(&a[0]),
         "dropped_stack" => dropped_stack(&a[0]),
         "failed_manager" => failed_manager(&a[0]),
+        "unrun_manager" => unrun_manager(&a[0]),
         "scribbled_index" => scribbled_index(&a[0]),
         "huge_class" => huge_class(&a[0]),
         "idle_secondary" => idle_secondary(&a[0]),
@@ -330,6 +331,26 @@ fn failed_manager(prefix: &str) {
         Ok(_) => println!("XIO:started"),
         Err(e) => println!("XIO:failed {e}"),
     }
+}
+
+/// Binds a manager of the DPDK backend and drops it without running it
+/// (an application that set one up, then failed at something else):
+/// says how many of the prefix's hugepage files are left, and exits.
+fn unrun_manager(prefix: &str) {
+    let pool = xio_core::layout::PoolConfig {
+        classes: vec![(2048, 64)],
+        max_stacks: 4,
+        max_channels: 4,
+        ring_capacity: 64,
+    };
+    let m = xio_core::manager::Manager::builder(prefix)
+        .backend(xio_core::manager::Backend::Dpdk)
+        .pool(pool)
+        .bind()
+        .unwrap();
+    let made = hugepage_files(prefix).len();
+    drop(m);
+    println!("XIO:left {made} {}", hugepage_files(prefix).len());
 }
 
 /// Overwrites the index in object 5's header of class 0 (any process that
@@ -1004,6 +1025,25 @@ fn a_manager_that_fails_to_start_leaves_no_hugepages_taken() {
     remove_prefix_files(&p);
     assert!(r.starts_with("failed "), "{r}");
     assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// A manager of the DPDK backend bound and dropped without `run` (set up,
+/// then given up on by its application) left the prefix's hugepage files:
+/// only `run` removed them, so the pages stayed taken, by nobody, after
+/// the process exited, until a manager of the same prefix started again.
+#[test]
+fn a_manager_dropped_without_running_leaves_no_hugepages_taken() {
+    setup();
+    let p = dpdk_prefix("unrun");
+    let mut c = child("unrun_manager", &p);
+    let r = c.expect("left");
+    c.wait_success();
+    let left = hugepage_files(&p);
+    remove_prefix_files(&p);
+    let r: Vec<&str> = r.split_whitespace().collect();
+    assert_ne!(r[0], "0", "the manager made hugepage files");
+    assert_eq!(r[1], "0", "left behind after the drop");
+    assert!(left.is_empty(), "left behind after exit: {left:?}");
 }
 
 /// Object headers live in memory every process of the prefix can write.
