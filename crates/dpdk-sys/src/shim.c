@@ -145,6 +145,52 @@ int xio_shim_mpring_put(struct rte_ring *r, uint32_t mask, void *const *objs, un
     return 0;
 }
 
+/* The two above with no other operation on the ring (see shim.h): the
+ * same loads, stores and orderings, the head moved by a plain store once
+ * its tail is seen to match it instead of by a CAS and a wait. */
+int xio_shim_mpring_get_excl(struct rte_ring *r, uint32_t mask, void **objs, unsigned int n) {
+    uint32_t head = __atomic_load_n(&r->cons.head, __ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&r->cons.tail, __ATOMIC_RELAXED) != head) {
+        return -2;
+    }
+    /* Acquire: pairs with the producer's tail release (the slots). */
+    uint32_t prod_tail = __atomic_load_n(&r->prod.tail, __ATOMIC_ACQUIRE);
+    if (n == 0 || prod_tail - head < n) {
+        return -1;
+    }
+    uint32_t next = head + n;
+    __atomic_store_n(&r->cons.head, next, __ATOMIC_RELAXED);
+    void **slots = mpring_slots(r);
+    for (unsigned int i = 0; i < n; i++) {
+        objs[i] = slots[(head + i) & mask];
+    }
+    /* Release: the slots were read before producers may reuse them. */
+    __atomic_store_n(&r->cons.tail, next, __ATOMIC_RELEASE);
+    return 0;
+}
+
+int xio_shim_mpring_put_excl(struct rte_ring *r, uint32_t mask, void *const *objs,
+                             unsigned int n) {
+    uint32_t head = __atomic_load_n(&r->prod.head, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&r->prod.tail, __ATOMIC_RELAXED) != head) {
+        return -2;
+    }
+    /* Acquire: pairs with the consumer's tail release. */
+    uint32_t cons_tail = __atomic_load_n(&r->cons.tail, __ATOMIC_ACQUIRE);
+    if (n == 0 || mask + cons_tail - head < n) {
+        return -1;
+    }
+    uint32_t next = head + n;
+    __atomic_store_n(&r->prod.head, next, __ATOMIC_RELAXED);
+    void **slots = mpring_slots(r);
+    for (unsigned int i = 0; i < n; i++) {
+        slots[(head + i) & mask] = objs[i];
+    }
+    /* Release: publishes the slots to consumers (their prod.tail acquire). */
+    __atomic_store_n(&r->prod.tail, next, __ATOMIC_RELEASE);
+    return 0;
+}
+
 unsigned int xio_shim_mpring_count(const struct rte_ring *r, uint32_t mask) {
     uint32_t count = (__atomic_load_n(&r->prod.tail, __ATOMIC_RELAXED) -
                       __atomic_load_n(&r->cons.tail, __ATOMIC_RELAXED)) & mask;

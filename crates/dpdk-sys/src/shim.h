@@ -50,6 +50,16 @@ void xio_shim_mempool_ring_restore(struct rte_mempool *mp, struct rte_ring *r, u
  * with slot mask `mask` (from xio_shim_mempool_ring). */
 int xio_shim_mpring_get(struct rte_ring *r, uint32_t mask, void **objs, unsigned int n);
 int xio_shim_mpring_put(struct rte_ring *r, uint32_t mask, void *const *objs, unsigned int n);
+/* The same, for a caller that is the only one inside an operation on the
+ * ring (the mempool's lock held by every process that uses it): no
+ * reservation to wait behind, so a get or put half done in the ring (a
+ * process killed inside one, or a hostile one that moved an index) is
+ * not waited for (DPDK's protocol waits for its tail for ever) but
+ * refused: returns -2, the ring untouched, until something repairs it
+ * (xio_shim_mpring_repair). Otherwise 0 or -1, as above. */
+int xio_shim_mpring_get_excl(struct rte_ring *r, uint32_t mask, void **objs, unsigned int n);
+int xio_shim_mpring_put_excl(struct rte_ring *r, uint32_t mask, void *const *objs,
+                             unsigned int n);
 /* Objects in the ring. */
 unsigned int xio_shim_mpring_count(const struct rte_ring *r, uint32_t mask);
 /* Finishes, in a mempool's ring, what a process killed inside an enqueue

@@ -485,6 +485,19 @@ pub struct Mempool {
     /// mask made it read and write slots outside the ring.
     ring: NonNull<sys::rte_ring>,
     mask: u32,
+    /// Every get and put on the mempool, of every process, runs alone:
+    /// under the mempool's lock (see [`DpdkPool::mempool_op`]) or with
+    /// the gates closed (the manager's sweep). Then a get or put half done
+    /// in the ring is no peer's in progress but one a process killed
+    /// inside an operation left, or a hostile one made: DPDK's protocol
+    /// waited for its tail for ever, inside the bracket and holding the
+    /// lock, so the sweep that repairs it waited for the waiter and every
+    /// other operation for the lock. Such a get or put is refused instead
+    /// (an empty pool to the caller, until the sweep repairs the ring).
+    /// Off for a pool without a segment, whose operations run at once.
+    exclusive: bool,
+    /// A half-done operation was reported (see [`Mempool::half_done`]).
+    told_half_done: std::sync::atomic::AtomicBool,
     /// Object `i`'s address, by the index in its header.
     objs: Vec<NonNull<ObjHeader>>,
     /// Where the objects lie, from `objs` (our own memory): runs of
@@ -697,6 +710,8 @@ impl Mempool {
             mp,
             ring,
             mask,
+            exclusive: false,
+            told_half_done: Default::default(),
             objs,
             runs,
             stride,
@@ -780,10 +795,25 @@ impl Mempool {
     /// Takes one object, as the pointer the mempool holds.
     fn get_raw(&self) -> Option<*mut c_void> {
         let mut o: *mut c_void = std::ptr::null_mut();
-        // SAFETY: room for one object pointer; the ring and mask checked
-        // in `wrap` (slots are read at `index & mask` only).
-        let r = unsafe { sys::xio_shim_mpring_get(self.ring.as_ptr(), self.mask, &mut o, 1) };
-        (r == 0).then_some(o)
+        self.get_bulk(std::slice::from_mut(&mut o)).then_some(o)
+    }
+
+    /// Says, the first time in this process, that a get or put found
+    /// another one half done in the mempool's ring (see
+    /// [`Mempool::exclusive`]): a stack waiting for the repair retries
+    /// its get over and over. Only when the shim says so: not on the
+    /// common path.
+    #[cold]
+    fn half_done(&self) {
+        if self.told_half_done.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        tracing::warn!(
+            mempool = self.size,
+            "the mempool's ring holds a get or put another process left half done \
+             (it died inside one, or overwrote an index): none taken or put until the \
+             manager's sweep repairs it"
+        );
     }
 
     /// Finishes what a process killed inside a get or put left half done
@@ -840,33 +870,43 @@ impl Mempool {
 
     /// Takes exactly `out.len()` objects, or none.
     fn get_bulk(&self, out: &mut [*mut c_void]) -> bool {
+        let (r, p, n) = (self.ring.as_ptr(), out.as_mut_ptr(), out.len() as u32);
         // SAFETY: room for out.len() object pointers; the ring and mask
-        // checked in `wrap`.
-        unsafe {
-            sys::xio_shim_mpring_get(
-                self.ring.as_ptr(),
-                self.mask,
-                out.as_mut_ptr(),
-                out.len() as u32,
-            ) == 0
+        // checked in `wrap` (slots are read at `index & mask` only); the
+        // exclusive get only when no other operation runs (the field).
+        let got = unsafe {
+            if self.exclusive {
+                sys::xio_shim_mpring_get_excl(r, self.mask, p, n)
+            } else {
+                sys::xio_shim_mpring_get(r, self.mask, p, n)
+            }
+        };
+        if got == -2 {
+            self.half_done();
         }
+        got == 0
     }
 
     fn put_bulk(&self, objs: &[*mut c_void]) {
         if objs.is_empty() {
             return;
         }
+        let (r, p, n) = (self.ring.as_ptr(), objs.as_ptr(), objs.len() as u32);
         // SAFETY: objects of this pool that nobody uses any more; the ring
-        // and mask checked in `wrap`.
+        // and mask checked in `wrap`; the exclusive put only when no other
+        // operation runs (the field).
         let r = unsafe {
-            sys::xio_shim_mpring_put(
-                self.ring.as_ptr(),
-                self.mask,
-                objs.as_ptr(),
-                objs.len() as u32,
-            )
+            if self.exclusive {
+                sys::xio_shim_mpring_put_excl(r, self.mask, p, n)
+            } else {
+                sys::xio_shim_mpring_put(r, self.mask, p, n)
+            }
         };
-        if r != 0 {
+        if r == -2 {
+            // What was not put back stays free in its header; the sweep
+            // that repairs the ring lists it.
+            self.half_done();
+        } else if r != 0 {
             // The ring has room for every object: full, it lists some
             // twice (a broken or hostile process put them). What was not
             // put back stays free in its header; the next sweep lists it.
@@ -1184,6 +1224,11 @@ impl DpdkPool {
     /// the manager use: see the type's docs).
     pub fn with_segment(classes: Vec<Mempool>, me: u16, seg: crate::segment::Segment) -> DpdkPool {
         let mut p = DpdkPool::new(classes, me);
+        // Every operation runs under the mempool's lock or with the gates
+        // closed (see `Mempool::exclusive`).
+        for mp in &mut p.classes {
+            mp.exclusive = true;
+        }
         p.gates = Some(PoolView::new(seg));
         p
     }
