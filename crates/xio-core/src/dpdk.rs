@@ -87,6 +87,16 @@ pub enum DpdkError {
     /// the prefix's memory (overwritten, as [`DpdkError::Corrupt`]).
     #[error("DPDK ring {0:?} is corrupt")]
     CorruptRing(String),
+    /// This process cannot tell which memory the prefix's processes
+    /// share (it maps none of the prefix's hugepage files, or
+    /// `/proc/self/maps` could not be read), so it cannot check what
+    /// they wrote there.
+    #[error(
+        "found none of DPDK prefix {0:?}'s hugepage files in /proc/self/maps (unreadable, \
+         or DPDK runs without hugepage files, which secondaries need): what other processes \
+         of the prefix write cannot be checked, so none of it is used"
+    )]
+    Unchecked(String),
 }
 
 fn errno_text() -> String {
@@ -629,6 +639,7 @@ impl Mempool {
     fn wrap(mp: NonNull<sys::rte_mempool>, name: &str, size: usize) -> Result<Mempool, DpdkError> {
         let corrupt = || DpdkError::Corrupt(name.into());
         let shared = SharedMem::of_prefix();
+        shared.usable()?;
         if !shared.holds(
             mp.as_ptr() as usize,
             std::mem::size_of::<sys::rte_mempool>(),
@@ -966,10 +977,17 @@ fn position_in(runs: &[Run], stride: usize, a: usize) -> Option<u32> {
 /// files (DPDK's shared memory), from the kernel's `/proc/self/maps`:
 /// what a peer cannot forge, unlike DPDK's own tables of that memory,
 /// which live in it. Adjacent mappings are merged (DPDK maps one file
-/// per page, and an object may span pages). Empty when the process maps
-/// none (DPDK without hugepage files, where no other process can join):
-/// then nothing is checked.
-struct SharedMem(Vec<(usize, usize)>);
+/// per page, and an object may span pages). When a primary maps none
+/// (DPDK without hugepage files, `--in-memory`, where no other process can
+/// join) nothing is checked; when a secondary maps none (it shares the
+/// primary's memory by those files), or the maps could not be read, the
+/// check cannot see the memory peers write, and nothing is held (see
+/// [`SharedMem::usable`]).
+struct SharedMem {
+    ranges: Vec<(usize, usize)>,
+    /// No range, and none needed: a primary without hugepage files.
+    unchecked: bool,
+}
 
 /// The process's [`SharedMem`], read once (both rings of every
 /// connection are checked against it, and `/proc/self/maps` is long: one
@@ -979,28 +997,43 @@ static SHARED: std::sync::Mutex<Option<Arc<SharedMem>>> = std::sync::Mutex::new(
 
 impl SharedMem {
     /// Whether `len` bytes at `at` lie in the shared memory: the cached
-    /// ranges, or the process's mappings read again.
-    fn holds_now(at: usize, len: usize) -> bool {
+    /// ranges, or the process's mappings read again; `Err` if they cannot
+    /// be checked ([`SharedMem::usable`]).
+    fn holds_now(at: usize, len: usize) -> Result<bool, DpdkError> {
         let cached = SHARED
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert_with(|| Arc::new(SharedMem::of_prefix()))
             .clone();
         if cached.holds(at, len) {
-            return true;
+            return Ok(true);
         }
         let fresh = Arc::new(SharedMem::of_prefix());
         *SHARED.lock().unwrap_or_else(|e| e.into_inner()) = Some(fresh.clone());
-        fresh.holds(at, len)
+        fresh.usable()?;
+        Ok(fresh.holds(at, len))
     }
 
     fn of_prefix() -> SharedMem {
         let Some(Ok(eal)) = EAL.get() else {
-            return SharedMem(Vec::new());
+            // No EAL: no DPDK memory to hold.
+            return SharedMem {
+                ranges: Vec::new(),
+                unchecked: false,
+            };
         };
         let stem = format!("{}map_", eal.prefix);
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-        SharedMem::parse(&maps, &stem)
+        let maps = std::fs::read_to_string("/proc/self/maps").ok();
+        SharedMem::read(maps.as_deref(), &stem, eal.role)
+    }
+
+    /// The mappings of `maps` (`/proc/self/maps` text, `None` if it could
+    /// not be read) whose file's name starts with `stem`, in a process of
+    /// role `role`.
+    fn read(maps: Option<&str>, stem: &str, role: Role) -> SharedMem {
+        let mut m = SharedMem::parse(maps.unwrap_or_default(), stem);
+        m.unchecked = maps.is_some() && m.ranges.is_empty() && role == Role::Primary;
+        m
     }
 
     /// The ranges of `maps` (`/proc/<pid>/maps` text) whose file's name
@@ -1030,20 +1063,40 @@ impl SharedMem {
                 _ => merged.push((a, b)),
             }
         }
-        SharedMem(merged)
+        SharedMem {
+            ranges: merged,
+            unchecked: false,
+        }
+    }
+
+    /// `Err` when nothing can be checked though peers may write the
+    /// memory: a secondary that maps none of the prefix's hugepage files,
+    /// or maps that could not be read. A pointer found in DPDK's shared
+    /// tables could then lead anywhere: the ring or mempool is refused,
+    /// not used unchecked.
+    fn usable(&self) -> Result<(), DpdkError> {
+        if self.ranges.is_empty() && !self.unchecked {
+            return Err(DpdkError::Unchecked(
+                EAL.get()
+                    .and_then(|e| e.as_ref().ok())
+                    .map_or_else(String::new, |e| e.prefix.clone()),
+            ));
+        }
+        Ok(())
     }
 
     /// Bytes mapped, if anything is.
     fn len(&self) -> Option<usize> {
-        (!self.0.is_empty()).then(|| self.0.iter().map(|(a, b)| b - a).sum())
+        (!self.ranges.is_empty()).then(|| self.ranges.iter().map(|(a, b)| b - a).sum())
     }
 
-    /// Whether `len` bytes at `at` lie in one range (or nothing is mapped).
+    /// Whether `len` bytes at `at` lie in one range (or nothing needs
+    /// to: see [`SharedMem::unchecked`]).
     fn holds(&self, at: usize, len: usize) -> bool {
-        self.0.is_empty()
+        (self.ranges.is_empty() && self.unchecked)
             || at
                 .checked_add(len)
-                .is_some_and(|end| self.0.iter().any(|&(a, b)| a <= at && end <= b))
+                .is_some_and(|end| self.ranges.iter().any(|&(a, b)| a <= at && end <= b))
     }
 }
 
@@ -1844,7 +1897,7 @@ impl Ring {
     fn wrap(r: NonNull<sys::rte_ring>, name: &str) -> Result<Ring, DpdkError> {
         let corrupt = || DpdkError::CorruptRing(name.into());
         let head = std::mem::size_of::<sys::rte_ring>();
-        if !SharedMem::holds_now(r.as_ptr() as usize, head) {
+        if !SharedMem::holds_now(r.as_ptr() as usize, head)? {
             return Err(corrupt());
         }
         let mut mask = 0;
@@ -1854,7 +1907,7 @@ impl Ring {
             return Err(corrupt());
         }
         let slots = (mask as usize + 1) * DESC as usize;
-        if !SharedMem::holds_now(r.as_ptr() as usize, head + slots) {
+        if !SharedMem::holds_now(r.as_ptr() as usize, head + slots)? {
             return Err(corrupt());
         }
         Ok(Ring { r, mask })
@@ -2117,9 +2170,34 @@ mod tests {
         assert!(!m.holds(usize::MAX - 4, 16));
         assert!(!m.holds(0x7f00_0000_0000, 8));
         assert!(
-            SharedMem::parse(maps, "xtcmap_").holds(0x1000, 8),
-            "none: unchecked"
+            !SharedMem::parse(maps, "xtcmap_").holds(0x1000, 8),
+            "none: held by nothing"
         );
+    }
+
+    /// A process that finds none of its prefix's hugepage files in its
+    /// mappings checked nothing: every range "held". Right for a primary
+    /// running without hugepage files (`--in-memory`), which no other
+    /// process can join; but a secondary shares the primary's memory by
+    /// those files, so finding none (or `/proc/self/maps` unreadable)
+    /// means the check cannot see the memory peers write, and it passed
+    /// every ring and object pointer unchecked. Now it holds nothing.
+    #[test]
+    fn shared_memory_that_cannot_be_found_holds_nothing() {
+        let maps = "7f0000000000-7f0000001000 rw-p 00000000 00:00 0 [heap]\n";
+        let none = SharedMem::read(Some(maps), "xtamap_", Role::Secondary);
+        assert!(
+            !none.holds(0x7f00_0000_0000, 8),
+            "a secondary without the files"
+        );
+        assert!(none.usable().is_err());
+        let unread = SharedMem::read(None, "xtamap_", Role::Primary);
+        assert!(!unread.holds(0x1000, 8), "maps unreadable");
+        let e = unread.usable().unwrap_err().to_string();
+        assert!(e.contains("/proc/self/maps"), "{e}");
+        let alone = SharedMem::read(Some(maps), "xtamap_", Role::Primary);
+        assert!(alone.holds(0x1000, 8), "a primary without files: no peer");
+        assert!(alone.usable().is_ok());
     }
 
     /// A lock wait yields first, then sleeps from 1 µs, doubling, and
