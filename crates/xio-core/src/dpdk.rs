@@ -445,7 +445,7 @@ pub struct ObjHeader {
     pub word: AtomicU32,
     /// Index in the class (set at creation; written back by the manager's
     /// sweep, or by a stack that the mempool hands the object to, if
-    /// anything overwrote it: see [`Mempool::index_of`]).
+    /// anything overwrote it: see `Mempool::index_of`).
     pub index: AtomicU32,
     /// Bumped on every allocation: a stale descriptor does not match.
     pub gen: AtomicU32,
