@@ -108,6 +108,12 @@ const RST_QUEUE_MAX: usize = 4096;
 const DRAIN_BATCH: usize = 32;
 /// Most emptied waiter lists a net keeps for reuse.
 const SPARE_LISTS: usize = 1024;
+/// Fewest wakers a key's list holds before a new one sweeps it (see
+/// `Core::add_waker`).
+const SWEEP_MIN: usize = 32;
+/// How long a sweep's wake-up may take to bring a waiting task back
+/// before the task is taken for gone (see `Core::add_waker`).
+const SWEEP_GRACE: Duration = Duration::from_millis(10);
 
 /// Longest a driver waits before retrying sends that did not fit a full
 /// ring (nothing wakes it when the peer makes room).
@@ -398,15 +404,35 @@ pub enum Waiter {
     Thread(Thread),
     /// An async task.
     Waker(Waker),
+    /// An async task woken by a sweep of its key's list (see
+    /// `Core::add_waker`) that registered again since: it waits still.
+    Kept(Waker),
+    /// An async task woken by a sweep that has not registered again
+    /// since: it no longer waits (its future was dropped) or its wake-up
+    /// is on its way, so nothing wakes it again.
+    Swept(Waker),
 }
 
 impl Waiter {
     fn wake(self) {
         match self {
             Waiter::Thread(t) => t.unpark(),
-            Waiter::Waker(w) => w.wake(),
+            Waiter::Waker(w) | Waiter::Kept(w) => w.wake(),
+            Waiter::Swept(_) => {}
         }
     }
+
+    fn is_task(&self) -> bool {
+        !matches!(self, Waiter::Thread(_))
+    }
+}
+
+/// The waiters of one key.
+#[derive(Debug, Default)]
+struct Waiters {
+    list: Vec<Waiter>,
+    /// When `Core::add_waker` last swept the list.
+    swept: Option<Instant>,
 }
 
 /// What a waiter waits for.
@@ -450,7 +476,7 @@ struct Core {
     table: Table<Buf>,
     driving: bool,
     probe: Option<Box<Probe>>,
-    waiters: HashMap<Key, Vec<Waiter>>,
+    waiters: HashMap<Key, Waiters>,
     /// The read signal of each stream that recorded a registered waker or
     /// an empty read, by connection index (see [`ReadSignal`]).
     signals: Vec<Option<Arc<ReadSignal>>>,
@@ -1351,7 +1377,7 @@ impl Core {
             return true;
         }
         match self.waiters.remove(&key) {
-            Some(mut ws) => {
+            Some(Waiters { list: mut ws, .. }) => {
                 let threads = ws.iter().filter(|w| matches!(w, Waiter::Thread(_))).count();
                 self.parked -= threads;
                 self.threads_woken += threads as u64;
@@ -1370,7 +1396,7 @@ impl Core {
         let keys: Vec<Key> = self
             .waiters
             .iter()
-            .filter(|(_, ws)| ws.iter().any(|w| matches!(w, Waiter::Waker(_))))
+            .filter(|(_, ws)| ws.list.iter().any(Waiter::is_task))
             .map(|(k, _)| *k)
             .collect();
         for key in keys {
@@ -1386,16 +1412,16 @@ impl Core {
             };
             // Threads stay, in their order (`parked` counts only them).
             let mut i = 0;
-            while i < ws.len() {
-                if matches!(ws[i], Waiter::Waker(_)) {
-                    wake.push(ws.remove(i));
+            while i < ws.list.len() {
+                if ws.list[i].is_task() {
+                    wake.push(ws.list.remove(i));
                 } else {
                     i += 1;
                 }
             }
-            if ws.is_empty() {
+            if ws.list.is_empty() {
                 if let Some(ws) = self.waiters.remove(&key) {
-                    self.recycle(ws);
+                    self.recycle(ws.list);
                 }
             }
         }
@@ -1413,11 +1439,12 @@ impl Core {
     }
 
     /// The waiter list of `key`, created from a spare allocation if new.
-    fn waiters_of(&mut self, key: Key) -> &mut Vec<Waiter> {
+    fn waiters_of(&mut self, key: Key) -> &mut Waiters {
         let spare = &mut self.spare_lists;
-        self.waiters
-            .entry(key)
-            .or_insert_with(|| spare.pop().unwrap_or_default())
+        self.waiters.entry(key).or_insert_with(|| Waiters {
+            list: spare.pop().unwrap_or_default(),
+            swept: None,
+        })
     }
 
     /// Takes the next connection waiting on `addr`. The next `poll`
@@ -1561,7 +1588,7 @@ impl Core {
     }
 
     fn add_waiter(&mut self, key: Key, w: Waiter) {
-        self.waiters_of(key).push(w);
+        self.waiters_of(key).list.push(w);
         self.parked += 1;
     }
 
@@ -1571,13 +1598,14 @@ impl Core {
     fn remove_thread(&mut self, key: Key, t: &Thread) {
         let mut found = false;
         if let Some(ws) = self.waiters.get_mut(&key) {
+            let ws = &mut ws.list;
             let before = ws.len();
             ws.retain(|w| !matches!(w, Waiter::Thread(x) if x.id() == t.id()));
             found = ws.len() < before;
             self.parked -= before - ws.len();
             if ws.is_empty() {
                 if let Some(ws) = self.waiters.remove(&key) {
-                    self.recycle(ws);
+                    self.recycle(ws.list);
                 }
             }
         }
@@ -1596,14 +1624,14 @@ impl Core {
         let key = *self
             .waiters
             .iter()
-            .find(|(_, ws)| ws.iter().any(|w| matches!(w, Waiter::Thread(_))))?
+            .find(|(_, ws)| ws.list.iter().any(|w| matches!(w, Waiter::Thread(_))))?
             .0;
-        let ws = self.waiters.get_mut(&key)?;
+        let ws = &mut self.waiters.get_mut(&key)?.list;
         let i = ws.iter().position(|w| matches!(w, Waiter::Thread(_)))?;
         let w = ws.swap_remove(i);
         if ws.is_empty() {
             if let Some(ws) = self.waiters.remove(&key) {
-                self.recycle(ws);
+                self.recycle(ws.list);
             }
         }
         self.parked -= 1;
@@ -1613,13 +1641,71 @@ impl Core {
     }
 
     /// Registers a task's waker for `key` (once per task).
-    fn add_waker(&mut self, key: Key, w: &Waker) {
+    ///
+    /// Wakers leave the list only when the key is woken, and nothing
+    /// tells a waker whose future was dropped from one that still waits:
+    /// a stream polled from ever new tasks while nothing becomes ready
+    /// (`readable()` raced against a timeout in a loop, say) grew its list
+    /// without bound. So the list is swept when the wakers new since the
+    /// last sweep are as many as the others (and at least
+    /// [`SWEEP_MIN`]): those not yet swept are woken (into `wake`: a
+    /// spurious wake-up, which futures allow) and marked swept. A task
+    /// that still waits polls again and is kept. If the last sweep was
+    /// [`SWEEP_GRACE`] ago or more, those it marked that never came back
+    /// are dropped: their task is gone, or was woken (and so needs no
+    /// entry). Not sooner: a burst of tasks, woken by turns, would
+    /// otherwise be dropped before their turn came and come back as new
+    /// ones, sweeping each other for good. Only new tasks bring a sweep,
+    /// so tasks that keep waiting are not woken over and over; each new
+    /// task costs O(1) spurious wake-ups, amortised; and the list holds at
+    /// most about twice its waiting tasks, or `SWEEP_MIN`, or a few times
+    /// the tasks that came within `SWEEP_GRACE`.
+    fn add_waker(&mut self, key: Key, w: &Waker, wake: &mut Vec<Waiter>) {
         let ws = self.waiters_of(key);
-        if !ws
-            .iter()
-            .any(|x| matches!(x, Waiter::Waker(y) if y.will_wake(w)))
-        {
-            ws.push(Waiter::Waker(w.clone()));
+        let (mut new, mut old) = (0, 0);
+        for x in ws.list.iter_mut() {
+            match x {
+                Waiter::Waker(y) | Waiter::Kept(y) if y.will_wake(w) => return,
+                // Registered again after a sweep: waiting still.
+                Waiter::Swept(y) if y.will_wake(w) => {
+                    *x = Waiter::Kept(w.clone());
+                    return;
+                }
+                Waiter::Thread(_) => {}
+                Waiter::Waker(_) => new += 1,
+                Waiter::Kept(_) | Waiter::Swept(_) => old += 1,
+            }
+        }
+        let sweep = new >= old.max(SWEEP_MIN);
+        if sweep {
+            let now = Instant::now();
+            let drop_swept = ws
+                .swept
+                .is_none_or(|t| now.duration_since(t) >= SWEEP_GRACE);
+            ws.swept = Some(now);
+            let list = std::mem::take(&mut ws.list);
+            ws.list.reserve(list.len() + 1);
+            for x in list {
+                match x {
+                    Waiter::Waker(y) | Waiter::Kept(y) => {
+                        wake.push(Waiter::Waker(y.clone()));
+                        ws.list.push(Waiter::Swept(y));
+                    }
+                    // Dropped outside the lock, with the wake-ups (`wake`
+                    // does nothing with them).
+                    Waiter::Swept(_) if drop_swept => wake.push(x),
+                    Waiter::Swept(_) | Waiter::Thread(_) => ws.list.push(x),
+                }
+            }
+        }
+        ws.list.push(Waiter::Waker(w.clone()));
+        if let (true, Key::Read(c)) = (sweep, key) {
+            // The woken readers must take the lock on their next poll (and
+            // register again), not the lock-free `Pending` of
+            // `ReadSignal`, which would leave them swept.
+            if let Some(Some(s)) = self.signals.get(c.index()) {
+                s.bump();
+            }
         }
     }
 
@@ -3563,9 +3649,9 @@ impl Drop for StreamInner {
                 }
             }
             for key in [Key::Read(c), Key::Write(c), Key::Connect(c)] {
-                if let Some(mut ws) = g.waiters.remove(&key) {
+                if let Some(Waiters { list: mut ws, .. }) = g.waiters.remove(&key) {
                     // A blocked thread holds the stream: none is here.
-                    debug_assert!(ws.iter().all(|w| matches!(w, Waiter::Waker(_))));
+                    debug_assert!(ws.iter().all(Waiter::is_task));
                     orphans.append(&mut ws);
                     g.recycle(ws);
                 }
@@ -4412,7 +4498,7 @@ impl Net {
         let r = match attempt {
             Try::Done(r) => Poll::Ready(r),
             Try::Wait => {
-                g.add_waker(key, cx.waker());
+                g.add_waker(key, cx.waker(), &mut wake);
                 Poll::Pending
             }
             Try::Retry => {
@@ -4496,7 +4582,7 @@ impl XioStream {
                 // lock-free way. At worst the task is woken once without
                 // reading, which futures allow.
                 Try::Done(Ok(_)) if !core.table.is_readable(c) => {
-                    core.add_waker(Key::Read(c), w);
+                    core.add_waker(Key::Read(c), w, wake);
                     core.park_reader(c, &s.sig, w);
                 }
                 _ => {}
@@ -4526,15 +4612,17 @@ impl XioStream {
         }
         // Register, then try once more: what freed the way between the two
         // calls would otherwise wake nobody.
+        let mut wake = Vec::new();
         {
             let mut g = net.lock();
             let smallest = net.shared.classes[0];
             if g.table.credit_left(c) < smallest {
-                g.add_waker(Key::Write(c), cx.waker());
+                g.add_waker(Key::Write(c), cx.waker(), &mut wake);
             } else {
                 g.add_retry(cx.waker());
             }
         }
+        wake_all(&mut wake);
         match net.write_on(c, bufs, true, None) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Pending,
             r => Poll::Ready(r),
@@ -4564,7 +4652,10 @@ impl XioStream {
             return Poll::Ready(Ok(()));
         };
         if g.table.credit_left(c) < smallest {
-            g.add_waker(Key::Write(c), cx.waker());
+            let mut wake = Vec::new();
+            g.add_waker(Key::Write(c), cx.waker(), &mut wake);
+            drop(g);
+            wake_all(&mut wake);
             return Poll::Pending;
         }
         if g.pending_for(peer) && !g.flush_pending() && g.pending_for(peer) {
@@ -4611,15 +4702,17 @@ impl XioStream {
             Err((e, back)) if e.kind() == io::ErrorKind::WouldBlock => {
                 *slot = back;
                 let net = &self.inner.net;
+                let mut wake = Vec::new();
                 {
                     let mut g = net.lock();
                     let need = slot.as_ref().map_or(0, BufMut::capacity);
                     if g.table.credit_left(self.inner.id) < need {
-                        g.add_waker(Key::Write(self.inner.id), cx.waker());
+                        g.add_waker(Key::Write(self.inner.id), cx.waker(), &mut wake);
                     } else {
                         g.add_retry(cx.waker());
                     }
                 }
+                wake_all(&mut wake);
                 // Once more after registering (see `poll_write_vectored`).
                 let buf = slot.take().expect("handed back");
                 match self.send_buf_with(buf, true) {
@@ -4775,6 +4868,110 @@ mod tests {
         // Then the net goes on as before.
         got.clear();
         server.poll_nowait(&mut got).unwrap();
+    }
+
+    /// A waker that counts its wake-ups.
+    #[derive(Default)]
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, AtomicOrdering::Relaxed);
+        }
+    }
+
+    fn wakes(c: &Count) -> usize {
+        c.0.load(AtomicOrdering::Relaxed)
+    }
+
+    /// A stream polled from ever new tasks while nothing arrives (a
+    /// `readable()` raced against a timeout in a loop, each round a new
+    /// task) kept every task's waker until data came: the list of the
+    /// key grew by one per task, without bound (found in review). Now it
+    /// is swept; and the tasks that do still wait, however many, are all
+    /// woken when data comes, after a few spurious wake-ups, not woken
+    /// over and over meanwhile.
+    #[test]
+    fn wakers_of_tasks_gone_do_not_pile_up() {
+        use std::io::Write;
+        use std::task::{Context, Waker};
+        crate::paths::use_test_run_dir();
+        let p = format!("unit-wakers-pile-{}", std::process::id());
+        let _m = crate::Manager::builder(&p).spawn().unwrap();
+        let server = Net::attach(&p).unwrap();
+        let client = Net::attach(&p).unwrap();
+        let addr: SocketAddr = "10.9.9.2:80".parse().unwrap();
+        let l = server.listen(addr).unwrap();
+        let pair = || {
+            let c = client.connect(addr).unwrap();
+            (c, l.accept().unwrap().0)
+        };
+        let poll = |s: &XioStream, w: &Arc<Count>| {
+            let w = Waker::from(w.clone());
+            s.poll_read(&mut Context::from_waker(&w), &mut [0u8; 8])
+                .is_pending()
+        };
+        let tasks_on = |s: &XioStream| {
+            server
+                .lock()
+                .waiters
+                .get(&Key::Read(s.inner.id))
+                .map_or(0, |ws| ws.list.len())
+        };
+
+        // In bursts, each past the grace a sweep gives the tasks it wakes
+        // to come back (however slow the machine: a slower one spreads a
+        // burst, and keeps fewer).
+        let (_c, s) = pair();
+        const BURST: usize = 1000;
+        for _ in 0..10 {
+            for _ in 0..BURST {
+                assert!(poll(&s, &Arc::default()));
+            }
+            std::thread::sleep(SWEEP_GRACE);
+        }
+        let n = tasks_on(&s);
+        assert!(n <= 4 * BURST, "{n} wakers kept");
+
+        // Many tasks that keep waiting, polled again whenever woken as a
+        // runtime would, by turns and once late: they settle (no sweep
+        // wakes them for good), and all are woken when data comes.
+        let (mut c, s) = pair();
+        let live: Vec<Arc<Count>> = (0..10 * SWEEP_MIN).map(|_| Arc::default()).collect();
+        let mut seen = vec![0; live.len()];
+        for w in &live {
+            assert!(poll(&s, w));
+        }
+        let mut rounds = 0;
+        loop {
+            if rounds == 0 {
+                std::thread::sleep(SWEEP_GRACE);
+            }
+            let mut woke = false;
+            for (w, seen) in live.iter().zip(&mut seen) {
+                if wakes(w) != *seen {
+                    *seen = wakes(w);
+                    woke = true;
+                    assert!(poll(&s, w));
+                }
+            }
+            if !woke {
+                break;
+            }
+            rounds += 1;
+            assert!(rounds < 1000, "the waiting tasks are woken over and over");
+        }
+        assert!(tasks_on(&s) >= live.len());
+        c.write_all(b"x").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while live.iter().zip(&seen).any(|(w, &n)| wakes(w) == n) {
+            assert!(Instant::now() < deadline, "a waiting task was not woken");
+            server.drive(false, false).unwrap();
+            std::thread::yield_now();
+        }
     }
 
     #[test]
