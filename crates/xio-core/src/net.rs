@@ -399,7 +399,7 @@ struct Shared {
 
 /// What waits for a key: a blocked thread, or a task's waker.
 #[derive(Debug)]
-pub enum Waiter {
+pub(crate) enum Waiter {
     /// A thread parked in a blocking call.
     Thread(Thread),
     /// An async task.
