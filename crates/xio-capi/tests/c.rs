@@ -140,6 +140,8 @@ fn build_with(name: &str, pkg: &str, exe_name: &str) -> PathBuf {
     let src = [
         crate_dir.join("examples").join(format!("{name}.c")),
         crate_dir.join("tests/c").join(format!("{name}.c")),
+        // Written by the test itself (the README's program).
+        run_dir().join(format!("{name}.c")),
     ]
     .into_iter()
     .find(|p| p.exists())
@@ -313,6 +315,68 @@ fn a_c_program_linked_statically_passes_the_api_contract() {
     let mut t = CProc::spawn_exe(exe, "api_test", &[&p]);
     t.expect("ok");
     t.wait_success();
+    wait_pool_whole(&mgr);
+}
+
+/// The C program of README.md's "C (`xio.h`)" section, as a reader
+/// copies it into `app.c`: it compiles through `xio.pc` (with every
+/// warning on) and, run against the `l2fwd_echo` example the README
+/// starts as its peer, prints the echo and ends.
+#[test]
+fn the_readmes_c_program_builds_and_gets_its_echo() {
+    let (mgr, p) = manager("readme");
+    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+    let readme = std::fs::read_to_string(readme).unwrap();
+    let src = readme
+        .split("```c\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a ```c block in README.md");
+    // Its pool is "mypool"; this test's has a name of its own.
+    assert!(
+        src.contains("\"mypool\""),
+        "the README's program uses another pool"
+    );
+    let src = src.replace("\"mypool\"", &format!("{p:?}"));
+    std::fs::write(run_dir().join("readme_app.c"), src).unwrap();
+    let exe = build("readme_app");
+
+    let mut nf = CProc::spawn("l2fwd_echo", &[&p, "10.0.0.1:7"]);
+    nf.expect("ready");
+    let mut app = Command::new(exe)
+        .env("XIO_RUN_DIR", run_dir())
+        .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + WATCHDOG;
+    let status = loop {
+        if let Some(st) = app.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = app.kill();
+            let _ = app.wait();
+            panic!("the README's program did not finish");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let mut out = String::new();
+    app.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    assert!(
+        status.success(),
+        "the README's program failed: {status:?}, said {out:?}"
+    );
+    assert_eq!(out, "echoed: hello\n");
+
+    // Its two sends (the message and the forwarded reply) reached the echo.
+    let mut me = Stack::attach(&p).unwrap();
+    let peer = me.connect("10.0.0.1:7".parse().unwrap()).unwrap();
+    me.send_tagged(peer, 1, me.alloc(1).unwrap()).unwrap();
+    assert_eq!(nf.expect("forwarded"), "2");
+    nf.wait_success();
+    drop(me);
     wait_pool_whole(&mgr);
 }
 
