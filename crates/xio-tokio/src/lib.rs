@@ -1661,13 +1661,16 @@ pub fn is_connection_error(e: &io::Error) -> bool {
 /// adding one for this listener), tap the listener with a no-op: axum's
 /// impl for any tapped listener applies.
 ///
-/// ```ignore
+/// ```no_run
 /// use axum::serve::ListenerExt;
+/// # async fn run(app: axum::Router) -> std::io::Result<()> {
+/// let listener = xio_tokio::XioListener::bind("0.0.0.0:3000").await?;
 /// axum::serve(
 ///     listener.tap_io(|_| {}),
 ///     app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
 /// )
 /// .await?;
+/// # Ok(()) }
 /// ```
 #[cfg(feature = "axum")]
 impl axum::serve::Listener for XioListener {
