@@ -25,6 +25,8 @@ mod child;
 
 const ROUNDS: usize = 100_000;
 const SIZE: usize = 64;
+/// Round trips run before the measured ones.
+const WARMUP: usize = 10_000;
 
 fn pin(cpu: usize) {
     let mut set = rustix::thread::CpuSet::new();
@@ -97,7 +99,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = run_dir::RunDir::create("demo")?;
     let prefix = "demo";
     println!(
-        "X-IO demo: {ROUNDS} round trips of {SIZE} B, client and service in separate processes"
+        "X-IO demo: {ROUNDS} round trips of {SIZE} B (after {WARMUP} unmeasured), client and \
+         service in separate processes"
+    );
+    println!(
+        "(a round trip: the client sends a message and waits for the service to send it\n \
+         back; over X-IO the same pool buffer goes there and back, nothing is copied)"
     );
     // Client on CPU 0, services on CPU 1 ("-" when there is one CPU).
     let server_cpu = if cpus() >= 2 {
@@ -115,7 +122,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut stack = Stack::builder(prefix).name("demo-client").attach()?;
     let peer = stack.connect(addr)?;
     let mut xio = Vec::with_capacity(ROUNDS);
-    for i in 0..ROUNDS + 10_000 {
+    for i in 0..ROUNDS + WARMUP {
         let t = Instant::now();
         let mut b = stack.alloc(SIZE)?;
         b[..8].copy_from_slice(&(i as u64).to_le_bytes());
@@ -123,7 +130,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let m = stack.recv()?;
         let el = t.elapsed().as_nanos() as u64;
         assert_eq!(m.buf[..8], (i as u64).to_le_bytes(), "echo of round {i}");
-        if i >= 10_000 {
+        if i >= WARMUP {
             xio.push(el);
         }
     }
@@ -139,14 +146,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut s = UnixStream::connect(path)?;
     let mut uds = Vec::with_capacity(ROUNDS);
     let mut buf = [0u8; SIZE];
-    for i in 0..ROUNDS + 10_000 {
+    for i in 0..ROUNDS + WARMUP {
         let t = Instant::now();
         buf[..8].copy_from_slice(&(i as u64).to_le_bytes());
         s.write_all(&buf)?;
         s.read_exact(&mut buf)?;
         let el = t.elapsed().as_nanos() as u64;
         assert_eq!(buf[..8], (i as u64).to_le_bytes());
-        if i >= 10_000 {
+        if i >= WARMUP {
             uds.push(el);
         }
     }
@@ -166,13 +173,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         u50 / x50
     );
     println!(
-        "adaptive waiting: {} waits met by spinning, {} sleeps (measured wake-up cost {:.1} us)",
+        "how the X-IO client waited for its replies (adaptive waiting): {} by watching \
+         the ring\n on its core, {} asleep until woken (a wake-up costs {:.1} us on this machine)",
         policy.spin_hits,
         policy.sleeps,
         policy.wake_cost().as_secs_f64() * 1e6
     );
     println!();
-    println!("manager status after the X-IO run (every buffer back in the pool):");
+    println!("manager status after the X-IO run (a stack is a process attached to the pool; every\n buffer is back in it):");
     print!("{status}");
     manager.stop();
     Ok(())
