@@ -2348,7 +2348,10 @@ impl Stack {
         len: usize,
         mut fill: impl FnMut(usize, &mut [u8]),
     ) -> Result<(), Error> {
-        let mut ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
+        let Some(&ci) = self.by_peer.get(&peer.0) else {
+            return Err(self.no_channel(peer));
+        };
+        let mut ci = ci;
         let mut raws = [crate::pool::RawBuf { class: 0, index: 0 }; BURST];
         let mut descs = [Descriptor::default(); BURST];
         let mut sent = 0;
@@ -2480,7 +2483,10 @@ impl Stack {
     /// a full ring fails with [`Error::WouldBlock`]. On any error the
     /// buffers not sent stay in `bufs`.
     pub fn send_burst(&mut self, peer: PeerId, bufs: &mut Vec<BufMut>) -> Result<(), Error> {
-        let mut ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
+        let Some(&ci) = self.by_peer.get(&peer.0) else {
+            return Err(self.no_channel(peer));
+        };
+        let mut ci = ci;
         for b in bufs.iter() {
             self.check_ours(b)?;
         }
@@ -2544,6 +2550,23 @@ impl Stack {
         }
     }
 
+    /// The error of a send to `peer`, which has no channel here: `Reset`
+    /// while its departure is still to be reported (a receive closed the
+    /// channel and queued the reset behind the peer's last messages, which
+    /// the caller may be answering), as when a send finds the channel
+    /// closing; `NotConnected` otherwise.
+    fn no_channel(&self, peer: PeerId) -> Error {
+        let reset_queued = self
+            .inbox
+            .iter()
+            .any(|e| matches!(e, Event::Reset(p) if *p == peer));
+        if reset_queued {
+            Error::Reset(peer)
+        } else {
+            Error::NotConnected(peer)
+        }
+    }
+
     fn check_open(&mut self, ci: usize, peer: PeerId) -> Result<(), Error> {
         self.check_not_forked()?;
         let id = self.channels[ci].id;
@@ -2573,7 +2596,7 @@ impl Stack {
                 return Err(if polled {
                     Error::Reset(peer)
                 } else {
-                    Error::NotConnected(peer)
+                    self.no_channel(peer)
                 });
             };
             self.check_open(ci, peer)?;

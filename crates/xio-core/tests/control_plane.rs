@@ -371,6 +371,48 @@ fn a_departed_stacks_id_is_not_given_to_the_next_one() {
     drop((client, second));
 }
 
+/// Answering a message whose sender has left since is `Reset`, as a send
+/// to a peer that died is, also once the receiver has heard of the
+/// departure and holds the reset behind that peer's last messages. It
+/// was `NotConnected` then, and the C echo example (`l2fwd_echo`), which
+/// carries on after a reset, took that for fatal and exited when the
+/// README's program sent its last buffer and closed.
+#[test]
+fn answering_a_peer_that_left_is_a_reset_while_its_reset_is_queued() {
+    setup();
+    let p = prefix("answerleft");
+    let mgr = manager_builder(&p).spawn().unwrap();
+    let addr: std::net::SocketAddr = "10.62.0.2:9".parse().unwrap();
+    let mut server = Stack::attach(&p).unwrap();
+    server.bind(addr).unwrap();
+    let mut client = Stack::attach(&p).unwrap();
+    let peer = client.connect(addr).unwrap();
+    for _ in 0..2 {
+        let b = client.alloc(8).unwrap();
+        client.send(peer, b).unwrap();
+    }
+    drop(client);
+    // The manager has told the server (its next receive reads that first).
+    wait_until("the manager sees the client gone", || {
+        mgr.snapshot().stacks.len() == 1
+    });
+    let mut from = None;
+    for _ in 0..2 {
+        let m = server.recv().unwrap();
+        from = Some(m.from);
+        match server.send(m.from, m.buf.into_mut()) {
+            Err(Error::Reset(p)) => assert_eq!(p, m.from),
+            other => panic!("answering a peer that left: {other:?}"),
+        }
+    }
+    // And the receive still reports the reset, once.
+    match server.recv_timeout(std::time::Duration::from_secs(5)) {
+        Err(Error::Reset(p)) => assert_eq!(Some(p), from),
+        other => panic!("expected the reset, got {other:?}"),
+    }
+    drop(server);
+}
+
 /// A raw client registered as a stack ("deaf": the tests decide when it
 /// reads); its socket and stack id.
 fn deaf_stack(prefix: &str) -> (std::os::fd::OwnedFd, u16) {
