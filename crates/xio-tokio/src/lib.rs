@@ -83,10 +83,6 @@
 //! # Where it differs from tokio's `TcpStream`
 //! Beyond what [`XioStream::connect`] says of a refusal (reported by the
 //! first read, not by `connect`):
-//! - `shutdown()` (`poll_shutdown`) of a stream that was reset succeeds,
-//!   where tokio's says `NotConnected`: the reset is the reads' to report,
-//!   and closing paths that shut down before they drop (hyper's) need no
-//!   case of their own. Writes after it fail with `BrokenPipe`, as TCP's.
 //! - A writer waits in the kernel with TCP. Here, what no peer signals,
 //!   room in a full ring to a peer or a buffer in an exhausted pool, is
 //!   looked for again on a timer (tokio's, about every millisecond) that
@@ -1414,8 +1410,10 @@ fn pending_needs_driver<T>(net: &Net, p: Poll<io::Result<T>>) -> Poll<io::Result
     p
 }
 
-/// `poll_shutdown`: a reset stream's `NotConnected` is success here (a
-/// documented difference from tokio, see the crate docs).
+/// `poll_shutdown`: a reset stream's `NotConnected` is success, as tokio's
+/// `TcpStream` has it since 1.46: the reset is the reads' to report, and
+/// closing paths that shut down before they drop (hyper's) need no case
+/// of their own. Writes after it fail with `BrokenPipe`, as TCP's.
 fn shutdown_core(s: &xio_core::net::XioStream) -> Poll<io::Result<()>> {
     match s.shutdown(Shutdown::Write) {
         Err(e) if e.kind() == io::ErrorKind::NotConnected => Poll::Ready(Ok(())),

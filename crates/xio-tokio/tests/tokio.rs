@@ -2070,8 +2070,8 @@ fn dropping_a_stream_with_unread_bytes_resets_the_peer() {
             .unwrap()
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}");
-        // Deliberately unlike tokio's (`NotConnected`, see the crate docs):
-        // shutting a reset stream down succeeds.
+        // As tokio's (since 1.46, which maps Linux's `NotConnected` to
+        // success): shutting a reset stream down succeeds.
         c.shutdown().await.unwrap();
         drop(c);
     });
