@@ -83,6 +83,22 @@
 //! # Where it differs from tokio's `TcpStream`
 //! Beyond what [`XioStream::connect`] says of a refusal (reported by the
 //! first read, not by `connect`):
+//! - A client's [`XioStream::local_addr`] is made from its process's
+//!   stack id (X-IO clients do not bind), so its IP is not the
+//!   listener's as on loopback TCP; any address can be bound, as X-IO
+//!   addresses are names, not routes.
+//! - [`XioStream::nodelay`] is always true (nothing is ever delayed);
+//!   `set_nodelay` is accepted. There is no `set_linger`/`linger`,
+//!   `set_ttl`/`ttl`, `TcpSocket`, or `from_std`/`into_std` of kernel
+//!   sockets.
+//! - [`XioStream::try_read`] (and `try_read_vectored`) into an empty
+//!   buffer is `Ok(0)` at once, as `xio_core`'s reads are; Linux says
+//!   `WouldBlock` while nothing is queued. (An awaited `read` or `peek`
+//!   into an empty buffer waits for data, as tokio's does.)
+//! - [`XioStream::ready`] never reports `WRITE_CLOSED` (tokio reports it
+//!   from Linux's `EPOLLHUP`: both directions shut, or a reset), and
+//!   refuses `ERROR` (or `PRIORITY`) without `READABLE` or `WRITABLE`
+//!   (`Unsupported`).
 //! - A writer waits in the kernel with TCP. Here, what no peer signals,
 //!   room in a full ring to a peer or a buffer in an exhausted pool, is
 //!   looked for again on a timer (tokio's, about every millisecond) that
@@ -95,6 +111,10 @@
 //!   becomes ready, not only the one that polled last as with tokio's:
 //!   one whose future was dropped meanwhile sees a spurious wake-up,
 //!   which futures allow.
+//!
+//! `tests/tokio_parity.rs` runs the same scenarios against tokio's TCP
+//! and X-IO, comparing what a program sees, and pins the differences
+//! above that a scenario can observe.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -1295,7 +1315,9 @@ impl XioStream {
     }
 
     /// Reads what is there without waiting: `WouldBlock` if nothing is
-    /// (as `TcpStream::try_read`), `Ok(0)` at end of stream.
+    /// (as `TcpStream::try_read`), `Ok(0)` at end of stream, and at once
+    /// into an empty buffer (Linux says `WouldBlock` there while nothing
+    /// is queued; see the crate docs).
     pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         use std::io::Read;
         (&self.inner).read(buf)

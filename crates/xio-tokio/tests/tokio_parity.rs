@@ -1,0 +1,1061 @@
+//! Differential tests: the same async scenario run against
+//! `tokio::net::TcpListener` / `TcpStream` over loopback TCP and against
+//! [`XioListener`] / [`XioStream`] (an embedded manager, a server net and
+//! a client net), comparing what a program sees: byte counts, data,
+//! readiness and `io::ErrorKind`s. The crate promises that a tokio
+//! service ports by changing the type names; where X-IO differs on
+//! purpose (said in the crate docs, "Where it differs from tokio's
+//! `TcpStream`"), the difference is listed in [`KNOWN`], which pins both
+//! sides. (The blocking counterpart is xio-core's `std_parity.rs`.)
+//!
+//! The scenarios are written once, against [`Family`] / [`Lst`] /
+//! [`Strm`], whose methods are tokio's own names: the two implementations
+//! are the same macro expanded for each type.
+//!
+//! Not compared, because X-IO lacks them on purpose: `set_linger` /
+//! `linger` and `set_ttl` / `ttl` (no IP hops or lingering close on
+//! shared memory), `TcpSocket` (no socket options before connecting),
+//! `from_std` / `into_std` of kernel sockets, and `tokio-stream`'s
+//! `TcpListenerStream` (an accept loop is `loop { l.accept().await }`).
+
+#[path = "../../xio-core/tests/common/process_dir.rs"]
+mod process_dir;
+
+use std::future::Future;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
+use xio_core::manager::{Manager, ManagerHandle};
+use xio_tokio::{Net, XioListener, XioStream};
+
+/// Generous: a guard against hangs, not a performance bound.
+const WATCHDOG: Duration = Duration::from_secs(120);
+
+/// A stream's calls a scenario uses, with tokio's names and signatures
+/// (`AsyncRead` / `AsyncWrite` come with the type).
+trait Strm: AsyncRead + AsyncWrite + Unpin + Send + Sized + 'static {
+    type R: AsyncRead + Unpin + Send + 'static;
+    type W: AsyncWrite + Unpin + Send + 'static;
+    fn peek(&self, b: &mut [u8]) -> impl Future<Output = io::Result<usize>>;
+    fn readable(&self) -> impl Future<Output = io::Result<()>>;
+    fn writable(&self) -> impl Future<Output = io::Result<()>>;
+    fn ready(&self, i: Interest) -> impl Future<Output = io::Result<tokio::io::Ready>>;
+    fn try_read(&self, b: &mut [u8]) -> io::Result<usize>;
+    fn try_write(&self, b: &[u8]) -> io::Result<usize>;
+    fn try_read_vectored(&self, b: &mut [IoSliceMut<'_>]) -> io::Result<usize>;
+    fn try_write_vectored(&self, b: &[IoSlice<'_>]) -> io::Result<usize>;
+    fn local_addr(&self) -> io::Result<SocketAddr>;
+    fn peer_addr(&self) -> io::Result<SocketAddr>;
+    fn set_nodelay(&self, on: bool) -> io::Result<()>;
+    fn nodelay(&self) -> io::Result<bool>;
+    fn take_error(&self) -> io::Result<Option<io::Error>>;
+    #[allow(clippy::type_complexity)]
+    fn split(
+        &mut self,
+    ) -> (
+        impl AsyncRead + Unpin + Send + '_,
+        impl AsyncWrite + Unpin + Send + '_,
+    );
+    fn into_split(self) -> (Self::R, Self::W);
+    /// `OwnedReadHalf::reunite` (the error's halves dropped).
+    fn reunite(r: Self::R, w: Self::W) -> Result<Self, ()>;
+    /// `OwnedWriteHalf::forget`.
+    fn forget(w: Self::W);
+}
+
+/// A listener's calls a scenario uses.
+trait Lst: Sized + Send + 'static {
+    type S: Strm;
+    fn accept(&self) -> impl Future<Output = io::Result<(Self::S, SocketAddr)>>;
+    fn local_addr(&self) -> io::Result<SocketAddr>;
+}
+
+macro_rules! same_api {
+    ($l:ty, $s:ty, $r:ty, $w:ty) => {
+        impl Strm for $s {
+            type R = $r;
+            type W = $w;
+            async fn peek(&self, b: &mut [u8]) -> io::Result<usize> {
+                <$s>::peek(self, b).await
+            }
+            async fn readable(&self) -> io::Result<()> {
+                <$s>::readable(self).await
+            }
+            async fn writable(&self) -> io::Result<()> {
+                <$s>::writable(self).await
+            }
+            async fn ready(&self, i: Interest) -> io::Result<tokio::io::Ready> {
+                <$s>::ready(self, i).await
+            }
+            fn try_read(&self, b: &mut [u8]) -> io::Result<usize> {
+                <$s>::try_read(self, b)
+            }
+            fn try_write(&self, b: &[u8]) -> io::Result<usize> {
+                <$s>::try_write(self, b)
+            }
+            fn try_read_vectored(&self, b: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+                <$s>::try_read_vectored(self, b)
+            }
+            fn try_write_vectored(&self, b: &[IoSlice<'_>]) -> io::Result<usize> {
+                <$s>::try_write_vectored(self, b)
+            }
+            fn local_addr(&self) -> io::Result<SocketAddr> {
+                <$s>::local_addr(self)
+            }
+            fn peer_addr(&self) -> io::Result<SocketAddr> {
+                <$s>::peer_addr(self)
+            }
+            fn set_nodelay(&self, on: bool) -> io::Result<()> {
+                <$s>::set_nodelay(self, on)
+            }
+            fn nodelay(&self) -> io::Result<bool> {
+                <$s>::nodelay(self)
+            }
+            fn take_error(&self) -> io::Result<Option<io::Error>> {
+                <$s>::take_error(self)
+            }
+            fn split(
+                &mut self,
+            ) -> (
+                impl AsyncRead + Unpin + Send + '_,
+                impl AsyncWrite + Unpin + Send + '_,
+            ) {
+                <$s>::split(self)
+            }
+            fn into_split(self) -> ($r, $w) {
+                <$s>::into_split(self)
+            }
+            fn reunite(r: $r, w: $w) -> Result<Self, ()> {
+                r.reunite(w).map_err(drop)
+            }
+            fn forget(w: $w) {
+                w.forget()
+            }
+        }
+
+        impl Lst for $l {
+            type S = $s;
+            async fn accept(&self) -> io::Result<($s, SocketAddr)> {
+                <$l>::accept(self).await
+            }
+            fn local_addr(&self) -> io::Result<SocketAddr> {
+                <$l>::local_addr(self)
+            }
+        }
+    };
+}
+
+same_api!(
+    tokio::net::TcpListener,
+    tokio::net::TcpStream,
+    tokio::net::tcp::OwnedReadHalf,
+    tokio::net::tcp::OwnedWriteHalf
+);
+same_api!(
+    XioListener,
+    XioStream,
+    xio_tokio::OwnedReadHalf,
+    xio_tokio::OwnedWriteHalf
+);
+
+/// Where a scenario runs: binding and connecting, and a pause for what
+/// travels between the ends to arrive.
+trait Family {
+    type L: Lst;
+    fn bind(&self, a: SocketAddr) -> impl Future<Output = io::Result<Self::L>>;
+    fn connect(&self, a: SocketAddr) -> impl Future<Output = io::Result<<Self::L as Lst>::S>>;
+    /// Lets what is in flight arrive (a moment; not a bound on anything).
+    async fn settle(&self) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+struct Tcp;
+
+impl Family for Tcp {
+    type L = tokio::net::TcpListener;
+    async fn bind(&self, a: SocketAddr) -> io::Result<tokio::net::TcpListener> {
+        tokio::net::TcpListener::bind(a).await
+    }
+    async fn connect(&self, a: SocketAddr) -> io::Result<tokio::net::TcpStream> {
+        tokio::net::TcpStream::connect(a).await
+    }
+}
+
+/// X-IO: listeners on one net, connects from another (two stacks of one
+/// pool, real shared-memory channels between them), both driven by the
+/// runtime the scenario runs on.
+struct Xio {
+    server: Net,
+    client: Net,
+}
+
+impl Family for Xio {
+    type L = XioListener;
+    async fn bind(&self, a: SocketAddr) -> io::Result<XioListener> {
+        XioListener::bind_with(&self.server, a)
+    }
+    async fn connect(&self, a: SocketAddr) -> io::Result<XioStream> {
+        XioStream::connect_with(&self.client, a).await
+    }
+}
+
+fn manager(test: &str) -> (ManagerHandle, String) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let dir = process_dir::process_dir("xio-tokio-parity");
+        std::env::set_var("XIO_RUN_DIR", &dir);
+    });
+    let p = format!("tp-{test}-{}", std::process::id());
+    (Manager::builder(&p).spawn().unwrap(), p)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// What a scenario saw, step by step.
+#[derive(Default)]
+struct Log(Vec<(&'static str, String)>);
+
+impl Log {
+    /// Adds a step (shown as it happens with --nocapture: a scenario
+    /// stopped by the watchdog shows where it waits).
+    fn push(&mut self, step: &'static str, s: String) {
+        eprintln!("  {step}: {s}");
+        self.0.push((step, s));
+    }
+    /// Records `r` as `Ok(value)` or `Err(kind)`.
+    fn r<T: std::fmt::Debug>(&mut self, step: &'static str, r: io::Result<T>) {
+        let s = match r {
+            Ok(v) => format!("Ok({v:?})"),
+            Err(e) => format!("Err({:?})", e.kind()),
+        };
+        self.push(step, s);
+    }
+    /// Records a read's outcome with the bytes it read.
+    fn read(&mut self, step: &'static str, r: io::Result<usize>, buf: &[u8]) {
+        let s = match r {
+            Ok(n) => format!("Ok({n}, {:?})", String::from_utf8_lossy(&buf[..n])),
+            Err(e) => format!("Err({:?})", e.kind()),
+        };
+        self.push(step, s);
+    }
+    fn v<T: std::fmt::Debug>(&mut self, step: &'static str, v: T) {
+        self.push(step, format!("{v:?}"));
+    }
+}
+
+/// The loopback address with `port` (the same in both worlds: X-IO
+/// addresses are its own, so loopback means nothing special to it).
+fn lo(port: u16) -> SocketAddr {
+    SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port))
+}
+
+/// A connected pair: (client, server, listener).
+async fn pair<F: Family>(f: &F) -> (<F::L as Lst>::S, <F::L as Lst>::S, F::L) {
+    let l = f.bind(lo(0)).await.unwrap();
+    let c = f.connect(l.local_addr().unwrap()).await.unwrap();
+    let (s, _) = l.accept().await.unwrap();
+    (c, s, l)
+}
+
+/// A difference from tokio that X-IO makes on purpose (documented in the
+/// crate docs): in scenario `scenario`, step `step` gives `tcp` over TCP
+/// and `xio` here.
+struct Known {
+    scenario: &'static str,
+    step: &'static str,
+    tcp: &'static str,
+    xio: &'static str,
+}
+
+const KNOWN: &[Known] = &[
+    // `XioStream::nodelay`: X-IO never delays a write, so `nodelay` says
+    // true whatever was set (Nagle is on by default in TCP).
+    Known {
+        scenario: "addresses_and_options",
+        step: "nodelay by default",
+        tcp: "Ok(false)",
+        xio: "Ok(true)",
+    },
+    Known {
+        scenario: "addresses_and_options",
+        step: "nodelay after set_nodelay(false)",
+        tcp: "Ok(false)",
+        xio: "Ok(true)",
+    },
+    // `XioStream::local_addr`: X-IO clients do not bind; a connecting
+    // stream's address is made from its process's stack id.
+    Known {
+        scenario: "addresses_and_options",
+        step: "client's ip is the listener's",
+        tcp: "true",
+        xio: "false",
+    },
+    // Crate docs (`XioStream::ready`): `WRITE_CLOSED` is not reported
+    // (Linux's EPOLLHUP, once both directions are shut or on a reset).
+    Known {
+        scenario: "peer_dropped_with_unread_data",
+        step: "ready(READABLE | WRITABLE) after the reset",
+        tcp: "Ok(Ready { is_readable: true, is_writable: true, is_read_closed: true, is_write_closed: true, is_error: false, is_priority: false })",
+        xio: "Ok(Ready { is_readable: true, is_writable: true, is_read_closed: true, is_write_closed: false, is_error: false, is_priority: false })",
+    },
+    Known {
+        scenario: "readiness_after_own_shutdown",
+        step: "ready when both are shut",
+        tcp: "Ok(Ready { is_readable: true, is_writable: true, is_read_closed: true, is_write_closed: true, is_error: false, is_priority: false })",
+        xio: "Ok(Ready { is_readable: true, is_writable: true, is_read_closed: true, is_write_closed: false, is_error: false, is_priority: false })",
+    },
+    // Crate docs (`XioStream::ready`): `ERROR` alone is refused, there is
+    // no wait for an error alone.
+    Known {
+        scenario: "peer_dropped_with_unread_data",
+        step: "ready(ERROR) alone",
+        tcp: "Ok(Ready { is_readable: false, is_writable: false, is_read_closed: false, is_write_closed: false, is_error: true, is_priority: false })",
+        xio: "Err(Unsupported)",
+    },
+    // Crate docs: `try_read` into an empty buffer is `Ok(0)` at once, as
+    // xio-core's read (Linux says `EAGAIN` while nothing is queued; an
+    // awaited read or peek into nothing waits for data in both).
+    Known {
+        scenario: "try_io_and_readiness",
+        step: "try_read into nothing, nothing queued",
+        tcp: "Err(WouldBlock)",
+        xio: "Ok(0)",
+    },
+];
+
+/// Runs `scenario` against tokio TCP, then against X-IO, and compares the
+/// logs step by step.
+fn differential<A, B>(name: &'static str, tcp: A, xio: B)
+where
+    A: for<'a> FnOnce(&'a Tcp, &'a mut Log) -> std::pin::Pin<Box<dyn Future<Output = ()> + 'a>>,
+    B: for<'a> FnOnce(&'a Xio, &'a mut Log) -> std::pin::Pin<Box<dyn Future<Output = ()> + 'a>>,
+{
+    let mut want = Log::default();
+    let rt = runtime();
+    rt.block_on(async {
+        tokio::time::timeout(WATCHDOG, tcp(&Tcp, &mut want))
+            .await
+            .expect("watchdog: the TCP scenario hangs")
+    });
+    drop(rt);
+    let (_mgr, p) = manager(name);
+    let x = Xio {
+        server: Net::attach(&p).unwrap(),
+        client: Net::attach(&p).unwrap(),
+    };
+    let mut got = Log::default();
+    let rt = runtime();
+    rt.block_on(async {
+        tokio::time::timeout(WATCHDOG, xio(&x, &mut got))
+            .await
+            .expect("watchdog: the X-IO scenario hangs")
+    });
+    drop(x);
+    drop(rt);
+    // (Shown with --nocapture: what both said, step by step.)
+    for ((step, s), (_, x)) in want.0.iter().zip(&got.0) {
+        eprintln!("{name}: {step}: tcp {s}, xio {x}");
+    }
+    let steps = |l: &Log| l.0.iter().map(|(s, _)| *s).collect::<Vec<_>>();
+    assert_eq!(steps(&want), steps(&got), "{name}: the same steps");
+    let mut diffs = Vec::new();
+    for ((step, s), (_, x)) in want.0.iter().zip(&got.0) {
+        let known = KNOWN.iter().find(|k| k.scenario == name && k.step == *step);
+        match known {
+            Some(k) => {
+                assert_eq!(
+                    (s.as_str(), x.as_str()),
+                    (k.tcp, k.xio),
+                    "{name}/{step}: as KNOWN pins it"
+                );
+            }
+            None if s != x => diffs.push(format!("  {step}: tcp {s}, xio {x}")),
+            None => {}
+        }
+    }
+    assert!(
+        diffs.is_empty(),
+        "{name}: X-IO differs from tokio TCP:\n{}",
+        diffs.join("\n")
+    );
+}
+
+/// One test per scenario: the scenario's generic function, run in both
+/// worlds.
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                differential(
+                    stringify!($name),
+                    |f, log| Box::pin(scenario::$name(f, log)),
+                    |f, log| Box::pin(scenario::$name(f, log)),
+                );
+            }
+        )*
+    };
+}
+
+scenarios!(
+    shutdown_then_read_and_write,
+    peer_dropped_cleanly,
+    peer_dropped_with_unread_data,
+    write_to_a_peer_that_closed,
+    try_io_and_readiness,
+    peek,
+    split_and_reunite,
+    addresses_and_options,
+    listening_and_connecting,
+    cancellation_and_timeouts,
+    buffered_and_helpers,
+    proxy_to_tcp,
+    reset_seen_by_take_error_and_by_a_waiting_writer,
+    big_transfers_then_shutdown_or_drop,
+    accepting_after_the_client_left,
+    readiness_after_own_shutdown,
+);
+
+/// Reads until end of stream or an error: the bytes, then how it ended.
+async fn drain(r: &mut (impl AsyncRead + Unpin)) -> (String, io::Result<usize>) {
+    let mut got = Vec::new();
+    let mut b = [0u8; 64];
+    let end = loop {
+        match r.read(&mut b).await {
+            Ok(0) => break Ok(0),
+            Ok(n) => got.extend_from_slice(&b[..n]),
+            Err(e) => break Err(e),
+        }
+    };
+    (String::from_utf8_lossy(&got).into_owned(), end)
+}
+
+/// Reads exactly `n` bytes (the peer wrote them in pieces that may
+/// arrive together or apart).
+async fn exactly(r: &mut (impl AsyncRead + Unpin), n: usize) -> String {
+    let mut b = vec![0u8; n];
+    r.read_exact(&mut b).await.unwrap();
+    String::from_utf8(b).unwrap()
+}
+
+mod scenario {
+    use super::*;
+
+    pub async fn shutdown_then_read_and_write<F: Family>(f: &F, log: &mut Log) {
+        let (mut c, mut s, _l) = pair(f).await;
+        log.r("write before", c.write(b"abc").await);
+        log.r("shutdown", c.shutdown().await);
+        log.r("write after", c.write(b"x").await);
+        log.r("write_all after", c.write_all(b"xy").await);
+        log.r("empty write after", c.write(b"").await);
+        log.r("shutdown again", c.shutdown().await);
+        log.r("flush after", c.flush().await);
+        let (got, end) = drain(&mut s).await;
+        log.v("peer reads all", got);
+        log.r("peer's end", end);
+        let mut b = [0u8; 8];
+        log.r("peer reads after the end", s.read(&mut b).await);
+        log.r("peer readable at the end", s.readable().await);
+        log.r("peer try_read at the end", s.try_read(&mut b));
+        log.r("peer writes back", s.write_all(b"back").await);
+        let r = c.read(&mut b).await;
+        log.read("read back", r, &b);
+        log.r("peer shuts down", s.shutdown().await);
+        log.r("then the end", c.read(&mut b).await);
+        log.r("write still fails", c.write(b"y").await);
+    }
+
+    pub async fn peer_dropped_cleanly<F: Family>(f: &F, log: &mut Log) {
+        let (mut c, mut s, _l) = pair(f).await;
+        log.r("peer writes", s.write_all(b"bye").await);
+        drop(s);
+        let (got, end) = drain(&mut c).await;
+        log.v("read all", got);
+        log.r("the end", end);
+        let mut b = [0u8; 8];
+        log.r("read again", c.read(&mut b).await);
+        log.r("peek at the end", c.peek(&mut b).await);
+        log.r("try_read at the end", c.try_read(&mut b));
+        log.r(
+            "try_read_vectored at the end",
+            c.try_read_vectored(&mut [IoSliceMut::new(&mut b)]),
+        );
+        log.r("readable", c.readable().await);
+        log.r("ready(READABLE)", c.ready(Interest::READABLE).await);
+        log.r(
+            "ready(READABLE | WRITABLE)",
+            c.ready(Interest::READABLE | Interest::WRITABLE).await,
+        );
+        log.r("take_error", c.take_error().map(|e| e.map(|e| e.kind())));
+        log.v("peer_addr is ok", c.peer_addr().is_ok());
+        log.r("shutdown after the end", c.shutdown().await);
+        log.r("write after own shutdown", c.write(b"x").await);
+    }
+
+    pub async fn peer_dropped_with_unread_data<F: Family>(f: &F, log: &mut Log) {
+        let (mut c, s, _l) = pair(f).await;
+        log.r("write", c.write_all(b"unread").await);
+        let mut b = [0u8; 8];
+        log.r("peer peeks", s.peek(&mut b[..1]).await);
+        drop(s);
+        f.settle().await;
+        log.r("readable", c.readable().await);
+        log.r(
+            "ready(READABLE | WRITABLE) after the reset",
+            c.ready(Interest::READABLE | Interest::WRITABLE).await,
+        );
+        log.r("ready(ERROR) alone", c.ready(Interest::ERROR).await);
+        log.r("read", c.read(&mut b).await);
+        log.r("read after", c.read(&mut b).await);
+        log.r("try_read after", c.try_read(&mut b));
+        log.r("write", c.write(b"x").await);
+        log.r("take_error", c.take_error().map(|e| e.map(|e| e.kind())));
+        log.v("local_addr is ok", c.local_addr().is_ok());
+        log.r("shutdown after the reset", c.shutdown().await);
+        log.r("write after shutdown", c.write(b"x").await);
+    }
+
+    pub async fn write_to_a_peer_that_closed<F: Family>(f: &F, log: &mut Log) {
+        let (mut c, s, _l) = pair(f).await;
+        drop(s);
+        let mut b = [0u8; 8];
+        log.r("reads the end", c.read(&mut b).await);
+        // Linux: the first write is taken, the peer answers with a reset
+        // (in CLOSE_WAIT, an EPIPE), and the writes after it fail. Only
+        // once the reset is back is this deterministic: a settle between.
+        log.r("first write", c.write(b"x").await);
+        f.settle().await;
+        log.r("second write", c.write(b"x").await);
+        log.r("third write", c.write(b"x").await);
+        log.r("write_all", c.write_all(b"xyz").await);
+        log.r("try_write", c.try_write(b"x"));
+        log.r("writable", c.writable().await);
+        log.r("read after", c.read(&mut b).await);
+    }
+
+    pub async fn try_io_and_readiness<F: Family>(f: &F, log: &mut Log) {
+        let (c, s, _l) = pair(f).await;
+        let mut b = [0u8; 16];
+        log.r("try_read, nothing queued", c.try_read(&mut b));
+        log.r(
+            "try_read_vectored, nothing queued",
+            c.try_read_vectored(&mut [IoSliceMut::new(&mut b)]),
+        );
+        log.r("try_read into nothing, nothing queued", c.try_read(&mut []));
+        log.r("writable", c.writable().await);
+        log.r(
+            "ready(WRITABLE)",
+            c.ready(Interest::WRITABLE).await.map(|r| r.is_writable()),
+        );
+        log.r("try_write", c.try_write(b"abcd"));
+        log.r(
+            "try_write_vectored",
+            c.try_write_vectored(&[IoSlice::new(b"ef"), IoSlice::new(b""), IoSlice::new(b"gh")]),
+        );
+        log.r("try_write of nothing", c.try_write(b""));
+        // Read it all with the readiness style: readable, then try_read
+        // until WouldBlock.
+        let mut got = Vec::new();
+        while got.len() < 8 {
+            s.readable().await.unwrap();
+            loop {
+                match s.try_read(&mut b) {
+                    Ok(n) => got.extend_from_slice(&b[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        log.v("peer reads", String::from_utf8_lossy(&got).into_owned());
+        log.r("peer: nothing more", s.try_read(&mut b));
+        log.r(
+            "peer ready(READABLE | WRITABLE), nothing queued",
+            s.ready(Interest::READABLE | Interest::WRITABLE).await,
+        );
+        // A vectored read of queued bytes fills the buffers in order.
+        log.r("try_write more", c.try_write(b"0123456789"));
+        s.readable().await.unwrap();
+        let mut all = [0u8; 10];
+        while s.peek(&mut all).await.unwrap() < 10 {
+            f.settle().await;
+        }
+        let (mut x, mut y) = ([0u8; 3], [0u8; 4]);
+        let r = s.try_read_vectored(&mut [IoSliceMut::new(&mut x), IoSliceMut::new(&mut y)]);
+        log.v("try_read_vectored", (r.map_err(|e| e.kind()), x, y));
+        let r = s.try_read(&mut b);
+        log.read("the rest", r, &b);
+        // After a FIN (once it is there: tokio reports the readiness it
+        // last saw until the reactor hears of the FIN).
+        drop(c);
+        f.settle().await;
+        log.r("readable after the FIN", s.readable().await);
+        log.r(
+            "ready after the FIN",
+            s.ready(Interest::READABLE | Interest::WRITABLE).await,
+        );
+        log.r("try_read after the FIN", s.try_read(&mut b));
+    }
+
+    pub async fn peek<F: Family>(f: &F, log: &mut Log) {
+        let (mut c, mut s, _l) = pair(f).await;
+        log.r("write", c.write_all(b"hello").await);
+        let mut b = [0u8; 3];
+        let r = s.peek(&mut b).await;
+        log.read("peek part", r, &b);
+        let mut all = [0u8; 5];
+        while s.peek(&mut all).await.unwrap() < 5 {
+            f.settle().await;
+        }
+        let r = s.peek(&mut all).await;
+        log.read("peek all", r, &all);
+        let mut b = [0u8; 8];
+        let r = s.read(&mut b).await;
+        log.read("read gets what was peeked", r, &b);
+        // Into an empty buffer: tokio's asks the kernel, which says
+        // EAGAIN while nothing is queued, so it waits for data.
+        let r = tokio::time::timeout(Duration::from_millis(20), s.peek(&mut [])).await;
+        log.v(
+            "peek into nothing, nothing queued",
+            r.map_err(|_| "elapsed").map(|r| r.map_err(|e| e.kind())),
+        );
+        let r = tokio::time::timeout(Duration::from_millis(20), s.read(&mut [])).await;
+        log.v(
+            "read into nothing, nothing queued",
+            r.map_err(|_| "elapsed").map(|r| r.map_err(|e| e.kind())),
+        );
+        log.r("write more", c.write_all(b"x").await);
+        while s.peek(&mut b).await.unwrap() < 1 {}
+        log.r("peek into nothing, data queued", s.peek(&mut []).await);
+        log.r("read into nothing, data queued", s.read(&mut []).await);
+        let r = s.read(&mut b).await;
+        log.read("the data is all there", r, &b);
+        log.r("shutdown", c.shutdown().await);
+        log.r("peek at the end", s.peek(&mut b).await);
+    }
+
+    pub async fn split_and_reunite<F: Family>(f: &F, log: &mut Log) {
+        let (mut c, mut s, l) = pair(f).await;
+        {
+            let (mut r, mut w) = c.split();
+            log.r("borrowed write half writes", w.write_all(b"ping").await);
+            log.v("peer gets it", exactly(&mut s, 4).await);
+            log.r("peer answers", s.write_all(b"pong").await);
+            log.v("borrowed read half reads", exactly(&mut r, 4).await);
+            log.r("borrowed write half shuts down", w.shutdown().await);
+        }
+        log.r("the stream can no longer write", c.write(b"x").await);
+        let (got, end) = drain(&mut s).await;
+        log.v("peer sees the end", (got, end.map_err(|e| e.kind())));
+        drop((c, s));
+
+        let c = f.connect(l.local_addr().unwrap()).await.unwrap();
+        let (mut s, _) = l.accept().await.unwrap();
+        let (mut r, mut w) = c.into_split();
+        log.r("owned write half writes", w.write_all(b"abc").await);
+        log.v("peer gets it", exactly(&mut s, 3).await);
+        log.r("peer answers", s.write_all(b"def").await);
+        log.v("owned read half reads", exactly(&mut r, 3).await);
+        // Halves of another stream do not reunite with these.
+        let c2 = f.connect(l.local_addr().unwrap()).await.unwrap();
+        let (_s2, _) = l.accept().await.unwrap();
+        let (r2, w2) = c2.into_split();
+        log.v(
+            "reunite mismatched",
+            <F::L as Lst>::S::reunite(r2, w).is_ok(),
+        );
+        drop(w2);
+        // (w was consumed: split again from a new pair.)
+        let c3 = f.connect(l.local_addr().unwrap()).await.unwrap();
+        let (mut s3, _) = l.accept().await.unwrap();
+        let (r3, w3) = c3.into_split();
+        let c3 = <F::L as Lst>::S::reunite(r3, w3);
+        log.v("reunite matched", c3.is_ok());
+        let mut c3 = c3.unwrap();
+        log.r("reunited writes", c3.write_all(b"again").await);
+        log.v("peer of reunited gets it", exactly(&mut s3, 5).await);
+        // Dropping an owned write half shuts down writing; forget does not.
+        let (r3, w3) = c3.into_split();
+        <F::L as Lst>::S::forget(w3);
+        log.r(
+            "peer writes to a forgotten half's stream",
+            s3.write_all(b"z").await,
+        );
+        let mut r3 = r3;
+        log.v("read half still reads", exactly(&mut r3, 1).await);
+        drop(r);
+        drop(r3);
+        let (got, end) = drain(&mut s3).await;
+        log.v(
+            "peer of forgotten sees the end at the drop",
+            (got, end.map_err(|e| e.kind())),
+        );
+        // tokio::io::split works on any AsyncRead + AsyncWrite.
+        let c4 = f.connect(l.local_addr().unwrap()).await.unwrap();
+        let (mut s4, _) = l.accept().await.unwrap();
+        let (mut r4, mut w4) = tokio::io::split(c4);
+        log.r("tokio::io::split write", w4.write_all(b"io").await);
+        log.v("peer gets it", exactly(&mut s4, 2).await);
+        log.r("peer answers", s4.write_all(b"ok").await);
+        log.v("tokio::io::split read", exactly(&mut r4, 2).await);
+        log.r("tokio::io::split shutdown", w4.shutdown().await);
+        let (got, end) = drain(&mut s4).await;
+        log.v("peer sees the end", (got, end.map_err(|e| e.kind())));
+        log.v("unsplit", r4.is_pair_of(&w4));
+    }
+
+    pub async fn addresses_and_options<F: Family>(f: &F, log: &mut Log) {
+        let (c, s, l) = pair(f).await;
+        let la = l.local_addr().unwrap();
+        log.v("port 0 gets a port", (la.ip(), la.port() != 0));
+        log.v(
+            "connected's peer is the listener",
+            c.peer_addr().unwrap() == la,
+        );
+        log.v(
+            "accepted's local is the listener",
+            s.local_addr().unwrap() == la,
+        );
+        log.v(
+            "peer of one is local of other",
+            s.peer_addr().unwrap() == c.local_addr().unwrap(),
+        );
+        log.v(
+            "client's ip is the listener's",
+            c.local_addr().unwrap().ip() == la.ip(),
+        );
+        log.r("take_error", c.take_error().map(|e| e.is_none()));
+        log.r("nodelay by default", c.nodelay());
+        log.r("set_nodelay(true)", c.set_nodelay(true));
+        log.r("nodelay after set_nodelay(true)", c.nodelay());
+        log.r("set_nodelay(false)", c.set_nodelay(false));
+        log.r("nodelay after set_nodelay(false)", c.nodelay());
+        let c2 = f.connect(la).await.unwrap();
+        let (s2, a2) = l.accept().await.unwrap();
+        log.v(
+            "accept's address is the peer's",
+            a2 == s2.peer_addr().unwrap() && a2 == c2.local_addr().unwrap(),
+        );
+        log.v(
+            "two clients, two addresses",
+            c2.local_addr().unwrap() != c.local_addr().unwrap(),
+        );
+    }
+
+    pub async fn listening_and_connecting<F: Family>(f: &F, log: &mut Log) {
+        let l = f.bind(lo(0)).await.unwrap();
+        let a = l.local_addr().unwrap();
+        log.r("bind again", f.bind(a).await.map(drop));
+        drop(l);
+        log.r("bind after the drop", f.bind(a).await.map(drop));
+        let free = a;
+        // X-IO may hand back a stream behind its SYN: the refusal is then
+        // its first read's (the crate docs); either way it is refused.
+        let r = match f.connect(free).await {
+            Ok(mut c) => c.read(&mut [0u8; 1]).await.map(drop),
+            Err(e) => Err(e),
+        };
+        log.r("nobody listens", r);
+        let l = f.bind(lo(0)).await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let any = SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, port));
+        let r = async {
+            let c = f.connect(any).await?;
+            let (s, a) = l.accept().await?;
+            Ok((
+                c.peer_addr()? == lo(port),
+                a == c.local_addr()?,
+                s.local_addr()? == lo(port),
+            ))
+        }
+        .await;
+        log.r("0.0.0.0 means this host", r);
+        // An accept loop: each connection in order, with its data.
+        let mut clients = Vec::new();
+        for i in 0..3u8 {
+            let mut c = f.connect(lo(port)).await.unwrap();
+            c.write_all(&[b'0' + i]).await.unwrap();
+            clients.push(c);
+        }
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let (mut s, a) = l.accept().await.unwrap();
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).await.unwrap();
+            let who = clients.iter().position(|c| c.local_addr().unwrap() == a);
+            seen.push((b[0] as char, who));
+        }
+        log.v("accept loop", seen);
+    }
+
+    pub async fn cancellation_and_timeouts<F: Family>(f: &F, log: &mut Log) {
+        let (mut c, mut s, _l) = pair(f).await;
+        let mut b = [0u8; 8];
+        let r = tokio::time::timeout(Duration::from_millis(20), s.read(&mut b)).await;
+        log.v(
+            "timeout around a read",
+            r.map_err(|_| "elapsed").map(|r| r.map_err(|e| e.kind())),
+        );
+        // A read dropped mid-wait (select!), then the bytes go to the next.
+        let mut b1 = [0u8; 8];
+        tokio::select! {
+            r = s.read(&mut b1) => log.v("read before the write", r.map_err(|e| e.kind())),
+            _ = f.settle() => log.v("read before the write", "dropped mid-wait"),
+        }
+        log.r("write", c.write_all(b"late").await);
+        let r = tokio::time::timeout(WATCHDOG, s.read(&mut b))
+            .await
+            .unwrap();
+        log.read("a new read gets it", r, &b);
+        // Same for peek and readable.
+        tokio::select! {
+            r = s.peek(&mut b1) => log.v("peek before the write", r.map_err(|e| e.kind())),
+            _ = f.settle() => log.v("peek before the write", "dropped mid-wait"),
+        }
+        tokio::select! {
+            r = s.readable() => log.v("readable before the write", r.map_err(|e| e.kind())),
+            _ = f.settle() => log.v("readable before the write", "dropped mid-wait"),
+        }
+        log.r("write again", c.write_all(b"more").await);
+        let r = tokio::time::timeout(WATCHDOG, s.read(&mut b))
+            .await
+            .unwrap();
+        log.read("a new read gets it again", r, &b);
+        // A read_exact cancelled halfway keeps what it took (AsyncReadExt
+        // docs: not cancellation safe): the rest comes to the next read.
+        log.r("write half", c.write_all(b"ab").await);
+        let mut four = [0u8; 4];
+        tokio::select! {
+            r = s.read_exact(&mut four) => log.v("read_exact of 4 with 2 there", r.map_err(|e| e.kind())),
+            _ = f.settle() => log.v("read_exact of 4 with 2 there", "dropped mid-wait"),
+        }
+        log.r("write the rest", c.write_all(b"cd").await);
+        let mut two = [0u8; 2];
+        log.r("next read_exact", s.read_exact(&mut two).await);
+        log.v(
+            "gets the later bytes",
+            String::from_utf8_lossy(&two).into_owned(),
+        );
+    }
+
+    pub async fn buffered_and_helpers<F: Family>(f: &F, log: &mut Log) {
+        let (mut c, s, _l) = pair(f).await;
+        log.r(
+            "write lines",
+            c.write_all(b"first line\nsecond line\nno newline").await,
+        );
+        log.r("shutdown", c.shutdown().await);
+        let mut r = tokio::io::BufReader::new(s);
+        let mut line = String::new();
+        log.r("read_line", r.read_line(&mut line).await);
+        log.v("line", line.clone());
+        let mut lines = Vec::new();
+        let mut ls = r.lines();
+        while let Some(l) = ls.next_line().await.unwrap() {
+            lines.push(l);
+        }
+        log.v("lines", lines);
+        let s = ls.into_inner().into_inner();
+        drop(s);
+        // read_to_end, read_to_string, then read_exact at the end.
+        let (mut c, mut s, _l) = pair(f).await;
+        log.r("write", c.write_all(b"whole").await);
+        log.r("write more", c.write_all(b" thing").await);
+        log.r("shutdown", c.shutdown().await);
+        let mut all = Vec::new();
+        log.r("read_to_end", s.read_to_end(&mut all).await);
+        log.v("all", String::from_utf8_lossy(&all).into_owned());
+        let mut b = [0u8; 4];
+        log.r("read_exact at the end", s.read_exact(&mut b).await);
+        let mut st = String::new();
+        log.r("read_to_string at the end", s.read_to_string(&mut st).await);
+        let (mut c, mut s, _l) = pair(f).await;
+        log.r("write 2", c.write_all(b"ab").await);
+        drop(c);
+        log.r(
+            "read_exact of 4 with 2 then the end",
+            s.read_exact(&mut b).await,
+        );
+        log.r("read_u8 at the end", s.read_u8().await);
+    }
+
+    pub async fn proxy_to_tcp<F: Family>(f: &F, log: &mut Log) {
+        // A proxy between this family's stream and a kernel TCP stream:
+        // client -> [s | proxy | ts] -> tc.
+        let (mut c, mut s, _l) = pair(f).await;
+        let tl = tokio::net::TcpListener::bind(lo(0)).await.unwrap();
+        let mut tc = tokio::net::TcpStream::connect(tl.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut ts, _) = tl.accept().await.unwrap();
+        let proxy = tokio::spawn(async move {
+            let r = tokio::io::copy_bidirectional(&mut s, &mut ts).await;
+            r.map_err(|e| e.kind())
+        });
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        log.r("client writes", c.write_all(&data).await);
+        let mut through = vec![0u8; data.len()];
+        log.r("through the proxy", tc.read_exact(&mut through).await);
+        log.v("same bytes", through == data);
+        log.r("tcp answers", tc.write_all(b"and back").await);
+        log.r("tcp shuts down", tc.shutdown().await);
+        log.r("client shuts down", c.shutdown().await);
+        let mut back = Vec::new();
+        log.r("client reads to the end", c.read_to_end(&mut back).await);
+        log.v("back", String::from_utf8_lossy(&back).into_owned());
+        let mut rest = Vec::new();
+        log.r("tcp reads to the end", tc.read_to_end(&mut rest).await);
+        log.v("proxy's counts", proxy.await.unwrap());
+    }
+
+    pub async fn reset_seen_by_take_error_and_by_a_waiting_writer<F: Family>(f: &F, log: &mut Log) {
+        let (mut c, s, _l) = pair(f).await;
+        log.r("write", c.write_all(b"unread").await);
+        let mut b = [0u8; 8];
+        s.peek(&mut b[..1]).await.unwrap();
+        drop(s);
+        f.settle().await;
+        log.r(
+            "take_error says reset",
+            c.take_error().map(|e| e.map(|e| e.kind())),
+        );
+        log.r(
+            "take_error once",
+            c.take_error().map(|e| e.map(|e| e.kind())),
+        );
+        log.r("read after", c.read(&mut b).await);
+        log.r("write after", c.write(b"x").await);
+        // A writer waiting for room (the window or the socket buffer is
+        // full) when the peer resets.
+        let (mut c, s, _l) = pair(f).await;
+        let chunk = vec![7u8; 64 << 10];
+        // Hang guard: far more than any window or socket buffer.
+        let stop = (0..100_000)
+            .find_map(|_| match c.try_write(&chunk) {
+                Ok(_) => None,
+                Err(e) => Some(e.kind()),
+            })
+            .expect("the window fills");
+        log.v("try_write stopped by", stop);
+        let (w, ()) = tokio::join!(c.write(&chunk), async move {
+            f.settle().await;
+            drop(s);
+        });
+        log.r("the waiting write", w);
+        log.r("a write after", c.write(&chunk).await);
+        log.r("a read after", c.read(&mut b).await);
+    }
+
+    pub async fn big_transfers_then_shutdown_or_drop<F: Family>(f: &F, log: &mut Log) {
+        const BIG: usize = 3 << 20;
+        let data: Vec<u8> = (0..BIG).map(|i| (i % 253) as u8).collect();
+        // More than a window, then a shutdown: the end comes after it all.
+        let (c, mut s, _l) = pair(f).await;
+        let d = data.clone();
+        let writer = tokio::spawn(async move {
+            let mut c = c;
+            c.write_all(&d).await.map_err(|e| e.kind())?;
+            c.shutdown().await.map_err(|e| e.kind())?;
+            Ok::<_, io::ErrorKind>(c)
+        });
+        let mut got = Vec::new();
+        log.r(
+            "read_to_end after a shutdown",
+            s.read_to_end(&mut got).await,
+        );
+        log.v("all of it", got == data);
+        let c = writer.await.unwrap();
+        log.v("writer", c.as_ref().map(drop));
+        // The same, dropped instead of shut down: nothing is lost.
+        let (c, mut s, _l) = pair(f).await;
+        let d = data.clone();
+        let writer = tokio::spawn(async move {
+            let mut c = c;
+            c.write_all(&d).await.map_err(|e| e.kind())
+        });
+        let mut got = Vec::new();
+        log.r("read_to_end after a drop", s.read_to_end(&mut got).await);
+        log.v("all of it", got == data);
+        log.v("writer", writer.await.unwrap());
+        // The other way while this end has shut down (a half-closed
+        // stream carries the peer's bytes).
+        let (mut c, s, _l) = pair(f).await;
+        log.r("shutdown", c.shutdown().await);
+        let d = data.clone();
+        let writer = tokio::spawn(async move {
+            let mut s = s;
+            s.write_all(&d).await.map_err(|e| e.kind())
+        });
+        let mut got = vec![0u8; BIG];
+        log.r("read it all", c.read_exact(&mut got).await.map(drop));
+        log.v("all of it", got == data);
+        log.v("writer", writer.await.unwrap());
+        log.r("then the end", c.read(&mut got).await);
+    }
+
+    pub async fn accepting_after_the_client_left<F: Family>(f: &F, log: &mut Log) {
+        let l = f.bind(lo(0)).await.unwrap();
+        let a = l.local_addr().unwrap();
+        // An accept dropped mid-wait loses nothing.
+        tokio::select! {
+            r = l.accept() => log.v("accept before any connect", r.map(drop).map_err(|e| e.kind())),
+            _ = f.settle() => log.v("accept before any connect", "dropped mid-wait"),
+        }
+        let mut c = f.connect(a).await.unwrap();
+        let ca = c.local_addr().unwrap();
+        log.r("write", c.write_all(b"hi").await);
+        log.r("shutdown", c.shutdown().await);
+        drop(c);
+        f.settle().await;
+        let (mut s, peer) = l.accept().await.unwrap();
+        log.v("accepted the client", peer == ca);
+        let mut got = Vec::new();
+        log.r("read_to_end", s.read_to_end(&mut got).await);
+        log.v("got", String::from_utf8_lossy(&got).into_owned());
+        log.r("write to the gone client", s.write(b"x").await);
+        // Connected and dropped without a word.
+        let c = f.connect(a).await.unwrap();
+        drop(c);
+        f.settle().await;
+        let (mut s, _) = l.accept().await.unwrap();
+        log.r("read of a silent client gone", s.read(&mut [0u8; 4]).await);
+    }
+
+    pub async fn readiness_after_own_shutdown<F: Family>(f: &F, log: &mut Log) {
+        let (mut c, mut s, _l) = pair(f).await;
+        log.r("shutdown", c.shutdown().await);
+        f.settle().await;
+        log.r("writable after own shutdown", c.writable().await);
+        log.r("try_write after own shutdown", c.try_write(b"x"));
+        log.r(
+            "try_write_vectored after own shutdown",
+            c.try_write_vectored(&[IoSlice::new(b"x")]),
+        );
+        let r = tokio::time::timeout(Duration::from_millis(20), c.readable()).await;
+        log.v(
+            "readable with nothing to read",
+            r.map_err(|_| "elapsed").map(|r| r.map_err(|e| e.kind())),
+        );
+        log.r("peer reads the end", s.read(&mut [0u8; 4]).await);
+        log.r("peer writes", s.write_all(b"still").await);
+        log.r("readable then", c.readable().await);
+        let mut b = [0u8; 8];
+        let r = c.try_read(&mut b);
+        log.read("try_read then", r, &b);
+        drop(s);
+        f.settle().await;
+        log.r(
+            "ready when both are shut",
+            c.ready(Interest::READABLE | Interest::WRITABLE).await,
+        );
+        log.r("read the end", c.read(&mut b).await);
+    }
+}
