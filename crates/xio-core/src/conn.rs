@@ -958,8 +958,20 @@ impl<B: Chunk> Table<B> {
         }
     }
 
+    /// [`Table::peek`] as `MSG_PEEK` has it: a reset it reports is
+    /// reported once, as by a read (Linux's peek clears the socket's
+    /// error too: the next peek or read is end of stream, `SO_ERROR` 0).
+    pub fn peek_reporting(&mut self, c: ConnId, out: &mut [u8]) -> Result<usize, ConnError> {
+        let e = self.get_mut(c).ok_or(ConnError::NotConnected)?;
+        if e.state == State::Reset && e.rx.is_empty() {
+            return e.read_reset().map(|()| 0);
+        }
+        self.peek(c, out)
+    }
+
     /// Copies received bytes into `out` without consuming them (a later
-    /// read returns them again): `Ok(0)` is end of stream.
+    /// read returns them again): `Ok(0)` is end of stream. A reset it
+    /// reports is left for the next read (readiness looks with this).
     pub fn peek(&mut self, c: ConnId, out: &mut [u8]) -> Result<usize, ConnError> {
         let e = self.get(c).ok_or(ConnError::NotConnected)?;
         if e.state == State::Reset && e.rx.is_empty() {
@@ -1948,6 +1960,19 @@ mod tests {
         assert_eq!(&b[..6], b"bcdefg");
         c.on_fin(PeerId(2), cid);
         assert_eq!(c.peek(cid, &mut b), Ok(0));
+    }
+
+    #[test]
+    fn a_reporting_peek_reports_a_reset_once_and_a_plain_one_leaves_it() {
+        let (mut c, _s, cid, _) = handshake();
+        let mut b = [0u8; 8];
+        c.on_rst(PeerId(2), cid);
+        assert_eq!(c.peek(cid, &mut b), Err(ConnError::Reset));
+        assert_eq!(c.peek(cid, &mut b), Err(ConnError::Reset), "left");
+        assert_eq!(c.peek_reporting(cid, &mut b), Err(ConnError::Reset));
+        assert_eq!(c.peek_reporting(cid, &mut b), Ok(0), "once");
+        assert_eq!(c.take_error(cid), None);
+        assert_eq!(c.read(cid, &mut b), Ok(0));
     }
 
     #[test]

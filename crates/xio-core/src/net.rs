@@ -1051,8 +1051,20 @@ impl Core {
     }
 
     /// One attempt at copying `c`'s received bytes without consuming them.
-    fn peek_step(&mut self, wake: &mut Vec<Waiter>, c: ConnId, out: &mut [u8]) -> Try<usize> {
-        let r = self.table.peek(c, out);
+    /// `report`: a reset seen is reported once, as a read reports it
+    /// (`MSG_PEEK`); else it is left for the next read (readiness).
+    fn peek_step(
+        &mut self,
+        wake: &mut Vec<Waiter>,
+        c: ConnId,
+        out: &mut [u8],
+        report: bool,
+    ) -> Try<usize> {
+        let r = if report {
+            self.table.peek_reporting(c, out)
+        } else {
+            self.table.peek(c, out)
+        };
         self.settle_read(wake, r)
     }
 
@@ -3955,9 +3967,11 @@ impl XioStream {
     }
 
     /// Reads without taking the bytes off the stream (`MSG_PEEK`): the
-    /// next read returns them again. Waits as `read` does.
+    /// next read returns them again. Waits as `read` does. A reset is
+    /// reported once, as by a read: then peeks and reads see end of
+    /// stream (as Linux's, whose peek clears the socket's error).
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.read_op(|core, wake, c| core.peek_step(wake, c, buf))
+        self.read_op(|core, wake, c| core.peek_step(wake, c, buf, true))
     }
 
     /// Shuts down reading, writing or both. Writing: the peer reads end of
@@ -4551,10 +4565,17 @@ impl XioStream {
 
     /// Peeks if bytes (or end of stream, or an error) are there, else
     /// registers the task: [`XioStream::peek`] for adapters. What it
-    /// copies stays to be read, and an error it reports (a reset) is
-    /// reported again by the next read.
+    /// copies stays to be read; a reset it reports is reported once, as
+    /// [`XioStream::peek`]'s.
     pub fn poll_peek(&self, cx: &mut Context<'_>, out: &mut [u8]) -> Poll<io::Result<usize>> {
-        self.poll_read_op(cx, |core, wake, c| core.peek_step(wake, c, out))
+        self.poll_read_op(cx, |core, wake, c| core.peek_step(wake, c, out, true))
+    }
+
+    /// [`XioStream::poll_peek`] for readiness (an adapter's
+    /// `poll_read_ready`): an error it sees (a reset) is left for the next
+    /// read or peek to report.
+    pub fn poll_peek_ready(&self, cx: &mut Context<'_>, out: &mut [u8]) -> Poll<io::Result<usize>> {
+        self.poll_read_op(cx, |core, wake, c| core.peek_step(wake, c, out, false))
     }
 
     /// [`Net::poll_op`] for a read, returning `Pending` without the lock

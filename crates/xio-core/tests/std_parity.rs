@@ -456,6 +456,7 @@ scenarios!(
     shutdown_from_another_thread_ends_a_blocked_call,
     several_addresses_and_after_shutdown,
     reset_seen_through_take_error_then_nonblocking,
+    peek_reports_a_reset_once,
 );
 
 mod scenario {
@@ -1074,5 +1075,23 @@ mod scenario {
             c.read(&mut b)
         });
         log.r("connect again, then read", r);
+    }
+
+    pub fn peek_reports_a_reset_once<F: Family>(f: &F, log: &mut Log) {
+        let (c, s, _l) = pair(f);
+        log.r("write", c.write(b"unread"));
+        let mut b = [0u8; 8];
+        s.peek(&mut b[..1]).unwrap();
+        drop(s);
+        f.settle();
+        // Linux's MSG_PEEK clears the socket's error as a read does.
+        log.r("peek says reset", c.peek(&mut b));
+        log.r("peek again", c.peek(&mut b));
+        log.r(
+            "take_error after",
+            c.take_error().map(|e| e.map(|e| e.kind())),
+        );
+        log.r("read after", c.read(&mut b));
+        log.r("write after", c.write(b"x"));
     }
 }

@@ -1192,7 +1192,8 @@ impl XioStream {
 
     /// Receives into `buf` without taking the bytes off the stream (as
     /// `TcpStream::peek`): the next read returns them again. Waits for
-    /// data; `Ok(0)` is end of stream.
+    /// data; `Ok(0)` is end of stream. A reset is reported once, as by a
+    /// read (and as Linux's peek does): then reads see end of stream.
     pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
         std::future::poll_fn(|cx| self.poll_peek(cx, buf)).await
     }
@@ -1219,7 +1220,7 @@ impl XioStream {
         // The stream's error is the next read's to report; the missing
         // driver (`pending`) is this call's: reported as readiness, it
         // made a `readable().await?; try_read()` loop spin on `WouldBlock`.
-        let p = self.inner.poll_peek(cx, &mut one).map(|_| Ok(()));
+        let p = self.inner.poll_peek_ready(cx, &mut one).map(|_| Ok(()));
         self.pending(cx, p)
     }
 
@@ -1259,7 +1260,7 @@ impl XioStream {
             let mut ready = Ready::EMPTY;
             if interest.is_readable() {
                 let mut one = [0u8; 1];
-                match self.inner.poll_peek(cx, &mut one) {
+                match self.inner.poll_peek_ready(cx, &mut one) {
                     Poll::Ready(Ok(0)) => ready |= Ready::READABLE | Ready::READ_CLOSED,
                     // A reset: as epoll reports one (IN, RDHUP, ERR).
                     Poll::Ready(Err(_)) => {

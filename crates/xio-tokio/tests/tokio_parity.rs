@@ -423,6 +423,7 @@ scenarios!(
     big_transfers_then_shutdown_or_drop,
     accepting_after_the_client_left,
     readiness_after_own_shutdown,
+    waits_ended_by_the_peer,
 );
 
 /// Reads until end of stream or an error: the bytes, then how it ended.
@@ -1057,5 +1058,57 @@ mod scenario {
             c.ready(Interest::READABLE | Interest::WRITABLE).await,
         );
         log.r("read the end", c.read(&mut b).await);
+    }
+
+    pub async fn waits_ended_by_the_peer<F: Family>(f: &F, log: &mut Log) {
+        // readable() waiting, then the peer shuts down.
+        let (c, mut s, _l) = pair(f).await;
+        let (r, ()) = tokio::join!(c.readable(), async {
+            f.settle().await;
+            s.shutdown().await.unwrap();
+        });
+        log.r("readable waiting, peer shuts down", r);
+        log.r("try_read then", c.try_read(&mut [0u8; 4]));
+        // peek waiting, then the peer resets.
+        let (mut c, s, _l) = pair(f).await;
+        c.write_all(b"unread").await.unwrap();
+        s.peek(&mut [0u8; 1]).await.unwrap();
+        let mut b = [0u8; 4];
+        let (r, ()) = tokio::join!(c.peek(&mut b), async move {
+            f.settle().await;
+            drop(s);
+        });
+        log.r("peek waiting, peer resets", r);
+        log.r("read then", c.read(&mut b).await);
+        // writable() waiting for room, then the peer resets.
+        let (c, s, _l) = pair(f).await;
+        let chunk = vec![7u8; 64 << 10];
+        (0..100_000)
+            .find_map(|_| c.try_write(&chunk).err())
+            .expect("the window fills");
+        let (r, ()) = tokio::join!(c.writable(), async move {
+            f.settle().await;
+            drop(s);
+        });
+        log.r("writable waiting, peer resets", r);
+        log.r("try_write then", c.try_write(&chunk));
+        log.r("try_write again", c.try_write(&chunk));
+        log.r(
+            "ready(WRITABLE) then",
+            c.ready(Interest::WRITABLE).await.map(|r| r.is_writable()),
+        );
+        // A read half's read waiting while the write half is dropped: the
+        // read goes on waiting, and gets what the peer sends.
+        let (c, mut s, _l) = pair(f).await;
+        let (mut r, w) = c.into_split();
+        let mut b = [0u8; 8];
+        let (n, ()) = tokio::join!(r.read(&mut b), async {
+            f.settle().await;
+            drop(w);
+            let mut e = [0u8; 1];
+            assert_eq!(s.read(&mut e).await.unwrap(), 0);
+            s.write_all(b"after").await.unwrap();
+        });
+        log.read("read half after the write half went", n, &b);
     }
 }
