@@ -299,6 +299,15 @@ const KNOWN: &[Known] = &[
         tcp: "true",
         xio: "false",
     },
+    // `XioStream::connect` (and the crate docs): a connect over a route
+    // the net knows returns before the listener answers; a refusal is the
+    // first read's.
+    Known {
+        scenario: "unspecified_and_dropped_listeners",
+        step: "connect again",
+        tcp: "Err(ConnectionRefused)",
+        xio: "Ok(())",
+    },
     // Crate docs (`XioStream::ready`): `WRITE_CLOSED` is not reported
     // (Linux's EPOLLHUP, once both directions are shut or on a reset).
     Known {
@@ -424,6 +433,7 @@ scenarios!(
     accepting_after_the_client_left,
     readiness_after_own_shutdown,
     waits_ended_by_the_peer,
+    unspecified_and_dropped_listeners,
 );
 
 /// Reads until end of stream or an error: the bytes, then how it ended.
@@ -1110,5 +1120,41 @@ mod scenario {
             s.write_all(b"after").await.unwrap();
         });
         log.read("read half after the write half went", n, &b);
+    }
+
+    pub async fn unspecified_and_dropped_listeners<F: Family>(f: &F, log: &mut Log) {
+        let any = SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0));
+        let l = f.bind(any).await.unwrap();
+        let la = l.local_addr().unwrap();
+        log.v("unspecified stays so", la.ip().is_unspecified());
+        let c = f.connect(lo(la.port())).await.unwrap();
+        let (s, a) = l.accept().await.unwrap();
+        log.r(
+            "accepted's local is the address connected to",
+            s.local_addr().map(|x| x == lo(la.port())),
+        );
+        log.r("client's peer", c.peer_addr().map(|x| x == lo(la.port())));
+        log.r("accept's address", c.local_addr().map(|x| x == a));
+        // A listener dropped with a connection it never accepted.
+        let l = f.bind(lo(0)).await.unwrap();
+        let a = l.local_addr().unwrap();
+        let mut c = f.connect(a).await.unwrap();
+        log.r("write before", c.write(b"hello").await);
+        f.settle().await;
+        drop(l);
+        let mut b = [0u8; 8];
+        log.r("read", c.read(&mut b).await);
+        log.r("read again", c.read(&mut b).await);
+        log.r("write", c.write(b"x").await);
+        let again = f.connect(a).await;
+        log.r(
+            "connect again",
+            again.as_ref().map(drop).map_err(|e| e.kind().into()),
+        );
+        let r = match again {
+            Ok(mut c) => c.read(&mut b).await,
+            Err(e) => Err(e),
+        };
+        log.r("connect again, then read", r);
     }
 }
