@@ -692,14 +692,21 @@ fn decode_syn(b: &[u8]) -> Option<(SocketAddr, SocketAddr)> {
 /// is made from the stack and connection ids, unique on the machine
 /// among live connections (`127.88.<stack>:<port>`; a process's
 /// connections past the first 64,512 ports go on in 127.89 to 127.104,
-/// so the 2^20 a table holds never share one).
-fn client_addr(stack: PeerId, c: ConnId) -> SocketAddr {
+/// so the 2^20 a table holds never share one). Of `target`'s family, as
+/// a TCP connection's two ends are: to an IPv6 address, the same address
+/// IPv4-mapped (`[::ffff:127.88.<stack>]:<port>`). Both ends make it
+/// from the ids and the target, so they agree.
+fn client_addr(stack: PeerId, c: ConnId, target: &SocketAddr) -> SocketAddr {
     const PORTS: u32 = 65536 - 1024;
     let [hi, lo] = stack.0.to_be_bytes();
     let index = c.index() as u32;
     let block = (index / PORTS) as u8;
     let port = 1024 + index % PORTS;
-    SocketAddr::from(([127, 88 + block, hi, lo], port as u16))
+    let ip = std::net::Ipv4Addr::new(127, 88 + block, hi, lo);
+    match target {
+        SocketAddr::V4(_) => SocketAddr::from((ip, port as u16)),
+        SocketAddr::V6(_) => SocketAddr::from((ip.to_ipv6_mapped(), port as u16)),
+    }
 }
 
 fn stack_err(e: Error) -> io::Error {
@@ -1142,9 +1149,8 @@ impl Core {
                 // The ring says who sent it, and that makes the address
                 // (as for a SYN4).
                 Some((target, _)) => {
-                    table.on_syn_from(from, conn, target, client_addr(from, ConnId(conn)), |ip| {
-                        this_node(node_ips, ip)
-                    })
+                    let source = client_addr(from, ConnId(conn), &target);
+                    table.on_syn_from(from, conn, target, source, |ip| this_node(node_ips, ip))
                 }
                 None => {
                     tracing::warn!(peer = from.0, "malformed SYN refused");
@@ -1162,9 +1168,8 @@ impl Core {
             } => match u16::try_from(arg2) {
                 Ok(port) => {
                     let target = SocketAddr::from((std::net::Ipv4Addr::from(arg), port));
-                    table.on_syn_from(from, conn, target, client_addr(from, ConnId(conn)), |ip| {
-                        this_node(node_ips, ip)
-                    });
+                    let source = client_addr(from, ConnId(conn), &target);
+                    table.on_syn_from(from, conn, target, source, |ip| this_node(node_ips, ip));
                 }
                 Err(_) => tracing::warn!(peer = from.0, arg2, "malformed SYN refused"),
             },
@@ -1264,7 +1269,7 @@ impl Core {
                         // the listener derives our address from our ids.
                         debug_assert_eq!(
                             self.table.addrs(conn).map(|a| a.0).ok(),
-                            Some(client_addr(me, conn))
+                            Some(client_addr(me, conn, &target))
                         );
                         self.send_or_queue(
                             peer,
@@ -2528,9 +2533,9 @@ impl Net {
             // The source address depends on the id: reserve it, then fix.
             let c = g
                 .table
-                .connect(peer, addr, client_addr(me, ConnId(0)))
+                .connect(peer, addr, client_addr(me, ConnId(0), &addr))
                 .map_err(io::Error::from)?;
-            g.table.set_local_addr(c, client_addr(me, c));
+            g.table.set_local_addr(c, client_addr(me, c, &addr));
             g.syn_buf = syn;
             let mut wake = Vec::new();
             g.run_actions(&mut wake);
@@ -3716,7 +3721,10 @@ const DROP_DRAIN_MAX: usize = 64;
 /// sizes decide on both) — the `std_parity` test suite runs the same
 /// scenarios against both — except:
 /// - `local_addr` of a connecting stream is an address made from the
-///   process's stack id, not the listener's IP (X-IO clients do not bind).
+///   process's stack id, not the listener's IP (X-IO clients do not bind);
+///   IPv4-mapped to connect to an IPv6 address. An IPv4 client of a
+///   listener on `[::]` is accepted with IPv4 addresses (Linux's
+///   dual-stack socket maps them into IPv6).
 /// - A connect over a route the net knows returns before the listener
 ///   answers: a refusal is the first read's or write's (see
 ///   [`Net::connect`]).
@@ -4794,15 +4802,21 @@ mod tests {
     /// repeated every 64,512 slots).
     #[test]
     fn client_addresses_are_unique_over_a_whole_table() {
+        let v4: SocketAddr = "10.1.2.3:80".parse().unwrap();
         let mut seen = std::collections::HashSet::new();
         for i in 0..crate::conn::MAX_CONNS as u32 {
             // A generation in the high bits changes nothing.
             let c = ConnId(7 << 20 | i);
-            assert!(seen.insert(client_addr(PeerId(300), c)), "slot {i}");
+            assert!(seen.insert(client_addr(PeerId(300), c, &v4)), "slot {i}");
         }
         assert_eq!(
-            client_addr(PeerId(300), ConnId(0)).to_string(),
+            client_addr(PeerId(300), ConnId(0), &v4).to_string(),
             "127.88.1.44:1024"
+        );
+        let v6: SocketAddr = "[::1]:80".parse().unwrap();
+        assert_eq!(
+            client_addr(PeerId(300), ConnId(0), &v6).to_string(),
+            "[::ffff:127.88.1.44]:1024"
         );
     }
 

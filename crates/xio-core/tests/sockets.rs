@@ -3685,7 +3685,9 @@ fn an_ipv6_syn_cannot_claim_another_source_address() {
         .is_none());
     let (s, from) = l.accept().unwrap();
     let id = evil.id().0.to_be_bytes();
-    let expected = SocketAddr::from(([127, 88, id[0], id[1]], 1024 + conn as u16));
+    // (IPv4-mapped: a client of an IPv6 address has one.)
+    let ip = std::net::Ipv4Addr::new(127, 88, id[0], id[1]).to_ipv6_mapped();
+    let expected = SocketAddr::from((ip, 1024 + conn as u16));
     assert_eq!(from, expected, "the SYN's claimed source was trusted");
     assert_eq!(s.peer_addr().unwrap(), expected);
     drop((s, l, evil));

@@ -825,6 +825,10 @@ mod scenario {
             "client port not the listener's",
             c.local_addr().unwrap().port() != la.port(),
         );
+        log.v(
+            "client's address is of the listener's family",
+            c.local_addr().unwrap().is_ipv6() == la.is_ipv6(),
+        );
         let c2 = f.connect(la).unwrap();
         let (s2, a2) = l.accept().unwrap();
         log.v(

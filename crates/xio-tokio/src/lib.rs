@@ -86,7 +86,9 @@
 //! - A client's [`XioStream::local_addr`] is made from its process's
 //!   stack id (X-IO clients do not bind), so its IP is not the
 //!   listener's as on loopback TCP; any address can be bound, as X-IO
-//!   addresses are names, not routes.
+//!   addresses are names, not routes. An IPv4 client of a listener on
+//!   `[::]` is accepted with IPv4 addresses (Linux maps them into IPv6,
+//!   `::ffff:a.b.c.d`).
 //! - [`XioStream::nodelay`] is always true (nothing is ever delayed);
 //!   `set_nodelay` is accepted. There is no `set_linger`/`linger`,
 //!   `set_ttl`/`ttl`, `TcpSocket`, or `from_std`/`into_std` of kernel

@@ -308,6 +308,15 @@ const KNOWN: &[Known] = &[
         tcp: "Err(ConnectionRefused)",
         xio: "Ok(())",
     },
+    // Crate docs: an IPv4 client of a listener bound to `[::]` is
+    // accepted with its IPv4 addresses (Linux's dual-stack socket maps
+    // them into IPv6, `::ffff:a.b.c.d`).
+    Known {
+        scenario: "ipv6",
+        step: "v4 client to [::]",
+        tcp: "Ok((true, \"::ffff:127.0.0.1\", [102, 111, 117, 114]))",
+        xio: "Ok((false, \"127.0.0.1\", [102, 111, 117, 114]))",
+    },
     // Crate docs (`XioStream::ready`): `WRITE_CLOSED` is not reported
     // (Linux's EPOLLHUP, once both directions are shut or on a reset).
     Known {
@@ -434,6 +443,7 @@ scenarios!(
     readiness_after_own_shutdown,
     waits_ended_by_the_peer,
     unspecified_and_dropped_listeners,
+    ipv6,
 );
 
 /// Reads until end of stream or an error: the bytes, then how it ended.
@@ -1156,5 +1166,48 @@ mod scenario {
             Err(e) => Err(e),
         };
         log.r("connect again, then read", r);
+    }
+
+    pub async fn ipv6<F: Family>(f: &F, log: &mut Log) {
+        // A host without IPv6 loopback (a container started with it off)
+        // has no TCP side to compare with: both sides log nothing.
+        if std::net::TcpListener::bind("[::1]:0").is_err() {
+            eprintln!("ipv6: skipped: ::1 cannot be bound here");
+            return;
+        }
+        let lo6 = |port| SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));
+        let l = f.bind(lo6(0)).await.unwrap();
+        let a = l.local_addr().unwrap();
+        log.v("bound", (a.ip(), a.port() != 0));
+        let mut c = f.connect(a).await.unwrap();
+        let (mut s, peer) = l.accept().await.unwrap();
+        log.r("peer is the client", c.local_addr().map(|x| x == peer));
+        log.v("client is v6", peer.is_ipv6());
+        log.r("write", c.write_all(b"six").await);
+        log.v("read", exactly(&mut s, 3).await);
+        // An IPv4 client to a listener on [::] (Linux is dual-stack by
+        // default: it is accepted, as a v4-mapped address). Not where
+        // the host made v6 sockets v6-only.
+        let dual =
+            std::fs::read_to_string("/proc/sys/net/ipv6/bindv6only").is_ok_and(|s| s.trim() == "0");
+        if !dual {
+            return;
+        }
+        let any6 = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0));
+        let l = f.bind(any6).await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let r = async {
+            let mut c = f.connect(lo(port)).await?;
+            c.write_all(b"four").await?;
+            let (mut s, peer) = l.accept().await?;
+            let mut b = [0u8; 4];
+            s.read_exact(&mut b).await?;
+            Ok((peer.to_string(), s.local_addr()?.ip().to_string(), b))
+        }
+        .await;
+        log.r(
+            "v4 client to [::]",
+            r.map(|(p, l, b)| (p.starts_with("[::ffff:127.0.0.1]"), l, b)),
+        );
     }
 }
