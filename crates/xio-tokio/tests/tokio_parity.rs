@@ -444,6 +444,7 @@ scenarios!(
     waits_ended_by_the_peer,
     unspecified_and_dropped_listeners,
     ipv6,
+    data_then_reset,
 );
 
 /// Reads until end of stream or an error: the bytes, then how it ended.
@@ -1209,5 +1210,36 @@ mod scenario {
             "v4 client to [::]",
             r.map(|(p, l, b)| (p.starts_with("[::ffff:127.0.0.1]"), l, b)),
         );
+    }
+
+    pub async fn data_then_reset<F: Family>(f: &F, log: &mut Log) {
+        // The peer writes, then closes with bytes it never read: the bytes
+        // it wrote were there before its reset.
+        let (mut c, mut s, _l) = pair(f).await;
+        log.r("write", c.write_all(b"unread").await);
+        s.peek(&mut [0u8; 1]).await.unwrap();
+        log.r("peer writes", s.write_all(b"data").await);
+        c.peek(&mut [0u8; 1]).await.unwrap();
+        drop(s);
+        f.settle().await;
+        let mut b = [0u8; 8];
+        let r = c.read(&mut b).await;
+        log.read("read", r, &b);
+        log.r("read again", c.read(&mut b).await);
+        // Through a BufReader.
+        let (mut c, mut s, _l) = pair(f).await;
+        c.write_all(b"unread").await.unwrap();
+        s.peek(&mut [0u8; 1]).await.unwrap();
+        s.write_all(b"line\n").await.unwrap();
+        c.peek(&mut [0u8; 1]).await.unwrap();
+        drop(s);
+        f.settle().await;
+        let mut r = tokio::io::BufReader::new(c);
+        let mut line = String::new();
+        log.r("read_line", r.read_line(&mut line).await);
+        log.v("line", line.clone());
+        line.clear();
+        log.r("read_line again", r.read_line(&mut line).await);
+        log.r("read_line after", r.read_line(&mut line).await);
     }
 }
