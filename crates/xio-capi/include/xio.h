@@ -645,7 +645,8 @@ xio_result xio_stream_peer_addr(struct xio_stream *stream, char *buf, size_t cap
 
 /**
  * This end's address as `"ip:port"` (a client's is made up by X-IO:
- * `127.88.x.y:port`), as `xio_stream_peer_addr`.
+ * `127.88.x.y:port`, or `[::ffff:127.88.x.y]:port` when it dialled an
+ * IPv6 address), as `xio_stream_peer_addr`.
  *
  * # Safety
  * `stream` is a live stream handle or NULL; `buf` valid for `cap` bytes.

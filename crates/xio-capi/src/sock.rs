@@ -900,7 +900,8 @@ pub unsafe extern "C" fn xio_stream_peer_addr(
 }
 
 /// This end's address as `"ip:port"` (a client's is made up by X-IO:
-/// `127.88.x.y:port`), as `xio_stream_peer_addr`.
+/// `127.88.x.y:port`, or `[::ffff:127.88.x.y]:port` when it dialled an
+/// IPv6 address), as `xio_stream_peer_addr`.
 ///
 /// # Safety
 /// `stream` is a live stream handle or NULL; `buf` valid for `cap` bytes.

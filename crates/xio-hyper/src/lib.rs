@@ -778,7 +778,8 @@ pub struct GrpcStream {
 
 /// As TCP's, so `Request::remote_addr()` and `local_addr()` work in a
 /// tonic service unchanged (the peer's address is the client stack's,
-/// `127.88.x.y`: see `xio_core::net`).
+/// `127.88.x.y`, IPv4-mapped when it dialled an IPv6 address: see
+/// `xio_core::net`).
 #[cfg(feature = "tonic")]
 impl tonic::transport::server::Connected for GrpcStream {
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
