@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 use common::*;
 use xio_core::ctrl;
@@ -915,6 +915,63 @@ fn a_stacks_bindings_are_bounded() {
     });
 }
 
+/// A stand-in manager for tests that play the manager's side by hand: a
+/// real segment and a listening socket, no loop. Its thread accepts one
+/// stack and welcomes it as stack 1 (the segment and a doorbell).
+struct StandIn {
+    path: std::path::PathBuf,
+    seg: xio_core::segment::Segment,
+    _pool: xio_core::pool::ManagerPool,
+    accept: Option<std::thread::JoinHandle<(OwnedFd, OwnedFd)>>,
+}
+
+impl StandIn {
+    fn start(p: &str) -> StandIn {
+        use xio_core::segment::{Region, Segment};
+        let path = xio_core::paths::socket_path(p);
+        let _ = std::fs::remove_file(&path);
+        let cfg = PoolConfig {
+            classes: vec![(2048, 16)],
+            max_stacks: 4,
+            max_channels: 4,
+            ring_capacity: 16,
+        };
+        let geo = cfg.geometry().unwrap();
+        let region = Region::create_memfd(p, geo.total_len as usize).unwrap();
+        let seg = Segment::init(region, &cfg, &geo).unwrap();
+        let pool = xio_core::pool::ManagerPool::init(seg.clone());
+        let listener = ctrl::listen(&path).unwrap();
+        let seg_fd = seg.region().fd().unwrap().try_clone_to_owned().unwrap();
+        let accept = std::thread::spawn(move || {
+            let s = ctrl::accept(listener.as_fd()).unwrap();
+            let (m, _) = ctrl::recv(s.as_fd(), false).unwrap();
+            assert!(matches!(m, Msg::Hello { .. }), "{m:?}");
+            let bell = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+            let welcome = Msg::Welcome { stack_id: 1 };
+            ctrl::send(s.as_fd(), &welcome, &[seg_fd.as_fd(), bell.as_fd()]).unwrap();
+            (s, bell)
+        });
+        StandIn {
+            path,
+            seg,
+            _pool: pool,
+            accept: Some(accept),
+        }
+    }
+
+    /// The welcomed stack's socket and the doorbell sent with it.
+    fn welcomed(&mut self) -> (OwnedFd, OwnedFd) {
+        let accept = self.accept.take().expect("one stack per stand-in");
+        accept.join().unwrap()
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// A control message the stack cannot act on (here a `ChannelUp` without
 /// its doorbell, as a manager out of fds sends it) does not strand the
 /// messages queued behind it: they came with the same wake-up, and the
@@ -922,38 +979,15 @@ fn a_stacks_bindings_are_bounded() {
 /// unread would keep the dead peer's channel (and slot) for good.
 #[test]
 fn a_control_message_that_fails_does_not_strand_those_behind_it() {
-    use xio_core::segment::{Region, Segment};
     setup();
     let p = prefix("stranded");
-    let path = xio_core::paths::socket_path(&p);
-    let _ = std::fs::remove_file(&path);
-    // A stand-in manager: a real segment, a listener, no loop.
-    let cfg = PoolConfig {
-        classes: vec![(2048, 16)],
-        max_stacks: 4,
-        max_channels: 4,
-        ring_capacity: 16,
-    };
-    let geo = cfg.geometry().unwrap();
-    let region = Region::create_memfd("stranded", geo.total_len as usize).unwrap();
-    let seg = Segment::init(region, &cfg, &geo).unwrap();
-    let _pool = xio_core::pool::ManagerPool::init(seg.clone());
-    let listener = ctrl::listen(&path).unwrap();
-    let seg_fd = seg.region().fd().unwrap().try_clone_to_owned().unwrap();
-    let mgr = std::thread::spawn(move || {
-        let s = ctrl::accept(listener.as_fd()).unwrap();
-        let (m, _) = ctrl::recv(s.as_fd(), false).unwrap();
-        assert!(matches!(m, Msg::Hello { .. }), "{m:?}");
-        let bell = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
-        let welcome = Msg::Welcome { stack_id: 1 };
-        ctrl::send(s.as_fd(), &welcome, &[seg_fd.as_fd(), bell.as_fd()]).unwrap();
-        s
-    });
+    let mut fake = StandIn::start(&p);
     let mut stack = Stack::builder(&p)
         .wait_mode(WaitMode::NonBlocking)
         .attach()
         .unwrap();
-    let s = mgr.join().unwrap();
+    let (s, _bell) = fake.welcomed();
+    let seg = &fake.seg;
     // Two channels come up with one wake-up: the first without its fd.
     seg.reset_channel_rings(0);
     seg.reset_channel_rings(1);
@@ -975,7 +1009,6 @@ fn a_control_message_that_fails_does_not_strand_those_behind_it() {
     }
     assert_eq!(stack.peers(), vec![PeerId(3)]);
     drop((stack, s));
-    let _ = std::fs::remove_file(&path);
 }
 
 /// A stack's name reaches the status report and the logs without its
@@ -1254,38 +1287,15 @@ fn an_empty_packet_is_a_bad_message_not_a_stack_leaving() {
 /// give up on a manager that still serves it).
 #[test]
 fn an_empty_packet_from_the_manager_does_not_read_as_its_end() {
-    use xio_core::segment::{Region, Segment};
     setup();
     let p = prefix("empty-from-mgr");
-    let path = xio_core::paths::socket_path(&p);
-    let _ = std::fs::remove_file(&path);
-    // A stand-in manager: a real segment, a listener, no loop.
-    let cfg = PoolConfig {
-        classes: vec![(2048, 16)],
-        max_stacks: 4,
-        max_channels: 4,
-        ring_capacity: 16,
-    };
-    let geo = cfg.geometry().unwrap();
-    let region = Region::create_memfd("empty-from-mgr", geo.total_len as usize).unwrap();
-    let seg = Segment::init(region, &cfg, &geo).unwrap();
-    let _pool = xio_core::pool::ManagerPool::init(seg.clone());
-    let listener = ctrl::listen(&path).unwrap();
-    let seg_fd = seg.region().fd().unwrap().try_clone_to_owned().unwrap();
-    let mgr = std::thread::spawn(move || {
-        let s = ctrl::accept(listener.as_fd()).unwrap();
-        let (m, _) = ctrl::recv(s.as_fd(), false).unwrap();
-        assert!(matches!(m, Msg::Hello { .. }), "{m:?}");
-        let bell = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
-        let welcome = Msg::Welcome { stack_id: 1 };
-        ctrl::send(s.as_fd(), &welcome, &[seg_fd.as_fd(), bell.as_fd()]).unwrap();
-        (s, bell)
-    });
+    let mut fake = StandIn::start(&p);
     let mut stack = Stack::builder(&p)
         .wait_mode(WaitMode::NonBlocking)
         .attach()
         .unwrap();
-    let (s, _bell) = mgr.join().unwrap();
+    let (s, _bell) = fake.welcomed();
+    let seg = &fake.seg;
     rustix::net::send(&s, &[], rustix::net::SendFlags::NOSIGNAL).unwrap();
     seg.stack_slot(1)
         .ctrl_seq
@@ -1298,7 +1308,6 @@ fn an_empty_packet_from_the_manager_does_not_read_as_its_end() {
         "an empty packet read as the manager gone"
     );
     drop((stack, s));
-    let _ = std::fs::remove_file(&path);
 }
 
 /// A connection the manager answers with an error and then closes while
