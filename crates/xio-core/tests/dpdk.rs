@@ -1226,22 +1226,7 @@ fn a_stack_killed_inside_a_mempool_get_does_not_hang_the_sweep() {
 #[test]
 fn a_stack_killed_inside_a_mempool_get_does_not_block_another_ones_get() {
     setup();
-    let p = dpdk_prefix("park");
-    let mut m = manager_ready(&p);
-    let mut dead = child("parked_get", &p);
-    dead.expect("parked");
-    let mut live = child("late_get", &p);
-    live.expect("ready");
-    live.tell("go");
-    // Not a time bound: lets the live stack reach its get before the
-    // other one dies (too early, and the test passes without showing).
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    dead.kill9();
-    wait_for_a_sweep(&mut m);
-    live.expect("allocated");
-    drop(live.child.stdin.take());
-    live.wait_success();
-    assert_whole_then_finish(m, &p);
+    a_live_get_outlives(&dpdk_prefix("park"), "parked_get", "parked");
 }
 
 /// A broken or hostile stack left a mempool get half done in the ring
@@ -1257,11 +1242,18 @@ fn a_stack_killed_inside_a_mempool_get_does_not_block_another_ones_get() {
 #[test]
 fn a_mempool_get_left_half_done_by_a_dead_process_hangs_no_live_get() {
     setup();
-    let p = dpdk_prefix("loose");
-    let mut m = manager_ready(&p);
-    let mut bad = child("loose_half_get", &p);
-    bad.expect("scribbled");
-    let mut live = child("late_get", &p);
+    a_live_get_outlives(&dpdk_prefix("loose"), "loose_half_get", "scribbled");
+}
+
+/// A manager, a child in `role` that leaves a mempool get in the state
+/// its name says (and prints `word`), and a live stack starting a get of
+/// its own: once the child is killed -9 and swept, the live get ends and
+/// the pool is whole.
+fn a_live_get_outlives(p: &str, role: &str, word: &str) {
+    let mut m = manager_ready(p);
+    let mut bad = child(role, p);
+    bad.expect(word);
+    let mut live = child("late_get", p);
     live.expect("ready");
     live.tell("go");
     // Not a time bound: lets the live stack reach its get before the
@@ -1272,7 +1264,7 @@ fn a_mempool_get_left_half_done_by_a_dead_process_hangs_no_live_get() {
     live.expect("allocated");
     drop(live.child.stdin.take());
     live.wait_success();
-    assert_whole_then_finish(m, &p);
+    assert_whole_then_finish(m, p);
 }
 
 /// A manager, and a child in `role` that scribbles on the prefix's shared
