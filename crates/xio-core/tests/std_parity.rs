@@ -11,6 +11,8 @@
 //! are the same macro expanded for each type.
 
 mod common;
+#[path = "common/parity.rs"]
+mod parity;
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -383,32 +385,12 @@ where
     let mut got = Log::default();
     xio_scenario(&x, &mut got);
     drop(x);
-    // (Shown with --nocapture: what both said, step by step.)
-    for ((step, s), (_, x)) in want.0.iter().zip(&got.0) {
-        eprintln!("{name}: {step}: std {s}, xio {x}");
-    }
-    let steps = |l: &Log| l.0.iter().map(|(s, _)| *s).collect::<Vec<_>>();
-    assert_eq!(steps(&want), steps(&got), "{name}: the same steps");
-    let mut diffs = Vec::new();
-    for ((step, s), (_, x)) in want.0.iter().zip(&got.0) {
-        let known = KNOWN.iter().find(|k| k.scenario == name && k.step == *step);
-        match known {
-            Some(k) => {
-                assert_eq!(
-                    (s.as_str(), x.as_str()),
-                    (k.std, k.xio),
-                    "{name}/{step}: as KNOWN pins it"
-                );
-            }
-            None if s != x => diffs.push(format!("  {step}: std {s}, xio {x}")),
-            None => {}
-        }
-    }
-    assert!(
-        diffs.is_empty(),
-        "{name}: X-IO differs from std:\n{}",
-        diffs.join("\n")
-    );
+    parity::judge(name, "std", &want.0, &got.0, |n, step| {
+        KNOWN
+            .iter()
+            .find(|k| k.scenario == n && k.step == step)
+            .map(|k| (k.std, k.xio))
+    });
 }
 
 /// One test per scenario and address family: the scenario's generic

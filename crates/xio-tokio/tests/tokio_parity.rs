@@ -18,6 +18,8 @@
 //! `from_std` / `into_std` of kernel sockets, and `tokio-stream`'s
 //! `TcpListenerStream` (an accept loop is `loop { l.accept().await }`).
 
+#[path = "../../xio-core/tests/common/parity.rs"]
+mod parity;
 #[path = "../../xio-core/tests/common/process_dir.rs"]
 mod process_dir;
 
@@ -379,32 +381,12 @@ where
     });
     drop(x);
     drop(rt);
-    // (Shown with --nocapture: what both said, step by step.)
-    for ((step, s), (_, x)) in want.0.iter().zip(&got.0) {
-        eprintln!("{name}: {step}: tcp {s}, xio {x}");
-    }
-    let steps = |l: &Log| l.0.iter().map(|(s, _)| *s).collect::<Vec<_>>();
-    assert_eq!(steps(&want), steps(&got), "{name}: the same steps");
-    let mut diffs = Vec::new();
-    for ((step, s), (_, x)) in want.0.iter().zip(&got.0) {
-        let known = KNOWN.iter().find(|k| k.scenario == name && k.step == *step);
-        match known {
-            Some(k) => {
-                assert_eq!(
-                    (s.as_str(), x.as_str()),
-                    (k.tcp, k.xio),
-                    "{name}/{step}: as KNOWN pins it"
-                );
-            }
-            None if s != x => diffs.push(format!("  {step}: tcp {s}, xio {x}")),
-            None => {}
-        }
-    }
-    assert!(
-        diffs.is_empty(),
-        "{name}: X-IO differs from tokio TCP:\n{}",
-        diffs.join("\n")
-    );
+    parity::judge(name, "tokio TCP", &want.0, &got.0, |n, step| {
+        KNOWN
+            .iter()
+            .find(|k| k.scenario == n && k.step == step)
+            .map(|k| (k.tcp, k.xio))
+    });
 }
 
 /// One test per scenario: the scenario's generic function, run in both
