@@ -416,17 +416,23 @@ fn answering_a_peer_that_left_is_a_reset_while_its_reset_is_queued() {
 /// A raw client registered as a stack ("deaf": the tests decide when it
 /// reads); its socket and stack id.
 fn deaf_stack(prefix: &str) -> (std::os::fd::OwnedFd, u16) {
-    let deaf = raw_conn(prefix);
+    raw_stack(prefix, "deaf")
+}
+
+/// A raw client registered as stack `name` (the test speaks the protocol
+/// from there); its socket and stack id.
+fn raw_stack(prefix: &str, name: &str) -> (std::os::fd::OwnedFd, u16) {
+    let s = raw_conn(prefix);
     let hello = Msg::Hello {
         pid: 1,
-        name: "deaf".into(),
+        name: name.into(),
     };
-    ctrl::send(deaf.as_fd(), &hello, &[]).unwrap();
-    let (m, _fds) = ctrl::recv(deaf.as_fd(), false).unwrap();
+    ctrl::send(s.as_fd(), &hello, &[]).unwrap();
+    let (m, _fds) = ctrl::recv(s.as_fd(), false).unwrap();
     let Msg::Welcome { stack_id } = m else {
         panic!("expected Welcome, got {m:?}")
     };
-    (deaf, stack_id)
+    (s, stack_id)
 }
 
 /// The control messages the manager holds for stack `id` (None: not
@@ -1204,14 +1210,7 @@ fn a_cut_off_stack_that_sent_its_own_socket_still_dies() {
     setup();
     let p = prefix("self-fd");
     let mgr = Manager::builder(&p).spawn().unwrap();
-    let s = raw_conn(&p);
-    let hello = Msg::Hello {
-        pid: 1,
-        name: "self-fd".into(),
-    };
-    ctrl::send(s.as_fd(), &hello, &[]).unwrap();
-    let (m, _fds) = ctrl::recv(s.as_fd(), false).unwrap();
-    assert!(matches!(m, Msg::Welcome { .. }), "{m:?}");
+    let (s, _) = raw_stack(&p, "self-fd");
     send_lying_connect(&s);
     // Its own socket, in flight to the manager, in a packet it never reads.
     ctrl::send(s.as_fd(), &Msg::Status, &[s.as_fd()]).unwrap();
@@ -1243,16 +1242,7 @@ fn an_empty_packet_is_a_bad_message_not_a_stack_leaving() {
     setup();
     let p = prefix("empty-pkt");
     let mgr = Manager::builder(&p).spawn().unwrap();
-    let s = raw_conn(&p);
-    let hello = Msg::Hello {
-        pid: 1,
-        name: "empty".into(),
-    };
-    ctrl::send(s.as_fd(), &hello, &[]).unwrap();
-    let (m, _fds) = ctrl::recv(s.as_fd(), false).unwrap();
-    let Msg::Welcome { stack_id } = m else {
-        panic!("expected Welcome, got {m:?}");
-    };
+    let (s, stack_id) = raw_stack(&p, "empty");
     let n = rustix::net::send(&s, &[], rustix::net::SendFlags::NOSIGNAL).unwrap();
     assert_eq!(n, 0);
     // Answered after the empty packet was handled.
