@@ -315,19 +315,23 @@ fn dropped_stack(prefix: &str) {
     println!("XIO:handed {} twice {twice}", seen.len() + twice);
 }
 
+/// A DPDK manager's builder with a small pool: 64 buffers of 2 KiB, 4
+/// stacks, `channels` channels of `ring` slots.
+fn small_dpdk_manager(prefix: &str, channels: u32, ring: u32) -> xio_core::manager::ManagerBuilder {
+    xio_core::manager::Manager::builder(prefix)
+        .backend(xio_core::manager::Backend::Dpdk)
+        .pool(xio_core::layout::PoolConfig {
+            classes: vec![(2048, 64)],
+            max_stacks: 4,
+            max_channels: channels,
+            ring_capacity: ring,
+        })
+}
+
 /// Starts a manager whose rings DPDK cannot make (more than its memzone
 /// limit), after its mempools were made: says how that went, and exits.
 fn failed_manager(prefix: &str) {
-    let pool = xio_core::layout::PoolConfig {
-        classes: vec![(2048, 64)],
-        max_stacks: 4,
-        max_channels: 4096,
-        ring_capacity: 2,
-    };
-    let r = xio_core::manager::Manager::builder(prefix)
-        .backend(xio_core::manager::Backend::Dpdk)
-        .pool(pool)
-        .spawn();
+    let r = small_dpdk_manager(prefix, 4096, 2).spawn();
     match r {
         Ok(_) => println!("XIO:started"),
         Err(e) => println!("XIO:failed {e}"),
@@ -338,17 +342,7 @@ fn failed_manager(prefix: &str) {
 /// (an application that set one up, then failed at something else):
 /// says how many of the prefix's hugepage files are left, and exits.
 fn unrun_manager(prefix: &str) {
-    let pool = xio_core::layout::PoolConfig {
-        classes: vec![(2048, 64)],
-        max_stacks: 4,
-        max_channels: 4,
-        ring_capacity: 64,
-    };
-    let m = xio_core::manager::Manager::builder(prefix)
-        .backend(xio_core::manager::Backend::Dpdk)
-        .pool(pool)
-        .bind()
-        .unwrap();
+    let m = small_dpdk_manager(prefix, 4, 64).bind().unwrap();
     let made = hugepage_files(prefix).len();
     drop(m);
     println!("XIO:left {made} {}", hugepage_files(prefix).len());
