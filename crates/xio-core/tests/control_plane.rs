@@ -965,10 +965,16 @@ impl StandIn {
         }
     }
 
-    /// The welcomed stack's socket and the doorbell sent with it.
-    fn welcomed(&mut self) -> (OwnedFd, OwnedFd) {
+    /// A non-blocking stack attached to prefix `p` (this stand-in's),
+    /// the stand-in's end of its socket, and the doorbell sent to it.
+    fn attach(&mut self, p: &str) -> (Stack, OwnedFd, OwnedFd) {
+        let stack = Stack::builder(p)
+            .wait_mode(WaitMode::NonBlocking)
+            .attach()
+            .unwrap();
         let accept = self.accept.take().expect("one stack per stand-in");
-        accept.join().unwrap()
+        let (s, bell) = accept.join().unwrap();
+        (stack, s, bell)
     }
 }
 
@@ -988,11 +994,7 @@ fn a_control_message_that_fails_does_not_strand_those_behind_it() {
     setup();
     let p = prefix("stranded");
     let mut fake = StandIn::start(&p);
-    let mut stack = Stack::builder(&p)
-        .wait_mode(WaitMode::NonBlocking)
-        .attach()
-        .unwrap();
-    let (s, _bell) = fake.welcomed();
+    let (mut stack, s, _bell) = fake.attach(&p);
     let seg = &fake.seg;
     // Two channels come up with one wake-up: the first without its fd.
     seg.reset_channel_rings(0);
@@ -1280,11 +1282,7 @@ fn an_empty_packet_from_the_manager_does_not_read_as_its_end() {
     setup();
     let p = prefix("empty-from-mgr");
     let mut fake = StandIn::start(&p);
-    let mut stack = Stack::builder(&p)
-        .wait_mode(WaitMode::NonBlocking)
-        .attach()
-        .unwrap();
-    let (s, _bell) = fake.welcomed();
+    let (mut stack, s, _bell) = fake.attach(&p);
     let seg = &fake.seg;
     rustix::net::send(&s, &[], rustix::net::SendFlags::NOSIGNAL).unwrap();
     seg.stack_slot(1)
