@@ -14,11 +14,9 @@ use xio_core::proto::Msg;
 /// Entry point of child processes (a no-op when run as a normal test).
 #[test]
 fn child_main() {
-    let Ok(role) = std::env::var("XIO_CHILD_ROLE") else {
+    let Some((role, a)) = child_role() else {
         return;
     };
-    die_with_parent();
-    let a = child_args();
     match role.as_str() {
         "manager" => {
             let m = manager_builder(&a[0]).bind().unwrap();

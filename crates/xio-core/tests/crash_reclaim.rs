@@ -25,11 +25,9 @@ use xio_core::segment::{Region, Segment};
 /// Entry point of child processes (a no-op when run as a normal test).
 #[test]
 fn child_main() {
-    let Ok(role) = std::env::var("XIO_CHILD_ROLE") else {
+    let Some((role, a)) = child_role() else {
         return;
     };
-    die_with_parent();
-    let a = child_args();
     match role.as_str() {
         "two_stacks_churn" => two_stacks_churn(&a[0]),
         "big_churn" => big_churn(&a[0]),

@@ -13,11 +13,9 @@ const MESSAGES: u64 = 100_000;
 /// Entry point of child processes (a no-op when run as a normal test).
 #[test]
 fn child_main() {
-    let Ok(role) = std::env::var("XIO_CHILD_ROLE") else {
+    let Some((role, a)) = child_role() else {
         return;
     };
-    die_with_parent();
-    let a = child_args();
     match role.as_str() {
         "echo" => echo(&a[0], a[1].parse().unwrap()),
         "client" => client(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),

@@ -59,11 +59,9 @@ fn spawn_hostile(p: &str, addr: SocketAddr, seed: u64, iters: u64, mode: &str) -
 
 #[test]
 fn child_main() {
-    let Ok(role) = std::env::var("XIO_CHILD_ROLE") else {
+    let Some((role, a)) = child_role() else {
         return;
     };
-    die_with_parent();
-    let a = child_args();
     match role.as_str() {
         "hostile" => hostile(
             &a[0],

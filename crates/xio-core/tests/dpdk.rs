@@ -99,11 +99,9 @@ fn manager_ready(p: &str) -> ChildProc {
 
 #[test]
 fn child_main() {
-    let Ok(role) = std::env::var("XIO_CHILD_ROLE") else {
+    let Some((role, a)) = child_role() else {
         return;
     };
-    die_with_parent();
-    let a = child_args();
     match role.as_str() {
         "primary" => primary(&a[0]),
         "echo" => echo(&a[0], a[1].parse().unwrap()),

@@ -15,11 +15,9 @@ use xio_core::net::{Event, Net, XioStream};
 /// Entry point of child processes (a no-op when run as a normal test).
 #[test]
 fn child_main() {
-    let Ok(role) = std::env::var("XIO_CHILD_ROLE") else {
+    let Some((role, a)) = child_role() else {
         return;
     };
-    die_with_parent();
-    let a = child_args();
     match role.as_str() {
         "echo_server" => echo_server(&a[0], a[1].parse().unwrap()),
         "stream_clients" => stream_clients(

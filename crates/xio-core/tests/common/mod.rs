@@ -188,6 +188,15 @@ pub fn wait_readable(fd: impl std::os::fd::AsFd, what: &str) {
     assert_eq!(n, 1, "watchdog: {what}");
 }
 
+/// In a child process (`XIO_CHILD_ROLE` set): its role and the role's
+/// arguments, after asking to die with the parent. `None` in a normal
+/// test run, where a `child_main` test does nothing.
+pub fn child_role() -> Option<(String, Vec<String>)> {
+    let role = std::env::var("XIO_CHILD_ROLE").ok()?;
+    die_with_parent();
+    Some((role, child_args()))
+}
+
 /// In a child: the role's arguments.
 pub fn child_args() -> Vec<String> {
     std::env::var("XIO_CHILD_ARGS")
