@@ -4837,6 +4837,21 @@ mod tests {
         assert_eq!(decode_syn(&b), None);
     }
 
+    /// A manager of this test process's own (prefix `unit-<name>-<pid>`),
+    /// a server net listening at `addr`, and a client net.
+    fn two_nets(
+        name: &str,
+        addr: SocketAddr,
+    ) -> (crate::manager::ManagerHandle, Net, Net, XioListener) {
+        crate::paths::use_test_run_dir();
+        let p = format!("unit-{name}-{}", std::process::id());
+        let m = crate::Manager::builder(&p).spawn().unwrap();
+        let server = Net::attach(&p).unwrap();
+        let client = Net::attach(&p).unwrap();
+        let l = server.listen(addr).unwrap();
+        (m, server, client, l)
+    }
+
     /// A drain that fails inside [`Net::poll_nowait`] after it collected
     /// events (a control message the stack could not act on, say) lost
     /// them: they were returned with the error, which the C ABI's
@@ -4848,13 +4863,8 @@ mod tests {
     #[test]
     fn a_drain_failing_in_poll_nowait_loses_no_event() {
         use std::io::Write;
-        crate::paths::use_test_run_dir();
-        let p = format!("unit-drive-fails-{}", std::process::id());
-        let _m = crate::Manager::builder(&p).spawn().unwrap();
-        let server = Net::attach(&p).unwrap();
-        let client = Net::attach(&p).unwrap();
         let addr: SocketAddr = "10.9.9.1:80".parse().unwrap();
-        let l = server.listen(addr).unwrap();
+        let (_m, server, client, l) = two_nets("drive-fails", addr);
         let mut c = client.connect(addr).unwrap();
         let (s, _) = l.accept().unwrap();
         s.set_nonblocking(true).unwrap();
@@ -4933,13 +4943,8 @@ mod tests {
     fn wakers_of_tasks_gone_do_not_pile_up() {
         use std::io::Write;
         use std::task::{Context, Waker};
-        crate::paths::use_test_run_dir();
-        let p = format!("unit-wakers-pile-{}", std::process::id());
-        let _m = crate::Manager::builder(&p).spawn().unwrap();
-        let server = Net::attach(&p).unwrap();
-        let client = Net::attach(&p).unwrap();
         let addr: SocketAddr = "10.9.9.2:80".parse().unwrap();
-        let l = server.listen(addr).unwrap();
+        let (_m, server, client, l) = two_nets("wakers-pile", addr);
         let pair = || {
             let c = client.connect(addr).unwrap();
             (c, l.accept().unwrap().0)
