@@ -15,6 +15,7 @@
 mod backends;
 mod baselines;
 mod capi;
+mod clock;
 mod compare;
 mod pin;
 mod sockets;

@@ -50,6 +50,7 @@ use crate::baselines::{
     echo_loop, elapsed_ns, pattern, read_port_line, retry_connect, temp_socket_path, RemoveOnDrop,
     ServerChild, READY_TIMEOUT,
 };
+use crate::clock::{presized, to_ns, Clock};
 use crate::compare::{background_load, fmt_size, parse_size, progress, NoiseMeter};
 use crate::pin::{online_cpus, pin_scoped};
 use crate::stats::{fmt_us, summarize, Summary};
@@ -832,7 +833,7 @@ fn xio_loop_client(
         c.set_token(i as u64);
     }
     struct St {
-        sent_at: Instant,
+        sent_at: u64,
         seq: u64,
         got: usize,
         rx: [u8; MSG],
@@ -843,31 +844,36 @@ fn xio_loop_client(
         m[8..16].copy_from_slice(&(i as u64).to_le_bytes());
         m
     };
+    let clock = Clock::start();
     let mut st: Vec<St> = (0..n)
         .map(|_| St {
-            sent_at: Instant::now(),
+            sent_at: 0,
             seq: 0,
             got: 0,
             rx: [0; MSG],
         })
         .collect();
     for (i, c) in conns.iter().enumerate() {
-        st[i].sent_at = Instant::now();
+        st[i].sent_at = clock.now();
         (&*c).write_all(&msg(i, 0)).context("first request")?;
     }
-    let start = Instant::now();
-    let measure_from = start + job.warm;
-    let measure_to = measure_from + job.measure;
-    let mut out = Outcome::default();
+    let start = clock.now();
+    let measure_from = start + clock.ticks(job.warm);
+    let measure_to = measure_from + clock.ticks(job.measure);
+    let drain_to = measure_to + clock.ticks(DRAIN_TIMEOUT);
+    let mut out = Outcome {
+        samples: presized(sample_room(job.measure)),
+        ..Outcome::default()
+    };
     let mut events = Vec::new();
     let mut in_flight = n;
     let mut stopping = false;
     while in_flight > 0 {
-        let now = Instant::now();
+        let now = clock.now();
         if !stopping && now >= measure_to {
             stopping = true;
         }
-        if stopping && now >= measure_to + DRAIN_TIMEOUT {
+        if stopping && now >= drain_to {
             bail!("{in_flight} replies never came");
         }
         events.clear();
@@ -900,11 +906,10 @@ fn xio_loop_client(
                 if s.got < MSG {
                     continue;
                 }
-                let t = Instant::now();
+                let t = clock.now();
                 ensure!(s.rx == msg(i, s.seq), "wrong reply on connection {i}");
                 if s.sent_at >= measure_from && t <= measure_to {
-                    out.samples
-                        .push(t.duration_since(s.sent_at).as_nanos() as u64);
+                    out.samples.push(t - s.sent_at);
                     out.ops += 1;
                 }
                 s.got = 0;
@@ -920,8 +925,16 @@ fn xio_loop_client(
             }
         }
     }
+    to_ns(&mut out.samples, clock.ns_per_tick());
     out.wall = job.measure;
     Ok(out)
+}
+
+/// Room for the latency samples of a measured window of `d`: enough for
+/// 12 M requests/s (every transport here stays below), at most 16 M
+/// samples (128 MiB); a longer window grows the vector as it goes.
+fn sample_room(d: Duration) -> usize {
+    ((d.as_secs_f64() * 12e6) as usize).clamp(1 << 16, 16 << 20)
 }
 
 /// Section a over X-IO's zero-copy calls: sends a pool buffer of `size`
@@ -1407,14 +1420,15 @@ struct ClientConn<S> {
     tx_off: usize,
     rx: [u8; MSG],
     rx_off: usize,
-    sent: Instant,
+    /// When the request was sent, in [`Clock`] ticks.
+    sent: u64,
     /// Registered for `EPOLLOUT` (a request is partly written).
     out_armed: bool,
 }
 
 impl<S: Read + Write + AsFd> ClientConn<S> {
     /// Starts the next request.
-    fn send(&mut self, ep: &impl AsFd, now: Instant) -> Result<()> {
+    fn send(&mut self, ep: &impl AsFd, now: u64) -> Result<()> {
         self.seq += 1;
         self.tx[..8].copy_from_slice(&self.seq.to_le_bytes());
         self.tx_off = 0;
@@ -1516,19 +1530,21 @@ fn epoll_client<S: Read + Write + AsFd>(
             tx_off: MSG,
             rx: [0; MSG],
             rx_off: 0,
-            sent: Instant::now(),
+            sent: 0,
             out_armed: false,
         });
     }
 
-    let start = Instant::now();
-    let t_measure = start + job.warm;
-    let t_end = t_measure + job.measure;
+    let clock = Clock::start();
+    let start = clock.now();
+    let t_measure = start + clock.ticks(job.warm);
+    let t_end = t_measure + clock.ticks(job.measure);
+    let t_drain = t_end + clock.ticks(DRAIN_TIMEOUT);
     for c in &mut conns {
         c.send(&ep, start)?;
     }
     let mut in_flight = n;
-    let mut samples = Vec::with_capacity(1 << 16);
+    let mut samples = presized(sample_room(job.measure));
     let mut events = Vec::with_capacity(n.min(1024));
     // Wake up now and then even with nothing to do, to notice the deadlines.
     let tick = Timespec {
@@ -1537,9 +1553,9 @@ fn epoll_client<S: Read + Write + AsFd>(
     };
     while in_flight > 0 {
         wait(&ep, &mut events, Some(&tick))?;
-        let mut now = Instant::now();
+        let mut now = clock.now();
         ensure!(
-            now < t_end + DRAIN_TIMEOUT,
+            now < t_drain,
             "{in_flight} replies still missing {DRAIN_TIMEOUT:?} after the end"
         );
         for ev in &events {
@@ -1554,10 +1570,10 @@ fn epoll_client<S: Read + Write + AsFd>(
             {
                 continue;
             }
-            now = Instant::now();
+            now = clock.now();
             in_flight -= 1;
             if now >= t_measure && now <= t_end {
-                samples.push(u64::try_from((now - c.sent).as_nanos()).unwrap_or(u64::MAX));
+                samples.push(now - c.sent);
             }
             if now < t_end {
                 c.send(&ep, now)?;
@@ -1568,6 +1584,7 @@ fn epoll_client<S: Read + Write + AsFd>(
     // Dropping the connections closes them; the server exits when all are
     // closed.
     drop(conns);
+    to_ns(&mut samples, clock.ns_per_tick());
     Ok(Outcome {
         ops: samples.len() as u64,
         samples,
