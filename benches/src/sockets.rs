@@ -51,7 +51,9 @@ use crate::baselines::{
     ServerChild, READY_TIMEOUT,
 };
 use crate::clock::{presized, to_ns, Clock};
-use crate::compare::{background_load, fmt_size, parse_size, progress, NoiseMeter};
+use crate::compare::{
+    background_load, fmt_size, parse_size, print_host_phase, progress, NoiseMeter,
+};
 use crate::pin::{online_cpus, pin_scoped};
 use crate::stats::{fmt_us, summarize, Summary};
 use xio_core::net::{Net, XioListener, XioStream};
@@ -337,6 +339,7 @@ pub fn run(a: &SocketsArgs) -> Result<()> {
             l.busy_pct, l.steal_pct
         );
     }
+    print_host_phase("before the run");
 
     for &section in &sections {
         for &place in &placements {
@@ -354,6 +357,7 @@ pub fn run(a: &SocketsArgs) -> Result<()> {
         }
     }
 
+    print_host_phase("after the run");
     println!("Total run time: {:.0} s.", started.elapsed().as_secs_f64());
     if let Some((secs, pct)) = noise.as_ref().and_then(NoiseMeter::finish) {
         println!(

@@ -621,6 +621,7 @@ pub fn run_http(a: &HttpArgs) -> Result<()> {
         std::env::args().collect::<Vec<_>>().join(" "),
         total.as_secs_f64()
     );
+    crate::compare::print_host_phase("before the run");
     let mut failures = Vec::new();
     for &v in &versions {
         for &size in &sizes {
@@ -652,6 +653,7 @@ pub fn run_http(a: &HttpArgs) -> Result<()> {
             println!();
         }
     }
+    crate::compare::print_host_phase("after the run");
     for f in failures {
         println!("{f}");
     }
