@@ -52,7 +52,9 @@ int main(int argc, char **argv) {
 
     xio_buf **held = calloc(hold ? hold : 1, sizeof *held);
     size_t n_held = 0;
-    unsigned long forwarded = 0;
+    /* Messages echoed; and messages taken in to echo, which also counts
+     * those whose sender left before its echo could go back. */
+    unsigned long forwarded = 0, received = 0;
     for (;;) {
         xio_buf *buf;
         xio_peer from;
@@ -76,6 +78,7 @@ int main(int argc, char **argv) {
             }
             continue;
         }
+        received++;
         /* Receive, rewrite the header in place, send back: no copy. */
         if ((r = xio_buf_make_writable(buf)) != XIO_OK)
             die("make writable", r);
@@ -103,6 +106,7 @@ int main(int argc, char **argv) {
         xio_buf_free(held[i]);
     free(held);
     printf("XIO:forwarded %lu\n", forwarded);
+    printf("XIO:received %lu\n", received);
     xio_stack_close(stack);
     return 0;
 }

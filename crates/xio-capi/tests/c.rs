@@ -371,10 +371,13 @@ fn the_readmes_c_program_builds_and_gets_its_echo() {
     assert_eq!(out, "echoed: hello\n");
 
     // Its two sends (the message and the forwarded reply) reached the echo.
+    // Counted as received, not echoed: the program closes its stack right
+    // after the second send, and the echo of it meets a reset whenever the
+    // close wins the race (the test failed that way about one run in six).
     let mut me = Stack::attach(&p).unwrap();
     let peer = me.connect("10.0.0.1:7".parse().unwrap()).unwrap();
     me.send_tagged(peer, 1, me.alloc(1).unwrap()).unwrap();
-    assert_eq!(nf.expect("forwarded"), "2");
+    assert_eq!(nf.expect("received"), "2");
     nf.wait_success();
     drop(me);
     wait_pool_whole(&mgr);
