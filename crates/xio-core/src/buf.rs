@@ -122,14 +122,16 @@ impl BufMut {
         Arc::as_ptr(&self.pool).cast()
     }
 
-    pub(crate) fn into_raw(self) -> (RawBuf, usize) {
-        let r = (self.raw, self.len);
+    /// The buffer's identity and length for a descriptor, and its pool
+    /// reference, which a stack keeps for the next buffer it receives (a
+    /// reference moved is a locked increment and a locked decrement saved).
+    pub(crate) fn into_parts(self) -> (RawBuf, usize, Arc<dyn BufferPool>) {
         // Ownership moves into the descriptor; the pool is told by the send.
         let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `this` is never used or dropped again; we move the Arc out
-        // once so its count is released.
-        drop(unsafe { std::ptr::read(&this.pool) });
-        r
+        // SAFETY: `this` is never used or dropped again; the Arc is moved
+        // out once, so its count is neither lost nor released twice.
+        let pool = unsafe { std::ptr::read(&this.pool) };
+        (this.raw, this.len, pool)
     }
 }
 

@@ -366,6 +366,7 @@ impl StackBuilder {
             inbox: VecDeque::new(),
             scratch: [Descriptor::default(); BURST],
             burst_raws: Vec::new(),
+            refs: Vec::with_capacity(REFS_KEPT),
             rr: 0,
             corrupt: 0,
             manager_gone: false,
@@ -386,6 +387,10 @@ impl StackBuilder {
 }
 
 const BURST: usize = 32;
+
+/// Pool references a stack keeps from the buffers it sends, for the
+/// buffers it receives (see [`Stack::pool_ref`]): a burst's worth each way.
+const REFS_KEPT: usize = 2 * BURST;
 
 /// The manager's answer to a request (`Err`: a malformed one), with the
 /// fds it carried.
@@ -434,6 +439,21 @@ enum PoolRef {
     Shm(Arc<StackPool>),
     #[cfg(feature = "dpdk")]
     Dpdk(Arc<crate::dpdk::DpdkPool>),
+}
+
+/// Takes `b` apart for sending, keeping its pool reference in `refs` for
+/// the next received buffer when it is a reference to `pool` and `refs`
+/// has room (it is released otherwise, a locked decrement).
+fn take_for_send(
+    refs: &mut Vec<Arc<dyn BufferPool>>,
+    pool: &PoolRef,
+    b: BufMut,
+) -> (crate::pool::RawBuf, usize) {
+    let (raw, len, p) = b.into_parts();
+    if refs.len() < REFS_KEPT && Arc::as_ptr(&p).cast::<()>() == pool.addr() {
+        refs.push(p);
+    }
+    (raw, len)
 }
 
 impl PoolRef {
@@ -602,6 +622,9 @@ pub struct Stack {
     scratch: [Descriptor; BURST],
     /// Kept between calls of [`Stack::push_bufs`] (no allocation per burst).
     burst_raws: Vec<(u8, u32, crate::pool::RawBuf, usize)>,
+    /// References to our pool taken from buffers we sent, handed to the
+    /// buffers we receive next (see [`Stack::pool_ref`]).
+    refs: Vec<Arc<dyn BufferPool>>,
     rr: usize,
     corrupt: u64,
     manager_gone: bool,
@@ -1345,6 +1368,13 @@ impl Stack {
         }
     }
 
+    /// A reference to our pool for a buffer being received: one kept from
+    /// a buffer we sent when there is one (moved, not counted), a new one
+    /// (a locked increment) otherwise.
+    fn pool_ref(&mut self) -> Arc<dyn BufferPool> {
+        self.refs.pop().unwrap_or_else(|| self.pool.shared())
+    }
+
     /// Validates `self.scratch[..n]` from `peer` and queues what passes as
     /// `Buf`s. The headers are prefetched first, so their misses overlap.
     fn deliver_burst(&mut self, peer: u16, n: usize) {
@@ -1354,8 +1384,7 @@ impl Stack {
         // below (each an ownership transfer of a line the sender wrote).
         let mut refs: [Option<Arc<dyn BufferPool>>; BURST] = Default::default();
         for r in &mut refs[..n] {
-            let p: Arc<dyn BufferPool> = self.pool.shared();
-            *r = Some(p);
+            *r = Some(self.pool_ref());
         }
         let mut k = 0;
         for j in 0..n {
@@ -1741,8 +1770,7 @@ impl Stack {
                 let d = self.scratch[j];
                 if kind::carries_buffer(d.kind) {
                     if let Some(raw) = self.take_descriptor(peer, &d) {
-                        let p: Arc<dyn BufferPool> = self.pool.shared();
-                        let buf = Buf::new(p, raw, d.len as usize);
+                        let buf = Buf::new(self.pool_ref(), raw, d.len as usize);
                         f(Incoming::Buf {
                             from: PeerId(peer),
                             kind: d.kind,
@@ -1843,7 +1871,7 @@ impl Stack {
                 Ok(Some(buf))
             }
             Ok(_) => {
-                let (raw, len) = buf.into_raw();
+                let (raw, len) = take_for_send(&mut self.refs, &self.pool, buf);
                 let d = self.pool.prepare_send(raw, len as u32, peer.0, conn, kind);
                 let n = ch.tx.push_burst(&[d]).unwrap_or(0);
                 debug_assert_eq!(n, 1, "we are the only producer and saw room");
@@ -1884,8 +1912,9 @@ impl Stack {
             }
         };
         let mut raws = std::mem::take(&mut self.burst_raws);
+        let (refs, pool) = (&mut self.refs, &self.pool);
         raws.extend(bufs.drain(..room).map(|(kind, conn, b)| {
-            let (raw, len) = b.into_raw();
+            let (raw, len) = take_for_send(refs, pool, b);
             (kind, conn, raw, len)
         }));
         // A slot's worth at a time: its headers stamped, then its one push
@@ -2523,7 +2552,7 @@ impl Stack {
             // must not be held up by a locked instruction after them).
             let mut raws = [(crate::pool::RawBuf { class: 0, index: 0 }, 0usize); BURST];
             for (r, b) in raws.iter_mut().zip(bufs.drain(..n)) {
-                *r = b.into_raw();
+                *r = take_for_send(&mut self.refs, &self.pool, b);
             }
             for (k, &(raw, len)) in raws[..n].iter().enumerate() {
                 descs[k] = self
@@ -2618,7 +2647,7 @@ impl Stack {
                 }
                 Ok(_) => {
                     let buf = slot.take().expect("buffer present until sent");
-                    let (raw, len) = buf.into_raw();
+                    let (raw, len) = take_for_send(&mut self.refs, &self.pool, buf);
                     let d = self
                         .pool
                         .prepare_send(raw, len as u32, peer.0, tag, kind::DATA);

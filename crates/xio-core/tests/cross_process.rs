@@ -2191,3 +2191,52 @@ fn a_left_stacks_slot_waits_for_its_peers_release() {
     drop(client);
     wait_pool_whole(&mgr);
 }
+
+/// A stack hands the pool references of the buffers it sends to the
+/// buffers it receives next. Received buffers must still read right and
+/// go back to the pool when they outlive the stack, and the references
+/// it keeps must not hold any buffer.
+#[test]
+fn received_buffers_outlive_their_stack_and_return_to_the_pool() {
+    let (mgr, mut server, mut client, peer) = manager_and_pair("refsreuse", addr(17));
+    let fill = |b: &mut [u8], seed: u8| {
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = seed.wrapping_add(i as u8);
+        }
+    };
+    let check = |b: &[u8], seed: u8| {
+        b.iter()
+            .enumerate()
+            .all(|(i, &x)| x == seed.wrapping_add(i as u8))
+    };
+    // Round trips first, so both stacks keep references from their sends.
+    for seed in 0..200u8 {
+        let mut b = client.alloc(64).unwrap();
+        fill(&mut b, seed);
+        client.send(peer, b).unwrap();
+        let m = server.recv().unwrap();
+        assert!(check(&m.buf, seed));
+        let mut back = m.buf.into_mut();
+        fill(&mut back, seed ^ 0x5a);
+        server.send(m.from, back).unwrap();
+        let r = client.recv().unwrap();
+        assert!(check(&r.buf, seed ^ 0x5a));
+    }
+    // Then more received buffers than any stack keeps references for,
+    // held past the receiving stack's end.
+    let held: Vec<_> = (0..100u8)
+        .map(|seed| {
+            let mut b = client.alloc(100).unwrap();
+            fill(&mut b, seed);
+            client.send(peer, b).unwrap();
+            (seed, server.recv().unwrap().buf)
+        })
+        .collect();
+    drop(server);
+    for (seed, b) in &held {
+        assert!(check(b, *seed), "buffer {seed} after its stack left");
+    }
+    drop(held);
+    drop(client);
+    wait_pool_whole(&mgr);
+}
