@@ -17,7 +17,9 @@
  * eventfd        blocking read / write of an eventfd per direction
  * eventfd-poll   poll() with a 1 s timeout, then read
  * eventfd-epoll  epoll_wait() with a 1 s timeout, then read
- * uds            64-byte write / read on a Unix-domain stream socket pair
+ * uds [B [W]]    a B-byte message (64 by default) on a Unix-domain stream
+ *                socket pair, written in W equal writes (1 by default) and
+ *                read until all B bytes are in
  * pipe           1-byte write / read on a pipe per direction (woken like a
  *                socket's reader, through the kernel's sync wake-up)
  *
@@ -79,6 +81,11 @@ static void xwrite(int fd, const void *b, size_t n) {
     }
 }
 
+/* The `uds` mode's message: its size, the writes it is sent in, and the
+ * bytes (each process has its own copy after the fork). */
+static size_t msg_size = 64, msg_writes = 1;
+static char *msg;
+
 /* One side of a channel: how to wait for a token and how to pass one. */
 struct chan {
     int mode;
@@ -132,7 +139,14 @@ static void take(struct chan *c) {
         return;
     }
     case UDS:
-        xread(c->fd, buf, sizeof buf);
+        for (size_t got = 0; got < msg_size;) {
+            ssize_t k = read(c->fd, msg + got, msg_size - got);
+            if (k <= 0) {
+                perror("read");
+                exit(1);
+            }
+            got += (size_t)k;
+        }
         return;
     case PIPE:
         xread(c->fd, buf, 1);
@@ -156,7 +170,11 @@ static void give(struct chan *c) {
         xwrite(c->fd, &one, 8);
         return;
     case UDS:
-        xwrite(c->fd, buf, sizeof buf);
+        for (size_t w = 0, put = 0; w < msg_writes; w++) {
+            size_t end = msg_size * (w + 1) / msg_writes;
+            xwrite(c->fd, msg + put, end - put);
+            put = end;
+        }
         return;
     case PIPE:
         xwrite(c->wfd, buf, 1);
@@ -178,13 +196,25 @@ int main(int argc, char **argv) {
     static const char *names[] = {"futex",        "futex-timeout", "futex-waitv", "eventfd",
                                   "eventfd-poll", "eventfd-epoll", "uds", "pipe"};
     int mode = -1;
-    for (int i = 0; argc == 2 && i < 8; i++)
+    for (int i = 0; argc >= 2 && i < 8; i++)
         if (strcmp(argv[1], names[i]) == 0)
             mode = i;
-    if (mode < 0) {
-        fprintf(stderr, "usage: %s futex|futex-timeout|futex-waitv|eventfd|eventfd-poll|eventfd-epoll|uds|pipe\n",
-                argv[0]);
+    if (mode == UDS && argc >= 3)
+        msg_size = strtoul(argv[2], NULL, 10);
+    if (mode == UDS && argc >= 4)
+        msg_writes = strtoul(argv[3], NULL, 10);
+    if (mode < 0 || (mode != UDS && argc > 2) || argc > 4 || msg_size == 0 || msg_writes == 0 ||
+        msg_writes > msg_size) {
+        fprintf(stderr,
+                "usage: %s futex|futex-timeout|futex-waitv|eventfd|eventfd-poll|eventfd-epoll|pipe\n"
+                "       %s uds [BYTES [WRITES]]\n",
+                argv[0], argv[0]);
         return 2;
+    }
+    msg = calloc(msg_size, 1);
+    if (!msg) {
+        perror("calloc");
+        return 1;
     }
     /* to_child: parent gives, child takes; to_parent: the reverse. */
     struct chan to_child = {mode, NULL, -1, -1, -1}, to_parent = {mode, NULL, -1, -1, -1};
@@ -252,7 +282,11 @@ int main(int argc, char **argv) {
     }
     waitpid(pid, NULL, 0);
     qsort(lat, N, sizeof(double), cmp);
-    printf("%-14s p50 %.2f us  p90 %.2f us\n", names[mode], lat[N / 2] / 1e3,
-           lat[N * 9 / 10] / 1e3);
+    if (mode == UDS)
+        printf("uds %zu B in %zu write%s  p50 %.2f us  p90 %.2f us\n", msg_size, msg_writes,
+               msg_writes == 1 ? "" : "s", lat[N / 2] / 1e3, lat[N * 9 / 10] / 1e3);
+    else
+        printf("%-14s p50 %.2f us  p90 %.2f us\n", names[mode], lat[N / 2] / 1e3,
+               lat[N * 9 / 10] / 1e3);
     return 0;
 }
