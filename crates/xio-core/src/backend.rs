@@ -83,6 +83,12 @@ impl BufferPool for StackPool {
 pub trait DescProducer: Send + std::fmt::Debug {
     /// Pushes as many as fit.
     fn push_burst(&mut self, ds: &[Descriptor]) -> Result<usize, RingError>;
+    /// Pushes one descriptor given as its words
+    /// ([`Descriptor::to_words`], so it travels in registers): `Ok(false)`
+    /// when the ring is full.
+    fn push_one(&mut self, words: (u64, u64)) -> Result<bool, RingError> {
+        Ok(self.push_burst(&[Descriptor::from_words(words)])? == 1)
+    }
     /// Descriptors one [`push_burst`](Self::push_burst) can take now (at
     /// least one when any slot is free), from the cached consumer index
     /// when it shows room for at least `want` (no cross-core read), else
@@ -127,6 +133,9 @@ impl RingWatch for crate::ring::Watch {
 impl DescProducer for Producer {
     fn push_burst(&mut self, ds: &[Descriptor]) -> Result<usize, RingError> {
         Producer::push_burst(self, ds)
+    }
+    fn push_one(&mut self, words: (u64, u64)) -> Result<bool, RingError> {
+        Producer::push_one(self, Descriptor::from_words(words))
     }
     fn room(&mut self, want: u32) -> Result<u32, RingError> {
         Producer::room_for(self, want)

@@ -284,6 +284,17 @@ impl Producer {
         slot.seq.store(self.tail, Ordering::Release);
     }
 
+    /// Pushes one descriptor into a slot of its own: `Ok(false)` when the
+    /// ring is full.
+    #[inline]
+    pub fn push_one(&mut self, d: Descriptor) -> Result<bool, RingError> {
+        if self.free_for(1)? == 0 {
+            return Ok(false);
+        }
+        self.publish_slot(core::slice::from_ref(&d), 1);
+        Ok(true)
+    }
+
     /// Pushes one descriptor, or hands it back when the ring is full.
     pub fn push(&mut self, d: Descriptor) -> Result<(), Full> {
         match self.push_burst(core::slice::from_ref(&d)) {
@@ -467,6 +478,27 @@ mod tests {
         let mut out = [Descriptor::default(); 8];
         assert_eq!(c.pop_burst(&mut out).unwrap(), 4);
         assert_eq!(&out[..4], &[d(1), d(2), d(3), d(4)]);
+    }
+
+    #[test]
+    fn a_descriptor_pushed_as_words_arrives_whole() {
+        use crate::backend::DescProducer;
+        let (mut p, mut c) = heap_ring(2);
+        let odd = Descriptor {
+            index: u32::MAX,
+            len: 0x8000_0001,
+            conn: 0xdead_beef,
+            class: 0xfe,
+            kind: 0x81,
+            gen: 0xffff,
+        };
+        assert_eq!(DescProducer::push_one(&mut p, odd.to_words()), Ok(true));
+        assert_eq!(DescProducer::push_one(&mut p, d(7).to_words()), Ok(true));
+        // Full: refused, nothing written over the two above.
+        assert_eq!(DescProducer::push_one(&mut p, d(8).to_words()), Ok(false));
+        assert_eq!(c.pop().unwrap(), Some(odd));
+        assert_eq!(c.pop().unwrap(), Some(d(7)));
+        assert_eq!(c.pop().unwrap(), None);
     }
 
     #[test]

@@ -1831,14 +1831,14 @@ impl Stack {
             conn,
             ..Descriptor::default()
         };
-        match ch.tx.push_burst(&[d]) {
-            Ok(1) => {
+        match ch.tx.push_one(d.to_words()) {
+            Ok(true) => {
                 if notify {
                     Self::notify(&self.seg, ch);
                 }
                 Ok(true)
             }
-            Ok(_) => Ok(false),
+            Ok(false) => Ok(false),
             Err(_) => {
                 self.close_channel(peer.0, None);
                 Err(Error::Reset(peer))
@@ -1873,8 +1873,8 @@ impl Stack {
             Ok(_) => {
                 let (raw, len) = take_for_send(&mut self.refs, &self.pool, buf);
                 let d = self.pool.prepare_send(raw, len as u32, peer.0, conn, kind);
-                let n = ch.tx.push_burst(&[d]).unwrap_or(0);
-                debug_assert_eq!(n, 1, "we are the only producer and saw room");
+                let pushed = ch.tx.push_one(d.to_words()).unwrap_or(false);
+                debug_assert!(pushed, "we are the only producer and saw room");
                 if notify {
                     Self::notify(&self.seg, ch);
                 }
@@ -2651,8 +2651,8 @@ impl Stack {
                     let d = self
                         .pool
                         .prepare_send(raw, len as u32, peer.0, tag, kind::DATA);
-                    let n = ch.tx.push_burst(&[d]).unwrap_or(0);
-                    debug_assert_eq!(n, 1, "we are the only producer and saw room");
+                    let pushed = ch.tx.push_one(d.to_words()).unwrap_or(false);
+                    debug_assert!(pushed, "we are the only producer and saw room");
                     Self::notify(&self.seg, ch);
                     return Ok(());
                 }
