@@ -1375,18 +1375,23 @@ impl Stack {
         self.refs.pop().unwrap_or_else(|| self.pool.shared())
     }
 
+    /// Makes sure `n` (at most [`REFS_KEPT`]) pool references are kept,
+    /// so the next `n` [`Stack::pool_ref`]s make none.
+    fn keep_refs(&mut self, n: usize) {
+        while self.refs.len() < n.min(REFS_KEPT) {
+            self.refs.push(self.pool.shared());
+        }
+    }
+
     /// Validates `self.scratch[..n]` from `peer` and queues what passes as
     /// `Buf`s. The headers are prefetched first, so their misses overlap.
     fn deliver_burst(&mut self, peer: u16, n: usize) {
         self.prefetch_scratch(n, false);
-        // The `Buf`s' pool references first: their increments are locked
-        // instructions, which would otherwise stall on the header stores
-        // below (each an ownership transfer of a line the sender wrote).
-        let mut refs: [Option<Arc<dyn BufferPool>>; BURST] = Default::default();
-        for r in &mut refs[..n] {
-            *r = Some(self.pool_ref());
-        }
-        let mut k = 0;
+        // The `Buf`s' pool references first: those not kept from our sends
+        // are made here, where their increments (locked instructions) do
+        // not stall on the header stores below (each an ownership transfer
+        // of a line the sender wrote). The loop then only takes kept ones.
+        self.keep_refs(n);
         for j in 0..n {
             let d = self.scratch[j];
             if !kind::carries_buffer(d.kind) && kind::is_known(d.kind) {
@@ -1400,9 +1405,7 @@ impl Stack {
                 continue;
             }
             if let Some(raw) = self.take_descriptor(peer, &d) {
-                let p = refs[k].take().expect("one reference per descriptor");
-                k += 1;
-                let buf = Buf::new(p, raw, d.len as usize);
+                let buf = Buf::new(self.pool_ref(), raw, d.len as usize);
                 self.inbox.push_back(if d.kind == kind::DATA {
                     Event::Msg(Message {
                         from: PeerId(peer),
@@ -1766,6 +1769,8 @@ impl Stack {
             };
             let peer = self.channels[i].peer;
             self.prefetch_scratch(n, true);
+            // As in `deliver_burst`: any new references before the stores.
+            self.keep_refs(n);
             for j in 0..n {
                 let d = self.scratch[j];
                 if kind::carries_buffer(d.kind) {
