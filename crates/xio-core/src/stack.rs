@@ -366,7 +366,7 @@ impl StackBuilder {
             inbox: VecDeque::new(),
             scratch: [Descriptor::default(); BURST],
             burst_raws: Vec::new(),
-            refs: Vec::with_capacity(REFS_KEPT),
+            refs: std::cell::RefCell::new(Vec::with_capacity(REFS_KEPT)),
             rr: 0,
             corrupt: 0,
             manager_gone: false,
@@ -623,8 +623,9 @@ pub struct Stack {
     /// Kept between calls of [`Stack::push_bufs`] (no allocation per burst).
     burst_raws: Vec<(u8, u32, crate::pool::RawBuf, usize)>,
     /// References to our pool taken from buffers we sent, handed to the
-    /// buffers we receive next (see [`Stack::pool_ref`]).
-    refs: Vec<Arc<dyn BufferPool>>,
+    /// buffers we receive or allocate next (see [`Stack::pool_ref`]). A
+    /// cell, for `alloc(&self)`: the stack is not `Sync`.
+    refs: std::cell::RefCell<Vec<Arc<dyn BufferPool>>>,
     rr: usize,
     corrupt: u64,
     manager_gone: bool,
@@ -1372,14 +1373,24 @@ impl Stack {
     /// a buffer we sent when there is one (moved, not counted), a new one
     /// (a locked increment) otherwise.
     fn pool_ref(&mut self) -> Arc<dyn BufferPool> {
-        self.refs.pop().unwrap_or_else(|| self.pool.shared())
+        self.refs
+            .get_mut()
+            .pop()
+            .unwrap_or_else(|| self.pool.shared())
+    }
+
+    /// [`Stack::pool_ref`] for the `&self` allocations.
+    fn pool_ref_shared(&self) -> Arc<dyn BufferPool> {
+        let kept = self.refs.borrow_mut().pop();
+        kept.unwrap_or_else(|| self.pool.shared())
     }
 
     /// Makes sure `n` (at most [`REFS_KEPT`]) pool references are kept,
     /// so the next `n` [`Stack::pool_ref`]s make none.
     fn keep_refs(&mut self, n: usize) {
-        while self.refs.len() < n.min(REFS_KEPT) {
-            self.refs.push(self.pool.shared());
+        let refs = self.refs.get_mut();
+        while refs.len() < n.min(REFS_KEPT) {
+            refs.push(self.pool.shared());
         }
     }
 
@@ -1876,7 +1887,7 @@ impl Stack {
                 Ok(Some(buf))
             }
             Ok(_) => {
-                let (raw, len) = take_for_send(&mut self.refs, &self.pool, buf);
+                let (raw, len) = take_for_send(self.refs.get_mut(), &self.pool, buf);
                 let d = self.pool.prepare_send(raw, len as u32, peer.0, conn, kind);
                 let pushed = ch.tx.push_one(d.to_words()).unwrap_or(false);
                 debug_assert!(pushed, "we are the only producer and saw room");
@@ -1917,7 +1928,7 @@ impl Stack {
             }
         };
         let mut raws = std::mem::take(&mut self.burst_raws);
-        let (refs, pool) = (&mut self.refs, &self.pool);
+        let (refs, pool) = (self.refs.get_mut(), &self.pool);
         raws.extend(bufs.drain(..room).map(|(kind, conn, b)| {
             let (raw, len) = take_for_send(refs, pool, b);
             (kind, conn, raw, len)
@@ -2182,10 +2193,7 @@ impl Stack {
         let mut backoff = 0u32;
         loop {
             match self.pool.alloc(len, self.mode != WaitMode::NonBlocking) {
-                Ok(raw) => {
-                    let p: Arc<dyn BufferPool> = self.pool.shared();
-                    return Ok(BufMut::new(p, raw, len));
-                }
+                Ok(raw) => return Ok(BufMut::new(self.pool_ref_shared(), raw, len)),
                 Err(AllocError::TooLarge(n)) => return Err(Error::TooLarge(n)),
                 Err(AllocError::Forked) => return Err(Error::Forked),
                 Err(AllocError::ManagerGone) => return Err(Error::ManagerGone),
@@ -2242,8 +2250,7 @@ impl Stack {
                 Err(AllocError::Exhausted) => 0,
             };
             for &raw in &raws[..got] {
-                let p: Arc<dyn BufferPool> = self.pool.shared();
-                out.push(BufMut::new(p, raw, len));
+                out.push(BufMut::new(self.pool_ref_shared(), raw, len));
             }
             done += got;
             if got == 0 {
@@ -2461,10 +2468,7 @@ impl Stack {
     /// manager died holding closed: no wait would end that).
     pub fn try_alloc(&self, len: usize) -> Result<BufMut, Error> {
         match self.pool.alloc(len, false) {
-            Ok(raw) => {
-                let p: Arc<dyn BufferPool> = self.pool.shared();
-                Ok(BufMut::new(p, raw, len))
-            }
+            Ok(raw) => Ok(BufMut::new(self.pool_ref_shared(), raw, len)),
             Err(AllocError::TooLarge(n)) => Err(Error::TooLarge(n)),
             Err(AllocError::Exhausted) => Err(Error::WouldBlock),
             Err(AllocError::Forked) => Err(Error::Forked),
@@ -2557,7 +2561,7 @@ impl Stack {
             // must not be held up by a locked instruction after them).
             let mut raws = [(crate::pool::RawBuf { class: 0, index: 0 }, 0usize); BURST];
             for (r, b) in raws.iter_mut().zip(bufs.drain(..n)) {
-                *r = take_for_send(&mut self.refs, &self.pool, b);
+                *r = take_for_send(self.refs.get_mut(), &self.pool, b);
             }
             for (k, &(raw, len)) in raws[..n].iter().enumerate() {
                 descs[k] = self
@@ -2652,7 +2656,7 @@ impl Stack {
                 }
                 Ok(_) => {
                     let buf = slot.take().expect("buffer present until sent");
-                    let (raw, len) = take_for_send(&mut self.refs, &self.pool, buf);
+                    let (raw, len) = take_for_send(self.refs.get_mut(), &self.pool, buf);
                     let d = self
                         .pool
                         .prepare_send(raw, len as u32, peer.0, tag, kind::DATA);
