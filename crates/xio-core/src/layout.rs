@@ -624,6 +624,7 @@ pub fn ring_offset(ring_capacity: u32, dir: usize) -> u64 {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
+    use super::*;
 
     #[test]
     fn descriptor_words_round_trip_every_field() {
@@ -649,7 +650,6 @@ mod tests {
             assert_eq!(Descriptor::from_words(d.to_words()), d);
         }
     }
-    use super::*;
 
     /// Classes each within bounds whose buffers together pass the end of
     /// a `u64`: too large, not an arithmetic overflow (a panic in a debug

@@ -389,7 +389,8 @@ impl StackBuilder {
 const BURST: usize = 32;
 
 /// Pool references a stack keeps from the buffers it sends, for the
-/// buffers it receives (see [`Stack::pool_ref`]): a burst's worth each way.
+/// buffers it receives or allocates (see [`Stack::pool_ref`]): a burst's
+/// worth each way.
 const REFS_KEPT: usize = 2 * BURST;
 
 /// The manager's answer to a request (`Err`: a malformed one), with the
