@@ -688,6 +688,14 @@ fn decode_syn(b: &[u8]) -> Option<(SocketAddr, SocketAddr)> {
     ))
 }
 
+/// Whether a bind in flight (`binding`, see `Core::binding`) would listen
+/// on `addr`: the address itself or a wildcard covering it.
+fn binding_covers(binding: &[SocketAddr], addr: SocketAddr) -> bool {
+    crate::addr::exact_names(addr)
+        .chain(crate::addr::wildcards(addr))
+        .any(|a| binding.contains(&a))
+}
+
 /// The address a connecting stream gets: X-IO clients do not bind, so it
 /// is made from the stack and connection ids, unique on the machine
 /// among live connections (`127.88.<stack>:<port>`; a process's
@@ -2485,6 +2493,33 @@ impl Net {
             drop(g);
             let answer = self.wait_answer(asked, deadline);
             g = self.lock();
+            // The manager refuses an address it resolves to us (below). A
+            // bind of ours covering `addr` may have reached it before this
+            // connect while the binding thread has not put the listener in
+            // the table yet: wait for that bind to settle, then look again.
+            let refused = matches!(
+                answer,
+                Ok(Kept::Reply(Ok((
+                    crate::proto::Msg::Error {
+                        code: crate::proto::ErrorCode::ConnectionRefused,
+                        ..
+                    },
+                    _,
+                ))))
+            );
+            if refused && crate::addr::is_this_node(addr.ip()) {
+                while g.table.listener_for(&addr).is_none() && binding_covers(&g.binding, addr) {
+                    drop(g);
+                    let late = deadline.is_some_and(|d| Instant::now() >= d);
+                    if !late {
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
+                    g = self.lock();
+                    if late {
+                        break;
+                    }
+                }
+            }
             match answer {
                 // Listening on it ourselves since.
                 _ if g.table.is_listening(&addr) => Ok(me),

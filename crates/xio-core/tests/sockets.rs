@@ -4138,3 +4138,47 @@ fn a_connect_to_the_unspecified_address_reaches_this_host() {
         assert_eq!(&b, b"ping");
     }
 }
+
+/// A connect to an address this same net is binding, while the bind is
+/// under way on another thread (the README's axum server and client in
+/// one process): once the manager has the bind, the manager refuses the
+/// net its own address ("bound by this same stack"), and the connect must
+/// wait for the binding thread to list the listener instead of taking
+/// that refusal. Before the bind reaches the manager a refusal is right
+/// ("nothing is bound"); the connect retries then, as a client would.
+#[test]
+fn a_connect_racing_its_own_nets_bind_is_not_refused_as_its_own() {
+    let (_mgr, p) = start("bindrace");
+    let net = Net::attach(&p).unwrap();
+    for i in 0..300u16 {
+        let port = 20_000 + i;
+        let binder = {
+            let net = net.clone();
+            std::thread::spawn(move || net.listen(("0.0.0.0", port)).unwrap())
+        };
+        let target: SocketAddr = ([127, 0, 0, 1], port).into();
+        let (s, l) = loop {
+            // Once the bind has returned, a connect must reach it: no
+            // retry after that (and no loop for ever if the bind failed).
+            let bound = binder.is_finished();
+            match net.connect(target) {
+                Ok(s) => break (s, binder.join().unwrap()),
+                Err(e) => {
+                    let why = e.to_string();
+                    assert!(
+                        !why.contains("same stack"),
+                        "port {port}: refused as our own address: {why}"
+                    );
+                    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{why}");
+                    assert!(
+                        !bound,
+                        "port {port}: refused after the bind returned: {why}"
+                    );
+                    std::thread::yield_now();
+                }
+            }
+        };
+        let _accepted = l.accept().unwrap();
+        drop(s);
+    }
+}
