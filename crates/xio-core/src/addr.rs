@@ -39,6 +39,12 @@ pub fn wildcards(addr: SocketAddr) -> impl Iterator<Item = SocketAddr> {
     v4.then_some(any4).into_iter().chain([any6])
 }
 
+/// Every binding that could answer for `addr`: its exact names, then the
+/// wildcards ([`exact_names`], [`wildcards`]).
+pub fn bindings_for(addr: SocketAddr) -> impl Iterator<Item = SocketAddr> {
+    exact_names(addr).chain(wildcards(addr))
+}
+
 /// Whether `ip` is one of this node's addresses: loopback, unspecified
 /// (which TCP also takes for "this host"), or assigned to one of its
 /// interfaces. Asked for every connect or SYN that misses every exact

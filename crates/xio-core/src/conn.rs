@@ -484,9 +484,7 @@ impl<B: Chunk> Table<B> {
     /// its own listeners); a SYN from another stack is checked against it
     /// again ([`Table::on_syn_from`]).
     pub fn listener_for(&self, target: &SocketAddr) -> Option<SocketAddr> {
-        crate::addr::exact_names(*target)
-            .chain(crate::addr::wildcards(*target))
-            .find(|a| self.listeners.contains_key(a))
+        crate::addr::bindings_for(*target).find(|a| self.listeners.contains_key(a))
     }
 
     /// Starts listening on `addr`, holding at most `backlog` (at least

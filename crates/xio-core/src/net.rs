@@ -115,6 +115,9 @@ const SWEEP_MIN: usize = 32;
 /// before the task is taken for gone (see `Core::add_waker`).
 const SWEEP_GRACE: Duration = Duration::from_millis(10);
 
+/// How often a connect refused as this net's own address looks again
+/// while a bind of that address is still being answered (`Net::connect_one`).
+const BIND_SETTLE: Duration = Duration::from_micros(50);
 /// Longest a driver waits before retrying sends that did not fit a full
 /// ring (nothing wakes it when the peer makes room).
 const RETRY_FULL: Duration = Duration::from_micros(50);
@@ -686,14 +689,6 @@ fn decode_syn(b: &[u8]) -> Option<(SocketAddr, SocketAddr)> {
         get_addr(&b[1..1 + ADDR_LEN])?,
         get_addr(&b[1 + ADDR_LEN..])?,
     ))
-}
-
-/// Whether a bind in flight (`binding`, see `Core::binding`) would listen
-/// on `addr`: the address itself or a wildcard covering it.
-fn binding_covers(binding: &[SocketAddr], addr: SocketAddr) -> bool {
-    crate::addr::exact_names(addr)
-        .chain(crate::addr::wildcards(addr))
-        .any(|a| binding.contains(&a))
 }
 
 /// The address a connecting stream gets: X-IO clients do not bind, so it
@@ -2508,16 +2503,13 @@ impl Net {
                 ))))
             );
             if refused && crate::addr::is_this_node(addr.ip()) {
-                while g.table.listener_for(&addr).is_none() && binding_covers(&g.binding, addr) {
+                while g.table.listener_for(&addr).is_none()
+                    && crate::addr::bindings_for(addr).any(|a| g.binding.contains(&a))
+                    && deadline.is_none_or(|d| Instant::now() < d)
+                {
                     drop(g);
-                    let late = deadline.is_some_and(|d| Instant::now() >= d);
-                    if !late {
-                        std::thread::sleep(Duration::from_micros(50));
-                    }
+                    std::thread::sleep(BIND_SETTLE);
                     g = self.lock();
-                    if late {
-                        break;
-                    }
                 }
             }
             match answer {

@@ -297,8 +297,8 @@ impl Producer {
 
     /// Pushes one descriptor, or hands it back when the ring is full.
     pub fn push(&mut self, d: Descriptor) -> Result<(), Full> {
-        match self.push_burst(core::slice::from_ref(&d)) {
-            Ok(1) => Ok(()),
+        match self.push_one(d) {
+            Ok(true) => Ok(()),
             _ => Err(Full(d)),
         }
     }

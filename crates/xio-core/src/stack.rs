@@ -1370,18 +1370,10 @@ impl Stack {
         }
     }
 
-    /// A reference to our pool for a buffer being received: one kept from
-    /// a buffer we sent when there is one (moved, not counted), a new one
-    /// (a locked increment) otherwise.
-    fn pool_ref(&mut self) -> Arc<dyn BufferPool> {
-        self.refs
-            .get_mut()
-            .pop()
-            .unwrap_or_else(|| self.pool.shared())
-    }
-
-    /// [`Stack::pool_ref`] for the `&self` allocations.
-    fn pool_ref_shared(&self) -> Arc<dyn BufferPool> {
+    /// A reference to our pool for a buffer being received or allocated:
+    /// one kept from a buffer we sent when there is one (moved, not
+    /// counted), a new one (a locked increment) otherwise.
+    fn pool_ref(&self) -> Arc<dyn BufferPool> {
         let kept = self.refs.borrow_mut().pop();
         kept.unwrap_or_else(|| self.pool.shared())
     }
@@ -2194,7 +2186,7 @@ impl Stack {
         let mut backoff = 0u32;
         loop {
             match self.pool.alloc(len, self.mode != WaitMode::NonBlocking) {
-                Ok(raw) => return Ok(BufMut::new(self.pool_ref_shared(), raw, len)),
+                Ok(raw) => return Ok(BufMut::new(self.pool_ref(), raw, len)),
                 Err(AllocError::TooLarge(n)) => return Err(Error::TooLarge(n)),
                 Err(AllocError::Forked) => return Err(Error::Forked),
                 Err(AllocError::ManagerGone) => return Err(Error::ManagerGone),
@@ -2251,7 +2243,7 @@ impl Stack {
                 Err(AllocError::Exhausted) => 0,
             };
             for &raw in &raws[..got] {
-                out.push(BufMut::new(self.pool_ref_shared(), raw, len));
+                out.push(BufMut::new(self.pool_ref(), raw, len));
             }
             done += got;
             if got == 0 {
@@ -2469,7 +2461,7 @@ impl Stack {
     /// manager died holding closed: no wait would end that).
     pub fn try_alloc(&self, len: usize) -> Result<BufMut, Error> {
         match self.pool.alloc(len, false) {
-            Ok(raw) => Ok(BufMut::new(self.pool_ref_shared(), raw, len)),
+            Ok(raw) => Ok(BufMut::new(self.pool_ref(), raw, len)),
             Err(AllocError::TooLarge(n)) => Err(Error::TooLarge(n)),
             Err(AllocError::Exhausted) => Err(Error::WouldBlock),
             Err(AllocError::Forked) => Err(Error::Forked),
