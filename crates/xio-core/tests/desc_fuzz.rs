@@ -35,6 +35,9 @@ const DEFAULT_SEED: u64 = 0x5eed_d15c_f00d_0001;
 const DEFAULT_ITERS: u64 = 4_000;
 /// Bits of a socket connection id below its generation (see `conn.rs`).
 const INDEX_BITS: u32 = 20;
+/// The tag of the one message the hostile process's last, well-behaved
+/// stack sends before it is killed.
+const LAST_TAG: u32 = 0x1a57_0001;
 
 /// The run's seed and length, printed for replay.
 fn fuzz_params(test: &str) -> (u64, u64) {
@@ -427,7 +430,24 @@ fn hostile(prefix: &str, addr: SocketAddr, seed: u64, iters: u64, sockets: bool)
             Err(e) => panic!("hostile: {e}"),
         }
     }
-    println!("XIO:done {me} {reconnects} {wedged}");
+    // The last actions may have left our channel corrupt without our
+    // knowing: the victim then resets it on its own, and our death has no
+    // channel left to be reported on. A last stack, well-behaved, gives
+    // the death a channel the test can wait on; it sends one message,
+    // which the victim must read before it reports the reset.
+    let mut last = Stack::builder(prefix)
+        .name("hostile-last")
+        .attach()
+        .unwrap();
+    let to = last.connect(addr).unwrap();
+    if !sockets {
+        let mut b = last.alloc(64).unwrap();
+        b.copy_from(&[0x5a; 64]);
+        last.send_tagged(to, LAST_TAG, b).unwrap();
+    }
+    let me_last = last.id().0;
+    println!("XIO:done {me_last} {reconnects} {wedged} {me}");
+    let _keep = (evil, last);
     loop {
         std::thread::park();
     }
@@ -484,6 +504,7 @@ fn a_hostile_peer_cannot_hurt_a_zero_copy_receiver() {
         next_good: 0,
         held: Default::default(),
         from_hostile: 0,
+        last_from: Vec::new(),
     };
     let mut rng = Rng(seed ^ 0x0007_1c71);
     let mut resets = 0u64;
@@ -537,7 +558,7 @@ fn a_hostile_peer_cannot_hurt_a_zero_copy_receiver() {
     let rejected = victim.corrupt_descriptors();
     eprintln!(
         "zero-copy: {} messages from the hostile peer taken, {rejected} descriptors \
-         refused, {resets} channel resets, hostile (id, reconnects, new stacks) {said}, {} good messages",
+         refused, {resets} channel resets, hostile (last id, reconnects, new stacks, attacking id) {said}, {} good messages",
         check.from_hostile, check.next_good
     );
     assert!(
@@ -545,11 +566,18 @@ fn a_hostile_peer_cannot_hurt_a_zero_copy_receiver() {
         "nothing was refused: the fuzzing did not reach the checks"
     );
     evil.kill9();
-    // The hostile peer's death is reported once what it sent is read.
+    // The hostile process's death is reported on its last stack's
+    // channel (the others' may be gone already: the victim resets a
+    // channel it finds corrupt), once what that stack sent is read.
     let hostile: u16 = said.split(' ').next().unwrap().parse().unwrap();
     wait_until("the hostile peer reported gone", || {
         receive(&mut victim, &mut check) == Some(hostile)
     });
+    assert!(
+        check.last_from.contains(&hostile),
+        "the hostile's last message was not read before its reset (last tags from {:?})",
+        check.last_from
+    );
     // Every message of the good peer arrives, in order and intact.
     stop_good.store(true, Ordering::Relaxed);
     // Received meanwhile: its last send may wait for room in the ring
@@ -588,6 +616,8 @@ struct Check {
     /// Messages of the hostile peer the test holds a while.
     held: std::collections::VecDeque<Message>,
     from_hostile: u64,
+    /// Senders of the messages tagged [`LAST_TAG`] with its payload.
+    last_from: Vec<u16>,
 }
 
 impl Check {
@@ -630,6 +660,9 @@ impl Check {
             self.next_good += 1;
         } else {
             self.from_hostile += 1;
+            if tag == LAST_TAG && p == [0x5a; 64] {
+                self.last_from.push(from.0);
+            }
             std::hint::black_box(p.iter().fold(0u8, |a, &b| a.wrapping_add(b)));
         }
     }
@@ -754,7 +787,7 @@ fn a_hostile_peer_cannot_hurt_a_socket_server() {
     stop.store(true, Ordering::Relaxed);
     acceptor.join().unwrap();
     eprintln!(
-        "sockets: {rejected} descriptors refused, hostile (id, reconnects, new stacks) {said}, \
+        "sockets: {rejected} descriptors refused, hostile (last id, reconnects, new stacks, attacking id) {said}, \
          {rounds} good exchanges"
     );
     assert!(
