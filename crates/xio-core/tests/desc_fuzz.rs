@@ -38,6 +38,8 @@ const INDEX_BITS: u32 = 20;
 /// The tag of the one message the hostile process's last, well-behaved
 /// stack sends before it is killed.
 const LAST_TAG: u32 = 0x1a57_0001;
+/// That message's payload.
+const LAST_BYTES: [u8; 64] = [0x5a; 64];
 
 /// The run's seed and length, printed for replay.
 fn fuzz_params(test: &str) -> (u64, u64) {
@@ -441,8 +443,8 @@ fn hostile(prefix: &str, addr: SocketAddr, seed: u64, iters: u64, sockets: bool)
         .unwrap();
     let to = last.connect(addr).unwrap();
     if !sockets {
-        let mut b = last.alloc(64).unwrap();
-        b.copy_from(&[0x5a; 64]);
+        let mut b = last.alloc(LAST_BYTES.len()).unwrap();
+        b.copy_from(&LAST_BYTES);
         last.send_tagged(to, LAST_TAG, b).unwrap();
     }
     let me_last = last.id().0;
@@ -616,7 +618,7 @@ struct Check {
     /// Messages of the hostile peer the test holds a while.
     held: std::collections::VecDeque<Message>,
     from_hostile: u64,
-    /// Senders of the messages tagged [`LAST_TAG`] with its payload.
+    /// Senders of the messages tagged [`LAST_TAG`] with [`LAST_BYTES`].
     last_from: Vec<u16>,
 }
 
@@ -660,7 +662,7 @@ impl Check {
             self.next_good += 1;
         } else {
             self.from_hostile += 1;
-            if tag == LAST_TAG && p == [0x5a; 64] {
+            if tag == LAST_TAG && p == LAST_BYTES {
                 self.last_from.push(from.0);
             }
             std::hint::black_box(p.iter().fold(0u8, |a, &b| a.wrapping_add(b)));
