@@ -4041,7 +4041,15 @@ impl XioStream {
     }
 
     fn read_on(&self, out: &mut [u8]) -> io::Result<usize> {
-        let out = crate::conn::as_uninit(out);
+        self.read_uninit(crate::conn::as_uninit(out))
+    }
+
+    /// [`Read::read`] into memory that may be uninitialised (a `BytesMut`'s
+    /// or a `Vec`'s spare capacity, which need not be zeroed first): waits
+    /// as `read` does (or says `WouldBlock` when non-blocking), then
+    /// writes the first `n` bytes of `out` and returns `n`. It never reads
+    /// `out` and leaves the rest as it was.
+    pub fn read_uninit(&self, out: &mut [std::mem::MaybeUninit<u8>]) -> io::Result<usize> {
         self.read_op(|core, wake, c| core.read_step(wake, c, out))
     }
 

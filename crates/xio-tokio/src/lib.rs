@@ -1326,6 +1326,24 @@ impl XioStream {
         (&self.inner).read(buf)
     }
 
+    /// [`XioStream::try_read`] into a growable buffer's spare capacity
+    /// (as `TcpStream::try_read_buf`): what is there is appended to `buf`
+    /// (a `BytesMut` or `Vec<u8>`; one that is full grows first, as
+    /// `BufMut::chunk_mut` does), with no zeroing first. `WouldBlock` if
+    /// nothing is there, `Ok(0)` at end of stream.
+    pub fn try_read_buf<B: bytes::BufMut>(&self, buf: &mut B) -> io::Result<usize> {
+        let dst = buf.chunk_mut();
+        // SAFETY: `read_uninit` only writes into the slice, never reads it
+        // and never writes uninitialised bytes into it, which is all
+        // `as_uninit_slice_mut` asks of its caller.
+        let out = unsafe { dst.as_uninit_slice_mut() };
+        let n = self.inner.read_uninit(out)?;
+        // SAFETY: `read_uninit` initialised the first `n` bytes of the
+        // chunk, which is at least `n` long.
+        unsafe { buf.advance_mut(n) };
+        Ok(n)
+    }
+
     /// Writes what the window and the pool take now, without waiting:
     /// `WouldBlock` if nothing can go (as `TcpStream::try_write`).
     pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
@@ -1574,6 +1592,11 @@ macro_rules! half_methods {
             /// [`XioStream::try_read_vectored`].
             pub fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
                 self.0.try_read_vectored(bufs)
+            }
+
+            /// [`XioStream::try_read_buf`].
+            pub fn try_read_buf<B: bytes::BufMut>(&self, buf: &mut B) -> io::Result<usize> {
+                self.0.try_read_buf(buf)
             }
 
             /// Receives without taking the bytes off ([`XioStream::peek`]).

@@ -1101,6 +1101,68 @@ fn readable_try_read_peek_and_try_write() {
     });
 }
 
+/// `try_read_buf`, as tokio's `TcpStream` has it: `WouldBlock` with
+/// nothing there, then appends what arrived to a `BytesMut` (which grows
+/// as needed) or a `Vec`, a byte stream larger than one chunk in order,
+/// through the owned read half too; `Ok(0)` at end of stream.
+#[test]
+fn try_read_buf_appends_to_bytes_mut_and_vec() {
+    let (_mgr, p) = setup("read-buf");
+    rt(1).block_on(async {
+        tokio::time::timeout(WATCHDOG, async {
+            let (mut c, s) = connected(&p, "10.4.0.10:80").await;
+            let mut got = bytes::BytesMut::new();
+            assert_eq!(
+                s.try_read_buf(&mut got).unwrap_err().kind(),
+                std::io::ErrorKind::WouldBlock
+            );
+            assert!(got.is_empty());
+            // More than BytesMut's first growth (64 bytes) and more than
+            // one 2 KiB buffer, in two writes.
+            let data: Vec<u8> = (0..5000u64).map(|i| stream_byte(7, i)).collect();
+            c.write_all(&data[..3000]).await.unwrap();
+            c.write_all(&data[3000..]).await.unwrap();
+            while got.len() < data.len() {
+                s.readable().await.unwrap();
+                match s.try_read_buf(&mut got) {
+                    Ok(0) => panic!("end of stream too early"),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("try_read_buf: {e}"),
+                }
+            }
+            assert_eq!(&got[..], &data[..]);
+            // A Vec keeps what it had and gets the new bytes after it.
+            let (r, _w) = s.into_split();
+            let mut v = b"kept:".to_vec();
+            c.write_all(b"tail").await.unwrap();
+            while v.len() < 9 {
+                r.readable().await.unwrap();
+                match r.try_read_buf(&mut v) {
+                    Ok(0) => panic!("end of stream too early"),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("try_read_buf: {e}"),
+                }
+            }
+            assert_eq!(v, b"kept:tail");
+            c.shutdown().await.unwrap();
+            loop {
+                r.readable().await.unwrap();
+                match r.try_read_buf(&mut v) {
+                    Ok(0) => break,
+                    Ok(n) => panic!("{n} bytes after the end"),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("try_read_buf: {e}"),
+                }
+            }
+            assert_eq!(v, b"kept:tail");
+        })
+        .await
+        .expect("watchdog");
+    });
+}
+
 /// `writable` / `poll_write_ready` / `ready`, as tokio's `TcpStream` has
 /// them: a writer filling the window of a reader that does not read sees
 /// `poll_write_ready` pending (never ready with a write that then blocks),
