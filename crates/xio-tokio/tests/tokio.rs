@@ -1101,6 +1101,20 @@ fn readable_try_read_peek_and_try_write() {
     });
 }
 
+/// `readable` then `try_read_buf` into `buf` until `len` more bytes are in.
+async fn read_buf_until(s: &XioStream, buf: &mut impl bytes::BufMut, len: usize) {
+    let mut have = 0;
+    while have < len {
+        s.readable().await.unwrap();
+        match s.try_read_buf(buf) {
+            Ok(0) => panic!("end of stream too early"),
+            Ok(n) => have += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("try_read_buf: {e}"),
+        }
+    }
+}
+
 /// `try_read_buf`, as tokio's `TcpStream` has it: `WouldBlock` with
 /// nothing there, then appends what arrived to a `BytesMut` (which grows
 /// as needed) or a `Vec`, a byte stream larger than one chunk in order,
@@ -1122,29 +1136,13 @@ fn try_read_buf_appends_to_bytes_mut_and_vec() {
             let data: Vec<u8> = (0..5000u64).map(|i| stream_byte(7, i)).collect();
             c.write_all(&data[..3000]).await.unwrap();
             c.write_all(&data[3000..]).await.unwrap();
-            while got.len() < data.len() {
-                s.readable().await.unwrap();
-                match s.try_read_buf(&mut got) {
-                    Ok(0) => panic!("end of stream too early"),
-                    Ok(_) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) => panic!("try_read_buf: {e}"),
-                }
-            }
+            read_buf_until(&s, &mut got, data.len()).await;
             assert_eq!(&got[..], &data[..]);
             // A Vec keeps what it had and gets the new bytes after it.
             let (r, _w) = s.into_split();
             let mut v = b"kept:".to_vec();
             c.write_all(b"tail").await.unwrap();
-            while v.len() < 9 {
-                r.readable().await.unwrap();
-                match r.try_read_buf(&mut v) {
-                    Ok(0) => panic!("end of stream too early"),
-                    Ok(_) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) => panic!("try_read_buf: {e}"),
-                }
-            }
+            read_buf_until(r.as_ref(), &mut v, 4).await;
             assert_eq!(v, b"kept:tail");
             c.shutdown().await.unwrap();
             loop {
