@@ -1267,6 +1267,21 @@ impl<B: Chunk> Table<B> {
         }
     }
 
+    /// Closes `c` with a reset, whatever it holds (an abortive close, as
+    /// TCP's with `SO_LINGER` of zero): what it received unread is
+    /// dropped and the peer's reads see `ConnectionReset`. An unanswered
+    /// SYN is closed as [`Table::close`] closes it: the peer has no
+    /// connection to reset yet. The id is dead afterwards.
+    pub fn abort(&mut self, c: ConnId) {
+        if self.get(c).is_some_and(|e| e.state == State::SynSent) {
+            return self.close(c);
+        }
+        let Some(e) = self.remove(c) else { return };
+        if e.state == State::Established && !e.peer_gone {
+            self.reset(e.peer, e.remote);
+        }
+    }
+
     /// Stops remembering `c` as closing, resetting its peer (which may
     /// still write, and must not wait for credit for good).
     fn forget_closing(&mut self, c: ConnId) {

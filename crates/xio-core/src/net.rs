@@ -81,7 +81,9 @@ use crate::signal::ReadSignal;
 use crate::sync::FxHashMap as HashMap;
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{
+    AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering as AtomicOrdering,
+};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{ready, Context, Poll, Waker};
 use std::thread::Thread;
@@ -108,12 +110,6 @@ const RST_QUEUE_MAX: usize = 4096;
 const DRAIN_BATCH: usize = 32;
 /// Most emptied waiter lists a net keeps for reuse.
 const SPARE_LISTS: usize = 1024;
-/// Fewest wakers a key's list holds before a new one sweeps it (see
-/// `Core::add_waker`).
-const SWEEP_MIN: usize = 32;
-/// How long a sweep's wake-up may take to bring a waiting task back
-/// before the task is taken for gone (see `Core::add_waker`).
-const SWEEP_GRACE: Duration = Duration::from_millis(10);
 
 /// How often a connect refused as this net's own address looks again
 /// while a bind of that address is still being answered (`Net::connect_one`).
@@ -143,9 +139,40 @@ pub struct NetBuilder {
     window: Option<usize>,
     batch: bool,
     ctrl_timeout: Option<Duration>,
+    strict: Option<bool>,
+}
+
+/// The strict-addresses default: `$XIO_STRICT_ADDRESSES` (`1` on, `0` or
+/// unset off). Another value is an error, not ignored.
+fn default_strict() -> io::Result<bool> {
+    const VAR: &str = "XIO_STRICT_ADDRESSES";
+    match std::env::var_os(VAR) {
+        None => Ok(false),
+        Some(v) if v == "1" => Ok(true),
+        Some(v) if v == "0" || v.is_empty() => Ok(false),
+        Some(v) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "${VAR} is {:?}: expected 1 (strict) or 0",
+                v.to_string_lossy()
+            ),
+        )),
+    }
 }
 
 impl NetBuilder {
+    /// Strict addresses: a listener may bind only addresses of this node
+    /// (loopback, unspecified, or an interface's), and binding another
+    /// fails with `AddrNotAvailable`, as a TCP bind does. Off by default:
+    /// X-IO addresses are service names, so a service may be reached at
+    /// `10.0.0.2:80` on any node. On for code that relies on the check;
+    /// `$XIO_STRICT_ADDRESSES=1` turns it on for nets built without this
+    /// call (the process-wide one among them).
+    pub fn strict_addresses(mut self, on: bool) -> Self {
+        self.strict = Some(on);
+        self
+    }
+
     /// How blocking calls wait ([`WaitMode::Adaptive`] by default;
     /// [`WaitMode::BusyPoll`] for latency-critical users with a core to
     /// spare). Per-socket non-blocking mode is
@@ -183,6 +210,10 @@ impl NetBuilder {
 
     /// Attaches to the pool's manager.
     pub fn attach(self) -> io::Result<Net> {
+        let strict = match self.strict {
+            Some(on) => on,
+            None => default_strict()?,
+        };
         let mut b = Stack::builder(&self.prefix).wait_mode(self.mode);
         if let Some(t) = self.ctrl_timeout {
             b = b.control_timeout(t);
@@ -228,6 +259,7 @@ impl NetBuilder {
                     driving: false,
                     probe: None,
                     waiters: HashMap::default(),
+                    entries: 0,
                     signals: Vec::new(),
                     spare_lists: Vec::new(),
                     parked: 0,
@@ -270,6 +302,7 @@ impl NetBuilder {
                     data_seen: (0, 0),
                 }),
                 classes,
+                strict,
                 waking,
                 seg,
                 batch_owner,
@@ -386,6 +419,9 @@ impl WeakNet {
 struct Shared {
     core: Mutex<Core>,
     classes: Vec<usize>,
+    /// Listeners bind only this node's addresses (see
+    /// [`NetBuilder::strict_addresses`]).
+    strict: bool,
     /// Threads woken from a blocking call that have not yet taken the
     /// lock again: they want a CPU (see `Net::block`). Also in `Core`.
     waking: Arc<AtomicUsize>,
@@ -401,32 +437,40 @@ struct Shared {
 }
 
 /// What waits for a key: a blocked thread, or a task's waker.
+///
+/// Tasks wait as tokio's tasks wait on a socket: a `poll_*` method keeps
+/// the waker of the task that called it last ([`Waiter::Slot`], one per
+/// key, as tokio keeps one per direction of a socket), and a future that
+/// owns a [`WaitEntry`] keeps its own place until it is woken or dropped
+/// ([`Waiter::Entry`], as tokio's `readable()` and `accept()` futures sit
+/// in a socket's waiter list). Both bound the list without ever waking a
+/// task before what it waits for happens: a slot by replacing, an entry
+/// by leaving when its future goes.
 #[derive(Debug)]
 pub(crate) enum Waiter {
     /// A thread parked in a blocking call.
     Thread(Thread),
-    /// An async task.
-    Waker(Waker),
-    /// An async task woken by a sweep of its key's list (see
-    /// `Core::add_waker`) that registered again since: it waits still.
-    Kept(Waker),
-    /// An async task woken by a sweep that has not registered again
-    /// since: it no longer waits (its future was dropped) or its wake-up
-    /// is on its way, so nothing wakes it again.
-    Swept(Waker),
+    /// The task that called a `poll_*` method for the key last.
+    Slot(Waker),
+    /// A future's place, by its [`WaitEntry`]'s id.
+    Entry(u64, Waker),
+    /// A waker leaving its list without a wake-up (replaced, or its
+    /// future dropped): dropped outside the lock with the wake-ups, since
+    /// dropping a task's last waker can run its code.
+    Dropped(#[allow(dead_code)] Waker),
 }
 
 impl Waiter {
     fn wake(self) {
         match self {
             Waiter::Thread(t) => t.unpark(),
-            Waiter::Waker(w) | Waiter::Kept(w) => w.wake(),
-            Waiter::Swept(_) => {}
+            Waiter::Slot(w) | Waiter::Entry(_, w) => w.wake(),
+            Waiter::Dropped(_) => {}
         }
     }
 
     fn is_task(&self) -> bool {
-        !matches!(self, Waiter::Thread(_))
+        matches!(self, Waiter::Slot(_) | Waiter::Entry(..))
     }
 }
 
@@ -434,8 +478,55 @@ impl Waiter {
 #[derive(Debug, Default)]
 struct Waiters {
     list: Vec<Waiter>,
-    /// When `Core::add_waker` last swept the list.
-    swept: Option<Instant>,
+}
+
+/// A future's place in the waiter list of what it waits for (the adapter
+/// interface's `*_entry` methods): kept until that becomes ready, and
+/// left when the future that owns it is dropped, so every waiting future
+/// is woken once, when it should be, however many wait on one stream or
+/// listener. (The plain `poll_*` methods keep only the last task's waker,
+/// as `tokio::net::TcpStream::poll_read_ready` does.)
+#[derive(Debug, Default)]
+pub struct WaitEntry {
+    /// The key and the entry's id, while it is (or may be) in a list.
+    at: Option<(Key, u64)>,
+    /// The net whose list that is.
+    net: Option<WeakNet>,
+}
+
+impl WaitEntry {
+    /// Leaves the list of a net other than `net` (a listener that followed
+    /// a restarted manager waits on a new net), before `net`'s lock is
+    /// taken: one thread never holds two nets' locks.
+    fn leave_unless(&mut self, net: &Net) {
+        let other = self
+            .net
+            .as_ref()
+            .is_some_and(|w| !std::sync::Weak::ptr_eq(&w.0, &Arc::downgrade(&net.shared)));
+        if other {
+            self.leave();
+        }
+    }
+
+    /// Leaves the list it is in, if any.
+    fn leave(&mut self) {
+        let (Some((key, id)), Some(net)) = (self.at.take(), self.net.take()) else {
+            return;
+        };
+        let Some(net) = net.upgrade() else { return };
+        if net.inherited() {
+            return; // the parent's net: its lists are the parent's
+        }
+        let mut gone = Vec::new();
+        net.lock().remove_entry(key, id, &mut gone);
+        drop(gone);
+    }
+}
+
+impl Drop for WaitEntry {
+    fn drop(&mut self) {
+        self.leave();
+    }
 }
 
 /// What a waiter waits for.
@@ -480,6 +571,8 @@ struct Core {
     driving: bool,
     probe: Option<Box<Probe>>,
     waiters: HashMap<Key, Waiters>,
+    /// The last [`WaitEntry`] id given out.
+    entries: u64,
     /// The read signal of each stream that recorded a registered waker or
     /// an empty read, by connection index (see [`ReadSignal`]).
     signals: Vec<Option<Arc<ReadSignal>>>,
@@ -1445,7 +1538,7 @@ impl Core {
                 }
             }
         }
-        wake.extend(self.retry_waiters.drain(..).map(Waiter::Waker));
+        wake.extend(self.retry_waiters.drain(..).map(Waiter::Slot));
     }
 
     /// Keeps an emptied waiter list's allocation for the next key that
@@ -1463,7 +1556,6 @@ impl Core {
         let spare = &mut self.spare_lists;
         self.waiters.entry(key).or_insert_with(|| Waiters {
             list: spare.pop().unwrap_or_default(),
-            swept: None,
         })
     }
 
@@ -1660,71 +1752,81 @@ impl Core {
         Some(w)
     }
 
-    /// Registers a task's waker for `key` (once per task).
-    ///
-    /// Wakers leave the list only when the key is woken, and nothing
-    /// tells a waker whose future was dropped from one that still waits:
-    /// a stream polled from ever new tasks while nothing becomes ready
-    /// (`readable()` raced against a timeout in a loop, say) grew its list
-    /// without bound. So the list is swept when the wakers new since the
-    /// last sweep are as many as the others (and at least
-    /// [`SWEEP_MIN`]): those not yet swept are woken (into `wake`: a
-    /// spurious wake-up, which futures allow) and marked swept. A task
-    /// that still waits polls again and is kept. If the last sweep was
-    /// [`SWEEP_GRACE`] ago or more, those it marked that never came back
-    /// are dropped: their task is gone, or was woken (and so needs no
-    /// entry). Not sooner: a burst of tasks, woken by turns, would
-    /// otherwise be dropped before their turn came and come back as new
-    /// ones, sweeping each other for good. Only new tasks bring a sweep,
-    /// so tasks that keep waiting are not woken over and over; each new
-    /// task costs O(1) spurious wake-ups, amortised; and the list holds at
-    /// most about twice its waiting tasks, or `SWEEP_MIN`, or a few times
-    /// the tasks that came within `SWEEP_GRACE`.
+    /// Registers a task's waker as `key`'s slot (see [`Waiter::Slot`]):
+    /// it replaces the waker of the task that polled before, which goes
+    /// to `wake` to be dropped outside the lock, unwoken.
     fn add_waker(&mut self, key: Key, w: &Waker, wake: &mut Vec<Waiter>) {
-        let ws = self.waiters_of(key);
-        let (mut new, mut old) = (0, 0);
-        for x in ws.list.iter_mut() {
-            match x {
-                Waiter::Waker(y) | Waiter::Kept(y) if y.will_wake(w) => return,
-                // Registered again after a sweep: waiting still.
-                Waiter::Swept(y) if y.will_wake(w) => {
-                    *x = Waiter::Kept(w.clone());
+        let ws = &mut self.waiters_of(key).list;
+        for x in ws.iter_mut() {
+            if let Waiter::Slot(y) = x {
+                if !y.will_wake(w) {
+                    wake.push(Waiter::Dropped(std::mem::replace(y, w.clone())));
+                }
+                return;
+            }
+        }
+        ws.push(Waiter::Slot(w.clone()));
+    }
+
+    /// Registers a future's waker for `key` in its own place (see
+    /// [`WaitEntry`]): the place it holds already (its waker brought up
+    /// to date), or a new one. Its place for another key is left first.
+    fn add_entry(
+        &mut self,
+        net: &Net,
+        key: Key,
+        w: &Waker,
+        e: &mut WaitEntry,
+        wake: &mut Vec<Waiter>,
+    ) {
+        let id = match e.at {
+            Some((k, id)) if k == key => id,
+            at => {
+                if let Some((k, id)) = at {
+                    self.remove_entry(k, id, wake);
+                }
+                self.entries += 1;
+                e.at = Some((key, self.entries));
+                if e.net.is_none() {
+                    e.net = Some(net.downgrade());
+                }
+                self.entries
+            }
+        };
+        let ws = &mut self.waiters_of(key).list;
+        for x in ws.iter_mut() {
+            if let Waiter::Entry(i, y) = x {
+                if *i == id {
+                    if !y.will_wake(w) {
+                        wake.push(Waiter::Dropped(std::mem::replace(y, w.clone())));
+                    }
                     return;
                 }
-                Waiter::Thread(_) => {}
-                Waiter::Waker(_) => new += 1,
-                Waiter::Kept(_) | Waiter::Swept(_) => old += 1,
             }
         }
-        let sweep = new >= old.max(SWEEP_MIN);
-        if sweep {
-            let now = Instant::now();
-            let drop_swept = ws
-                .swept
-                .is_none_or(|t| now.duration_since(t) >= SWEEP_GRACE);
-            ws.swept = Some(now);
-            let list = std::mem::take(&mut ws.list);
-            ws.list.reserve(list.len() + 1);
-            for x in list {
-                match x {
-                    Waiter::Waker(y) | Waiter::Kept(y) => {
-                        wake.push(Waiter::Waker(y.clone()));
-                        ws.list.push(Waiter::Swept(y));
-                    }
-                    // Dropped outside the lock, with the wake-ups (`wake`
-                    // does nothing with them).
-                    Waiter::Swept(_) if drop_swept => wake.push(x),
-                    Waiter::Swept(_) | Waiter::Thread(_) => ws.list.push(x),
-                }
+        // Not there: new, or woken since it was added (a wake-up takes
+        // the list), and waiting again.
+        ws.push(Waiter::Entry(id, w.clone()));
+    }
+
+    /// Takes entry `id` out of `key`'s list (its future is dropped, or
+    /// waits for another key now); its waker goes to `wake`, unwoken.
+    fn remove_entry(&mut self, key: Key, id: u64, wake: &mut Vec<Waiter>) {
+        let Some(ws) = self.waiters.get_mut(&key) else {
+            return;
+        };
+        if let Some(i) = ws
+            .list
+            .iter()
+            .position(|x| matches!(x, Waiter::Entry(j, _) if *j == id))
+        {
+            if let Waiter::Entry(_, w) = ws.list.remove(i) {
+                wake.push(Waiter::Dropped(w));
             }
         }
-        ws.list.push(Waiter::Waker(w.clone()));
-        if let (true, Key::Read(c)) = (sweep, key) {
-            // The woken readers must take the lock on their next poll (and
-            // register again), not the lock-free `Pending` of
-            // `ReadSignal`, which would leave them swept.
-            if let Some(Some(s)) = self.signals.get(c.index()) {
-                s.bump();
+        if ws.list.is_empty() {
+            if let Some(ws) = self.waiters.remove(&key) {
+                self.recycle(ws.list);
             }
         }
     }
@@ -1841,6 +1943,7 @@ impl Net {
             window: None,
             batch: true,
             ctrl_timeout: None,
+            strict: None,
         }
     }
 
@@ -2273,6 +2376,16 @@ impl Net {
             // address while the answer is awaited.
             let asked = {
                 let mut g = self.lock();
+                if self.shared.strict && !this_node(&mut g.node_ips, a.ip()) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AddrNotAvailable,
+                        format!(
+                            "{} is not an address of this node (strict addresses: \
+                             see NetBuilder::strict_addresses)",
+                            a.ip()
+                        ),
+                    ));
+                }
                 if g.table.is_listening(&a) || g.binding.contains(&a) {
                     if addr.port() != 0 {
                         return Err(io::Error::new(
@@ -2313,6 +2426,7 @@ impl Net {
                 net: Mutex::new(self.clone()),
                 addr: a,
                 nonblocking: AtomicBool::new(false),
+                ttl: Ttl::new(DEFAULT_TTL),
                 follow: None,
             }),
         })
@@ -3317,8 +3431,9 @@ fn fastrand(i: u32) -> u32 {
 /// [`Net::listen_with_backlog`]); any address can be bound, not only
 /// this host's (X-IO addresses are names, not routes: where std says
 /// `AddrNotAvailable`, the bind succeeds and connects naming the address
-/// reach it); no `set_ttl`/`ttl` and no file descriptor (an event loop
-/// uses [`Net::poll`]).
+/// reach it, unless the net has [`NetBuilder::strict_addresses`]); the
+/// TTL is kept and reported only; no file descriptor (an event loop uses
+/// [`Net::poll`]).
 pub struct XioListener {
     /// Shared by [`XioListener::try_clone`]s; the address is unbound when
     /// the last one goes.
@@ -3330,6 +3445,9 @@ struct ListenerInner {
     net: Mutex<Net>,
     addr: SocketAddr,
     nonblocking: AtomicBool,
+    /// `IP_TTL` as set, which accepted streams start with (as Linux's
+    /// accepted sockets inherit the listener's).
+    ttl: Ttl,
     /// For a listener on the process-wide net: when it may next try to
     /// bind on a restarted manager.
     follow: Option<Mutex<Instant>>,
@@ -3414,7 +3532,7 @@ impl XioListener {
                 }
             });
             match r {
-                Ok(Some((c, peer))) => return Ok((XioStream::new(net, c), peer)),
+                Ok(Some((c, peer))) => return Ok((XioStream::accepted(net, c, &self.inner), peer)),
                 Ok(None) => continue,
                 Err(e) if gone && e.kind() == io::ErrorKind::TimedOut => continue,
                 // Another thread (a clone) followed the restart meanwhile
@@ -3518,6 +3636,18 @@ impl XioListener {
         Ok(XioListener {
             inner: self.inner.clone(),
         })
+    }
+
+    /// Sets `IP_TTL` (1 to 255), which streams accepted from now on start
+    /// with, as a TCP listener's accepted sockets do; nothing routes these
+    /// bytes, so it changes nothing else.
+    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+        self.inner.ttl.set(ttl)
+    }
+
+    /// `IP_TTL` as set (Linux's default of 64 until then).
+    pub fn ttl(&self) -> io::Result<u32> {
+        Ok(self.inner.ttl.get())
     }
 
     /// Non-blocking `accept`.
@@ -3654,6 +3784,43 @@ struct StreamInner {
     /// Nanoseconds; 0 is none.
     read_timeout: AtomicU64,
     write_timeout: AtomicU64,
+    /// What `set_nodelay` was given (nothing is ever delayed either way).
+    nodelay: AtomicBool,
+    /// `SO_LINGER` in nanoseconds, [`NO_LINGER`] for none.
+    linger: AtomicU64,
+    /// `IP_TTL` as set.
+    ttl: Ttl,
+}
+
+/// [`StreamInner::linger`] when none is set.
+const NO_LINGER: u64 = u64::MAX;
+/// Linux's `IP_TTL` until one is set (`net.ipv4.ip_default_ttl`).
+const DEFAULT_TTL: u32 = 64;
+
+/// `IP_TTL` as a stream or listener keeps it: set and reported, as a
+/// socket's, though nothing routes these bytes.
+struct Ttl(AtomicU32);
+
+impl Ttl {
+    fn new(ttl: u32) -> Self {
+        Ttl(AtomicU32::new(ttl))
+    }
+
+    /// Takes what Linux takes: 1 to 255 (0 and more are `EINVAL`).
+    fn set(&self, ttl: u32) -> io::Result<()> {
+        if !(1..=255).contains(&ttl) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a TTL is 1 to 255, not {ttl}"),
+            ));
+        }
+        self.0.store(ttl, AtomicOrdering::Relaxed);
+        Ok(())
+    }
+
+    fn get(&self) -> u32 {
+        self.0.load(AtomicOrdering::Relaxed)
+    }
 }
 
 impl Drop for StreamInner {
@@ -3680,7 +3847,11 @@ impl Drop for StreamInner {
                     }
                 }
             }
-            g.table.close(c);
+            if self.linger.load(AtomicOrdering::Relaxed) == 0 {
+                g.table.abort(c);
+            } else {
+                g.table.close(c);
+            }
             if let Some(t) = g.user_tokens.get_mut(c.index()) {
                 *t = None;
             }
@@ -3719,7 +3890,13 @@ impl Drop for StreamInner {
             // socket's FIN leaves with the kernel; give the peer a moment
             // to make room. Bounded: one that does not drain keeps it
             // queued, as before.
-            let deadline = Instant::now() + DROP_FLUSH_WAIT;
+            let wait = match self.linger.load(AtomicOrdering::Relaxed) {
+                NO_LINGER => DROP_FLUSH_WAIT,
+                n => Duration::from_nanos(n).max(DROP_FLUSH_WAIT),
+            };
+            let deadline = Instant::now()
+                .checked_add(wait)
+                .unwrap_or_else(Instant::now);
             while self.net.update(|g| {
                 g.flush_pending();
                 g.pending_for(peer)
@@ -3762,11 +3939,12 @@ const DROP_DRAIN_MAX: usize = 64;
 ///   `WouldBlock`).
 /// - Timeouts read back exactly as set (a socket's are rounded to the
 ///   kernel's clock tick).
-/// - `nodelay` is always true, whatever `set_nodelay` was given (a TCP
-///   socket's is false until set): no write is ever held back to be
-///   coalesced, so that is what happens here (see [`XioStream::nodelay`]).
-/// - No `set_ttl`/`ttl` (nothing routes these bytes), no file descriptor
-///   (`AsRawFd`): an event loop uses [`Net::poll`] or [`Net::poll_fd`].
+/// - `set_nodelay`, `set_ttl` and `set_linger` are kept and reported as
+///   a socket reports them, but only a zero linger changes anything (a
+///   close with a reset): no write is ever delayed, and nothing routes
+///   these bytes.
+/// - No file descriptor (`AsRawFd`): an event loop uses [`Net::poll`] or
+///   [`Net::poll_fd`].
 #[derive(Clone)]
 pub struct XioStream {
     inner: Arc<StreamInner>,
@@ -3777,6 +3955,19 @@ impl std::fmt::Debug for XioStream {
         f.debug_struct("XioStream")
             .field("conn", &self.inner.id)
             .finish()
+    }
+}
+
+/// An [`XioStream`] that does not keep the connection open (see
+/// [`XioStream::downgrade`]): for an adapter's helper that must not
+/// outlive the stream's last handle.
+#[derive(Clone, Debug)]
+pub struct WeakXioStream(std::sync::Weak<StreamInner>);
+
+impl WeakXioStream {
+    /// The stream, while some handle still keeps it open.
+    pub fn upgrade(&self) -> Option<XioStream> {
+        self.0.upgrade().map(|inner| XioStream { inner })
     }
 }
 
@@ -3856,8 +4047,18 @@ impl XioStream {
                 nonblocking: AtomicBool::new(false),
                 read_timeout: AtomicU64::new(0),
                 write_timeout: AtomicU64::new(0),
+                nodelay: AtomicBool::new(false),
+                linger: AtomicU64::new(NO_LINGER),
+                ttl: Ttl::new(DEFAULT_TTL),
             }),
         }
+    }
+
+    /// A stream accepted on `l`, with the options it inherits.
+    fn accepted(net: Net, id: ConnId, l: &ListenerInner) -> Self {
+        let s = Self::new(net, id);
+        s.inner.ttl.0.store(l.ttl.get(), AtomicOrdering::Relaxed);
+        s
     }
 
     /// Connects to `addr` on the process-wide [`Net::global`]. With no
@@ -3929,6 +4130,11 @@ impl XioStream {
         Ok(self.clone())
     }
 
+    /// A handle that does not keep the connection open.
+    pub fn downgrade(&self) -> WeakXioStream {
+        WeakXioStream(Arc::downgrade(&self.inner))
+    }
+
     /// Non-blocking mode: reads and writes return `WouldBlock` instead of
     /// waiting.
     pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
@@ -3971,18 +4177,56 @@ impl XioStream {
         )
     }
 
-    /// TCP_NODELAY has no meaning here (nothing is delayed); accepted for
-    /// compatibility, and `false` changes nothing: X-IO has no Nagle
-    /// algorithm to turn on.
-    pub fn set_nodelay(&self, _nodelay: bool) -> io::Result<()> {
+    /// Sets `TCP_NODELAY` as a TCP socket takes it, for [`XioStream::nodelay`]
+    /// to report. Both values behave the same: X-IO has no Nagle
+    /// algorithm, and every write leaves at once, as with `TCP_NODELAY` on.
+    pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
+        self.inner.nodelay.store(nodelay, AtomicOrdering::Relaxed);
         Ok(())
     }
 
-    /// Always true, also after `set_nodelay(false)` and on a new stream
-    /// (where a TCP socket says false): a write leaves at once, as with
-    /// `TCP_NODELAY`, and this says what the stream does.
+    /// What [`XioStream::set_nodelay`] was given last (false on a new
+    /// stream, as on a TCP socket).
     pub fn nodelay(&self) -> io::Result<bool> {
-        Ok(true)
+        Ok(self.inner.nodelay.load(AtomicOrdering::Relaxed))
+    }
+
+    /// Sets `SO_LINGER`, as a TCP socket takes it. A zero duration closes
+    /// with a reset when the last handle is dropped (an abortive close:
+    /// the peer's reads see `ConnectionReset` instead of end of stream,
+    /// and what it had not read is dropped). Another duration lets the
+    /// drop wait up to that long for what still waits behind a full ring
+    /// to the peer (as a lingering close waits for unsent data); without
+    /// one it waits a moment only. Written bytes are in the peer's memory
+    /// already: there is no unacknowledged data to wait for.
+    pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
+        let v = linger.map_or(NO_LINGER, |d| {
+            u64::try_from(d.as_nanos()).unwrap_or(NO_LINGER - 1)
+        });
+        self.inner.linger.store(v, AtomicOrdering::Relaxed);
+        Ok(())
+    }
+
+    /// `SO_LINGER` as set ([`XioStream::set_linger`]; `None` on a new
+    /// stream).
+    pub fn linger(&self) -> io::Result<Option<Duration>> {
+        Ok(match self.inner.linger.load(AtomicOrdering::Relaxed) {
+            NO_LINGER => None,
+            n => Some(Duration::from_nanos(n)),
+        })
+    }
+
+    /// Sets `IP_TTL` (1 to 255, as Linux takes it), for
+    /// [`XioStream::ttl`] to report: nothing routes these bytes, so it
+    /// changes nothing else.
+    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+        self.inner.ttl.set(ttl)
+    }
+
+    /// `IP_TTL` as set: Linux's default of 64 on a new stream, or the
+    /// listener's on an accepted one.
+    pub fn ttl(&self) -> io::Result<u32> {
+        Ok(self.inner.ttl.get())
     }
 
     /// The refusal or reset that ended the stream, if no read or write
@@ -4537,12 +4781,19 @@ impl Net {
     /// One attempt of an operation for an adapter, with what the table
     /// holds; if it cannot complete, the task's waker is registered
     /// instead of waiting.
+    /// With `entry`, the task waits in the entry's own place (see
+    /// [`WaitEntry`]), which it leaves when it completes; without, in the
+    /// key's slot.
     fn poll_op<R>(
         &self,
         key: Key,
         cx: &Context<'_>,
+        mut entry: Option<&mut WaitEntry>,
         mut f: impl FnMut(&mut Core, &mut Vec<Waiter>) -> Try<R>,
     ) -> Poll<io::Result<R>> {
+        if let Some(e) = entry.as_deref_mut() {
+            e.leave_unless(self);
+        }
         let mut wake = Vec::new();
         let mut g = self.lock();
         // No drain here: the adapter's driver drains (it watches the rings
@@ -4553,9 +4804,19 @@ impl Net {
         // at 16 and 256 connections ran ~20% faster without it.
         let attempt = f(&mut g, &mut wake);
         let r = match attempt {
-            Try::Done(r) => Poll::Ready(r),
+            Try::Done(r) => {
+                // Done: out of the list now, under this lock hold, so the
+                // entry's drop has nothing left to do.
+                if let Some((k, id)) = entry.and_then(|e| e.at.take()) {
+                    g.remove_entry(k, id, &mut wake);
+                }
+                Poll::Ready(r)
+            }
             Try::Wait => {
-                g.add_waker(key, cx.waker(), &mut wake);
+                match entry {
+                    Some(e) => g.add_entry(self, key, cx.waker(), e, &mut wake),
+                    None => g.add_waker(key, cx.waker(), &mut wake),
+                }
                 Poll::Pending
             }
             Try::Retry => {
@@ -4571,20 +4832,40 @@ impl Net {
 
 impl XioListener {
     /// Accepts a connection if one waits, else registers the task
-    /// (adapter interface, see [`Net::drive`]).
+    /// (adapter interface, see [`Net::drive`]): only the task that called
+    /// it last is woken, as `tokio::net::TcpListener::poll_accept` has it.
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(XioStream, SocketAddr)>> {
+        self.poll_accept_in(cx, None)
+    }
+
+    /// [`XioListener::poll_accept`] for a future that owns `entry`: every
+    /// such future waiting is woken when a connection comes (see
+    /// [`WaitEntry`]), as tokio's `accept()` futures are.
+    pub fn poll_accept_entry(
+        &self,
+        cx: &mut Context<'_>,
+        entry: &mut WaitEntry,
+    ) -> Poll<io::Result<(XioStream, SocketAddr)>> {
+        self.poll_accept_in(cx, Some(entry))
+    }
+
+    fn poll_accept_in(
+        &self,
+        cx: &mut Context<'_>,
+        entry: Option<&mut WaitEntry>,
+    ) -> Poll<io::Result<(XioStream, SocketAddr)>> {
         let addr = self.inner.addr;
         let net = self.net();
         // The peer's address under the same lock, as `accept` takes it
         // (see `accept_on`: a connection reset while queued is handed over).
-        let (c, peer) = ready!(net.poll_op(Key::Accept(addr), cx, |core, wake| {
+        let (c, peer) = ready!(net.poll_op(Key::Accept(addr), cx, entry, |core, wake| {
             match core.accept_on(addr, wake) {
                 Ok(accepted) => Try::Done(Ok(accepted)),
                 Err(ConnError::WouldBlock) => Try::Wait,
                 Err(e) => Try::Done(Err(e.into())),
             }
         }))?;
-        Poll::Ready(Ok((XioStream::new(net, c), peer)))
+        Poll::Ready(Ok((XioStream::accepted(net, c, &self.inner), peer)))
     }
 }
 
@@ -4603,7 +4884,7 @@ impl XioStream {
         cx: &mut Context<'_>,
         out: &mut [std::mem::MaybeUninit<u8>],
     ) -> Poll<io::Result<usize>> {
-        self.poll_read_op(cx, |core, wake, c| core.read_step(wake, c, out))
+        self.poll_read_op(cx, None, |core, wake, c| core.read_step(wake, c, out))
     }
 
     /// Peeks if bytes (or end of stream, or an error) are there, else
@@ -4611,32 +4892,67 @@ impl XioStream {
     /// copies stays to be read; a reset it reports is reported once, as
     /// [`XioStream::peek`]'s.
     pub fn poll_peek(&self, cx: &mut Context<'_>, out: &mut [u8]) -> Poll<io::Result<usize>> {
-        self.poll_read_op(cx, |core, wake, c| core.peek_step(wake, c, out, true))
+        self.poll_read_op(cx, None, |core, wake, c| core.peek_step(wake, c, out, true))
+    }
+
+    /// [`XioStream::poll_peek`] for a future that owns `entry` (see
+    /// [`WaitEntry`]).
+    pub fn poll_peek_entry(
+        &self,
+        cx: &mut Context<'_>,
+        entry: &mut WaitEntry,
+        out: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_read_op(cx, Some(entry), |core, wake, c| {
+            core.peek_step(wake, c, out, true)
+        })
     }
 
     /// [`XioStream::poll_peek`] for readiness (an adapter's
     /// `poll_read_ready`): an error it sees (a reset) is left for the next
     /// read or peek to report.
     pub fn poll_peek_ready(&self, cx: &mut Context<'_>, out: &mut [u8]) -> Poll<io::Result<usize>> {
-        self.poll_read_op(cx, |core, wake, c| core.peek_step(wake, c, out, false))
+        self.poll_read_op(cx, None, |core, wake, c| {
+            core.peek_step(wake, c, out, false)
+        })
+    }
+
+    /// [`XioStream::poll_peek_ready`] for a future that owns `entry` (an
+    /// adapter's `readable()`; see [`WaitEntry`]).
+    pub fn poll_peek_ready_entry(
+        &self,
+        cx: &mut Context<'_>,
+        entry: &mut WaitEntry,
+        out: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_read_op(cx, Some(entry), |core, wake, c| {
+            core.peek_step(wake, c, out, false)
+        })
     }
 
     /// [`Net::poll_op`] for a read, returning `Pending` without the lock
-    /// when the task's waker is still registered (see [`ReadSignal`]).
+    /// when the task's waker is still the key's slot (see [`ReadSignal`]).
+    /// A future's entry takes the lock each time: the signal records the
+    /// slot's waker only.
     fn poll_read_op<R>(
         &self,
         cx: &Context<'_>,
+        entry: Option<&mut WaitEntry>,
         mut f: impl FnMut(&mut Core, &mut Vec<Waiter>, ConnId) -> Try<R>,
     ) -> Poll<io::Result<R>> {
         let s = &self.inner;
-        if s.sig.still_parked(cx.waker()) {
+        let slot = entry.is_none();
+        if slot && s.sig.still_parked(cx.waker()) {
             return Poll::Pending;
         }
         let c = s.id;
         let w = cx.waker();
-        s.net.poll_op(Key::Read(c), cx, |core, wake| {
+        s.net.poll_op(Key::Read(c), cx, entry, |core, wake| {
             s.sig.forget();
             let r = f(core, wake, c);
+            if !slot {
+                return r;
+            }
             match &r {
                 // `poll_op` registers the waker.
                 Try::Wait => core.park_reader(c, &s.sig, w),
@@ -4658,7 +4974,7 @@ impl XioStream {
     /// Takes the next received pool buffer if there is one (`None`: end of
     /// stream), else registers the task.
     pub fn poll_recv_buf(&self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Buf>>> {
-        self.poll_read_op(cx, |core, wake, c| core.chunk_step(wake, c))
+        self.poll_read_op(cx, None, |core, wake, c| core.chunk_step(wake, c))
     }
 
     /// Writes what fits now (credit, ring space, buffers), else registers
@@ -4706,20 +5022,64 @@ impl XioStream {
     /// write may then find the pool empty (`WouldBlock`, a readiness
     /// hint's usual caveat).
     pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let c = self.inner.id;
+        self.poll_write_ready_in(cx, None)
+    }
+
+    /// [`XioStream::poll_write_ready`] for a future that owns `entry` (an
+    /// adapter's `writable()`; see [`WaitEntry`]). A wait for room in a
+    /// ring or a buffer of the pool, which no peer signals, is the
+    /// retry's, as with `poll_write_ready`.
+    pub fn poll_write_ready_entry(
+        &self,
+        cx: &mut Context<'_>,
+        entry: &mut WaitEntry,
+    ) -> Poll<io::Result<()>> {
+        self.poll_write_ready_in(cx, Some(entry))
+    }
+
+    fn poll_write_ready_in(
+        &self,
+        cx: &mut Context<'_>,
+        mut entry: Option<&mut WaitEntry>,
+    ) -> Poll<io::Result<()>> {
         let net = &self.inner.net;
         let smallest = net.shared.classes[0];
+        if let Some(e) = entry.as_deref_mut() {
+            e.leave_unless(net);
+        }
+        let mut wake = Vec::new();
         let mut g = net.lock();
+        let r = self.write_ready_step(&mut g, cx, &mut entry, smallest, &mut wake);
+        if r.is_ready() {
+            if let Some((k, id)) = entry.and_then(|e| e.at.take()) {
+                g.remove_entry(k, id, &mut wake);
+            }
+        }
+        drop(g);
+        wake_all(&mut wake);
+        r
+    }
+
+    fn write_ready_step(
+        &self,
+        g: &mut Core,
+        cx: &mut Context<'_>,
+        entry: &mut Option<&mut WaitEntry>,
+        smallest: usize,
+        wake: &mut Vec<Waiter>,
+    ) -> Poll<io::Result<()>> {
+        let c = self.inner.id;
+        let net = &self.inner.net;
         // Not `send_target`: that takes a reset as reported, and the next
         // read would then see end of stream instead of the reset.
         let Some(peer) = g.table.send_peer(c) else {
             return Poll::Ready(Ok(()));
         };
         if g.table.credit_left(c) < smallest {
-            let mut wake = Vec::new();
-            g.add_waker(Key::Write(c), cx.waker(), &mut wake);
-            drop(g);
-            wake_all(&mut wake);
+            match entry.as_deref_mut() {
+                Some(e) => g.add_entry(net, Key::Write(c), cx.waker(), e, wake),
+                None => g.add_waker(Key::Write(c), cx.waker(), wake),
+            }
             return Poll::Pending;
         }
         if g.pending_for(peer) && !g.flush_pending() && g.pending_for(peer) {
@@ -4806,7 +5166,30 @@ impl XioStream {
         let c = self.inner.id;
         self.inner
             .net
-            .poll_op(Key::Connect(c), cx, |core, _| core.connect_step(c))
+            .poll_op(Key::Connect(c), cx, None, |core, _| core.connect_step(c))
+    }
+
+    /// [`XioStream::poll_connected`] for a future that owns `entry` (see
+    /// [`WaitEntry`]).
+    pub fn poll_connected_entry(
+        &self,
+        cx: &mut Context<'_>,
+        entry: &mut WaitEntry,
+    ) -> Poll<io::Result<()>> {
+        let c = self.inner.id;
+        self.inner
+            .net
+            .poll_op(Key::Connect(c), cx, Some(entry), |core, _| {
+                core.connect_step(c)
+            })
+    }
+
+    /// Whether the SYN was answered or refused (what
+    /// [`XioStream::poll_connected`] would report), without registering
+    /// anything.
+    pub fn connect_settled(&self) -> bool {
+        let c = self.inner.id;
+        !matches!(self.inner.net.lock().connect_step(c), Try::Wait)
     }
 
     /// For an adapter whose task has waited a while for the SYN's answer
@@ -4969,11 +5352,11 @@ mod tests {
 
     /// A stream polled from ever new tasks while nothing arrives (a
     /// `readable()` raced against a timeout in a loop, each round a new
-    /// task) kept every task's waker until data came: the list of the
-    /// key grew by one per task, without bound (found in review). Now it
-    /// is swept; and the tasks that do still wait, however many, are all
-    /// woken when data comes, after a few spurious wake-ups, not woken
-    /// over and over meanwhile.
+    /// task) once kept every task's waker until data came: the list grew
+    /// by one per task, without bound. A `poll_*` method keeps the last
+    /// task's waker only, and a future's entry leaves with the future, so
+    /// the list holds what waits; and every future still waiting, however
+    /// many, is woken once when data comes, never before.
     #[test]
     fn wakers_of_tasks_gone_do_not_pile_up() {
         use std::io::Write;
@@ -4984,11 +5367,7 @@ mod tests {
             let c = client.connect(addr).unwrap();
             (c, l.accept().unwrap().0)
         };
-        let poll = |s: &XioStream, w: &Arc<Count>| {
-            let w = Waker::from(w.clone());
-            s.poll_read(&mut Context::from_waker(&w), &mut [0u8; 8])
-                .is_pending()
-        };
+        let cx_of = |w: &Arc<Count>| Waker::from(w.clone());
         let tasks_on = |s: &XioStream| {
             server
                 .lock()
@@ -4997,56 +5376,52 @@ mod tests {
                 .map_or(0, |ws| ws.list.len())
         };
 
-        // In bursts, each past the grace a sweep gives the tasks it wakes
-        // to come back (however slow the machine: a slower one spreads a
-        // burst, and keeps fewer).
+        // Ever new tasks through the slot: one waker kept, the last.
         let (_c, s) = pair();
-        const BURST: usize = 1000;
-        for _ in 0..10 {
-            for _ in 0..BURST {
-                assert!(poll(&s, &Arc::default()));
-            }
-            std::thread::sleep(SWEEP_GRACE);
+        let mut last = Arc::default();
+        for _ in 0..1000 {
+            last = Arc::default();
+            let w = cx_of(&last);
+            assert!(s
+                .poll_read(&mut Context::from_waker(&w), &mut [0u8; 8])
+                .is_pending());
         }
-        let n = tasks_on(&s);
-        assert!(n <= 4 * BURST, "{n} wakers kept");
+        assert_eq!(tasks_on(&s), 1);
 
-        // Many tasks that keep waiting, polled again whenever woken as a
-        // runtime would, by turns and once late: they settle (no sweep
-        // wakes them for good), and all are woken when data comes.
+        // Ever new futures, each dropped: nothing kept.
+        for _ in 0..1000 {
+            let mut e = WaitEntry::default();
+            let w = cx_of(&Arc::default());
+            assert!(s
+                .poll_peek_ready_entry(&mut Context::from_waker(&w), &mut e, &mut [0u8; 1])
+                .is_pending());
+        }
+        assert_eq!(tasks_on(&s), 1);
+
+        // Many futures that keep waiting (polled once each, never again):
+        // none is woken before data comes, and all are woken when it does.
         let (mut c, s) = pair();
-        let live: Vec<Arc<Count>> = (0..10 * SWEEP_MIN).map(|_| Arc::default()).collect();
-        let mut seen = vec![0; live.len()];
-        for w in &live {
-            assert!(poll(&s, w));
+        let live: Vec<Arc<Count>> = (0..500).map(|_| Arc::default()).collect();
+        let mut entries: Vec<WaitEntry> = live.iter().map(|_| WaitEntry::default()).collect();
+        for (w, e) in live.iter().zip(&mut entries) {
+            let w = cx_of(w);
+            assert!(s
+                .poll_peek_ready_entry(&mut Context::from_waker(&w), e, &mut [0u8; 1])
+                .is_pending());
         }
-        let mut rounds = 0;
-        loop {
-            if rounds == 0 {
-                std::thread::sleep(SWEEP_GRACE);
-            }
-            let mut woke = false;
-            for (w, seen) in live.iter().zip(&mut seen) {
-                if wakes(w) != *seen {
-                    *seen = wakes(w);
-                    woke = true;
-                    assert!(poll(&s, w));
-                }
-            }
-            if !woke {
-                break;
-            }
-            rounds += 1;
-            assert!(rounds < 1000, "the waiting tasks are woken over and over");
-        }
-        assert!(tasks_on(&s) >= live.len());
+        assert_eq!(tasks_on(&s), live.len());
+        assert!(live.iter().all(|w| wakes(w) == 0), "woken before any data");
         c.write_all(b"x").unwrap();
         let deadline = Instant::now() + Duration::from_secs(60);
-        while live.iter().zip(&seen).any(|(w, &n)| wakes(w) == n) {
-            assert!(Instant::now() < deadline, "a waiting task was not woken");
+        while live.iter().any(|w| wakes(w) == 0) {
+            assert!(Instant::now() < deadline, "a waiting future was not woken");
             server.drive(false, false).unwrap();
             std::thread::yield_now();
         }
+        assert!(live.iter().all(|w| wakes(w) == 1));
+        drop(entries);
+        assert_eq!(tasks_on(&s), 0);
+        let _ = last;
     }
 
     #[test]

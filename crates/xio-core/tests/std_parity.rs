@@ -41,6 +41,8 @@ trait Strm: Sized + Send + 'static {
     fn try_clone(&self) -> io::Result<Self>;
     fn set_nodelay(&self, on: bool) -> io::Result<()>;
     fn nodelay(&self) -> io::Result<bool>;
+    fn set_ttl(&self, ttl: u32) -> io::Result<()>;
+    fn ttl(&self) -> io::Result<u32>;
 }
 
 /// A listener's calls a scenario uses.
@@ -52,6 +54,8 @@ trait Lst: Sized + Send + 'static {
     fn take_error(&self) -> io::Result<Option<io::Error>>;
     fn try_clone(&self) -> io::Result<Self>;
     fn incoming(&self) -> Box<dyn Iterator<Item = io::Result<Self::S>> + '_>;
+    fn set_ttl(&self, ttl: u32) -> io::Result<()>;
+    fn ttl(&self) -> io::Result<u32>;
 }
 
 macro_rules! same_api {
@@ -108,6 +112,12 @@ macro_rules! same_api {
             fn nodelay(&self) -> io::Result<bool> {
                 <$s>::nodelay(self)
             }
+            fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+                <$s>::set_ttl(self, ttl)
+            }
+            fn ttl(&self) -> io::Result<u32> {
+                <$s>::ttl(self)
+            }
         }
 
         impl Lst for $l {
@@ -126,6 +136,12 @@ macro_rules! same_api {
             }
             fn try_clone(&self) -> io::Result<Self> {
                 <$l>::try_clone(self)
+            }
+            fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+                <$l>::set_ttl(self, ttl)
+            }
+            fn ttl(&self) -> io::Result<u32> {
+                <$l>::ttl(self)
             }
             fn incoming(&self) -> Box<dyn Iterator<Item = io::Result<$s>> + '_> {
                 Box::new(<$l>::incoming(self))
@@ -149,6 +165,11 @@ trait Family {
     /// Binds the first of `a` that can be bound (std's `bind` over a
     /// `ToSocketAddrs` of several).
     fn bind_any(&self, a: &[SocketAddr]) -> io::Result<Self::L>;
+    /// Binds as code that relies on bind's address check needs: std's
+    /// bind; a net with strict addresses for X-IO.
+    fn bind_strict(&self, a: SocketAddr) -> io::Result<Self::L> {
+        self.bind(a)
+    }
     /// Connects to the first of `a` that answers.
     fn connect_any(&self, a: &[SocketAddr]) -> io::Result<<Self::L as Lst>::S>;
     /// Lets what is in flight arrive (a moment; not a bound on anything).
@@ -184,6 +205,8 @@ struct Xio {
     _mgr: ManagerHandle,
     server: Net,
     client: Net,
+    /// A net of the pool with strict addresses.
+    strict: Net,
     /// Each driver's address, the net to connect to it from, its thread.
     drivers: Vec<(SocketAddr, Net, std::thread::JoinHandle<()>)>,
 }
@@ -195,6 +218,7 @@ impl Xio {
         let mgr = manager_builder(&p).spawn().unwrap();
         let server = Net::attach(&p).unwrap();
         let client = Net::attach(&p).unwrap();
+        let strict = Net::builder(&p).strict_addresses(true).attach().unwrap();
         let mut drivers = Vec::new();
         for (a, net, other) in [
             ("10.250.0.1:9", &server, &client),
@@ -209,6 +233,7 @@ impl Xio {
             _mgr: mgr,
             server,
             client,
+            strict,
             drivers,
         }
     }
@@ -238,6 +263,9 @@ impl Family for Xio {
     }
     fn bind_any(&self, a: &[SocketAddr]) -> io::Result<XioListener> {
         self.server.listen(a)
+    }
+    fn bind_strict(&self, a: SocketAddr) -> io::Result<XioListener> {
+        self.strict.listen(a)
     }
     fn connect_any(&self, a: &[SocketAddr]) -> io::Result<XioStream> {
         self.client.connect(a)
@@ -286,6 +314,16 @@ fn lo(port: u16) -> SocketAddr {
     }
 }
 
+/// An address of the test's family on no interface here (TEST-NET-1 or
+/// the documentation prefix).
+fn elsewhere() -> SocketAddr {
+    if V6.get() {
+        "[2001:db8::1]:0".parse().unwrap()
+    } else {
+        "192.0.2.1:0".parse().unwrap()
+    }
+}
+
 /// The unspecified address of the test's family with `port`.
 fn any(port: u16) -> SocketAddr {
     if V6.get() {
@@ -326,22 +364,9 @@ const KNOWN: &[Known] = &[
         std: "true",
         xio: "false",
     },
-    // `XioStream::nodelay` docs: X-IO never delays a write, so `nodelay`
-    // says true whatever was set (Nagle is on by default in TCP).
-    Known {
-        scenario: "several_addresses_and_after_shutdown",
-        step: "nodelay by default",
-        std: "Ok(false)",
-        xio: "Ok(true)",
-    },
-    Known {
-        scenario: "several_addresses_and_after_shutdown",
-        step: "nodelay after",
-        std: "Ok(false)",
-        xio: "Ok(true)",
-    },
     // `XioListener` docs: X-IO addresses are names, not routes, so any
-    // address can be bound (std's bind wants one of the host's).
+    // address can be bound (std's bind wants one of the host's) unless
+    // the net is strict (`strict_addresses`, the scenario of that name).
     Known {
         scenario: "several_addresses_and_after_shutdown",
         step: "bind an address of no interface",
@@ -437,6 +462,8 @@ scenarios!(
     write_timeout_takes_part,
     shutdown_from_another_thread_ends_a_blocked_call,
     several_addresses_and_after_shutdown,
+    strict_addresses,
+    ttl,
     reset_seen_through_take_error_then_nonblocking,
     peek_reports_a_reset_once,
 );
@@ -944,6 +971,36 @@ mod scenario {
         drop(s);
     }
 
+    /// Bind's check that the address is this node's: std's always, X-IO's
+    /// on a strict net.
+    pub fn strict_addresses<F: Family>(f: &F, log: &mut Log) {
+        log.r(
+            "bind an address of no interface",
+            f.bind_strict(elsewhere()).map(drop),
+        );
+        log.r("bind loopback", f.bind_strict(lo(0)).map(drop));
+        log.r("bind unspecified", f.bind_strict(any(0)).map(drop));
+    }
+
+    /// `IP_TTL` on streams and listeners: 1 to 255 kept and reported, an
+    /// accepted stream starting with its listener's.
+    pub fn ttl<F: Family>(f: &F, log: &mut Log) {
+        let l = f.bind(lo(0)).unwrap();
+        log.r("listener ttl", l.ttl());
+        log.r("listener set_ttl(200)", l.set_ttl(200));
+        log.r("listener set_ttl(300)", l.set_ttl(300));
+        log.r("listener ttl then", l.ttl());
+        let c = f.connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        log.r("client ttl", c.ttl());
+        log.r("accepted ttl", s.ttl());
+        log.r("set_ttl(1)", c.set_ttl(1));
+        log.r("ttl then", c.ttl());
+        log.r("set_ttl(0)", c.set_ttl(0));
+        log.r("ttl after", c.ttl());
+        log.r("a clone's ttl", c.try_clone().and_then(|c| c.ttl()));
+    }
+
     pub fn several_addresses_and_after_shutdown<F: Family>(f: &F, log: &mut Log) {
         let l = f.bind(lo(0)).unwrap();
         let a = l.local_addr().unwrap();
@@ -970,15 +1027,9 @@ mod scenario {
             "connect with no address",
             f.connect_any(&[]).map(drop).map_err(|e| e.kind().into()),
         );
-        // (TEST-NET-1 / documentation addresses: on no interface here.)
-        let elsewhere: SocketAddr = if V6.get() {
-            "[2001:db8::1]:0".parse().unwrap()
-        } else {
-            "192.0.2.1:0".parse().unwrap()
-        };
         log.r(
             "bind an address of no interface",
-            f.bind(elsewhere).map(drop).map_err(|e| e.kind().into()),
+            f.bind(elsewhere()).map(drop).map_err(|e| e.kind().into()),
         );
         log.r(
             "unspecified address stays so",
