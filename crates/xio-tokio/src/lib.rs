@@ -80,23 +80,34 @@
 //! dropping its future drops the buffer unsent. `readable`, `writable`,
 //! `ready` and `peek` are cancellation safe, as tokio's are.
 //!
+//! # Readiness and wake-ups, as tokio's
+//! A stream keeps its read and write readiness until an operation meets
+//! `WouldBlock` (tokio's `ScheduledIo` model): `readable()` after a
+//! `read_exact` that took everything returns at once, and the `try_read`
+//! after it says `WouldBlock`; an accepted stream starts read- and
+//! write-ready, as tokio's accepted sockets do. Futures (`accept`,
+//! `readable`, `writable`, `ready`, `peek`, `connected`) each keep their
+//! own place among a stream's or listener's waiters until what they wait
+//! for happens or they are dropped: every one is woken then, never
+//! before. The `poll_*` methods keep the waker of the task that polled
+//! last, as tokio's do.
+//!
 //! # Where it differs from tokio's `TcpStream`
 //! Beyond what [`XioStream::connect`] says of a refusal (reported by the
 //! first read, not by `connect`):
 //! - A client's [`XioStream::local_addr`] is made from its process's
 //!   stack id (X-IO clients do not bind), so its IP is not the
 //!   listener's as on loopback TCP; any address can be bound, as X-IO
-//!   addresses are names, not routes. An IPv4 client of a listener on
-//!   `[::]` is accepted with IPv4 addresses (Linux maps them into IPv6,
-//!   `::ffff:a.b.c.d`).
-//! - [`XioStream::nodelay`] is always true (nothing is ever delayed);
-//!   `set_nodelay` is accepted. There is no `set_linger`/`linger`,
-//!   `set_ttl`/`ttl`, `TcpSocket`, or `from_std`/`into_std` of kernel
-//!   sockets.
-//! - [`XioStream::try_read`] (and `try_read_vectored`) into an empty
-//!   buffer is `Ok(0)` at once, as `xio_core`'s reads are; Linux says
-//!   `WouldBlock` while nothing is queued. (An awaited `read` or `peek`
-//!   into an empty buffer waits for data, as tokio's does.)
+//!   addresses are names, not routes (a net built with
+//!   `Net::builder(prefix).strict_addresses(true)`, or
+//!   `$XIO_STRICT_ADDRESSES=1`, refuses other nodes' addresses as TCP
+//!   does). An IPv4 client of a listener on `[::]` is accepted with IPv4
+//!   addresses (Linux maps them into IPv6, `::ffff:a.b.c.d`).
+//! - `set_nodelay`, `set_ttl` and `set_linger` are kept and reported as
+//!   TCP reports them, but only a zero linger changes anything (a close
+//!   with a reset): nothing is ever delayed and nothing routes these
+//!   bytes. There is no `TcpSocket`; `from_std`/`into_std` convert to and
+//!   from `xio_core`'s blocking types, not kernel sockets.
 //! - [`XioStream::ready`] never reports `WRITE_CLOSED` (tokio reports it
 //!   from Linux's `EPOLLHUP`: both directions shut, or a reset), and
 //!   refuses `ERROR` (or `PRIORITY`) without `READABLE` or `WRITABLE`
@@ -109,10 +120,6 @@
 //!   default 2 MiB): while such a pool stays empty, its stalled writers
 //!   cost a little CPU each millisecond, where TCP's sleep. Idle streams
 //!   cost nothing.
-//! - Every task that polled a stream's read (or write) is woken when it
-//!   becomes ready, not only the one that polled last as with tokio's:
-//!   one whose future was dropped meanwhile sees a spurious wake-up,
-//!   which futures allow.
 //!
 //! `tests/tokio_parity.rs` runs the same scenarios against tokio's TCP
 //! and X-IO, comparing what a program sees, and pins the differences
@@ -136,6 +143,7 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf, Ready};
 pub use xio_core as core;
 pub use xio_core::buf::{Buf, BufMut};
 pub use xio_core::net::Net;
+use xio_core::net::WaitEntry;
 
 /// How often a busy driver reads the control socket on its own (a sleeping
 /// one watches it instead), and a driver without a manager watch ticks.
@@ -900,25 +908,63 @@ impl XioListener {
         self.inner.local_addr()
     }
 
-    /// Waits for a connection. Cancellation safe.
-    pub async fn accept(&self) -> io::Result<(XioStream, SocketAddr)> {
-        std::future::poll_fn(|cx| self.poll_accept(cx)).await
+    /// The core listener back, in non-blocking mode (as
+    /// `tokio::net::TcpListener::into_std` gives a std listener).
+    pub fn into_std(self) -> io::Result<xio_core::net::XioListener> {
+        self.inner.set_nonblocking(true)?;
+        Ok(self.inner)
     }
 
-    /// Polls for a connection.
+    /// `IP_TTL` as set ([`xio_core::net::XioListener::ttl`]).
+    pub fn ttl(&self) -> io::Result<u32> {
+        self.inner.ttl()
+    }
+
+    /// Sets `IP_TTL`, which accepted streams start with
+    /// ([`xio_core::net::XioListener::set_ttl`]; nothing routes these
+    /// bytes).
+    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+        self.inner.set_ttl(ttl)
+    }
+
+    /// Waits for a connection. Cancellation safe. Every task waiting in
+    /// `accept` on the listener is woken when a connection comes (one of
+    /// them takes it, the others wait on), as with tokio's.
+    pub async fn accept(&self) -> io::Result<(XioStream, SocketAddr)> {
+        let mut entry = WaitEntry::default();
+        std::future::poll_fn(|cx| self.poll_accept_in(cx, Some(&mut entry))).await
+    }
+
+    /// Polls for a connection. As `tokio::net::TcpListener::poll_accept`,
+    /// only the task that polled last is woken: tasks that share a
+    /// listener wait in [`XioListener::accept`].
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(XioStream, SocketAddr)>> {
+        self.poll_accept_in(cx, None)
+    }
+
+    fn poll_accept_in(
+        &self,
+        cx: &mut Context<'_>,
+        entry: Option<&mut WaitEntry>,
+    ) -> Poll<io::Result<(XioStream, SocketAddr)>> {
         // Follow first, even while clients still on the old net keep it
         // busy; until a new manager runs, accept there meanwhile.
         self.poll_follow(cx)?;
         let l = &self.inner;
-        let p = pending_needs_driver(&l.net(), l.poll_accept(cx));
-        let (s, a) = ready!(p)?;
+        let p = match entry {
+            Some(e) => l.poll_accept_entry(cx, e),
+            None => l.poll_accept(cx),
+        };
+        let (s, a) = ready!(pending_needs_driver(&l.net(), p))?;
         // The core's own blocking calls (used by `alloc`) must not wait.
         s.set_nonblocking(true)?;
         Poll::Ready(Ok((
             XioStream {
                 inner: s,
-                syn: SynWatch::default(),
+                syn: Arc::default(),
+                // As tokio's accepted sockets: ready both ways until an
+                // operation meets `WouldBlock` (see `XioStream::readable`).
+                ready: [AtomicBool::new(true), AtomicBool::new(true)],
             },
             a,
         )))
@@ -995,41 +1041,81 @@ impl XioListener {
 #[derive(Debug)]
 pub struct XioStream {
     inner: xio_core::net::XioStream,
-    /// While its SYN may be unanswered: the check that a wait makes.
-    syn: SynWatch,
+    /// While its SYN may be unanswered: the route check a wait starts.
+    syn: Arc<SynWatch>,
+    /// Readiness kept as tokio keeps a socket's, by direction ([`READ`],
+    /// [`WRITE`]): set when an operation or a readiness check finds that
+    /// direction ready, and cleared only when an operation meets
+    /// `WouldBlock` (see [`XioStream::readable`]). A flag each, so that
+    /// setting and clearing are plain stores, not read-modify-writes.
+    ready: [AtomicBool; 2],
 }
 
-/// A connecting stream's check of its SYN's route, made by every wait of
-/// it (a read, a write waiting for the window, ...) as [`XioStream::connected`]
-/// makes it: a process that stopped listening on the address and makes
-/// no X-IO call any more never answers, so after a little while the
-/// manager is asked (on the blocking threads) whether the address is
-/// still that process's, and if not the connection is refused.
+/// A connecting stream's check of its SYN's route, started by its first
+/// wait (a read, a write waiting for the window, ...) as a blocking
+/// connect makes it: a process that stopped listening on the address and
+/// makes no X-IO call any more never answers, so a task of the stream's
+/// own asks the manager now and then (on the blocking threads) whether
+/// the address is still that process's, and if not the connection is
+/// refused, which wakes the waiting tasks. The waiting tasks themselves
+/// are never woken for it.
 #[derive(Debug, Default)]
 struct SynWatch {
     /// Set until a wait finds the SYN answered (or refused): then the
     /// check costs a wait one atomic load.
     waiting: AtomicBool,
-    /// The check's state, from the first wait while connecting.
-    check: Mutex<Option<Box<SynCheck>>>,
+    /// Set while a watcher task runs ([`watch_syn`]).
+    watching: AtomicBool,
 }
 
-#[derive(Debug)]
-struct SynCheck {
-    /// The wait before the next question (2 ms, doubling up to 100 ms, as
-    /// a blocking connect does).
-    every: Duration,
-    /// The timer for the next question, and the runtime it was made on
-    /// (see [`Retry::timer`]).
-    timer: Option<(tokio::runtime::Id, Pin<Box<tokio::time::Sleep>>)>,
-    /// The question on a blocking thread.
-    asking: Option<tokio::task::JoinHandle<io::Result<()>>>,
-    /// What the timer and the question are polled with: every task
-    /// waiting on the stream (a read half's and a write half's, say), so
-    /// that one dropping its future does not stop the checks for the
-    /// others.
-    waiters: Arc<Waiters>,
+/// Clears [`SynWatch::watching`] when the watcher ends, also when its
+/// runtime shuts down and drops it: a wait on another runtime then starts
+/// another.
+struct Watching(Arc<SynWatch>);
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.0.watching.store(false, Ordering::Relaxed);
+    }
 }
+
+/// Asks the manager now and then (2 ms, doubling up to 100 ms, as a
+/// blocking connect does) whether `s`'s SYN still goes to a process that
+/// owns its address, until the SYN is answered or refused or the stream
+/// is dropped. A refusal resets the connection, which wakes its tasks.
+async fn watch_syn(s: xio_core::net::WeakXioStream, flag: Watching) {
+    let mut every = Duration::from_millis(2);
+    loop {
+        tokio::time::sleep(every).await;
+        every = (every * 2).min(Duration::from_millis(100));
+        let Some(strong) = s.upgrade() else { break };
+        if strong.connect_settled() {
+            flag.0.waiting.store(false, Ordering::Relaxed);
+            break;
+        }
+        // The question may wait for the manager: off the runtime's
+        // threads. Its answer needs no handling (see above).
+        let asked = tokio::task::spawn_blocking(move || drop(strong.check_connect_route()));
+        if asked.await.is_err() {
+            break; // the runtime shuts down
+        }
+    }
+    drop(flag);
+}
+
+impl TryFrom<xio_core::net::XioListener> for XioListener {
+    type Error = io::Error;
+
+    /// [`XioListener::from_std`].
+    fn try_from(l: xio_core::net::XioListener) -> io::Result<XioListener> {
+        XioListener::from_std(l)
+    }
+}
+
+/// The read direction of [`XioStream::ready`] (see [`XioStream::readable`]).
+const READ: usize = 0;
+/// The write direction of [`XioStream::ready`].
+const WRITE: usize = 1;
 
 impl XioStream {
     /// Connects on the process-wide pool ([`Net::global`]). Returns once
@@ -1074,92 +1160,123 @@ impl XioStream {
         inner.set_nonblocking(true)?;
         Ok(XioStream {
             inner,
-            syn: SynWatch {
+            syn: Arc::new(SynWatch {
                 waiting: AtomicBool::new(true),
-                check: Mutex::default(),
-            },
+                watching: AtomicBool::new(false),
+            }),
+            ready: [AtomicBool::new(false), AtomicBool::new(false)],
         })
     }
 
-    /// [`pending_needs_driver`] for a wait on the stream, which while the
-    /// SYN may be unanswered also makes the route check (see
-    /// [`SynWatch`]). A ready result costs nothing, nor (beyond an atomic
-    /// load) does a wait once the SYN was answered.
-    fn pending<T>(&self, cx: &mut Context<'_>, p: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
-        let p = pending_needs_driver(self.inner.net(), p);
-        // Relaxed: the flag only saves the look below; the net's lock
-        // orders what that look finds.
-        if p.is_pending() && self.syn.waiting.load(Ordering::Relaxed) {
-            self.poll_syn_check(cx);
+    /// Wraps a stream made by `xio_core` (connected, accepted, or taken
+    /// back with [`XioStream::into_std`]), as
+    /// `tokio::net::TcpStream::from_std` wraps a std stream: it is put in
+    /// non-blocking mode, and the net gets a driver on this runtime. Must
+    /// be called within a tokio runtime.
+    pub fn from_std(inner: xio_core::net::XioStream) -> io::Result<XioStream> {
+        Self::from_core(inner)
+    }
+
+    /// The core stream back, in non-blocking mode (as
+    /// `tokio::net::TcpStream::into_std`; `set_nonblocking(false)` makes
+    /// its reads and writes wait again).
+    pub fn into_std(self) -> io::Result<xio_core::net::XioStream> {
+        Ok(self.inner)
+    }
+
+    /// Notes what an operation on direction `dir` found: ready when it
+    /// did something, not ready when it met `WouldBlock` (the only thing
+    /// that clears a flag, as in tokio). Errors leave the flag alone: the
+    /// next operation meets them again without waiting.
+    fn note<T>(&self, dir: usize, r: io::Result<T>) -> io::Result<T> {
+        match &r {
+            Ok(_) => self.set_ready(dir),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.clear_ready(dir),
+            Err(_) => {}
+        }
+        r
+    }
+
+    /// [`XioStream::note`] for a poll: `Pending` met `WouldBlock`.
+    fn note_poll<T>(&self, dir: usize, p: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        match &p {
+            Poll::Pending => self.clear_ready(dir),
+            Poll::Ready(Ok(_)) => self.set_ready(dir),
+            Poll::Ready(Err(_)) => {}
         }
         p
     }
 
-    /// The route check of a task about to wait while the stream connects.
-    /// A refusal wakes the connection's waiting tasks itself (the core
-    /// resets the connection), so the check's outcome needs no handling.
-    fn poll_syn_check(&self, cx: &mut Context<'_>) {
-        let mut check = self.syn.check.lock().unwrap_or_else(|e| e.into_inner());
-        if self.inner.poll_connected(cx).is_ready() {
+    // Relaxed: the flags are hints checked against the stream's real state
+    // (a clear flag makes the check look at the net, under its lock), so a
+    // stale flag costs a spurious readiness at most, which tokio allows.
+    fn set_ready(&self, dir: usize) {
+        // Looked at first: a store dirties the line even when it writes
+        // the value already there, which is the usual case.
+        if !self.ready[dir].load(Ordering::Relaxed) {
+            self.ready[dir].store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn clear_ready(&self, dir: usize) {
+        if self.ready[dir].load(Ordering::Relaxed) {
+            self.ready[dir].store(false, Ordering::Relaxed);
+        }
+    }
+
+    fn is_ready(&self, dir: usize) -> bool {
+        self.ready[dir].load(Ordering::Relaxed)
+    }
+
+    /// [`pending_needs_driver`] for a wait on the stream, which while the
+    /// SYN may be unanswered also starts the route check (see
+    /// [`SynWatch`]). A ready result costs nothing, nor (beyond an atomic
+    /// load) does a wait once the SYN was answered.
+    fn pending<T>(&self, p: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        let p = pending_needs_driver(self.inner.net(), p);
+        // Relaxed: the flag only saves the look below; the net's lock
+        // orders what that look finds.
+        if p.is_pending() && self.syn.waiting.load(Ordering::Relaxed) {
+            self.watch_syn();
+        }
+        p
+    }
+
+    /// Starts the route check of a stream whose SYN is unanswered, unless
+    /// it runs already.
+    fn watch_syn(&self) {
+        if self.inner.connect_settled() {
             // Answered or refused: waits are plain from now on.
             self.syn.waiting.store(false, Ordering::Relaxed);
-            *check = None;
             return;
         }
         // Outside a runtime (a multi-thread runtime's driver serves the
-        // task) there is no timer: the next wait in one checks.
+        // task) nothing can run it: the next wait in one starts it.
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let st = check.get_or_insert_with(|| {
-            Box::new(SynCheck {
-                every: Duration::from_millis(2),
-                timer: None,
-                asking: None,
-                waiters: Arc::default(),
-            })
-        });
-        st.waiters.add(cx.waker());
-        let all = std::task::Waker::from(st.waiters.clone());
-        let mut acx = Context::from_waker(&all);
-        loop {
-            if let Some(h) = st.asking.as_mut() {
-                if std::future::Future::poll(Pin::new(h), &mut acx).is_pending() {
-                    return;
-                }
-                st.asking = None;
-            }
-            let here = rt.id();
-            match st.timer.as_ref() {
-                Some((id, _)) if *id == here => {}
-                _ => st.timer = Some((here, Box::pin(tokio::time::sleep(st.every)))),
-            }
-            let (_, t) = st.timer.as_mut().expect("just set");
-            if std::future::Future::poll(t.as_mut(), &mut acx).is_pending() {
-                return;
-            }
-            st.timer = None;
-            st.every = (st.every * 2).min(Duration::from_millis(100));
-            let Ok(s) = self.inner.try_clone() else {
-                return;
-            };
-            st.asking = Some(rt.spawn_blocking(move || s.check_connect_route()));
+        if self.syn.watching.swap(true, Ordering::Relaxed) {
+            return;
         }
+        let flag = Watching(self.syn.clone());
+        rt.spawn(watch_syn(self.inner.downgrade(), flag));
     }
 
     /// Waits until the listener answered the SYN (`ConnectionRefused` if it
     /// refused). Optional: reads wait for it anyway.
     ///
-    /// As a blocking connect does, a wait that goes on (this one, or any
-    /// read's or write's while the SYN is unanswered) asks the manager now
-    /// and then (on the blocking threads) whether the address still
-    /// belongs to the process the SYN went to: a process that stopped
-    /// listening there and makes no X-IO call any more would never answer,
-    /// and the connection is refused instead of waiting for good.
+    /// As a blocking connect does, once a wait (this one, or any read's or
+    /// write's while the SYN is unanswered) found the SYN unanswered, the
+    /// manager is asked now and then (on the blocking threads) whether the
+    /// address still belongs to the process the SYN went to: a process
+    /// that stopped listening there and makes no X-IO call any more would
+    /// never answer, and the connection is refused instead of waiting for
+    /// good.
     pub async fn connected(&self) -> io::Result<()> {
+        let mut entry = WaitEntry::default();
         std::future::poll_fn(|cx| {
-            let p = self.inner.poll_connected(cx);
-            self.pending(cx, p)
+            let p = self.inner.poll_connected_entry(cx, &mut entry);
+            self.pending(p)
         })
         .await
     }
@@ -1174,14 +1291,48 @@ impl XioStream {
         self.inner.local_addr()
     }
 
-    /// Accepted for compatibility (nothing is ever delayed).
-    pub fn set_nodelay(&self, _nodelay: bool) -> io::Result<()> {
-        Ok(())
+    /// Sets `TCP_NODELAY`, for [`XioStream::nodelay`] to report. Both
+    /// values behave the same: nothing is ever delayed, as with it on.
+    pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
+        self.inner.set_nodelay(nodelay)
     }
 
-    /// Always true: nothing is ever delayed.
+    /// What [`XioStream::set_nodelay`] was given last (false at first, as
+    /// on a TCP socket).
     pub fn nodelay(&self) -> io::Result<bool> {
-        Ok(true)
+        self.inner.nodelay()
+    }
+
+    /// `SO_LINGER` as set (see [`XioStream::set_zero_linger`]).
+    pub fn linger(&self) -> io::Result<Option<Duration>> {
+        self.inner.linger()
+    }
+
+    /// Sets `SO_LINGER` (see `xio_core::net::XioStream::set_linger`: zero
+    /// closes with a reset; another duration lets the drop wait up to
+    /// that long, on the dropping thread, for what waits behind a full
+    /// ring). Deprecated in tokio for that wait; kept for ported code.
+    #[deprecated = "a non-zero linger makes dropping the stream wait on the runtime's thread; use set_zero_linger for an abortive close"]
+    pub fn set_linger(&self, dur: Option<Duration>) -> io::Result<()> {
+        self.inner.set_linger(dur)
+    }
+
+    /// Closes with a reset when the stream is dropped, as tokio's
+    /// `set_zero_linger`: the peer's reads see `ConnectionReset`, and what
+    /// it had not read is dropped.
+    pub fn set_zero_linger(&self) -> io::Result<()> {
+        self.inner.set_linger(Some(Duration::ZERO))
+    }
+
+    /// `IP_TTL` as set (64 at first, or the listener's when accepted).
+    pub fn ttl(&self) -> io::Result<u32> {
+        self.inner.ttl()
+    }
+
+    /// Sets `IP_TTL` (1 to 255; nothing routes these bytes, so it changes
+    /// nothing else).
+    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+        self.inner.set_ttl(ttl)
     }
 
     /// The refusal or reset that ended the stream, if no read or write
@@ -1197,50 +1348,118 @@ impl XioStream {
     /// data; `Ok(0)` is end of stream. A reset is reported once, as by a
     /// read (and as Linux's peek does): then reads see end of stream.
     pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        std::future::poll_fn(|cx| self.poll_peek(cx, buf)).await
+        let mut entry = WaitEntry::default();
+        std::future::poll_fn(|cx| self.poll_peek_in(cx, Some(&mut entry), buf)).await
     }
 
-    /// Polls [`XioStream::peek`].
+    /// Polls [`XioStream::peek`] (only the task that polled last is woken,
+    /// as with tokio's `poll_peek`).
     pub fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
-        let p = self.inner.poll_peek(cx, buf);
-        self.pending(cx, p)
+        self.poll_peek_in(cx, None, buf)
     }
 
-    /// Waits until a read would not wait: bytes, end of stream or an
-    /// error are there (as `TcpStream::readable`; then use
-    /// [`XioStream::try_read`]).
+    fn poll_peek_in(
+        &self,
+        cx: &mut Context<'_>,
+        entry: Option<&mut WaitEntry>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        // Into an empty buffer, as a socket's: waits for something to be
+        // there (then 0), which the core's peek would not.
+        let mut one = [0u8; 1];
+        let into: &mut [u8] = if buf.is_empty() { &mut one } else { buf };
+        let p = match entry {
+            Some(e) => self.inner.poll_peek_entry(cx, e, into),
+            None => self.inner.poll_peek(cx, into),
+        };
+        let p = self.pending(p);
+        let empty = buf.is_empty();
+        self.note_poll(READ, p)
+            .map_ok(|n| if empty { 0 } else { n })
+    }
+
+    /// Waits until the stream is read-ready (as `TcpStream::readable`;
+    /// then use [`XioStream::try_read`]). Readiness is kept as tokio keeps
+    /// it: once bytes, end of stream or an error were seen, the stream
+    /// stays read-ready until a read (or peek) meets `WouldBlock`, so this
+    /// may return when a read would wait, and the read then says
+    /// `WouldBlock` and the next `readable` waits. A freshly accepted
+    /// stream starts read- and write-ready, as tokio's accepted sockets
+    /// do. Every task waiting in `readable` (or `ready`) is woken when the
+    /// stream becomes ready.
     pub async fn readable(&self) -> io::Result<()> {
-        std::future::poll_fn(|cx| self.poll_read_ready(cx)).await
+        let mut entry = WaitEntry::default();
+        std::future::poll_fn(|cx| self.poll_read_ready_in(cx, Some(&mut entry))).await
     }
 
-    /// Polls until a read would not wait (as
-    /// `TcpStream::poll_read_ready`). Fails only when it cannot wait (no
-    /// driver can serve the task, say outside any runtime), as a read
-    /// would.
+    /// Polls [`XioStream::readable`] (as `TcpStream::poll_read_ready`:
+    /// only the task that polled last is woken). Fails only when it cannot
+    /// wait (no driver can serve the task, say outside any runtime), as a
+    /// read would.
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_read_ready_in(cx, None)
+    }
+
+    fn poll_read_ready_in(
+        &self,
+        cx: &mut Context<'_>,
+        entry: Option<&mut WaitEntry>,
+    ) -> Poll<io::Result<()>> {
+        if self.is_ready(READ) {
+            return Poll::Ready(Ok(()));
+        }
         let mut one = [0u8; 1];
         // The stream's error is the next read's to report; the missing
         // driver (`pending`) is this call's: reported as readiness, it
         // made a `readable().await?; try_read()` loop spin on `WouldBlock`.
-        let p = self.inner.poll_peek_ready(cx, &mut one).map(|_| Ok(()));
-        self.pending(cx, p)
+        let p = match entry {
+            Some(e) => self.inner.poll_peek_ready_entry(cx, e, &mut one),
+            None => self.inner.poll_peek_ready(cx, &mut one),
+        };
+        let p = self.pending(p.map(|_| Ok(())));
+        if let Poll::Ready(Ok(())) = p {
+            self.set_ready(READ);
+        }
+        p
     }
 
-    /// Waits until a write would not wait: it would take at least one
-    /// byte, or fail (as `TcpStream::writable`; then use
-    /// [`XioStream::try_write`]). The window, the pool and the ring to the
-    /// peer all have room, and the pool has a buffer for the write (set
-    /// aside for it, unless the pool is too small to keep spares: then
-    /// another writer may take it first, and `try_write` says
-    /// `WouldBlock`, as tokio allows after a readiness event).
+    /// Waits until the stream is write-ready (as `TcpStream::writable`;
+    /// then use [`XioStream::try_write`]): a write would take at least one
+    /// byte, or fail. Kept as [`XioStream::readable`] keeps read
+    /// readiness: until a write meets `WouldBlock`. When it is looked for,
+    /// the window, the pool and the ring to the peer all have room, and
+    /// the pool has a buffer for the write (set aside for it, unless the
+    /// pool is too small to keep spares: then another writer may take it
+    /// first, and `try_write` says `WouldBlock`, as tokio allows after a
+    /// readiness event).
     pub async fn writable(&self) -> io::Result<()> {
-        std::future::poll_fn(|cx| self.poll_write_ready(cx)).await
+        let mut entry = WaitEntry::default();
+        std::future::poll_fn(|cx| self.poll_write_ready_in(cx, Some(&mut entry))).await
     }
 
-    /// Polls [`XioStream::writable`] (as `TcpStream::poll_write_ready`).
+    /// Polls [`XioStream::writable`] (as `TcpStream::poll_write_ready`:
+    /// only the task that polled last is woken).
     pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let p = self.inner.poll_write_ready(cx);
-        self.pending(cx, p)
+        self.poll_write_ready_in(cx, None)
+    }
+
+    fn poll_write_ready_in(
+        &self,
+        cx: &mut Context<'_>,
+        entry: Option<&mut WaitEntry>,
+    ) -> Poll<io::Result<()>> {
+        if self.is_ready(WRITE) {
+            return Poll::Ready(Ok(()));
+        }
+        let p = match entry {
+            Some(e) => self.inner.poll_write_ready_entry(cx, e),
+            None => self.inner.poll_write_ready(cx),
+        };
+        let p = self.pending(p);
+        if let Poll::Ready(Ok(())) = p {
+            self.set_ready(WRITE);
+        }
+        p
     }
 
     /// Waits until any of `interest` is ready (as `TcpStream::ready`):
@@ -1249,8 +1468,9 @@ impl XioStream {
     /// `WRITE_CLOSED` is not reported). With `ERROR` next to `READABLE`, a
     /// reset reports `ERROR` too; `ERROR` or `PRIORITY` alone is refused
     /// (`Unsupported`): there is no wait for an error alone. Readiness is
-    /// a hint, as with a socket: `try_read`/`try_write` may still say
-    /// `WouldBlock` if another task got there first.
+    /// kept until an operation meets `WouldBlock`, as
+    /// [`XioStream::readable`] says, and is a hint, as with a socket:
+    /// `try_read`/`try_write` may still say `WouldBlock`.
     pub async fn ready(&self, interest: Interest) -> io::Result<Ready> {
         if !interest.is_readable() && !interest.is_writable() {
             return Err(io::Error::new(
@@ -1258,11 +1478,14 @@ impl XioStream {
                 "an X-IO stream reports READABLE and WRITABLE readiness only",
             ));
         }
+        let (mut er, mut ew) = (WaitEntry::default(), WaitEntry::default());
         std::future::poll_fn(|cx| {
             let mut ready = Ready::EMPTY;
             if interest.is_readable() {
+                // Looked at even when the flag says ready: end of stream
+                // and a reset show only there.
                 let mut one = [0u8; 1];
-                match self.inner.poll_peek_ready(cx, &mut one) {
+                match self.inner.poll_peek_ready_entry(cx, &mut er, &mut one) {
                     Poll::Ready(Ok(0)) => ready |= Ready::READABLE | Ready::READ_CLOSED,
                     // A reset: as epoll reports one (IN, RDHUP, ERR).
                     Poll::Ready(Err(_)) => {
@@ -1275,23 +1498,33 @@ impl XioStream {
                     // A missing driver is this call's error, not a reset
                     // (see `poll_read_ready`).
                     Poll::Pending => {
-                        if let Poll::Ready(Err(e)) =
-                            self.pending(cx, Poll::<io::Result<()>>::Pending)
-                        {
+                        if let Poll::Ready(Err(e)) = self.pending(Poll::<io::Result<()>>::Pending) {
                             return Poll::Ready(Err(e));
+                        }
+                        if self.is_ready(READ) {
+                            ready |= Ready::READABLE;
                         }
                     }
                 }
+                if ready.is_readable() {
+                    self.set_ready(READ);
+                }
             }
             if interest.is_writable() {
-                // A write's error is the next write's to report (a
-                // missing driver is this call's).
-                let w = self.inner.poll_write_ready(cx).map(|_| Ok(()));
-                let w = self.pending(cx, w);
-                match w {
-                    Poll::Ready(Ok(())) => ready |= Ready::WRITABLE,
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                    Poll::Pending => {}
+                if self.is_ready(WRITE) {
+                    ready |= Ready::WRITABLE;
+                } else {
+                    // A write's error is the next write's to report (a
+                    // missing driver is this call's).
+                    let w = self.inner.poll_write_ready_entry(cx, &mut ew);
+                    match self.pending(w.map(|_| Ok(()))) {
+                        Poll::Ready(Ok(())) => {
+                            self.set_ready(WRITE);
+                            ready |= Ready::WRITABLE;
+                        }
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => {}
+                    }
                 }
             }
             if ready.is_empty() {
@@ -1307,23 +1540,36 @@ impl XioStream {
     /// `TcpStream::try_read_vectored`).
     pub fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
         use std::io::Read;
-        (&self.inner).read_vectored(bufs)
+        if bufs.iter().all(|b| b.is_empty()) {
+            return self.try_read(&mut []);
+        }
+        let r = (&self.inner).read_vectored(bufs);
+        self.note(READ, r)
     }
 
     /// [`XioStream::try_write`] from several buffers, in one descriptor
     /// when they fit a buffer (as `TcpStream::try_write_vectored`).
     pub fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
         use std::io::Write;
-        (&self.inner).write_vectored(bufs)
+        let r = (&self.inner).write_vectored(bufs);
+        if bufs.iter().all(|b| b.is_empty()) {
+            return r;
+        }
+        self.note(WRITE, r)
     }
 
     /// Reads what is there without waiting: `WouldBlock` if nothing is
-    /// (as `TcpStream::try_read`), `Ok(0)` at end of stream, and at once
-    /// into an empty buffer (Linux says `WouldBlock` there while nothing
-    /// is queued; see the crate docs).
+    /// (as `TcpStream::try_read`, also into an empty buffer), `Ok(0)` at
+    /// end of stream.
     pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         use std::io::Read;
-        (&self.inner).read(buf)
+        if buf.is_empty() {
+            // As a socket's: `WouldBlock` while nothing is queued.
+            let r = self.inner.peek(&mut [0u8; 1]).map(|_| 0);
+            return self.note(READ, r);
+        }
+        let r = (&self.inner).read(buf);
+        self.note(READ, r)
     }
 
     /// [`XioStream::try_read`] into a growable buffer's spare capacity
@@ -1337,7 +1583,7 @@ impl XioStream {
         // and never writes uninitialised bytes into it, which is all
         // `as_uninit_slice_mut` asks of its caller.
         let out = unsafe { dst.as_uninit_slice_mut() };
-        let n = self.inner.read_uninit(out)?;
+        let n = self.note(READ, self.inner.read_uninit(out))?;
         // SAFETY: `read_uninit` initialised the first `n` bytes of the
         // chunk, which is at least `n` long.
         unsafe { buf.advance_mut(n) };
@@ -1348,7 +1594,11 @@ impl XioStream {
     /// `WouldBlock` if nothing can go (as `TcpStream::try_write`).
     pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         use std::io::Write;
-        (&self.inner).write(buf)
+        let r = (&self.inner).write(buf);
+        if buf.is_empty() {
+            return r;
+        }
+        self.note(WRITE, r)
     }
 
     /// The next received pool buffer itself, without a copy (`None`: end
@@ -1360,7 +1610,8 @@ impl XioStream {
     /// Polls for the next received pool buffer.
     pub fn poll_recv_buf(&self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Buf>>> {
         let p = self.inner.poll_recv_buf(cx);
-        self.pending(cx, p)
+        let p = self.pending(p);
+        self.note_poll(READ, p)
     }
 
     /// The next received pool buffer as [`Bytes`], without a copy: the
@@ -1388,7 +1639,8 @@ impl XioStream {
         let mut slot = Some(buf);
         std::future::poll_fn(|cx| {
             let p = self.inner.poll_send_buf(cx, &mut slot);
-            self.pending(cx, p)
+            let p = self.pending(p);
+            self.note_poll(WRITE, p)
         })
         .await
     }
@@ -1411,6 +1663,15 @@ impl XioStream {
     }
 }
 
+impl TryFrom<xio_core::net::XioStream> for XioStream {
+    type Error = io::Error;
+
+    /// [`XioStream::from_std`].
+    fn try_from(s: xio_core::net::XioStream) -> io::Result<XioStream> {
+        XioStream::from_std(s)
+    }
+}
+
 /// A received pool buffer as [`Bytes`] (no copy; back to the pool when
 /// the last clone is dropped).
 pub fn into_bytes(b: Buf) -> Bytes {
@@ -1425,8 +1686,14 @@ fn poll_read_core(
     // SAFETY: `poll_read_uninit` only writes into the slice (never reads
     // it or de-initialises anything), and reports how many bytes it wrote.
     let unfilled = unsafe { buf.unfilled_mut() };
+    if unfilled.is_empty() {
+        // As a socket's: waits for something to be there, then reads
+        // nothing (an error there is reported, as by a read).
+        return s.poll_peek_in(cx, None, &mut []).map_ok(drop);
+    }
     let p = s.inner.poll_read_uninit(cx, unfilled);
-    let n = ready!(s.pending(cx, p))?;
+    let p = s.pending(p);
+    let n = ready!(s.note_poll(READ, p))?;
     // SAFETY: the first `n` bytes of the unfilled part were just written.
     unsafe { buf.assume_init(n) };
     buf.advance(n);
@@ -1439,7 +1706,11 @@ fn poll_write_core(
     bufs: &[IoSlice<'_>],
 ) -> Poll<io::Result<usize>> {
     let p = s.inner.poll_write_vectored(cx, bufs);
-    s.pending(cx, p)
+    let p = s.pending(p);
+    if bufs.iter().all(|b| b.is_empty()) {
+        return p;
+    }
+    s.note_poll(WRITE, p)
 }
 
 /// A task that will wait needs the net's driver to wake it: make sure it

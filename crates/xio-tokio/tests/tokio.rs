@@ -421,36 +421,40 @@ fn flag_waker() -> (std::sync::Arc<Flag>, std::task::Waker) {
 }
 
 /// A poll of a quiet read that finds its waker still registered returns
-/// `Pending` without the net's lock. That must never skip registering a
-/// different task polling the same stream, nor keep a task asleep once
-/// something arrived: each waker here polls twice (the second poll of
-/// each takes the lock-free way), and both are woken by one write, again
-/// after the first data was read.
+/// `Pending` without the net's lock. That must never keep a task asleep
+/// that polled last (as tokio's `poll_read`, the last poller's waker is
+/// the one kept): another task's poll in between replaces the waker, and
+/// the first task's next poll must register it again rather than take the
+/// lock-free way. Each round ends on a different task; that one is woken
+/// by one write, and its poll sees the byte.
 #[test]
-fn every_task_polling_a_quiet_read_is_woken() {
+fn the_task_polling_a_quiet_read_last_is_woken() {
     let (_mgr, p) = setup("wakers");
     rt(1).block_on(async {
         let (mut c, s) = connected(&p, "10.4.0.9:80").await;
         let mut buf = [0u8; 16];
-        for round in 0..2u8 {
+        for round in 0..4u8 {
             let (fa, wa) = flag_waker();
             let (fb, wb) = flag_waker();
-            for w in [&wa, &wb, &wa, &wb] {
+            let order: &[(&std::task::Waker, &Flag)] = if round % 2 == 0 {
+                &[(&wa, &fa), (&wb, &fb), (&wa, &fa), (&wb, &fb)]
+            } else {
+                &[(&wa, &fa), (&wa, &fa), (&wb, &fb), (&wb, &fb), (&wa, &fa)]
+            };
+            for (w, _) in order {
                 let mut cx = std::task::Context::from_waker(w);
                 assert!(s.as_core().poll_read(&mut cx, &mut buf).is_pending());
             }
+            let (last_w, last) = order[order.len() - 1];
             c.write_all(&[round]).await.unwrap();
             tokio::time::timeout(WATCHDOG, async {
-                while !(fa.0.load(std::sync::atomic::Ordering::SeqCst)
-                    && fb.0.load(std::sync::atomic::Ordering::SeqCst))
-                {
+                while !last.0.load(std::sync::atomic::Ordering::SeqCst) {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             })
             .await
-            .expect("a task polling the read was never woken");
-            // The last waker recorded: its poll must see the byte.
-            let mut cx = std::task::Context::from_waker(&wb);
+            .expect("the task that polled the read last was never woken");
+            let mut cx = std::task::Context::from_waker(last_w);
             match s.as_core().poll_read(&mut cx, &mut buf) {
                 std::task::Poll::Ready(Ok(1)) => assert_eq!(buf[0], round),
                 other => panic!("expected the byte, got {other:?}"),
@@ -1162,10 +1166,12 @@ fn try_read_buf_appends_to_bytes_mut_and_vec() {
 }
 
 /// `writable` / `poll_write_ready` / `ready`, as tokio's `TcpStream` has
-/// them: a writer filling the window of a reader that does not read sees
-/// `poll_write_ready` pending (never ready with a write that then blocks),
-/// is woken once the reader reads, and every byte arrives, then end of
-/// stream as `READ_CLOSED`.
+/// them: a writer filling the window of a reader that does not read stays
+/// write-ready until a write meets `WouldBlock`, then sees
+/// `poll_write_ready` pending (never ready again while nothing changed,
+/// or a `writable` + `try_write` loop would spin), is woken once the
+/// reader reads, and every byte arrives, then end of stream as
+/// `READ_CLOSED`.
 #[test]
 fn writable_and_ready_wait_for_room_and_wake() {
     use std::task::Poll;
@@ -1175,14 +1181,26 @@ fn writable_and_ready_wait_for_room_and_wake() {
         let (c, s) = connected(&p, "10.4.0.10:80").await;
         let chunk: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
         let mut sent = 0usize;
-        // Ready means a write takes something, until the window is full.
+        // Ready until a write meets `WouldBlock` (the window is full),
+        // then pending.
         let poll_ready = || std::future::poll_fn(|cx| Poll::Ready(c.poll_write_ready(cx)));
         while let Poll::Ready(r) = poll_ready().await {
             r.unwrap();
             let from = sent % chunk.len();
-            let n = c.try_write(&chunk[from..]).unwrap();
-            assert!(n > 0);
-            sent += n;
+            match c.try_write(&chunk[from..]) {
+                Ok(n) => {
+                    assert!(n > 0);
+                    sent += n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    assert!(
+                        poll_ready().await.is_pending(),
+                        "write-ready again right after WouldBlock"
+                    );
+                    break;
+                }
+                Err(e) => panic!("try_write: {e}"),
+            }
         }
         assert!(
             sent >= chunk.len(),
@@ -1243,8 +1261,9 @@ fn writable_and_ready_wait_for_room_and_wake() {
 
 /// `poll_write_ready` with the ring to the peer full but window left (two
 /// connections to a peer that does not drain: each has credit, the ring
-/// they share fills): pending, never ready with a `try_write` that then
-/// says `WouldBlock` (a `writable` + `try_write` loop would spin).
+/// they share fills): once a `try_write` met `WouldBlock`, pending, never
+/// ready again while the ring stays full (a `writable` + `try_write` loop
+/// would spin).
 #[test]
 fn write_readiness_waits_for_a_full_ring() {
     use std::task::Poll;
@@ -1269,12 +1288,22 @@ fn write_readiness_waits_for_a_full_ring() {
         let (mut written, mut pending) = (0u64, 0u64);
         for i in 0..5000 {
             let c = if i % 2 == 0 { &c1 } else { &c2 };
-            match std::future::poll_fn(|cx| Poll::Ready(c.poll_write_ready(cx))).await {
+            match poll_write_ready_once(c).await {
                 Poll::Ready(r) => {
                     r.unwrap();
-                    let n = c.try_write(&chunk).expect("ready, so the write goes");
-                    assert!(n > 0);
-                    written += 1;
+                    match c.try_write(&chunk) {
+                        Ok(n) => {
+                            assert!(n > 0);
+                            written += 1;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            assert!(
+                                poll_write_ready_once(c).await.is_pending(),
+                                "write-ready again right after WouldBlock"
+                            );
+                        }
+                        Err(e) => panic!("try_write: {e}"),
+                    }
                 }
                 Poll::Pending => pending += 1,
             }
@@ -1285,6 +1314,11 @@ fn write_readiness_waits_for_a_full_ring() {
         );
         drop(kept);
     });
+}
+
+/// One `poll_write_ready` of `c`, without waiting.
+async fn poll_write_ready_once(c: &XioStream) -> std::task::Poll<io::Result<()>> {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(c.poll_write_ready(cx))).await
 }
 
 fn chunk_len() -> usize {
@@ -2453,6 +2487,12 @@ fn a_readiness_wait_without_a_driver_fails_instead_of_reporting_ready() {
     let (_mgr, p) = setup("nodriver");
     let rt = current_thread_runtime();
     let (c, s) = rt.block_on(connected(&p, "10.4.0.67:80"));
+    // An accepted stream starts read-ready, as tokio's: the read that
+    // finds nothing clears that.
+    assert_eq!(
+        s.try_read(&mut [0u8; 1]).unwrap_err().kind(),
+        io::ErrorKind::WouldBlock
+    );
     let (_flag, w) = flag_waker();
     let mut cx = Context::from_waker(&w);
     // Outside the runtime: nothing would wake the task.
@@ -2534,4 +2574,58 @@ fn a_close_queued_behind_a_full_ring_leaves_when_the_runtime_drops() {
         assert_eq!(b, (k / 100) as u8, "byte {k}");
     }
     drop(srv);
+}
+
+/// The conversions tokio's `TcpStream` and `TcpListener` have, between the
+/// tokio types and the core's (std-like) ones: a stream moved to blocking
+/// code and back keeps its connection and its bytes, in order.
+#[test]
+fn into_std_from_std_and_try_from() {
+    let (_mgr, p) = setup("convert");
+    rt(2).block_on(async {
+        let srv = Net::attach(&p).unwrap();
+        let cli = Net::attach(&p).unwrap();
+        let l = XioListener::bind_with(&srv, "10.4.0.11:80").unwrap();
+        // Listener: to the core type and back, both ways.
+        let core_l = l.into_std().unwrap();
+        let l = XioListener::try_from(core_l.try_clone().unwrap()).unwrap();
+        drop(core_l);
+        let mut c = XioStream::connect_with(&cli, "10.4.0.11:80").await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        c.write_all(b"to blocking").await.unwrap();
+        // Stream: into the core type (non-blocking, as tokio's into_std),
+        // used from a blocking thread, then back.
+        let std_s = s.into_std().unwrap();
+        let std_s = tokio::task::spawn_blocking(move || {
+            use std::io::Read;
+            assert_eq!(
+                (&std_s).read(&mut [0u8; 1]).map_err(|e| e.kind()).ok(),
+                Some(1),
+                "a byte was there"
+            );
+            std_s.set_nonblocking(false).unwrap();
+            let mut b = [0u8; 10];
+            (&std_s).read_exact(&mut b).unwrap();
+            assert_eq!(&b, b"o blocking");
+            (&std_s).write_all(b"from blocking").unwrap();
+            std_s
+        })
+        .await
+        .unwrap();
+        let mut s = XioStream::try_from(std_s).unwrap();
+        let mut b = [0u8; 13];
+        c.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"from blocking");
+        // The stream is async again: a read waits for the peer.
+        let (n, ()) = tokio::join!(s.read(&mut b), async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            c.write_all(b"async").await.unwrap();
+        });
+        assert_eq!(&b[..n.unwrap()], b"async");
+        let s2 = XioStream::from_std(s.into_std().unwrap()).unwrap();
+        drop(c);
+        let mut rest = Vec::new();
+        let mut s2 = s2;
+        assert_eq!(s2.read_to_end(&mut rest).await.unwrap(), 0);
+    });
 }

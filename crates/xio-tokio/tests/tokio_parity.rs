@@ -44,6 +44,12 @@ trait Strm: AsyncRead + AsyncWrite + Unpin + Send + Sized + 'static {
     fn readable(&self) -> impl Future<Output = io::Result<()>>;
     fn writable(&self) -> impl Future<Output = io::Result<()>>;
     fn ready(&self, i: Interest) -> impl Future<Output = io::Result<tokio::io::Ready>>;
+    fn poll_read_ready(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>>;
+    fn poll_write_ready(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>>;
+    fn ttl(&self) -> io::Result<u32>;
+    fn set_ttl(&self, ttl: u32) -> io::Result<()>;
+    fn linger(&self) -> io::Result<Option<Duration>>;
+    fn set_zero_linger(&self) -> io::Result<()>;
     fn try_read(&self, b: &mut [u8]) -> io::Result<usize>;
     fn try_write(&self, b: &[u8]) -> io::Result<usize>;
     fn try_read_vectored(&self, b: &mut [IoSliceMut<'_>]) -> io::Result<usize>;
@@ -72,6 +78,8 @@ trait Lst: Sized + Send + 'static {
     type S: Strm;
     fn accept(&self) -> impl Future<Output = io::Result<(Self::S, SocketAddr)>>;
     fn local_addr(&self) -> io::Result<SocketAddr>;
+    fn ttl(&self) -> io::Result<u32>;
+    fn set_ttl(&self, ttl: u32) -> io::Result<()>;
 }
 
 macro_rules! same_api {
@@ -90,6 +98,30 @@ macro_rules! same_api {
             }
             async fn ready(&self, i: Interest) -> io::Result<tokio::io::Ready> {
                 <$s>::ready(self, i).await
+            }
+            fn poll_read_ready(
+                &self,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<io::Result<()>> {
+                <$s>::poll_read_ready(self, cx)
+            }
+            fn poll_write_ready(
+                &self,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<io::Result<()>> {
+                <$s>::poll_write_ready(self, cx)
+            }
+            fn ttl(&self) -> io::Result<u32> {
+                <$s>::ttl(self)
+            }
+            fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+                <$s>::set_ttl(self, ttl)
+            }
+            fn linger(&self) -> io::Result<Option<Duration>> {
+                <$s>::linger(self)
+            }
+            fn set_zero_linger(&self) -> io::Result<()> {
+                <$s>::set_zero_linger(self)
             }
             fn try_read(&self, b: &mut [u8]) -> io::Result<usize> {
                 <$s>::try_read(self, b)
@@ -144,6 +176,12 @@ macro_rules! same_api {
             }
             fn local_addr(&self) -> io::Result<SocketAddr> {
                 <$l>::local_addr(self)
+            }
+            fn ttl(&self) -> io::Result<u32> {
+                <$l>::ttl(self)
+            }
+            fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+                <$l>::set_ttl(self, ttl)
             }
         }
     };
@@ -279,20 +317,6 @@ struct Known {
 }
 
 const KNOWN: &[Known] = &[
-    // `XioStream::nodelay`: X-IO never delays a write, so `nodelay` says
-    // true whatever was set (Nagle is on by default in TCP).
-    Known {
-        scenario: "addresses_and_options",
-        step: "nodelay by default",
-        tcp: "Ok(false)",
-        xio: "Ok(true)",
-    },
-    Known {
-        scenario: "addresses_and_options",
-        step: "nodelay after set_nodelay(false)",
-        tcp: "Ok(false)",
-        xio: "Ok(true)",
-    },
     // `XioStream::local_addr`: X-IO clients do not bind; a connecting
     // stream's address is made from its process's stack id.
     Known {
@@ -340,15 +364,6 @@ const KNOWN: &[Known] = &[
         step: "ready(ERROR) alone",
         tcp: "Ok(Ready { is_readable: false, is_writable: false, is_read_closed: false, is_write_closed: false, is_error: true, is_priority: false })",
         xio: "Err(Unsupported)",
-    },
-    // Crate docs: `try_read` into an empty buffer is `Ok(0)` at once, as
-    // xio-core's read (Linux says `EAGAIN` while nothing is queued; an
-    // awaited read or peek into nothing waits for data in both).
-    Known {
-        scenario: "try_io_and_readiness",
-        step: "try_read into nothing, nothing queued",
-        tcp: "Err(WouldBlock)",
-        xio: "Ok(0)",
     },
 ];
 
@@ -427,6 +442,8 @@ scenarios!(
     unspecified_and_dropped_listeners,
     ipv6,
     data_then_reset,
+    readiness_kept_until_would_block,
+    ttl_and_linger,
 );
 
 /// Reads until end of stream or an error: the bytes, then how it ended.
@@ -1223,5 +1240,331 @@ mod scenario {
         line.clear();
         log.r("read_line again", r.read_line(&mut line).await);
         log.r("read_line after", r.read_line(&mut line).await);
+    }
+
+    /// tokio keeps a socket's readiness until an operation meets
+    /// `WouldBlock` (its `ScheduledIo`), and starts an accepted socket
+    /// read- and write-ready (tokio#8435): a readiness check says ready
+    /// where a read or write would wait, and the operation then clears it.
+    pub async fn readiness_kept_until_would_block<F: Family>(f: &F, log: &mut Log) {
+        use futures_util::FutureExt;
+        let now = |r: Option<io::Result<()>>| match r {
+            None => "pending".to_string(),
+            Some(r) => format!("{:?}", r.map_err(|e| e.kind())),
+        };
+        let (mut c, mut s, _l) = pair(f).await;
+        f.settle().await;
+        log.v(
+            "fresh accepted: readable now",
+            now(s.readable().now_or_never()),
+        );
+        log.v(
+            "fresh accepted: poll_read_ready now",
+            now(std::future::poll_fn(|cx| s.poll_read_ready(cx)).now_or_never()),
+        );
+        log.v(
+            "fresh accepted: writable now",
+            now(s.writable().now_or_never()),
+        );
+        log.r("fresh accepted: try_read", s.try_read(&mut [0u8; 4]));
+        log.v("then readable now", now(s.readable().now_or_never()));
+        log.v(
+            "fresh client: readable now",
+            now(c.readable().now_or_never()),
+        );
+        log.v(
+            "fresh client: writable now",
+            now(c.writable().now_or_never()),
+        );
+        // Reads: kept after `read_exact` took everything.
+        c.write_all(b"hello").await.unwrap();
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).await.unwrap();
+        log.v(
+            "after read_exact took all: readable now",
+            now(s.readable().now_or_never()),
+        );
+        log.v(
+            "and ready(READABLE) now",
+            s.ready(Interest::READABLE)
+                .now_or_never()
+                .map(|r| r.map(|r| r.is_readable()).map_err(|e| e.kind())),
+        );
+        log.r("try_read", s.try_read(&mut b));
+        log.v(
+            "after WouldBlock: readable now",
+            now(s.readable().now_or_never()),
+        );
+        log.v(
+            "after WouldBlock: poll_read_ready now",
+            now(std::future::poll_fn(|cx| s.poll_read_ready(cx)).now_or_never()),
+        );
+        // Ready again once data comes, and woken for it.
+        let (r, ()) = tokio::join!(s.readable(), async {
+            f.settle().await;
+            c.write_all(b"more").await.unwrap();
+        });
+        log.r("readable when data comes", r);
+        let mut four = [0u8; 4];
+        s.read_exact(&mut four).await.unwrap();
+        // Writes: kept after 512 writes of 4,000 bytes that all went.
+        let chunk = vec![1u8; 4000];
+        let went = (0..512).take_while(|_| s.try_write(&chunk).is_ok()).count();
+        log.v("512 try_writes of 4,000 bytes go", went);
+        log.v("after them: writable now", now(s.writable().now_or_never()));
+        let stopped = (0..100_000).find_map(|_| s.try_write(&chunk).err());
+        log.v("try_write until", stopped.map(|e| e.kind()));
+        log.v(
+            "after WouldBlock: writable now",
+            now(s.writable().now_or_never()),
+        );
+        log.v(
+            "after WouldBlock: poll_write_ready now",
+            now(std::future::poll_fn(|cx| s.poll_write_ready(cx)).now_or_never()),
+        );
+        // Writable again once the peer reads, and woken for it.
+        let (w, ()) = tokio::join!(s.writable(), async {
+            f.settle().await;
+            let mut sink = vec![0u8; 1 << 16];
+            let mut left = went * 4000;
+            while left > 0 {
+                left -= c.read(&mut sink[..left.min(1 << 16)]).await.unwrap();
+            }
+        });
+        log.r("writable when the peer reads", w);
+    }
+
+    /// `IP_TTL` and `SO_LINGER` as ported code sets and reads them: a TTL
+    /// of 1 to 255 is kept (an accepted stream starts with its
+    /// listener's), and a zero linger closes with a reset.
+    pub async fn ttl_and_linger<F: Family>(f: &F, log: &mut Log) {
+        let l = f.bind(lo(0)).await.unwrap();
+        log.r("listener ttl", l.ttl());
+        log.r("listener set_ttl(77)", l.set_ttl(77));
+        log.r("listener ttl then", l.ttl());
+        log.r("listener set_ttl(0)", l.set_ttl(0));
+        let mut c = f.connect(l.local_addr().unwrap()).await.unwrap();
+        let (mut s, _) = l.accept().await.unwrap();
+        log.r("client ttl", c.ttl());
+        log.r("accepted ttl", s.ttl());
+        log.r("set_ttl(100)", c.set_ttl(100));
+        log.r("ttl then", c.ttl());
+        log.r("set_ttl(0)", c.set_ttl(0));
+        log.r("set_ttl(256)", c.set_ttl(256));
+        log.r("ttl after refusals", c.ttl());
+        log.r("linger", c.linger());
+        log.r("set_zero_linger", c.set_zero_linger());
+        log.r("linger then", c.linger());
+        // An abortive close: the peer reads what came, then the reset.
+        log.r("write", c.write_all(b"last").await);
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).await.unwrap();
+        drop(c);
+        f.settle().await;
+        log.r(
+            "peer reads after the zero-linger close",
+            s.read(&mut b).await,
+        );
+        log.r("then", s.read(&mut b).await);
+        // Without a linger, a close is the end of stream.
+        let mut c = f.connect(l.local_addr().unwrap()).await.unwrap();
+        let (mut s, _) = l.accept().await.unwrap();
+        log.r("write", c.write_all(b"x").await);
+        s.read_exact(&mut b[..1]).await.unwrap();
+        log.r("shutdown", c.shutdown().await);
+        drop(c);
+        log.r("peer reads after a plain close", s.read(&mut b).await);
+    }
+}
+
+/// Waker retention: many tasks waiting on one listener or one stream are
+/// all woken when it becomes ready, and none before (tokio keeps every
+/// waiting future's waker in the socket's waiter list). Each scenario is
+/// a test over tokio's TCP types and its twin over X-IO, on the
+/// multi-thread and the current-thread runtime: a difference shows as one
+/// failing twin.
+mod wakers {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+
+    /// How many futures wait at once.
+    const TASKS: usize = 50;
+
+    /// A waker that counts its wake-ups.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Polls each future once with its own counting waker (all must
+    /// wait), lets the runtime run a while (nothing may wake them), then
+    /// does `make_ready` and waits until every one was woken. Returns how
+    /// many were woken early.
+    async fn all_woken_once<'a, T>(
+        mut futs: Vec<std::pin::Pin<Box<dyn Future<Output = T> + 'a>>>,
+        make_ready: impl Future<Output = ()>,
+    ) -> usize {
+        let counts: Vec<Arc<Count>> = futs.iter().map(|_| Arc::default()).collect();
+        for (f, c) in futs.iter_mut().zip(&counts) {
+            let w = Waker::from(c.clone());
+            assert!(
+                f.as_mut().poll(&mut Context::from_waker(&w)).is_pending(),
+                "a future did not wait"
+            );
+        }
+        // A moment for anything that would wake them early.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let early = counts
+            .iter()
+            .filter(|c| c.0.load(Ordering::Relaxed) > 0)
+            .count();
+        make_ready.await;
+        let mut looks = 0u32;
+        while counts.iter().any(|c| c.0.load(Ordering::Relaxed) == 0) {
+            looks += 1;
+            let left = counts
+                .iter()
+                .filter(|c| c.0.load(Ordering::Relaxed) == 0)
+                .count();
+            // A watchdog, not a time bound.
+            assert!(
+                looks < 60_000,
+                "{left} of {TASKS} waiting futures never woken"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop(futs);
+        early
+    }
+
+    pub async fn accept<F: Family>(f: &F) {
+        let l = f.bind(lo(0)).await.unwrap();
+        let a = l.local_addr().unwrap();
+        let futs = (0..TASKS)
+            .map(|_| Box::pin(l.accept()) as std::pin::Pin<Box<dyn Future<Output = _>>>)
+            .collect();
+        let mut client = None;
+        let early = all_woken_once(futs, async {
+            client = Some(f.connect(a).await.unwrap());
+        })
+        .await;
+        assert_eq!(early, 0, "accept futures woken before a connection came");
+        // The connection is still there for the next accept.
+        l.accept().await.unwrap();
+    }
+
+    pub async fn readable<F: Family>(f: &F) {
+        let (mut c, s, _l) = pair(f).await;
+        // The client's side: not read-ready at first.
+        let futs = (0..TASKS)
+            .map(|_| Box::pin(c.readable()) as std::pin::Pin<Box<dyn Future<Output = _>>>)
+            .collect();
+        let mut s = s;
+        let early = all_woken_once(futs, async {
+            s.write_all(b"x").await.unwrap();
+        })
+        .await;
+        assert_eq!(early, 0, "readable futures woken before data came");
+        let mut b = [0u8; 1];
+        c.read_exact(&mut b).await.unwrap();
+    }
+
+    pub async fn writable<F: Family>(f: &F) {
+        let (c, mut s, _l) = pair(f).await;
+        let chunk = vec![7u8; 64 << 10];
+        let mut sent = 0;
+        while let Ok(n) = c.try_write(&chunk) {
+            sent += n;
+        }
+        let futs = (0..TASKS)
+            .map(|_| Box::pin(c.writable()) as std::pin::Pin<Box<dyn Future<Output = _>>>)
+            .collect();
+        let early = all_woken_once(futs, async {
+            let mut sink = vec![0u8; 64 << 10];
+            while sent > 0 {
+                sent -= s.read(&mut sink[..sent.min(64 << 10)]).await.unwrap();
+            }
+        })
+        .await;
+        assert_eq!(early, 0, "writable futures woken before the peer read");
+    }
+
+    fn rt(multi: bool) -> tokio::runtime::Runtime {
+        if multi {
+            runtime()
+        } else {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        }
+    }
+
+    fn on_tcp(
+        multi: bool,
+        scenario: impl for<'a> FnOnce(&'a Tcp) -> std::pin::Pin<Box<dyn Future<Output = ()> + 'a>>,
+    ) {
+        rt(multi).block_on(async {
+            tokio::time::timeout(WATCHDOG, scenario(&Tcp))
+                .await
+                .expect("watchdog: the scenario hangs")
+        });
+    }
+
+    fn on_xio(
+        name: &str,
+        multi: bool,
+        scenario: impl for<'a> FnOnce(&'a Xio) -> std::pin::Pin<Box<dyn Future<Output = ()> + 'a>>,
+    ) {
+        let (_mgr, p) = manager(name);
+        let rt = rt(multi);
+        let x = rt.block_on(async {
+            Xio {
+                server: Net::attach(&p).unwrap(),
+                client: Net::attach(&p).unwrap(),
+            }
+        });
+        rt.block_on(async {
+            tokio::time::timeout(WATCHDOG, scenario(&x))
+                .await
+                .expect("watchdog: the scenario hangs")
+        });
+        drop(x);
+    }
+
+    macro_rules! twins {
+        ($($scenario:ident: $tcp_m:ident $tcp_c:ident $xio_m:ident $xio_c:ident;)*) => {$(
+            #[test]
+            fn $tcp_m() {
+                on_tcp(true, |f| Box::pin($scenario(f)));
+            }
+            #[test]
+            fn $tcp_c() {
+                on_tcp(false, |f| Box::pin($scenario(f)));
+            }
+            #[test]
+            fn $xio_m() {
+                on_xio(stringify!($xio_m), true, |f| Box::pin($scenario(f)));
+            }
+            #[test]
+            fn $xio_c() {
+                on_xio(stringify!($xio_c), false, |f| Box::pin($scenario(f)));
+            }
+        )*};
+    }
+
+    twins! {
+        accept: accept_tcp_multi accept_tcp_current accept_xio_multi accept_xio_current;
+        readable: readable_tcp_multi readable_tcp_current readable_xio_multi readable_xio_current;
+        writable: writable_tcp_multi writable_tcp_current writable_xio_multi writable_xio_current;
     }
 }
