@@ -12,11 +12,12 @@
 //! [`Strm`], whose methods are tokio's own names: the two implementations
 //! are the same macro expanded for each type.
 //!
-//! Not compared, because X-IO lacks them on purpose: `set_linger` /
-//! `linger` and `set_ttl` / `ttl` (no IP hops or lingering close on
-//! shared memory), `TcpSocket` (no socket options before connecting),
-//! `from_std` / `into_std` of kernel sockets, and `tokio-stream`'s
-//! `TcpListenerStream` (an accept loop is `loop { l.accept().await }`).
+//! Not compared, because X-IO lacks them on purpose: `TcpSocket` (no
+//! socket options before connecting), `from_std` / `into_std` of kernel
+//! sockets (X-IO's convert to and from `xio_core`'s types: `tests/tokio.rs`),
+//! and `tokio-stream`'s `TcpListenerStream` (an accept loop is
+//! `loop { l.accept().await }`). The [`wakers`] module compares how many
+//! waiting futures are woken, and when.
 
 #[path = "../../xio-core/tests/common/parity.rs"]
 mod parity;
