@@ -92,6 +92,11 @@ typedef struct xio_buf xio_buf;
 typedef struct xio_listener xio_listener;
 
 /**
+ * A manager running on a thread of this process (`xio_manager_spawn`).
+ */
+typedef struct XioManager XioManager;
+
+/**
  * A socket-interface attachment to a pool (listeners and streams).
  */
 typedef struct xio_net xio_net;
@@ -111,6 +116,36 @@ typedef struct xio_stream xio_stream;
  * The values are stable across versions.
  */
 typedef int32_t xio_result;
+
+/**
+ * What a manager holds and has done (`xio_manager_stats`).
+ */
+typedef struct XioManagerStats {
+  /**
+   * Stacks attached (a net is one, a zero-copy stack one).
+   */
+  uint64_t stacks;
+  /**
+   * Channels between pairs of stacks.
+   */
+  uint64_t channels;
+  /**
+   * Buffers in the pool, all classes.
+   */
+  uint64_t buffers_total;
+  /**
+   * Buffers free now: `buffers_total` when nobody holds one.
+   */
+  uint64_t buffers_free;
+  /**
+   * Processes that died or left, counted once their buffers are back.
+   */
+  uint64_t deaths;
+  /**
+   * Buffers taken back from them.
+   */
+  uint64_t reclaimed;
+} XioManagerStats;
 
 /**
  * Readiness from `xio_net_poll`: which stream or listener (its token, see
@@ -286,6 +321,12 @@ typedef uint16_t xio_peer;
  */
 #define XIO_ERR_PEER_BUSY 20
 
+/**
+ * Another manager already runs for that pool prefix
+ * (`xio_manager_spawn`).
+ */
+#define XIO_ERR_MANAGER_RUNNING 21
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -309,6 +350,40 @@ const char *xio_strerror(xio_result code);
  * Thread-safe (the message is per thread).
  */
 const char *xio_last_error(void);
+
+/**
+ * Starts the manager of pool `prefix` on a thread of this process, with
+ * the default buffer classes (what `xio-manager --prefix P` runs).
+ * `XIO_ERR_MANAGER_RUNNING` if another manager has that prefix. Stop it
+ * with `xio_manager_stop` (its pool goes with it: its services see it
+ * gone).
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * `prefix` is a NUL-terminated string; `out` valid for a write.
+ */
+xio_result xio_manager_spawn(const char *prefix, struct XioManager **out);
+
+/**
+ * Stops the manager, waits for its thread, and frees the handle (NULL is
+ * a no-op).
+ *
+ * # Safety
+ * `manager` is NULL or a manager handle no other thread uses, not used
+ * after.
+ */
+xio_result xio_manager_stop(struct XioManager *manager);
+
+/**
+ * What the manager holds now (see `xio_manager_stats`).
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * `manager` is a live manager handle or NULL; `out` valid for a write.
+ */
+xio_result xio_manager_stats(struct XioManager *manager, struct XioManagerStats *out);
 
 /**
  * Attaches to the pool `prefix` for the socket interface (the manager
@@ -401,6 +476,8 @@ xio_result xio_net_manager_gone(struct xio_net *net, int32_t *gone_out);
  * the events, which are not lost.
  * `XIO_ERR_INVALID_ARGUMENT` when another handle of the same net polls
  * it (two NULL attaches: see `xio_net_attach`), as for `xio_net_fd`.
+ * Within a watch (`xio_net_watch_begin`) only a timeout of 0 is taken,
+ * and it leaves `xio_net_fd` quiet: `xio_net_watch_end` first to wait.
  *
  * Thread-safe, though one thread polling a net is the usual design.
  *
@@ -413,6 +490,48 @@ xio_result xio_net_poll(struct xio_net *net,
                         size_t cap,
                         int32_t timeout_ms,
                         size_t *n_out);
+
+/**
+ * Starts a watch of the net's rings, for an event loop that drives the
+ * net itself and parks on `xio_net_fd` (the Go package's dispatcher):
+ * rather than sleep at once, it keeps looking for arrivals for
+ * `*budget_ns_out` nanoseconds, the net's adaptive budget. That is 0
+ * unless a peer is awake on another core (then a reply often comes
+ * within the budget, and a wake-up from the fd would cost far more;
+ * sharing a core, the peer could not run while the loop looked). While
+ * the watch lasts peers do not ring the fd: look with
+ * `xio_net_watch_look`, collect with `xio_net_poll(net, ..., 0, ...)`
+ * (which then leaves the fd quiet), and end it with `xio_net_watch_end`
+ * before sleeping, also when the budget is 0. `XIO_ERR_BUSY` if a watch
+ * is under way.
+ *
+ * # Safety
+ * `net` is a live net handle or NULL; `budget_ns_out` valid for a write.
+ */
+xio_result xio_net_watch_begin(struct xio_net *net, uint64_t *budget_ns_out);
+
+/**
+ * Within a watch (`xio_net_watch_begin`): writes 1 to `input_out` if
+ * something arrived to collect with `xio_net_poll`, else 0. Takes no
+ * lock and makes no system call: a few loads of the rings' indices.
+ * `XIO_ERR_INVALID_ARGUMENT` outside a watch.
+ *
+ * # Safety
+ * `net` is a live net handle or NULL; `input_out` valid for a write.
+ */
+xio_result xio_net_watch_look(struct xio_net *net, int32_t *input_out);
+
+/**
+ * Ends the watch (a no-op without one): `hit` != 0 if something arrived
+ * within it, `spun_ns` how long it looked since the last arrival (or
+ * since it began). Teaches the adaptive policy. Then call
+ * `xio_net_poll(net, ..., 0, ...)`, which arms the fd again, before
+ * sleeping on it.
+ *
+ * # Safety
+ * `net` is a live net handle or NULL.
+ */
+xio_result xio_net_watch_end(struct xio_net *net, int32_t hit, uint64_t spun_ns);
 
 /**
  * Holds the stream writes this thread makes on `net`'s streams until

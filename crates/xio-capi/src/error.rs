@@ -83,6 +83,9 @@ pub const XIO_ERR_NO_SPACE: XioResult = 19;
 /// not take this for `XIO_ERR_CONNECTION_REFUSED` (and do not fall back to
 /// TCP); trying again later may succeed.
 pub const XIO_ERR_PEER_BUSY: XioResult = 20;
+/// Another manager already runs for that pool prefix
+/// (`xio_manager_spawn`).
+pub const XIO_ERR_MANAGER_RUNNING: XioResult = 21;
 
 /// An error on its way to C: a code and the message for `xio_last_error`.
 #[derive(Debug)]
@@ -180,6 +183,18 @@ fn stack_code(e: &StackError) -> XioResult {
     }
 }
 
+impl From<xio_core::manager::ManagerError> for Fail {
+    fn from(e: xio_core::manager::ManagerError) -> Fail {
+        use xio_core::manager::ManagerError;
+        let code = match &e {
+            ManagerError::AlreadyRunning { .. } => XIO_ERR_MANAGER_RUNNING,
+            ManagerError::BadPrefix(_) => XIO_ERR_INVALID_ARGUMENT,
+            _ => XIO_ERR_IO,
+        };
+        Fail::new(code, e.to_string())
+    }
+}
+
 impl From<StackError> for Fail {
     fn from(e: StackError) -> Fail {
         Fail::new(stack_code(&e), e.to_string())
@@ -248,6 +263,7 @@ pub extern "C" fn xio_strerror(code: XioResult) -> *const c_char {
         XIO_ERR_FORKED => c"handle inherited across fork(); attach a new stack",
         XIO_ERR_NO_SPACE => c"no free stack, channel or connection slot",
         XIO_ERR_PEER_BUSY => c"the process bound to the address is not reading its control socket",
+        XIO_ERR_MANAGER_RUNNING => c"another X-IO manager runs for this pool prefix",
         _ => c"unknown error",
     };
     s.as_ptr()

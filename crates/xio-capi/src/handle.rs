@@ -34,6 +34,11 @@ pub struct XioStream {
     _opaque: [u8; 0],
 }
 
+/// A manager running on a thread of this process (`xio_manager_spawn`).
+pub struct XioManager {
+    _opaque: [u8; 0],
+}
+
 /// What a handle pointer points to. `repr(C)` puts the magic first, so
 /// checking it reads only the first 8 bytes of whatever C passed.
 #[repr(C)]

@@ -27,10 +27,12 @@
 
 mod error;
 mod handle;
+mod manager;
 mod sock;
 mod zc;
 
 pub use error::*;
-pub use handle::{XioBuf, XioListener, XioNet, XioStack, XioStream};
+pub use handle::{XioBuf, XioListener, XioManager, XioNet, XioStack, XioStream};
+pub use manager::*;
 pub use sock::*;
 pub use zc::*;

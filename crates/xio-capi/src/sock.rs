@@ -66,6 +66,8 @@ pub(crate) struct NetInner {
     manager_fd: Mutex<Option<OwnedFd>>,
     /// This handle is the one that polls its net (see [`claim_polling`]).
     polls: AtomicBool,
+    /// The watch under way (`xio_net_watch_begin`).
+    watch: Mutex<Option<xio_core::net::Watcher>>,
     /// Names this handle in [`POLLERS`] (its address moves when closed).
     key: usize,
 }
@@ -199,6 +201,7 @@ pub unsafe extern "C" fn xio_net_attach(prefix: *const c_char, out: *mut *mut Xi
             fd: Mutex::new(None),
             manager_fd: Mutex::new(None),
             polls: AtomicBool::new(false),
+            watch: Mutex::new(None),
             key: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
         });
         // SAFETY: checked non-NULL.
@@ -317,6 +320,8 @@ pub unsafe extern "C" fn xio_net_manager_gone(net: *mut XioNet, gone_out: *mut i
 /// the events, which are not lost.
 /// `XIO_ERR_INVALID_ARGUMENT` when another handle of the same net polls
 /// it (two NULL attaches: see `xio_net_attach`), as for `xio_net_fd`.
+/// Within a watch (`xio_net_watch_begin`) only a timeout of 0 is taken,
+/// and it leaves `xio_net_fd` quiet: `xio_net_watch_end` first to wait.
 ///
 /// Thread-safe, though one thread polling a net is the usual design.
 ///
@@ -343,11 +348,20 @@ pub unsafe extern "C" fn xio_net_poll(
         // At most `cap`: the rest stay in the net, where a token chosen
         // before the next call still applies to them.
         let mut got = Vec::new();
-        match timeout_arg(timeout_ms) {
-            Timeout::NoWait => n.net.poll_nowait_capped(&mut got, cap)?,
-            Timeout::Forever => n.net.poll_capped(&mut got, cap, None)?,
-            Timeout::Ms(d) => n.net.poll_capped(&mut got, cap, Some(d))?,
+        let mut watch = n.watch.lock().unwrap_or_else(|e| e.into_inner());
+        match (watch.as_mut(), timeout_arg(timeout_ms)) {
+            (Some(w), Timeout::NoWait) => n.net.poll_in_watch(w, &mut got, cap)?,
+            (Some(_), _) => {
+                return Err(Fail::new(
+                    XIO_ERR_INVALID_ARGUMENT,
+                    "within a watch only a poll with timeout 0 (end the watch to wait)",
+                ))
+            }
+            (None, Timeout::NoWait) => n.net.poll_nowait_capped(&mut got, cap)?,
+            (None, Timeout::Forever) => n.net.poll_capped(&mut got, cap, None)?,
+            (None, Timeout::Ms(d)) => n.net.poll_capped(&mut got, cap, Some(d))?,
         };
+        drop(watch);
         debug_assert!(got.len() <= cap);
         for (i, e) in got.iter().take(cap).enumerate() {
             // SAFETY: i < cap, and `events` holds `cap` per the contract.
@@ -355,6 +369,89 @@ pub unsafe extern "C" fn xio_net_poll(
         }
         // SAFETY: checked non-NULL.
         unsafe { put(n_out, got.len().min(cap)) };
+        Ok(())
+    })
+}
+
+/// Starts a watch of the net's rings, for an event loop that drives the
+/// net itself and parks on `xio_net_fd` (the Go package's dispatcher):
+/// rather than sleep at once, it keeps looking for arrivals for
+/// `*budget_ns_out` nanoseconds, the net's adaptive budget. That is 0
+/// unless a peer is awake on another core (then a reply often comes
+/// within the budget, and a wake-up from the fd would cost far more;
+/// sharing a core, the peer could not run while the loop looked). While
+/// the watch lasts peers do not ring the fd: look with
+/// `xio_net_watch_look`, collect with `xio_net_poll(net, ..., 0, ...)`
+/// (which then leaves the fd quiet), and end it with `xio_net_watch_end`
+/// before sleeping, also when the budget is 0. `XIO_ERR_BUSY` if a watch
+/// is under way.
+///
+/// # Safety
+/// `net` is a live net handle or NULL; `budget_ns_out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_net_watch_begin(
+    net: *mut XioNet,
+    budget_ns_out: *mut u64,
+) -> XioResult {
+    guard(|| {
+        need_out(budget_ns_out, "budget_ns_out")?;
+        // SAFETY: per this function's contract.
+        let n = unsafe { borrow(net) }?;
+        claim_polling(n)?;
+        let mut w = n.watch.lock().unwrap_or_else(|e| e.into_inner());
+        if w.is_some() {
+            return Err(Fail::new(XIO_ERR_BUSY, "a watch of this net is under way"));
+        }
+        let budget = n.net.spin_budget();
+        *w = Some(n.net.watch_begin());
+        let ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
+        // SAFETY: checked non-NULL.
+        unsafe { put(budget_ns_out, ns) };
+        Ok(())
+    })
+}
+
+/// Within a watch (`xio_net_watch_begin`): writes 1 to `input_out` if
+/// something arrived to collect with `xio_net_poll`, else 0. Takes no
+/// lock and makes no system call: a few loads of the rings' indices.
+/// `XIO_ERR_INVALID_ARGUMENT` outside a watch.
+///
+/// # Safety
+/// `net` is a live net handle or NULL; `input_out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_net_watch_look(net: *mut XioNet, input_out: *mut i32) -> XioResult {
+    guard(|| {
+        need_out(input_out, "input_out")?;
+        // SAFETY: per this function's contract.
+        let n = unsafe { borrow(net) }?;
+        let mut w = n.watch.lock().unwrap_or_else(|e| e.into_inner());
+        let w = w
+            .as_mut()
+            .ok_or_else(|| Fail::new(XIO_ERR_INVALID_ARGUMENT, "no watch of this net"))?;
+        // SAFETY: checked non-NULL.
+        unsafe { put(input_out, i32::from(w.has_input())) };
+        Ok(())
+    })
+}
+
+/// Ends the watch (a no-op without one): `hit` != 0 if something arrived
+/// within it, `spun_ns` how long it looked since the last arrival (or
+/// since it began). Teaches the adaptive policy. Then call
+/// `xio_net_poll(net, ..., 0, ...)`, which arms the fd again, before
+/// sleeping on it.
+///
+/// # Safety
+/// `net` is a live net handle or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn xio_net_watch_end(net: *mut XioNet, hit: i32, spun_ns: u64) -> XioResult {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let n = unsafe { borrow(net) }?;
+        let w = n.watch.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(w) = w {
+            n.net
+                .watch_end(w, hit != 0, std::time::Duration::from_nanos(spun_ns));
+        }
         Ok(())
     })
 }

@@ -31,15 +31,20 @@ fn manager(test: &str) -> (ManagerHandle, CString) {
 
 /// [`manager`] with the pool `pool`.
 fn manager_with(test: &str, pool: xio_core::prelude::PoolConfig) -> (ManagerHandle, CString) {
-    static DIR: OnceLock<()> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = process_dir::process_dir("xio-capi-abi");
-        // Before any thread of ours reads the environment.
-        std::env::set_var("XIO_RUN_DIR", &dir);
-    });
+    run_dir();
     let p = format!("abi-{test}-{}", std::process::id());
     let m = Manager::builder(&p).pool(pool).spawn().unwrap();
     (m, CString::new(p).unwrap())
+}
+
+/// The test process's own run directory, set once, before any thread of
+/// ours reads the environment.
+fn run_dir() {
+    static DIR: OnceLock<()> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = process_dir::process_dir("xio-capi-abi");
+        std::env::set_var("XIO_RUN_DIR", &dir);
+    });
 }
 
 fn addr(s: &str) -> CString {
@@ -1990,5 +1995,148 @@ fn a_loop_asleep_on_the_fd_alone_retries_writes_that_met_an_empty_pool() {
         assert_eq!(xio_listener_close(l), XIO_OK);
         assert_eq!(xio_net_close(peer), XIO_OK);
         assert_eq!(xio_net_close(net), XIO_OK);
+    }
+}
+
+/// The embedded manager through the ABI: spawned, seen by a net that
+/// attaches (its stack, its buffers back once the net is closed), refused
+/// a second time for the same prefix, and stopped.
+#[test]
+fn manager_spawn_stats_and_stop() {
+    run_dir();
+    let p = CString::new(format!("abi-mgr-{}", std::process::id())).unwrap();
+    let mut m = null_mut();
+    let mut again = null_mut();
+    let mut st = XioManagerStats::default();
+    // SAFETY: NUL-terminated prefixes, valid out-parameters, live handles
+    // used by this thread alone, each closed once.
+    unsafe {
+        assert_eq!(xio_manager_spawn(p.as_ptr(), &mut m), XIO_OK);
+        assert_eq!(
+            xio_manager_spawn(p.as_ptr(), &mut again),
+            XIO_ERR_MANAGER_RUNNING
+        );
+        assert!(again.is_null(), "no handle on failure");
+        assert_eq!(xio_manager_stats(m, &mut st), XIO_OK);
+        assert_eq!(st.stacks, 0);
+        assert!(st.buffers_total > 0 && st.buffers_free == st.buffers_total);
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_OK);
+        let (l, c, s) = connected(net, net, "10.77.0.1:80");
+        let mut n = 0;
+        assert_eq!(xio_write(c, b"held".as_ptr().cast(), 4, &mut n), XIO_OK);
+        assert_eq!(xio_manager_stats(m, &mut st), XIO_OK);
+        assert_eq!(st.stacks, 1);
+        assert!(
+            st.buffers_free < st.buffers_total,
+            "the unread write holds one"
+        );
+        xio_stream_close(s);
+        xio_stream_close(c);
+        xio_listener_close(l);
+        assert_eq!(xio_net_close(net), XIO_OK);
+        // The stack leaves (and its buffers come back) in the manager's
+        // time: wait for it (a watchdog, not a time bound).
+        let mut looks = 0;
+        loop {
+            assert_eq!(xio_manager_stats(m, &mut st), XIO_OK);
+            if st.stacks == 0 && st.buffers_free == st.buffers_total {
+                break;
+            }
+            looks += 1;
+            assert!(looks < WATCHDOG_MS, "{st:?}");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(xio_manager_stop(m), XIO_OK);
+        assert_eq!(xio_manager_stop(null_mut()), XIO_OK);
+        // Stopped: nothing to attach to, and the prefix is free again.
+        let mut net = null_mut();
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut net), XIO_ERR_NO_MANAGER);
+        assert_eq!(xio_manager_spawn(p.as_ptr(), &mut m), XIO_OK);
+        assert_eq!(xio_manager_stop(m), XIO_OK);
+    }
+}
+
+/// A loop that drives its net with a watch: while it watches, a write of
+/// the peer shows in `xio_net_watch_look` and is collected by a poll with
+/// timeout 0; a poll that would wait is refused within a watch; after
+/// `xio_net_watch_end` the poll arms the fd again, which a later write
+/// makes readable.
+#[test]
+fn a_watch_sees_arrivals_without_the_fd() {
+    let (_m, p) = manager("watch");
+    // SAFETY: live handles used as the header allows, each closed once;
+    // valid out-parameters and buffers.
+    unsafe {
+        let (mut srv, mut cli) = (null_mut(), null_mut());
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut srv), XIO_OK);
+        assert_eq!(xio_net_attach(p.as_ptr(), &mut cli), XIO_OK);
+        let (l, c, s) = connected(srv, cli, "10.77.0.2:80");
+        assert_eq!(xio_stream_set_nonblocking(s, 1), XIO_OK);
+        let mut tok = 0;
+        assert_eq!(xio_stream_token(s, &mut tok), XIO_OK);
+        let mut evs = [XioEvent {
+            token: 0,
+            events: 0,
+        }; 8];
+        let mut n = 0;
+        let mut fd = 0;
+        assert_eq!(xio_net_fd(srv, &mut fd), XIO_OK);
+        assert_eq!(xio_net_poll(srv, evs.as_mut_ptr(), 8, 0, &mut n), XIO_OK);
+        let mut look = -1;
+        assert_eq!(
+            xio_net_watch_look(srv, &mut look),
+            XIO_ERR_INVALID_ARGUMENT,
+            "no watch yet"
+        );
+        let mut budget = 0;
+        assert_eq!(xio_net_watch_begin(srv, &mut budget), XIO_OK);
+        assert_eq!(xio_net_watch_begin(srv, &mut budget), XIO_ERR_BUSY);
+        assert_eq!(
+            xio_net_poll(srv, evs.as_mut_ptr(), 8, 10, &mut n),
+            XIO_ERR_INVALID_ARGUMENT,
+            "a waiting poll within a watch"
+        );
+        let mut w = 0;
+        assert_eq!(xio_write(c, b"ping".as_ptr().cast(), 4, &mut w), XIO_OK);
+        let mut looks = 0;
+        loop {
+            assert_eq!(xio_net_watch_look(srv, &mut look), XIO_OK);
+            if look == 1 {
+                break;
+            }
+            looks += 1;
+            assert!(looks < 100_000_000, "the write never showed");
+            std::hint::spin_loop();
+        }
+        assert_eq!(xio_net_poll(srv, evs.as_mut_ptr(), 8, 0, &mut n), XIO_OK);
+        assert!(
+            evs[..n]
+                .iter()
+                .any(|e| e.token == tok && e.events & XIO_EVENT_READABLE != 0),
+            "{:?}",
+            &evs[..n]
+        );
+        assert_eq!(xio_net_watch_look(srv, &mut look), XIO_OK);
+        assert_eq!(look, 0, "collected");
+        assert_eq!(xio_net_watch_end(srv, 1, 1000), XIO_OK);
+        assert_eq!(xio_net_watch_end(srv, 0, 0), XIO_OK, "a no-op without one");
+        let mut b = [0u8; 8];
+        assert_eq!(xio_read(s, b.as_mut_ptr().cast(), 8, &mut w), XIO_OK);
+        assert_eq!(&b[..w], b"ping");
+        // Armed again by the poll: the next write makes the fd readable.
+        assert_eq!(xio_net_poll(srv, evs.as_mut_ptr(), 8, 0, &mut n), XIO_OK);
+        assert_eq!(xio_write(c, b"pong".as_ptr().cast(), 4, &mut w), XIO_OK);
+        let mut pfd = [rustix::event::PollFd::from_borrowed_fd(
+            std::os::fd::BorrowedFd::borrow_raw(fd),
+            rustix::event::PollFlags::IN,
+        )];
+        let ready = rustix::event::poll(&mut pfd, None).unwrap();
+        assert_eq!(ready, 1);
+        xio_stream_close(s);
+        xio_stream_close(c);
+        xio_listener_close(l);
+        xio_net_close(cli);
+        xio_net_close(srv);
     }
 }

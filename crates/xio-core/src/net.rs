@@ -4749,6 +4749,24 @@ impl Net {
         })
     }
 
+    /// Within a watch, for an event loop (the C ABI's, the Go package's
+    /// dispatcher): drains the rings and appends at most `cap` readiness
+    /// events, as [`Net::poll_nowait_capped`] does, but leaves the doorbell
+    /// off (peers do not ring it while the loop watches) and brings the
+    /// watcher up to date. End the watch with [`Net::watch_end`], then
+    /// [`Net::poll_nowait`] (which arms the doorbell) before sleeping on
+    /// [`Net::poll_fd`].
+    pub fn poll_in_watch(
+        &self,
+        w: &mut Watcher,
+        events: &mut Vec<Event>,
+        cap: usize,
+    ) -> io::Result<usize> {
+        let n = self.poll_capped(events, cap, Some(Duration::ZERO))?;
+        self.lock().stack.refresh_probe(&mut w.probe);
+        Ok(n)
+    }
+
     /// Ends a watch: `hit` if something arrived within it, after `spun`.
     /// Teaches the adaptive policy; the caller then drives (a hit) or arms
     /// the doorbell again through [`Net::drive`].
