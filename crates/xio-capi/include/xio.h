@@ -94,7 +94,7 @@ typedef struct xio_listener xio_listener;
 /**
  * A manager running on a thread of this process (`xio_manager_spawn`).
  */
-typedef struct XioManager XioManager;
+typedef struct xio_manager xio_manager;
 
 /**
  * A socket-interface attachment to a pool (listeners and streams).
@@ -118,9 +118,9 @@ typedef struct xio_stream xio_stream;
 typedef int32_t xio_result;
 
 /**
- * What a manager holds and has done (`xio_manager_stats`).
+ * What a manager holds and has done (`xio_manager_get_stats`).
  */
-typedef struct XioManagerStats {
+typedef struct xio_manager_stats {
   /**
    * Stacks attached (a net is one, a zero-copy stack one).
    */
@@ -145,7 +145,7 @@ typedef struct XioManagerStats {
    * Buffers taken back from them.
    */
   uint64_t reclaimed;
-} XioManagerStats;
+} xio_manager_stats;
 
 /**
  * Readiness from `xio_net_poll`: which stream or listener (its token, see
@@ -363,7 +363,7 @@ const char *xio_last_error(void);
  * # Safety
  * `prefix` is a NUL-terminated string; `out` valid for a write.
  */
-xio_result xio_manager_spawn(const char *prefix, struct XioManager **out);
+xio_result xio_manager_spawn(const char *prefix, struct xio_manager **out);
 
 /**
  * Stops the manager, waits for its thread, and frees the handle (NULL is
@@ -373,7 +373,7 @@ xio_result xio_manager_spawn(const char *prefix, struct XioManager **out);
  * `manager` is NULL or a manager handle no other thread uses, not used
  * after.
  */
-xio_result xio_manager_stop(struct XioManager *manager);
+xio_result xio_manager_stop(struct xio_manager *manager);
 
 /**
  * What the manager holds now (see `xio_manager_stats`).
@@ -383,7 +383,7 @@ xio_result xio_manager_stop(struct XioManager *manager);
  * # Safety
  * `manager` is a live manager handle or NULL; `out` valid for a write.
  */
-xio_result xio_manager_stats(struct XioManager *manager, struct XioManagerStats *out);
+xio_result xio_manager_get_stats(struct xio_manager *manager, struct xio_manager_stats *out);
 
 /**
  * Attaches to the pool `prefix` for the socket interface (the manager
@@ -498,12 +498,13 @@ xio_result xio_net_poll(struct xio_net *net,
  * `*budget_ns_out` nanoseconds, the net's adaptive budget. That is 0
  * unless a peer is awake on another core (then a reply often comes
  * within the budget, and a wake-up from the fd would cost far more;
- * sharing a core, the peer could not run while the loop looked). While
- * the watch lasts peers do not ring the fd: look with
+ * sharing a core, the peer could not run while the loop looked); with 0
+ * no watch begins, and the loop sleeps on the fd as it would have. While
+ * a watch lasts peers do not ring the fd: look with
  * `xio_net_watch_look`, collect with `xio_net_poll(net, ..., 0, ...)`
- * (which then leaves the fd quiet), and end it with `xio_net_watch_end`
- * before sleeping, also when the budget is 0. `XIO_ERR_BUSY` if a watch
- * is under way.
+ * (which then leaves the fd quiet), and end it with `xio_net_watch_end`,
+ * then poll once more (which arms the fd) before sleeping.
+ * `XIO_ERR_BUSY` if a watch is under way.
  *
  * # Safety
  * `net` is a live net handle or NULL; `budget_ns_out` valid for a write.
@@ -623,6 +624,18 @@ xio_result xio_accept(struct xio_listener *listener, struct xio_stream **out);
 xio_result xio_listener_set_nonblocking(struct xio_listener *listener, int32_t on);
 
 /**
+ * The listened address as `"ip:port"`, NUL-terminated, into `buf` of
+ * `cap` bytes (64 is always enough; `XIO_ERR_INVALID_ARGUMENT` if too
+ * small): with the port the library chose when `xio_listen` was given
+ * port 0.
+ *
+ * # Safety
+ * `listener` is a live listener handle or NULL; `buf` valid for `cap`
+ * bytes.
+ */
+xio_result xio_listener_local_addr(struct xio_listener *listener, char *buf, size_t cap);
+
+/**
  * The token `xio_net_poll` reports accept events with.
  *
  * # Safety
@@ -642,6 +655,39 @@ xio_result xio_listener_token(struct xio_listener *listener, uint64_t *out);
  * `out` valid for a write.
  */
 xio_result xio_dial(struct xio_net *net, const char *addr, struct xio_stream **out);
+
+/**
+ * Whether the listener answered the connection request of a stream from
+ * `xio_dial` (which returns before the answer): `*done_out` 1 once it
+ * accepted (also for an accepted stream), 0 while the answer is still to
+ * come; `XIO_ERR_CONNECTION_REFUSED` if it refused (its backlog was full,
+ * or it closed meanwhile). Never waits: an event loop calls it when
+ * `xio_net_poll` reports the stream, and now and then
+ * `xio_stream_check_connect` while it waits.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * `stream` is a live stream handle or NULL; `done_out` valid for a write.
+ */
+xio_result xio_stream_connected(struct xio_stream *stream, int32_t *done_out);
+
+/**
+ * For a loop whose dial has waited a while for its answer (2 ms, then
+ * doubling up to 100 ms, as a blocking connect does): asks the manager
+ * whether the address still belongs to the process the request went to.
+ * A process that stopped listening there and makes no X-IO call any more
+ * would never answer; if so the stream is refused
+ * (`XIO_ERR_CONNECTION_REFUSED`, and `xio_net_poll` reports it).
+ * Waits up to 100 ms for the manager: call it off a loop that others
+ * wait on.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * `stream` is a live stream handle or NULL.
+ */
+xio_result xio_stream_check_connect(struct xio_stream *stream);
 
 /**
  * Closes the stream and frees the handle (NULL is a no-op): the peer

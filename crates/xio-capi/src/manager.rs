@@ -16,7 +16,7 @@ impl Opaque for XioManager {
     const NAME: &'static str = "manager";
 }
 
-/// What a manager holds and has done (`xio_manager_stats`).
+/// What a manager holds and has done (`xio_manager_get_stats`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct XioManagerStats {
@@ -79,7 +79,7 @@ pub unsafe extern "C" fn xio_manager_stop(manager: *mut XioManager) -> XioResult
 /// # Safety
 /// `manager` is a live manager handle or NULL; `out` valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn xio_manager_stats(
+pub unsafe extern "C" fn xio_manager_get_stats(
     manager: *mut XioManager,
     out: *mut XioManagerStats,
 ) -> XioResult {

@@ -379,12 +379,13 @@ pub unsafe extern "C" fn xio_net_poll(
 /// `*budget_ns_out` nanoseconds, the net's adaptive budget. That is 0
 /// unless a peer is awake on another core (then a reply often comes
 /// within the budget, and a wake-up from the fd would cost far more;
-/// sharing a core, the peer could not run while the loop looked). While
-/// the watch lasts peers do not ring the fd: look with
+/// sharing a core, the peer could not run while the loop looked); with 0
+/// no watch begins, and the loop sleeps on the fd as it would have. While
+/// a watch lasts peers do not ring the fd: look with
 /// `xio_net_watch_look`, collect with `xio_net_poll(net, ..., 0, ...)`
-/// (which then leaves the fd quiet), and end it with `xio_net_watch_end`
-/// before sleeping, also when the budget is 0. `XIO_ERR_BUSY` if a watch
-/// is under way.
+/// (which then leaves the fd quiet), and end it with `xio_net_watch_end`,
+/// then poll once more (which arms the fd) before sleeping.
+/// `XIO_ERR_BUSY` if a watch is under way.
 ///
 /// # Safety
 /// `net` is a live net handle or NULL; `budget_ns_out` valid for a write.
@@ -403,7 +404,9 @@ pub unsafe extern "C" fn xio_net_watch_begin(
             return Err(Fail::new(XIO_ERR_BUSY, "a watch of this net is under way"));
         }
         let budget = n.net.spin_budget();
-        *w = Some(n.net.watch_begin());
+        if !budget.is_zero() {
+            *w = Some(n.net.watch_begin());
+        }
         let ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
         // SAFETY: checked non-NULL.
         unsafe { put(budget_ns_out, ns) };
@@ -664,6 +667,29 @@ pub unsafe extern "C" fn xio_listener_set_nonblocking(
     })
 }
 
+/// The listened address as `"ip:port"`, NUL-terminated, into `buf` of
+/// `cap` bytes (64 is always enough; `XIO_ERR_INVALID_ARGUMENT` if too
+/// small): with the port the library chose when `xio_listen` was given
+/// port 0.
+///
+/// # Safety
+/// `listener` is a live listener handle or NULL; `buf` valid for `cap`
+/// bytes.
+#[no_mangle]
+pub unsafe extern "C" fn xio_listener_local_addr(
+    listener: *mut crate::XioListener,
+    buf: *mut c_char,
+    cap: usize,
+) -> XioResult {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let l = unsafe { borrow(listener) }?;
+        let a = l.l.local_addr()?;
+        // SAFETY: per this function's contract.
+        unsafe { put_str(buf, cap, &a.to_string()) }
+    })
+}
+
 /// The token `xio_net_poll` reports accept events with.
 ///
 /// # Safety
@@ -707,6 +733,63 @@ pub unsafe extern "C" fn xio_dial(
         // SAFETY: checked non-NULL.
         unsafe { put(out, into_handle::<crate::XioStream>(s)) };
         Ok(())
+    })
+}
+
+/// Whether the listener answered the connection request of a stream from
+/// `xio_dial` (which returns before the answer): `*done_out` 1 once it
+/// accepted (also for an accepted stream), 0 while the answer is still to
+/// come; `XIO_ERR_CONNECTION_REFUSED` if it refused (its backlog was full,
+/// or it closed meanwhile). Never waits: an event loop calls it when
+/// `xio_net_poll` reports the stream, and now and then
+/// `xio_stream_check_connect` while it waits.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `stream` is a live stream handle or NULL; `done_out` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stream_connected(
+    stream: *mut crate::XioStream,
+    done_out: *mut i32,
+) -> XioResult {
+    guard(|| {
+        need_out(done_out, "done_out")?;
+        // SAFETY: per this function's contract.
+        let s = unsafe { borrow(stream) }?;
+        if !s.connect_settled() {
+            // SAFETY: checked non-NULL.
+            unsafe { put(done_out, 0) };
+            return Ok(());
+        }
+        if let Some(e) = s.take_error()? {
+            return Err(e.into());
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { put(done_out, 1) };
+        Ok(())
+    })
+}
+
+/// For a loop whose dial has waited a while for its answer (2 ms, then
+/// doubling up to 100 ms, as a blocking connect does): asks the manager
+/// whether the address still belongs to the process the request went to.
+/// A process that stopped listening there and makes no X-IO call any more
+/// would never answer; if so the stream is refused
+/// (`XIO_ERR_CONNECTION_REFUSED`, and `xio_net_poll` reports it).
+/// Waits up to 100 ms for the manager: call it off a loop that others
+/// wait on.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `stream` is a live stream handle or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn xio_stream_check_connect(stream: *mut crate::XioStream) -> XioResult {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let s = unsafe { borrow(stream) }?;
+        Ok(s.check_connect_route()?)
     })
 }
 

@@ -2017,7 +2017,7 @@ fn manager_spawn_stats_and_stop() {
             XIO_ERR_MANAGER_RUNNING
         );
         assert!(again.is_null(), "no handle on failure");
-        assert_eq!(xio_manager_stats(m, &mut st), XIO_OK);
+        assert_eq!(xio_manager_get_stats(m, &mut st), XIO_OK);
         assert_eq!(st.stacks, 0);
         assert!(st.buffers_total > 0 && st.buffers_free == st.buffers_total);
         let mut net = null_mut();
@@ -2025,7 +2025,7 @@ fn manager_spawn_stats_and_stop() {
         let (l, c, s) = connected(net, net, "10.77.0.1:80");
         let mut n = 0;
         assert_eq!(xio_write(c, b"held".as_ptr().cast(), 4, &mut n), XIO_OK);
-        assert_eq!(xio_manager_stats(m, &mut st), XIO_OK);
+        assert_eq!(xio_manager_get_stats(m, &mut st), XIO_OK);
         assert_eq!(st.stacks, 1);
         assert!(
             st.buffers_free < st.buffers_total,
@@ -2039,7 +2039,7 @@ fn manager_spawn_stats_and_stop() {
         // time: wait for it (a watchdog, not a time bound).
         let mut looks = 0;
         loop {
-            assert_eq!(xio_manager_stats(m, &mut st), XIO_OK);
+            assert_eq!(xio_manager_get_stats(m, &mut st), XIO_OK);
             if st.stacks == 0 && st.buffers_free == st.buffers_total {
                 break;
             }
