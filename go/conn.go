@@ -44,9 +44,8 @@ type Conn struct {
 
 	// live guards s against Close while a call is in C: calls hold it
 	// shared, Close exclusively.
-	live    sync.RWMutex
-	closed  atomic.Bool
-	closing chan struct{}
+	live   sync.RWMutex
+	closed atomic.Bool
 
 	// rmu and wmu serialise reads and writes, so that concurrent writes
 	// are not interleaved (as a net.TCPConn's are not).
@@ -67,9 +66,9 @@ func newConn(n *Net, s *C.xio_stream) (*Conn, error) {
 		return nil, err
 	}
 	pd, tok := n.register()
-	c := &Conn{n: n, s: s, pd: pd, tok: tok, closing: make(chan struct{})}
-	c.rdl.init()
-	c.wdl.init()
+	c := &Conn{n: n, s: s, pd: pd, tok: tok}
+	c.rdl.init(pd.r)
+	c.wdl.init(pd.w)
 	var e errBuf
 	var local, peer [addrCap]C.char
 	if err := e.err(C.xg_stream_setup(s, C.uint64_t(tok), &local[0], &peer[0], addrCap, &e[0])); err != nil {
@@ -99,17 +98,17 @@ func (c *Conn) opErr(op string, err error) error {
 	return &net.OpError{Op: op, Net: "xio", Source: c.laddr, Addr: c.raddr, Err: err}
 }
 
-// wait parks until ch is signalled, the connection is closed, or the
-// deadline passes.
+// wait parks until ch is signalled: by the dispatcher (readiness), by
+// Close, or by the deadline (one channel, so the wait is a plain
+// receive). The caller looks at why again (see ready).
 func (c *Conn) wait(ch chan struct{}, d *deadline) error {
-	select {
-	case <-ch:
-		return nil
-	case <-c.closing:
-		return net.ErrClosed
-	case <-d.wait():
-		return os.ErrDeadlineExceeded
+	<-ch
+	if err := c.ready(d); err != nil {
+		// Pass the wake-up on: another call may wait on ch too.
+		signal(ch)
+		return err
 	}
+	return nil
 }
 
 // ready is the check every call makes first: closed, or past its
@@ -408,7 +407,8 @@ func (c *Conn) Close() error {
 		return c.opErr("close", net.ErrClosed)
 	}
 	runtime.SetFinalizer(c, nil)
-	close(c.closing)
+	signal(c.pd.r)
+	signal(c.pd.w)
 	c.live.Lock()
 	var e errBuf
 	r := C.xg_stream_close(c.s, &e[0])

@@ -6,71 +6,52 @@ import (
 	"time"
 )
 
-// deadline is a read or write deadline that a waiting call can select on:
-// its channel is closed when the deadline passes, and a deadline moved or
-// cleared while a call waits takes effect for that call (a new channel
-// replaces a closed one; an open one stays, its timer moved).
+// deadline is a read or write deadline. When it passes it raises its flag
+// and signals its direction's channel, which is all a waiting call
+// selects on: the call wakes, sees the flag and fails. A deadline moved
+// or cleared while a call waits takes effect for that call. Setting one
+// in the past or clearing one allocates nothing (net/http's server does
+// both for every request, to end its background read).
 type deadline struct {
-	mu    sync.Mutex // serialises set
-	timer *time.Timer
-	// passed is closed once the deadline passes; never nil after init.
-	passed atomic.Pointer[chan struct{}]
+	passed atomic.Bool
+	ch     chan struct{} // the direction's signal
+	mu     sync.Mutex    // serialises set and the timer's firing
+	timer  *time.Timer
+	gen    uint64 // which set the timer belongs to
 }
 
-func (d *deadline) init() {
-	ch := make(chan struct{})
-	d.passed.Store(&ch)
-}
+func (d *deadline) init(ch chan struct{}) { d.ch = ch }
 
-// wait is the channel a waiting call selects on.
-func (d *deadline) wait() <-chan struct{} {
-	return *d.passed.Load()
-}
-
-// expired reports whether the deadline has passed (a non-blocking look).
-func (d *deadline) expired() bool {
-	select {
-	case <-d.wait():
-		return true
-	default:
-		return false
-	}
-}
+// expired reports whether the deadline has passed.
+func (d *deadline) expired() bool { return d.passed.Load() }
 
 // set moves the deadline to t (the zero time: none).
 func (d *deadline) set(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	ch := *d.passed.Load()
-	if d.timer != nil && !d.timer.Stop() {
-		// The timer fired: its function closes (or closed) ch. Wait for
-		// that, so a new channel below is not closed by a stale timer.
-		<-ch
-	}
-	d.timer = nil
-	closed := false
-	select {
-	case <-ch:
-		closed = true
-	default:
+	d.gen++
+	if d.timer != nil {
+		d.timer.Stop()
+		d.timer = nil
 	}
 	if t.IsZero() {
-		if closed {
-			fresh := make(chan struct{})
-			d.passed.Store(&fresh)
-		}
+		d.passed.Store(false)
 		return
 	}
-	if dur := time.Until(t); dur > 0 {
-		if closed {
-			fresh := make(chan struct{})
-			d.passed.Store(&fresh)
-			ch = fresh
-		}
-		d.timer = time.AfterFunc(dur, func() { close(ch) })
+	dur := time.Until(t)
+	if dur <= 0 {
+		d.passed.Store(true)
+		signal(d.ch)
 		return
 	}
-	if !closed {
-		close(ch)
-	}
+	d.passed.Store(false)
+	gen := d.gen
+	d.timer = time.AfterFunc(dur, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.gen == gen { // not moved since
+			d.passed.Store(true)
+			signal(d.ch)
+		}
+	})
 }

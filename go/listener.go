@@ -22,11 +22,10 @@ type Listener struct {
 	pd  *pollDesc
 	tok uint64
 
-	live    sync.RWMutex
-	closed  atomic.Bool
-	closing chan struct{}
-	dl      deadline
-	addr    *net.TCPAddr
+	live   sync.RWMutex
+	closed atomic.Bool
+	dl     deadline
+	addr   *net.TCPAddr
 }
 
 // Backlog is how many connections a listener holds before they are
@@ -58,8 +57,7 @@ func (n *Net) Listen(address string) (*Listener, error) {
 	cs := C.CString(ap.String())
 	defer C.free(unsafe.Pointer(cs))
 	var e errBuf
-	l := &Listener{n: n, closing: make(chan struct{})}
-	l.dl.init()
+	l := &Listener{n: n}
 	if err := e.err(C.xg_listen(n.c, cs, Backlog, &l.l, &e[0])); err != nil {
 		n.release()
 		return nil, &net.OpError{Op: "listen", Net: "xio", Addr: net.TCPAddrFromAddrPort(ap), Err: err}
@@ -73,6 +71,7 @@ func (n *Net) Listen(address string) (*Listener, error) {
 	}
 	l.tok = uint64(tok)
 	l.pd = n.registerListener(l.tok)
+	l.dl.init(l.pd.r)
 	l.addr = tcpAddr(C.GoString(&local[0]))
 	if err := n.start(); err != nil {
 		l.Close()
@@ -141,10 +140,11 @@ func (l *Listener) AcceptXio() (*Conn, error) {
 			}
 			return c, nil
 		case codeWouldBlock:
-			select {
-			case <-l.pd.r:
-			case <-l.closing:
-			case <-l.dl.wait():
+			// Signalled by the dispatcher, by Close or by the deadline;
+			// the loop looks at which.
+			<-l.pd.r
+			if l.closed.Load() || l.dl.expired() {
+				signal(l.pd.r) // wake the next goroutine accepting too
 			}
 		case codeRefused, codeReset:
 			// A connection gone before it was taken: the next one.
@@ -174,7 +174,7 @@ func (l *Listener) Close() error {
 	if l.closed.Swap(true) {
 		return &net.OpError{Op: "close", Net: "xio", Addr: l.addr, Err: net.ErrClosed}
 	}
-	close(l.closing)
+	signal(l.pd.r)
 	l.live.Lock()
 	var e errBuf
 	r := C.xg_listener_close(l.l, &e[0])

@@ -42,8 +42,14 @@ func Dialer() *xio.Dialer {
 // http.DefaultTransport with X-IO's dialer): swap it into an
 // http.Client, or use [NewClient].
 func NewTransport() *http.Transport {
+	return NewTransportWith(Dialer())
+}
+
+// NewTransportWith is [NewTransport] dialling with d (another net, no
+// fallback, a TCP dialer of its own...).
+func NewTransportWith(d *xio.Dialer) *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.DialContext = Dialer().DialContext
+	t.DialContext = d.DialContext
 	// Many requests in flight to one service keep as many connections.
 	t.MaxIdleConnsPerHost = 256
 	return t
@@ -58,7 +64,11 @@ func NewClient() *http.Client {
 // knowledge: no upgrade, as free5GC's SBI clients speak it): requests to
 // http:// URLs go over HTTP/2 on one connection per service.
 func NewH2CTransport() *http2.Transport {
-	d := Dialer()
+	return NewH2CTransportWith(Dialer())
+}
+
+// NewH2CTransportWith is [NewH2CTransport] dialling with d.
+func NewH2CTransportWith(d *xio.Dialer) *http2.Transport {
 	return &http2.Transport{
 		AllowHTTP: true,
 		DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
