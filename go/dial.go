@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"syscall"
 	"time"
 	"unsafe"
 )
@@ -250,5 +249,3 @@ func (c *Conn) waitConnected(ctx context.Context) error {
 		}
 	}
 }
-
-var _ = syscall.ECONNREFUSED

@@ -5,11 +5,9 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -331,6 +329,3 @@ func settledFree(t *testing.T) int {
 	}
 	return last
 }
-
-var _ = errors.New
-var _ = net.ErrClosed
