@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run -p xio-bench --release -- compare [--quick] [--sizes 64,1K,...] [--modes adaptive,...] [--iters N]
 //! cargo run -p xio-bench --release -- sockets [--quick] [--sections a,b,c] [--placement apart,one-core]
+//! cargo run -p xio-bench --release -- go [--quick] [--conns 1,16,64,256] [--protos h1,h2c]
 //! ```
 //!
 //! The parent process is the client of every pair and runs the embedded
@@ -17,6 +18,7 @@ mod baselines;
 mod capi;
 mod clock;
 mod compare;
+mod gobench;
 mod pin;
 mod sockets;
 mod stats;
@@ -69,6 +71,9 @@ enum Cmd {
     },
     /// Compare X-IO with the baselines; prints markdown tables on stdout.
     Compare(compare::CompareArgs),
+    /// Go over X-IO (the go/ package): net.Conn ping-pong and net/http
+    /// (HTTP/1.1, h2c) next to TCP and a Unix socket; needs Go on PATH.
+    Go(gobench::GoArgs),
     /// The shm and DPDK backends side by side with a Unix socket (needs the
     /// `dpdk` feature and hugepages).
     #[cfg(feature = "dpdk")]
@@ -147,6 +152,7 @@ fn pin(cpu: Option<usize>) -> Result<()> {
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Compare(a) => compare::run(&a),
+        Cmd::Go(a) => gobench::run(&a),
         #[cfg(feature = "dpdk")]
         Cmd::Backends(a) => backends::run(&a),
         Cmd::Capi(a) => capi::run(&a),

@@ -91,13 +91,13 @@ pub const XIO_ERR_MANAGER_RUNNING: XioResult = 21;
 #[derive(Debug)]
 pub(crate) struct Fail {
     code: XioResult,
-    msg: String,
+    msg: std::borrow::Cow<'static, str>,
 }
 
 pub(crate) type Res<T> = Result<T, Fail>;
 
 impl Fail {
-    pub(crate) fn new(code: XioResult, msg: impl Into<String>) -> Fail {
+    pub(crate) fn new(code: XioResult, msg: impl Into<std::borrow::Cow<'static, str>>) -> Fail {
         Fail {
             code,
             msg: msg.into(),
@@ -111,6 +111,16 @@ impl Fail {
 
 impl From<io::Error> for Fail {
     fn from(e: io::Error) -> Fail {
+        // The common answer of a non-blocking call: no message to build
+        // (an event loop meets it at every read that drains a stream). A
+        // timeout is `WouldBlock` too, with its reason inside (below).
+        if e.kind() == io::ErrorKind::WouldBlock
+            && !e
+                .get_ref()
+                .is_some_and(|s| s.is::<xio_core::net::TimeoutElapsed>())
+        {
+            return Fail::new(XIO_ERR_WOULD_BLOCK, "operation would block");
+        }
         // An io::Error made from a stack error keeps it as its source.
         if let Some(se) = e.get_ref().and_then(|s| s.downcast_ref::<StackError>()) {
             return Fail::new(stack_code(se), e.to_string());
@@ -210,8 +220,15 @@ thread_local! {
 /// `pthread_key_create` destructor calling us after Rust's thread-locals
 /// were destroyed) the message is dropped instead.
 fn set_last(msg: &str) {
-    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    let _ = LAST.try_with(|l| *l.borrow_mut() = c);
+    let _ = LAST.try_with(|l| {
+        let mut l = l.borrow_mut();
+        // The same message again (a loop meeting `WouldBlock` over and
+        // over): nothing to copy.
+        if l.as_bytes() == msg.as_bytes() {
+            return;
+        }
+        *l = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    });
 }
 
 /// Runs the body of an exported function: maps its error to a code (and

@@ -37,6 +37,18 @@ import (
 
 var transports = []string{"uds", "tcp", "xio"}
 
+// The CPUs the client and the server are pinned to ($XIO_GOBENCH_CPUS,
+// "client,server"; "0,1" by default: apart. "0,0" shares one core).
+var clientCPU, serverCPU = cpus()
+
+func cpus() (string, string) {
+	c, s, ok := strings.Cut(os.Getenv("XIO_GOBENCH_CPUS"), ",")
+	if !ok {
+		return "0", "1"
+	}
+	return c, s
+}
+
 func main() {
 	if len(os.Args) < 2 {
 		usage()
@@ -156,10 +168,10 @@ func serve(args []string) {
 	l.Close()
 }
 
-// server runs the server process pinned to CPU 1 and waits for "ready".
+// server runs the server process pinned to its CPU and waits for "ready".
 func server(mode, transport, addr string) (stop func()) {
 	self, _ := os.Executable()
-	cmd := exec.Command("taskset", "-c", "1", self, "serve", mode, transport, addr)
+	cmd := exec.Command("taskset", "-c", serverCPU, self, "serve", mode, transport, addr)
 	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
@@ -195,12 +207,12 @@ func addrOf(transport string, dir string, port int) string {
 	}
 }
 
-// setup pins this process to CPU 0 (by running itself again under
+// setup pins this process to its CPU (by running itself again under
 // taskset) and starts a manager for the run's X-IO pool.
 func setup() (dir string, done func()) {
 	if os.Getenv("XIO_GOBENCH_PINNED") == "" {
 		self, _ := os.Executable()
-		cmd := exec.Command("taskset", append([]string{"-c", "0", self}, os.Args[1:]...)...)
+		cmd := exec.Command("taskset", append([]string{"-c", clientCPU, self}, os.Args[1:]...)...)
 		cmd.Env = append(os.Environ(), "XIO_GOBENCH_PINNED=1", "GOMAXPROCS=1")
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 		if err := cmd.Run(); err != nil {
