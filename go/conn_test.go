@@ -2,6 +2,7 @@ package xio
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -286,4 +287,28 @@ func TestListener(t *testing.T) {
 	if _, err := Listen(l2.Addr().String()); !errors.Is(err, syscall.EADDRINUSE) {
 		t.Fatalf("second listen: %v", err)
 	}
+}
+
+// A context cancels a dial: one cancelled before is not made, with the
+// context's error; the Dialer's Timeout bounds it too.
+func TestDialContext(t *testing.T) {
+	l, err := Listen(addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = (&Dialer{}).DialContext(ctx, "tcp", l.Addr().String())
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("dial with a cancelled context: %v", err)
+	}
+	if _, err := (&Dialer{}).DialContext(context.Background(), "udp", l.Addr().String()); err == nil {
+		t.Fatal("dialled udp")
+	}
+	c, err := (&Dialer{Timeout: watchdog}).DialContext(context.Background(), "tcp4", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
 }
