@@ -6,8 +6,8 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use xio_core::layout::PoolConfig;
 use xio_core::manager::{Backend, Manager};
+use xio_core::PoolConfig;
 
 use crate::compare::{fmt_size, RunDir};
 use crate::sockets::{rtt_samples, Transport};
@@ -65,7 +65,7 @@ pub fn run(a: &BackendsArgs) -> Result<()> {
         .pool(PoolConfig::default())
         .backend(Backend::Dpdk)
         .spawn()
-        .context("DPDK manager (hugepages reserved? see README)")?;
+        .context("DPDK manager (hugepages reserved? see docs/dpdk.md)")?;
     let prefix = |b: Backend| match b {
         Backend::Shm => shm.as_str(),
         Backend::Dpdk => dpdk.as_str(),

@@ -15,9 +15,9 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
-use xio_core::layout::PoolConfig;
 use xio_core::manager::Manager;
 use xio_core::stack::{Error, Stack};
+use xio_core::PoolConfig;
 
 use crate::compare::{fmt_size, parse_size, RunDir};
 use crate::pin::{online_cpus, pin_to_cpu};

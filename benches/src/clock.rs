@@ -1,11 +1,12 @@
 //! A cheap clock for the event-loop clients' per-request time stamps.
 //!
-//! Section c's clients stamp every request and every reply. On the
-//! reference VM `Instant::now()` costs about 23 ns (the vDSO over the TSC
-//! clocksource), and at 4 M requests/s the X-IO client spent about a tenth
-//! of its CPU reading it: the benchmark's instrumentation, not the
-//! transport, and a cost the kernel sockets' clients (2-3 µs a request)
-//! never notice. A bare `rdtsc` costs about 10 ns. [`Clock`] stamps in TSC
+//! Section c's clients stamp every request and every reply. On a VM
+//! `Instant::now()` costs tens of nanoseconds (the vDSO over the TSC
+//! clocksource), and an X-IO client doing millions of requests a second
+//! spent a noticeable share of its CPU reading it: the benchmark's
+//! instrumentation, not the transport, and a cost the kernel sockets'
+//! clients (microseconds a request) never notice. A bare `rdtsc` costs
+//! about half as much. [`Clock`] stamps in TSC
 //! ticks where the TSC is invariant (constant rate, not stopped in idle
 //! states) and converts to nanoseconds with a rate measured against
 //! `Instant` over the whole run; elsewhere it falls back to `Instant`.
@@ -77,8 +78,8 @@ pub fn to_ns(samples: &mut [u64], ns_per_tick: f64) {
 }
 
 /// A sample vector with room for `n` samples, its pages already touched,
-/// so growing it costs no page faults in the measured window (they were
-/// 3% of the X-IO client's CPU there).
+/// so growing it costs no page faults in the measured window (they showed
+/// in the X-IO client's profile).
 pub fn presized(n: usize) -> Vec<u64> {
     let mut v = vec![0u64; n];
     // `vec![0; n]` may hand out untouched zero pages: write them.

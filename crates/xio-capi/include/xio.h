@@ -538,8 +538,10 @@ xio_result xio_net_watch_end(struct xio_net *net, int32_t hit, uint64_t spun_ns)
  * Holds the stream writes this thread makes on `net`'s streams until
  * [`xio_net_batch_end`], which sends them together: for an event loop,
  * around its handling of one `xio_net_poll`'s events when there are
- * several (15-20% more requests a second at 64-256 connections in the
- * project's benchmark). Each write still copies its bytes, takes its
+ * several: sent together, the descriptors' ring stores overlap their trips
+ * to the reader's core instead of waiting for one another (the gain is
+ * the "batched writes" column of BENCHMARKS.md's stream sockets). Each
+ * write still copies its bytes, takes its
  * window and returns as usual; only the descriptors wait.
  *
  * Held writes also leave at the next `xio_net_poll`, before this thread

@@ -154,7 +154,7 @@ impl From<io::Error> for Fail {
 }
 
 fn stack_code(e: &StackError) -> XioResult {
-    use xio_core::proto::ErrorCode;
+    use xio_core::ErrorCode;
     match e {
         StackError::NoManager { .. } => XIO_ERR_NO_MANAGER,
         StackError::BadPrefix(_) | StackError::BadEnv { .. } => XIO_ERR_INVALID_ARGUMENT,

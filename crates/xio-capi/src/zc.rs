@@ -46,7 +46,8 @@ thread_local! {
     /// The allocations of buffer handles closed on this thread (sent, or
     /// freed with `xio_buf_free`), reused for the next handles it hands
     /// out: a handle per message would otherwise cost a `malloc` and a
-    /// `free` (measured: about 20 ns a round trip). Per thread, not per
+    /// `free` on a path whose whole round trip is a few hundred
+    /// nanoseconds. Per thread, not per
     /// stack, so a program that only receives and frees reuses them too.
     static SPARE_BUFS: std::cell::RefCell<Spare> = const { std::cell::RefCell::new(Vec::new()) };
 }

@@ -318,24 +318,24 @@ fn a_c_program_linked_statically_passes_the_api_contract() {
     wait_pool_whole(&mgr);
 }
 
-/// The C program of README.md's "C (`xio.h`)" section, as a reader
+/// The C program of docs/c.md, as a reader
 /// copies it into `app.c`: it compiles through `xio.pc` (with every
-/// warning on) and, run against the `l2fwd_echo` example the README
+/// warning on) and, run against the `l2fwd_echo` example the guide
 /// starts as its peer, prints the echo and ends.
 #[test]
 fn the_readmes_c_program_builds_and_gets_its_echo() {
     let (mgr, p) = manager("readme");
-    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/c.md");
     let readme = std::fs::read_to_string(readme).unwrap();
     let src = readme
         .split("```c\n")
         .nth(1)
         .and_then(|b| b.split("```").next())
-        .expect("a ```c block in README.md");
+        .expect("a ```c block in docs/c.md");
     // Its pool is "mypool"; this test's has a name of its own.
     assert!(
         src.contains("\"mypool\""),
-        "the README's program uses another pool"
+        "the guide's program uses another pool"
     );
     let src = src.replace("\"mypool\"", &format!("{p:?}"));
     std::fs::write(run_dir().join("readme_app.c"), src).unwrap();
@@ -358,7 +358,7 @@ fn the_readmes_c_program_builds_and_gets_its_echo() {
         if Instant::now() > deadline {
             let _ = app.kill();
             let _ = app.wait();
-            panic!("the README's program did not finish");
+            panic!("the guide's program did not finish");
         }
         std::thread::sleep(Duration::from_millis(5));
     };
@@ -366,7 +366,7 @@ fn the_readmes_c_program_builds_and_gets_its_echo() {
     app.stdout.take().unwrap().read_to_string(&mut out).unwrap();
     assert!(
         status.success(),
-        "the README's program failed: {status:?}, said {out:?}"
+        "the guide's program failed: {status:?}, said {out:?}"
     );
     assert_eq!(out, "echoed: hello\n");
 

@@ -10,8 +10,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::backend::BufferPool;
-use crate::pool::RawBuf;
+use crate::backend::{BufferPool, RawBuf};
 
 /// A writable pool buffer, owned by this process alone.
 pub struct BufMut {

@@ -194,6 +194,7 @@ pub fn socket() -> io::Result<OwnedFd> {
 }
 
 /// Connects to a manager's socket at `path`.
+#[cfg(any(test, feature = "test-support"))]
 pub fn connect(path: &Path) -> io::Result<OwnedFd> {
     let s = socket()?;
     rustix::net::connect(&s, &SocketAddrUnix::new(path)?)?;

@@ -12,7 +12,9 @@
 //! [buffers, per class]                  count x (16 B header + buf_size), page aligned per class
 //! ```
 
-use crate::sync::{AtomicU32, AtomicU64, CachePadded};
+// Part of the layout (and named with it where the layout is public).
+pub use crate::sync::CachePadded;
+use crate::sync::{AtomicU32, AtomicU64};
 
 /// `b"XIO-SHM\x01"`: first eight bytes of every segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"XIO-SHM\x01");
@@ -23,8 +25,11 @@ pub const LAYOUT_VERSION: u32 = 7;
 /// Most size classes a pool can have.
 pub const MAX_CLASSES: usize = 8;
 /// Class value of a descriptor that carries no buffer (control kinds).
+// Part of the layout's definition; the code checks class bounds instead.
+#[allow(dead_code)]
 pub const NO_CLASS: u8 = 0xff;
 /// Stack id 0 means "nobody" (the manager, or a free buffer).
+#[allow(dead_code)]
 pub const NO_STACK: u16 = 0;
 
 /// Marker for types that may be placed in the shared segment.
@@ -39,7 +44,7 @@ pub unsafe trait ShmSafe {}
 /// A descriptor: what travels through a ring. The payload stays in the pool.
 ///
 /// Every field is untrusted when read from a ring; see
-/// [`crate::pool::PoolView::accept`].
+/// [`crate::backend::shm::PoolView::accept`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct Descriptor {
@@ -175,7 +180,7 @@ pub struct ClassInfo {
     pub _reserved: u64,
     /// Offset of the first buffer (its header; the payload follows).
     pub data_off: u64,
-    /// Offset of the `count` magazines (see [`Magazine`]).
+    /// Offset of the `count` magazines (see `Magazine`).
     pub mag_off: u64,
 }
 
@@ -340,7 +345,7 @@ pub mod bufword {
     /// Generation ([`GEN_BITS`] bits).
     #[inline]
     pub const fn gen(w: u64) -> u32 {
-        (w >> 40) as u32
+        ((w >> 40) & ((1 << GEN_BITS) - 1)) as u32
     }
 }
 
@@ -456,6 +461,13 @@ unsafe impl ShmSafe for RingSlot {}
 #[cfg(not(loom))]
 const _: () = assert!(core::mem::size_of::<RingSlot>() == 64);
 
+/// The sequence number slot `k` of a fresh ring holds: "written one lap
+/// before position 0", which matches no position until the slot is written.
+/// (Zero would not do: it is what position `u32::MAX` publishes.)
+pub fn initial_seq(k: u32, cap: u32) -> u32 {
+    k.wrapping_add(1).wrapping_sub(cap)
+}
+
 /// Bytes of a ring of `cap` slots, header included.
 pub fn ring_bytes(cap: u32) -> u64 {
     core::mem::size_of::<RingHeader>() as u64 + cap as u64 * core::mem::size_of::<RingSlot>() as u64
@@ -510,7 +522,7 @@ pub struct Geometry {
 /// Errors in a pool configuration.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
-    /// No class, or more than [`MAX_CLASSES`].
+    /// No class, or more than `MAX_CLASSES` (8).
     #[error("a pool needs 1 to {MAX_CLASSES} size classes, got {0}")]
     ClassCount(usize),
     /// Sizes must grow strictly and be multiples of 64; counts positive.

@@ -51,7 +51,8 @@ pub enum ProtoError {
     UnknownType(u8),
 }
 
-/// Error codes carried by [`Msg::Error`]; stable numbers.
+/// Error codes a manager answers with (in its `Error` message); stable
+/// numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u16)]
 pub enum ErrorCode {

@@ -45,6 +45,7 @@ fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> SegmentError {
 
 enum Backing {
     Memfd(OwnedFd),
+    #[cfg(any(test, feature = "test-support"))]
     Heap(std::alloc::Layout),
 }
 
@@ -121,6 +122,7 @@ impl Region {
 
     /// A zeroed heap region: the same layout without a kernel object, for
     /// in-process tests and single-process use.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn heap(len: usize) -> Result<Self, SegmentError> {
         let layout = std::alloc::Layout::from_size_align(len.max(4096), 4096)
             .map_err(|_| SegmentError::Invalid("heap layout"))?;
@@ -139,6 +141,7 @@ impl Region {
     pub fn fd(&self) -> Option<BorrowedFd<'_>> {
         match &self.backing {
             Backing::Memfd(fd) => Some(fd.as_fd()),
+            #[cfg(any(test, feature = "test-support"))]
             Backing::Heap(_) => None,
         }
     }
@@ -157,6 +160,7 @@ impl Region {
     }
 
     /// Never true: a region holds at least a header.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -170,6 +174,7 @@ impl Drop for Region {
                 // into it is tied to an `Arc<Region>` that is now gone.
                 let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) };
             }
+            #[cfg(any(test, feature = "test-support"))]
             Backing::Heap(layout) => {
                 // SAFETY: allocated in `heap` with this layout.
                 unsafe { std::alloc::dealloc(self.base.as_ptr(), *layout) }
@@ -415,7 +420,7 @@ impl Segment {
     }
 
     #[inline]
-    fn at<T>(&self, off: u64) -> &T {
+    fn at<T: crate::layout::ShmSafe>(&self, off: u64) -> &T {
         // SAFETY: callers pass offsets that `open` proved lie inside the
         // mapping with room for a `T`, suitably aligned (`open` checked
         // each offset against its type's alignment, and strides are
@@ -435,7 +440,7 @@ impl Segment {
 
     /// The manager's liveness word (see `crate::liveness`).
     #[inline]
-    pub(crate) fn manager_alive(&self) -> &AtomicU32 {
+    pub fn manager_alive(&self) -> &AtomicU32 {
         &self.at::<SegmentHeader>(0).manager_alive
     }
 
@@ -473,6 +478,23 @@ impl Segment {
                 .add((off + core::mem::size_of::<RingHeader>() as u64) as usize)
         };
         (hdr as *const RingHeader, slots.cast_const())
+    }
+
+    /// The consumer index of ring `dir` of channel `ch` if the slot there
+    /// is published (something waits to be read), for the manager's
+    /// look at readers that do not read. The index is the consumer's
+    /// word: any value reads in range (it is taken modulo the capacity).
+    pub(crate) fn ring_pending(&self, ch: u32, dir: usize) -> Option<u32> {
+        let (h, slots) = self.ring_ptrs(ch, dir);
+        // SAFETY: `ring_ptrs` points at the ring's header inside the
+        // mapping (`open` checked the channel slot); atomics only.
+        let head = unsafe { &*h }.head.load(crate::sync::Ordering::Acquire);
+        let i = (head % self.ring_capacity) as usize;
+        // SAFETY: `i` is below the capacity, so the slot lies inside the
+        // ring `open` checked; slots are `RingSlot`s (atomics and plain
+        // words read only through the atomic `seq` here).
+        let slot = unsafe { &*slots.cast::<crate::layout::RingSlot>().add(i) };
+        (slot.seq.load(crate::sync::Ordering::Acquire) == head.wrapping_add(1)).then_some(head)
     }
 
     /// Header of buffer `idx` of `class`; `None` when out of range.
@@ -529,7 +551,7 @@ impl Segment {
                 // channel slot `open` checked; nobody uses the ring now.
                 let slot = unsafe { &*(s as *const crate::layout::RingSlot).add(i) };
                 slot.seq.store(
-                    crate::ring::initial_seq(i as u32, self.ring_capacity),
+                    crate::layout::initial_seq(i as u32, self.ring_capacity),
                     crate::sync::Ordering::Relaxed,
                 );
             }

@@ -99,9 +99,39 @@ pub(crate) fn yield_thread() {
     std::thread::yield_now();
 }
 
+/// Starts loading the cache line at `p` in exclusive state (x86-64
+/// `PREFETCHW`), for a line about to be read and then written: one
+/// coherence transaction instead of a shared read followed by an upgrade.
+#[inline]
+pub(crate) fn prefetch_write<T>(p: *const T) {
+    // Inline assembly because `_mm_prefetch::<_MM_HINT_ET0>` becomes a
+    // plain `prefetcht0` unless the crate is built with `prfchw` enabled.
+    // Processors without PREFETCHW execute the opcode as a NOP.
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults (not even on an
+    // unmapped address), writes no register, flag or memory.
+    unsafe {
+        core::arch::asm!(
+            "prefetchw [{0}]",
+            in(reg) p,
+            options(nostack, preserves_flags, readonly)
+        )
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Pads and aligns a value to 128 bytes: two cache lines, because adjacent-line
 /// prefetch on x86-64 pulls pairs of lines (the reasoning of crossbeam's
 /// `CachePadded`). `#[repr(C)]` so it can live in shared memory.
+///
+/// Not crossbeam-utils' `CachePadded`, which every use here would otherwise
+/// be: all of them are fields of the segment layout, which C and Go read too
+/// and whose version the header carries. crossbeam's type is not
+/// `#[repr(C)]`, and its alignment depends on the target and may change
+/// with the crate (128 on x86-64, 256 on s390x, 64 or 32 elsewhere); a
+/// layout that moved with a dependency's release would break every process
+/// built against the one before.
 #[derive(Debug, Default)]
 #[repr(C, align(128))]
 pub struct CachePadded<T>(pub T);

@@ -3,8 +3,10 @@
 //!
 //! # Why adaptive
 //! On the VMs this runs on, waking a sleeping process on another core costs
-//! about 30 us (a halted vCPU must be resumed), while two cache lines
-//! crossing between spinning cores cost 0.14 us. So a waiter keeps the
+//! tens of microseconds (a halted vCPU must be resumed), while the cache
+//! lines of a message cross between spinning cores in a fraction of one
+//! (the first is in every kernel column of BENCHMARKS.md, the second is
+//! the raw ring's rate there). So a waiter keeps the
 //! shared-memory floor only while it spins; but a spinner sharing a core
 //! with its peer burns a whole scheduler tick (milliseconds) per message,
 //! because the peer cannot run to answer it. FABLE (§2.1.3) describes the

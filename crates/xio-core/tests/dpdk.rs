@@ -135,6 +135,7 @@ fn child_main() {
         "oversized_lookup" => oversized_lookup(&a[0]),
         "small_class_empty" => small_class_empty(&a[0]),
         "unstamped_stack" => unstamped_stack(&a[0]),
+        "conformance" => conformance(&a[0]),
         r => panic!("unknown role {r}"),
     }
 }
@@ -684,6 +685,39 @@ fn small_class_empty(prefix: &str) {
     }
 }
 
+/// The backend conformance suites on DPDK, in a primary: every pool is
+/// fresh mempools of the suite's classes, two `DpdkPool`s over them (the
+/// second found by name, as a secondary finds them), every ring a fresh
+/// `rte_ring`. The doorbell is the eventfd every backend uses.
+fn conformance(prefix: &str) {
+    use xio_core::backend::conformance::{self as suite, PoolPair, CLASSES};
+    Eal::init(prefix, Role::Primary).unwrap();
+    let mut n = 0;
+    suite::pool_suite(|| {
+        n += 1;
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for (c, &(size, count)) in CLASSES.iter().enumerate() {
+            let name = format!("cf{n}-{c}");
+            a.push(Mempool::create(&name, c as u8, count, size as usize).unwrap());
+            b.push(Mempool::lookup(&name, size as usize).unwrap());
+        }
+        PoolPair {
+            a: DpdkPool::new(a, PRIMARY),
+            b: DpdkPool::new(b, SECONDARY),
+            keep: Box::new(()),
+        }
+    });
+    let mut n = 0;
+    suite::ring_suite(|| {
+        n += 1;
+        let r = Ring::create(&format!("cfr{n}"), 8).unwrap();
+        let rx = DpdkConsumer::new(Ring::lookup(&format!("cfr{n}")).unwrap());
+        (DpdkProducer::new(r), rx)
+    });
+    suite::doorbell_suite(|| xio_core::backend::EventFdDoorbell::new().unwrap());
+    println!("XIO:conformance ok");
+}
+
 /// A small DPDK manager that answers `deaths` (stacks it has swept) and
 /// `whole` (`free total` of every class, the first number of the pair is
 /// the mempool's count).
@@ -1107,6 +1141,15 @@ fn an_empty_class_is_exhausted_not_served_from_a_larger_one() {
     setup();
     let r = child_says("small", "small_class_empty", "got");
     assert_eq!(r, "pool exhausted");
+}
+
+/// The pool, ring and doorbell conformance suites, which the shm backend
+/// passes on a heap region and on a memfd, pass on DPDK.
+#[test]
+fn the_conformance_suites_pass_on_dpdk() {
+    setup();
+    let r = child_says("conf", "conformance", "conformance");
+    assert_eq!(r, "ok");
 }
 
 /// A stack finds a class's mempool by name and takes the buffer size

@@ -437,7 +437,7 @@ impl tower_service::Service<http::Uri> for XioConnector {
 }
 
 /// Whether a connect's `ConnectionRefused` is the manager's
-/// [`ErrorCode::Busy`](xio_core::proto::ErrorCode::Busy): a process on
+/// [`ErrorCode::Busy`](xio_core::ErrorCode::Busy): a process on
 /// this node binds the address but does not read its control socket. The
 /// kind callers see is the same as for an address nobody binds; only the
 /// stack's error inside (the `io::Error`'s source) tells them apart.
@@ -446,7 +446,7 @@ fn bound_here_but_busy(e: &io::Error) -> bool {
         e.get_ref()
             .and_then(|i| i.downcast_ref::<xio_core::Error>()),
         Some(xio_core::Error::Refused {
-            code: xio_core::proto::ErrorCode::Busy,
+            code: xio_core::ErrorCode::Busy,
             ..
         })
     )

@@ -1,10 +1,11 @@
-//! The Rust examples of README.md, as a reader copies them: every
-//! paragraph of every ```rust block there is in this file word for word
+//! The Rust examples of the guides (docs/zero-copy.md, docs/sockets.md,
+//! docs/http.md), as a reader copies them: every paragraph of every
+//! ```rust block there is in this file word for word
 //! (`readme_examples_are_the_ones_here` checks), so they compile, and
 //! those that run on their own are run, each in a child process of this
 //! test binary with a run dir of its own (they use the process-wide pool
-//! and fixed addresses, as the README does), against an embedded manager
-//! of the README's pool, "mypool".
+//! and fixed addresses, as the guides do), against an embedded manager
+//! of the guides' pool, "mypool".
 
 #[path = "../../xio-core/tests/common/process_dir.rs"]
 mod process_dir;
@@ -154,31 +155,35 @@ async fn tonic_client() -> R {
     Ok(())
 }
 
-/// The words of `s`, one space apart: a README paragraph is indented
+/// The words of `s`, one space apart: a guide's paragraph is indented
 /// here, and rustfmt aligns its trailing comments its own way.
 fn words(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// The guides whose ```rust blocks are here.
+const GUIDES: [&str; 3] = ["docs/zero-copy.md", "docs/sockets.md", "docs/http.md"];
+
 #[test]
 fn readme_examples_are_the_ones_here() {
-    let readme = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
-    let readme = std::fs::read_to_string(readme).unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let here = words(include_str!("readme.rs"));
-    let blocks: Vec<&str> = readme
-        .split("```rust\n")
-        .skip(1)
-        .map(|b| b.split("```").next().unwrap())
-        .collect();
+    let mut blocks = Vec::new();
+    for guide in GUIDES {
+        let text = std::fs::read_to_string(root.join(guide)).unwrap();
+        for b in text.split("```rust\n").skip(1) {
+            blocks.push((guide, b.split("```").next().unwrap().to_string()));
+        }
+    }
     assert!(
         blocks.len() >= 5,
-        "README.md has fewer ```rust blocks than it had"
+        "the guides have fewer ```rust blocks than they had"
     );
-    for block in blocks {
+    for (guide, block) in blocks {
         for para in block.split("\n\n").filter(|p| !p.trim().is_empty()) {
             assert!(
                 here.contains(words(para).as_str()),
-                "this README.md example is not in tests/readme.rs (copy it here, \
+                "this {guide} example is not in tests/readme.rs (copy it here, \
                  so that it is compiled and run):\n{para}"
             );
         }
@@ -243,7 +248,7 @@ fn readme_examples_run() {
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("the README's {example} example did not finish");
+                panic!("the guides' {example} example did not finish");
             }
             std::thread::sleep(Duration::from_millis(10));
         };
@@ -251,7 +256,7 @@ fn readme_examples_run() {
         std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
         assert!(
             status.success() && out.contains("README example ok"),
-            "the README's {example} example failed ({status:?}):\n{out}"
+            "the guides' {example} example failed ({status:?}):\n{out}"
         );
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -11,8 +11,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use xio_core::layout::PoolConfig;
 use xio_core::manager::Manager;
+use xio_core::PoolConfig;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -37,6 +37,10 @@ struct Cli {
     /// Most services registered at once.
     #[arg(long, default_value_t = 64)]
     max_stacks: u32,
+    /// Most services one process may have registered at once (default:
+    /// --max-stacks less an eighth, at most 8, kept for other processes).
+    #[arg(long)]
+    max_stacks_per_process: Option<u32>,
     /// Most channels (pairs of services) at once.
     #[arg(long, default_value_t = 256)]
     max_channels: u32,
@@ -44,6 +48,11 @@ struct Cli {
     /// pushed together.
     #[arg(long, default_value_t = 1024)]
     ring_capacity: u32,
+    /// Serve Prometheus metrics (text format) on this local address:
+    /// `127.0.0.1:PORT` (a loopback address) or `unix:/path/to/socket`.
+    /// Off by default. The metric list is in docs/operations.md.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     json: bool,
@@ -121,10 +130,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         signal_hook::consts::SIGTERM,
     ])
     .context("install signal handlers")?;
-    let manager = Manager::builder(&prefix)
-        .pool(pool)
-        .backend(cli.backend)
-        .bind()?;
+    let mut builder = Manager::builder(&prefix).pool(pool);
+    if let Some(n) = cli.max_stacks_per_process {
+        builder = builder.max_stacks_per_process(n);
+    }
+    let manager = builder.backend(cli.backend).bind()?;
+    if let Some(addr) = &cli.metrics {
+        serve_metrics(addr, manager.metrics())?;
+    }
     let stopper = manager.stopper();
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
@@ -133,6 +146,58 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
     });
     manager.run()?;
+    Ok(())
+}
+
+/// Binds `addr` (a loopback `IP:PORT`, or `unix:PATH`) and answers every
+/// connection with the metrics, on a thread of its own: an HTTP/1.1
+/// response whatever was asked, as a scraper needs. A connection gets a
+/// second to send its request; one at a time, so a slow scraper delays
+/// the next, never the manager.
+fn serve_metrics(addr: &str, metrics: xio_core::manager::Metrics) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    fn answer(mut c: impl Read + Write, metrics: &xio_core::manager::Metrics) {
+        // The request is read, not parsed: every path gets the metrics.
+        let mut req = [0u8; 4096];
+        let _ = c.read(&mut req);
+        let body = metrics.render();
+        let _ = write!(
+            c,
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    }
+    let timeout = Some(std::time::Duration::from_secs(1));
+    if let Some(path) = addr.strip_prefix("unix:") {
+        let _ = std::fs::remove_file(path);
+        let l = std::os::unix::net::UnixListener::bind(path)
+            .with_context(|| format!("metrics: bind {path}"))?;
+        tracing::info!(path, "serving metrics");
+        std::thread::spawn(move || {
+            for c in l.incoming().flatten() {
+                let _ = c.set_read_timeout(timeout);
+                answer(c, &metrics);
+            }
+        });
+    } else {
+        let a: std::net::SocketAddr = addr
+            .parse()
+            .with_context(|| format!("metrics: {addr:?} is not IP:PORT or unix:PATH"))?;
+        anyhow::ensure!(
+            a.ip().is_loopback(),
+            "metrics: {a} is not a loopback address (the metrics are for this node; \
+             use 127.0.0.1 or ::1, or a unix: path)"
+        );
+        let l = std::net::TcpListener::bind(a).with_context(|| format!("metrics: bind {a}"))?;
+        tracing::info!(addr = %a, "serving metrics");
+        std::thread::spawn(move || {
+            for c in l.incoming().flatten() {
+                let _ = c.set_read_timeout(timeout);
+                answer(c, &metrics);
+            }
+        });
+    }
     Ok(())
 }
 

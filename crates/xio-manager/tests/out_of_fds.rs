@@ -7,7 +7,7 @@ use xio_core::prelude::*;
 
 mod support;
 
-use support::{fds_of, process_run_dir, spawn_fd_limited, wait_until};
+use support::{fds_of, process_run_dir, spawn_fd_limited, stacks_until_fds, wait_until};
 
 /// The manager's fd limit: a few more than it holds once started with one
 /// stack registered (stdio, lock, listener, segment, eventfds, the signal
@@ -30,9 +30,11 @@ fn a_manager_out_of_fds_rests_its_listener_and_still_serves_its_stacks() {
     wait_until("manager socket", || sock.exists());
     let mut steady = Stack::builder(prefix).name("steady").attach().unwrap();
 
-    // Connections that say nothing: the manager holds an fd for each until
-    // it has none left; the last two stay in the listener's queue (few
-    // enough that, once the others go, all fit).
+    // Stacks bring it near its limit, then connections that say nothing
+    // (fewer than the 16 one process may keep): the manager holds an fd
+    // for each until it has none left; the last two stay in the
+    // listener's queue (few enough that, once the others go, all fit).
+    let _fill = stacks_until_fds(prefix, m.0.id(), FD_LIMIT - 12);
     let open = fds_of(m.0.id());
     assert!(open < FD_LIMIT, "the manager holds {open} fds at start");
     let path = xio_core::paths::socket_path(prefix);

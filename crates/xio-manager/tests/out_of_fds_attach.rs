@@ -8,7 +8,7 @@ use xio_core::proto::ErrorCode;
 
 mod support;
 
-use support::{fds_of, process_run_dir, spawn_fd_limited, wait_until};
+use support::{fds_of, process_run_dir, spawn_fd_limited, stacks_until_fds, wait_until};
 
 const FD_LIMIT: u64 = 32;
 
@@ -20,8 +20,10 @@ fn a_manager_that_cannot_make_a_doorbell_refuses_the_attach_and_says_why() {
     let path = xio_core::paths::socket_path(prefix);
     wait_until("manager socket", || path.exists());
 
-    // Silent connections, one at a time, until the manager has one fd
-    // left: the attach's own connection takes it.
+    // Stacks, then silent connections one at a time (fewer than the 16
+    // one process may keep), until the manager has one fd left: the
+    // attach's own connection takes it.
+    let fill = stacks_until_fds(prefix, m.0.id(), FD_LIMIT - 10);
     let mut silent = Vec::new();
     while fds_of(m.0.id()) < FD_LIMIT - 1 {
         let before = fds_of(m.0.id());
@@ -39,6 +41,7 @@ fn a_manager_that_cannot_make_a_doorbell_refuses_the_attach_and_says_why() {
 
     // With fds back, the next attach works.
     drop(silent);
+    drop(fill);
     wait_until("the manager closes the silent connections", || {
         fds_of(m.0.id()) < FD_LIMIT - 4
     });

@@ -114,9 +114,8 @@ impl Net {
     /// the descriptor. Sent together, the descriptors' ring stores overlap
     /// their trips to the reader's core, where one write at a time waits
     /// for each (a locked instruction after a store to a line the reader
-    /// holds waits for that line). In the section-c benchmark (one thread
-    /// per side, 64 B requests) that was 10–38% more requests a second at
-    /// 64 connections and 11–19% at 256; with a single event per poll
+    /// holds waits for that line); the gain is the "batched writes" column
+    /// of BENCHMARKS.md's stream sockets. With a single event per poll
     /// there is nothing to batch, and the guard only costs its lock.
     ///
     /// ```no_run

@@ -107,7 +107,7 @@ impl NetBuilder {
         }
         let stack = b.attach().map_err(io::Error::from)?;
         let classes: Vec<usize> = stack
-            .__segment()
+            .segment()
             .classes()
             .iter()
             .map(|c| c.buf_size as usize)
@@ -129,7 +129,7 @@ impl NetBuilder {
             .min(u32::MAX as usize / 2);
         let waking = Arc::new(AtomicUsize::new(0));
         let batch_owner = Arc::new(AtomicUsize::new(0));
-        let seg = stack.__segment().clone();
+        let seg = stack.segment().clone();
         let spare_max = stack.keep_aside(SPARE_MAX);
         let net = Net {
             shared: Arc::new(Shared {

@@ -4,7 +4,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::waiters::wake_all;
-use super::{Net, WeakNet, GLOBAL};
+#[cfg(any(test, feature = "test-support"))]
+use super::GLOBAL;
+use super::{Net, WeakNet};
 
 /// How long the exit handler tries for a net's lock, and to push what
 /// waits for ring space, before leaving that net's connections to the
@@ -73,6 +75,7 @@ fn lock_until<T>(m: &Mutex<T>, deadline: Instant) -> Option<MutexGuard<'_, T>> {
 /// another thread may hold them when the process forks. Not for
 /// applications.
 #[doc(hidden)]
+#[cfg(any(test, feature = "test-support"))]
 pub fn __hold_process_locks() -> Box<dyn std::any::Any> {
     let live = LIVE.get().lock().unwrap_or_else(|e| e.into_inner());
     let global = GLOBAL.get().lock().unwrap_or_else(|e| e.into_inner());

@@ -25,7 +25,7 @@
 //! # How it works
 //! A process's sockets share one [`Stack`] (one per [`Net`]); connections
 //! multiplex over the channel between two stacks, demultiplexed by the
-//! receiving stack's connection table ([`crate::conn::Table`], which has no
+//! receiving stack's connection table (`conn::Table`, which has no
 //! I/O of its own). Streams are byte streams: reads return what is there,
 //! in order, however it was written; a write larger than a pool buffer is
 //! split; `write_vectored` packs its slices into one buffer when they fit.
@@ -94,14 +94,18 @@ pub use adapter::{Drive, Watcher};
 pub use batch::WriteBatch;
 pub use builder::NetBuilder;
 pub use event_loop::Event;
+#[cfg(any(test, feature = "test-support"))]
 pub use exit::__hold_process_locks;
 pub use listener::{Incoming, XioListener};
 pub use stream::{TimeoutElapsed, WeakXioStream, XioStream};
 pub use waiters::WaitEntry;
 
+#[cfg(any(test, feature = "test-support"))]
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::AtomicUsize;
+#[cfg(any(test, feature = "test-support"))]
+use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -254,8 +258,8 @@ impl Net {
         }
     }
 
-    /// Whether the manager's liveness word says it is gone (one load; the
-    /// stack itself learns it at its next look at the control socket).
+    /// Whether the manager's liveness word says it is gone (one load; a
+    /// hint, which the stack confirms from its control socket).
     fn manager_died_now(&self) -> bool {
         crate::liveness::died(self.shared.seg.manager_alive())
     }
@@ -269,7 +273,9 @@ impl Net {
     /// is made to look now (unless another thread drives the net, which
     /// will): it reads what the manager queued before it went, and the fd
     /// of [`Net::manager_watch`] goes quiet in the same step, so a `true`
-    /// here never leaves that fd to wake its loop once more.
+    /// here never leaves that fd to wake its loop once more. The word alone
+    /// is not believed (any process of the pool can write it): the stack
+    /// confirms the death from its control socket.
     pub fn manager_gone(&self) -> bool {
         if !self.manager_died_now() {
             return self.lock().stack.manager_gone();
@@ -282,9 +288,10 @@ impl Net {
                 tracing::debug!(error = %e, "drain on finding the manager gone");
             }
         }
+        let gone = g.stack.manager_gone();
         drop(g);
         wake_all(&mut wake);
-        true
+        gone
     }
 
     /// Runs `f` on the core, then what it asked the table for (sends, and
@@ -343,6 +350,7 @@ impl Net {
     /// as another thread may when the process forks. Not for
     /// applications.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "test-support"))]
     pub fn __hold_lock(&self) -> impl Drop + '_ {
         self.lock()
     }
@@ -376,6 +384,7 @@ impl Net {
     /// Test hook: threads woken from blocking calls that have not taken
     /// the lock back yet, and threads woken in all. Not for applications.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "test-support"))]
     pub fn __waking(&self) -> (usize, u64) {
         let g = self.lock();
         (
@@ -387,6 +396,7 @@ impl Net {
     /// Test hook: descriptors queued behind full rings (all peers), and
     /// resets dropped for peers that do not drain. Not for applications.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "test-support"))]
     pub fn __send_queue(&self) -> (usize, u64) {
         let g = self.lock();
         (g.pending.values().map(VecDeque::len).sum(), g.rst_dropped)
@@ -395,6 +405,7 @@ impl Net {
     /// Test hook: how many requests of this net wait for the manager's
     /// answer outside its lock. Not for applications.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "test-support"))]
     pub fn __requests_awaited(&self) -> usize {
         self.lock().stack.awaited()
     }

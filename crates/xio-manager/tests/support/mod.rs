@@ -25,6 +25,19 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_xio-manager");
 /// A watchdog, not a time bound: what it waits for happens or the test fails.
 pub const WATCHDOG: Duration = Duration::from_secs(60);
 
+/// Stacks attached to the manager `pid` of `prefix` until it holds at
+/// least `fds` descriptors (each stack takes three of it: its socket, its
+/// doorbell, its pidfd). What tests of a manager out of fds use to bring
+/// it near its limit: a process may keep only a few connections that say
+/// nothing (16), so those alone could not.
+pub fn stacks_until_fds(prefix: &str, pid: u32, fds: u64) -> Vec<xio_core::stack::Stack> {
+    let mut stacks = Vec::new();
+    while fds_of(pid) < fds {
+        stacks.push(xio_core::stack::Stack::attach(prefix).unwrap());
+    }
+    stacks
+}
+
 /// Polls `f` until true (watchdog: panic with `what`).
 pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + WATCHDOG;

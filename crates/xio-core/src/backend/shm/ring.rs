@@ -23,20 +23,12 @@
 
 use std::sync::Arc;
 
+use crate::backend::traits::{DescConsumer, DescProducer, RingError, RingWatch};
+#[cfg(any(test, feature = "test-support"))]
+use crate::layout::initial_seq;
 use crate::layout::{Descriptor, RingHeader, RingSlot, SLOT_DESCS};
+use crate::segment::Segment;
 use crate::sync::Ordering;
-
-/// A ring's shared index was impossible: the peer is buggy or hostile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("ring corrupt: peer index out of range")]
-pub struct RingError;
-
-/// The sequence number slot `k` of a fresh ring holds: "written one lap
-/// before position 0", which matches no position until the slot is written.
-/// (Zero would not do: it is what position `u32::MAX` publishes.)
-pub fn initial_seq(k: u32, cap: u32) -> u32 {
-    k.wrapping_add(1).wrapping_sub(cap)
-}
 
 pub(crate) struct RawRing {
     hdr: *const RingHeader,
@@ -118,17 +110,21 @@ impl Watch {
 }
 
 /// Heap-allocated ring storage, for tests, loom models and in-process use.
+#[cfg(any(test, feature = "test-support"))]
 pub(crate) struct HeapRing {
     hdr: RingHeader,
     slots: Box<[RingSlot]>,
 }
 
 // SAFETY: the slots are only touched under the SPSC protocol below.
+#[cfg(any(test, feature = "test-support"))]
 unsafe impl Sync for HeapRing {}
 // SAFETY: as above.
+#[cfg(any(test, feature = "test-support"))]
 unsafe impl Send for HeapRing {}
 
 /// Creates a heap ring of `cap` (a power of two) slots.
+#[cfg(any(test, feature = "test-support"))]
 pub fn heap_ring(cap: u32) -> (Producer, Consumer) {
     assert!(cap.is_power_of_two() && cap >= 2);
     let r = Arc::new(HeapRing {
@@ -204,11 +200,13 @@ impl Producer {
     }
 
     /// Ring capacity, in slots.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn capacity(&self) -> u32 {
         self.ring.cap()
     }
 
     /// Slots free for writing (refreshes the cached head).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn free_slots(&mut self) -> Result<u32, RingError> {
         self.free_for(u32::MAX)
     }
@@ -219,7 +217,7 @@ impl Producer {
     /// for it to come over from the consumer's core.
     #[inline]
     pub fn prefetch_next(&self) {
-        crate::pool::prefetch_write(self.ring.slot(self.tail));
+        crate::sync::prefetch_write(self.ring.slot(self.tail));
     }
 
     /// Free slots, reading the consumer's index only when the cached value
@@ -255,6 +253,7 @@ impl Producer {
     /// (zeroed descriptors), as a broken or hostile producer could. False
     /// when the ring is full. Not for applications.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "test-support"))]
     pub fn __publish_count(&mut self, count: u32) -> Result<bool, RingError> {
         if self.free_for(1)? == 0 {
             return Ok(false);
@@ -296,6 +295,7 @@ impl Producer {
     }
 
     /// Pushes one descriptor, or hands it back when the ring is full.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn push(&mut self, d: Descriptor) -> Result<(), Full> {
         match self.push_one(d) {
             Ok(true) => Ok(()),
@@ -320,6 +320,7 @@ impl Producer {
 
 /// A push that did not fit; the descriptor is handed back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg(any(test, feature = "test-support"))]
 pub struct Full(pub Descriptor);
 
 impl Consumer {
@@ -344,6 +345,7 @@ impl Consumer {
     /// Slots ready to read (at least the count of consecutive published
     /// slots from the head, up to the capacity); each holds one to
     /// [`SLOT_DESCS`] descriptors.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn available(&mut self) -> Result<u32, RingError> {
         let mut n = 0;
         while n < self.ring.cap() && self.ready(self.head.wrapping_add(n)) {
@@ -353,6 +355,7 @@ impl Consumer {
     }
 
     /// Pops one descriptor.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn pop(&mut self) -> Result<Option<Descriptor>, RingError> {
         let mut d = [Descriptor::default()];
         Ok((self.pop_burst(&mut d)? == 1).then_some(d[0]))
@@ -393,8 +396,31 @@ impl Consumer {
             // Release: our reads of the slots happen before the producer may
             // reuse them; pairs with its Acquire load of head in `free_for`.
             self.ring.hdr().head.store(self.head, Ordering::Release);
+        } else if n == 0 {
+            self.check_idle()?;
         }
         Ok(n)
+    }
+
+    /// With nothing to read: checks the words another process may have
+    /// forged. The slot at the head holds `head + 1` once published, and
+    /// its last lap's `head + 1 - cap` until then; anything else was
+    /// written by neither end, and waiting on it would wedge the channel:
+    /// [`RingError`]. The shared head, which only this consumer writes,
+    /// must equal its own copy: a forged one could show the producer a
+    /// full ring that nobody would ever drain, so it is put back.
+    #[inline]
+    fn check_idle(&self) -> Result<(), RingError> {
+        let seq = self.ring.slot(self.head).seq.load(Ordering::Acquire);
+        let next = self.head.wrapping_add(1);
+        if seq != next && seq != next.wrapping_sub(self.ring.cap()) {
+            return Err(RingError);
+        }
+        let shared = &self.ring.hdr().head;
+        if shared.load(Ordering::Relaxed) != self.head {
+            shared.store(self.head, Ordering::Release);
+        }
+        Ok(())
     }
 
     /// A [`Watch`] on this ring.
@@ -408,6 +434,62 @@ impl Consumer {
     #[inline]
     pub fn is_empty(&mut self) -> bool {
         !self.ready(self.head)
+    }
+}
+
+/// The ends of channel `channel`'s rings in `seg` for the stack on side
+/// `dir`: it produces into ring `dir` and consumes the other (the manager
+/// gives each ring of a channel one producer and one consumer).
+pub(crate) fn channel_ends(seg: &Segment, channel: u32, dir: usize) -> (Producer, Consumer) {
+    let cap = seg.ring_capacity();
+    let keep: Arc<dyn Send + Sync> = seg.region().clone();
+    let (th, ts) = seg.ring_ptrs(channel, dir);
+    let (rh, rs) = seg.ring_ptrs(channel, 1 - dir);
+    // SAFETY: the pointers come from the validated segment and stay
+    // valid while `keep` (the mapping) lives; the manager gives each
+    // ring of a channel exactly one producer and one consumer.
+    unsafe {
+        (
+            Producer::new(RawRing::new(th, ts, cap, keep.clone())),
+            Consumer::new(RawRing::new(rh, rs, cap, keep)),
+        )
+    }
+}
+
+impl RingWatch for Watch {
+    fn has_data(&self) -> bool {
+        Watch::has_data(self)
+    }
+}
+
+impl DescProducer for Producer {
+    fn push_burst(&mut self, ds: &[Descriptor]) -> Result<usize, RingError> {
+        Producer::push_burst(self, ds)
+    }
+    fn push_one(&mut self, words: (u64, u64)) -> Result<bool, RingError> {
+        Producer::push_one(self, Descriptor::from_words(words))
+    }
+    fn room(&mut self, want: u32) -> Result<u32, RingError> {
+        Producer::room_for(self, want)
+    }
+    fn prefetch_next(&self) {
+        Producer::prefetch_next(self)
+    }
+    #[cfg(any(test, feature = "test-support"))]
+    fn __publish_count(&mut self, count: u32) -> Result<bool, RingError> {
+        Producer::__publish_count(self, count)
+    }
+}
+
+impl DescConsumer for Consumer {
+    fn pop_burst(&mut self, out: &mut [Descriptor]) -> Result<usize, RingError> {
+        Consumer::pop_burst(self, out)
+    }
+    fn has_data(&mut self) -> bool {
+        !self.is_empty()
+    }
+    fn watch(&self) -> Box<dyn RingWatch> {
+        Box::new(Consumer::watch(self))
     }
 }
 
@@ -482,7 +564,7 @@ mod tests {
 
     #[test]
     fn a_descriptor_pushed_as_words_arrives_whole() {
-        use crate::backend::DescProducer;
+        use crate::backend::traits::DescProducer;
         let (mut p, mut c) = heap_ring(2);
         let odd = Descriptor {
             index: u32::MAX,

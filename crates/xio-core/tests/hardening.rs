@@ -1,0 +1,352 @@
+//! What a process that can write the shared segment, or reach the
+//! manager's socket, must not be able to do to everyone else: each test
+//! does what an outside attack on the pool did, and checks that the pool,
+//! the manager and the other stacks come through.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+
+use common::*;
+use xio_core::layout::bufword;
+use xio_core::proto::{ErrorCode, Msg};
+use xio_core::stack::{Error, Stack};
+use xio_core::PoolConfig;
+
+#[test]
+fn child_main() {
+    let Some((role, a)) = child_role() else {
+        return;
+    };
+    die_with_parent();
+    match role.as_str() {
+        "flood" => flood(&a[0]),
+        "attach" => match Stack::attach(&a[0]) {
+            Ok(_) => println!("XIO:attached ok"),
+            Err(e) => println!("XIO:attached {e}"),
+        },
+        r => panic!("unknown role {r}"),
+    }
+}
+
+/// Connects to the manager's socket again and again and never says
+/// anything, keeping the newest 400 connections open, until killed.
+fn flood(prefix: &str) {
+    let path = xio_core::paths::socket_path(prefix);
+    let mut held = std::collections::VecDeque::new();
+    println!("XIO:flooding");
+    loop {
+        match xio_core::ctrl::connect(&path) {
+            Ok(s) => {
+                held.push_back(s);
+                if held.len() > 400 {
+                    held.pop_front();
+                }
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
+        }
+    }
+}
+
+/// A buffer whose header names an owner no stack holds (written by a
+/// process that can write the segment) was never reclaimed: no stack
+/// frees it and no death names its owner, so it stayed "in use" until
+/// the manager restarted, and random header writes drained the pool for
+/// good. The manager now gives back what is held in the name of no stack.
+#[test]
+fn buffers_held_in_the_name_of_no_stack_come_back() {
+    setup();
+    let p = prefix("orphans");
+    let mgr = manager_builder(&p).spawn().unwrap();
+    let stack = Stack::attach(&p).unwrap();
+    let seg = stack.__segment();
+    let count = seg.classes()[0].count;
+    let n = count.min(100);
+    // Owner 65535 (no stack), owner 0 (the manager, which holds none) and
+    // the id of a slot nobody uses, in states a live stack's buffer has.
+    for i in 0..n {
+        let owner = match i % 3 {
+            0 => 65535,
+            1 => 0,
+            _ => seg.max_stacks() as u16 - 1,
+        };
+        let state = [bufword::ALLOCATED, bufword::HELD, bufword::CACHED][i as usize % 3];
+        let h = seg.buf_header(0, i).unwrap();
+        let gen = bufword::gen(h.word.load(Ordering::Relaxed));
+        h.word
+            .store(bufword::pack(state, owner, gen), Ordering::Relaxed);
+    }
+    assert!(!mgr.pool_is_whole());
+    // The count is written just after the pool is whole again.
+    wait_until("the overwritten buffers back in the pool", || {
+        mgr.pool_is_whole() && mgr.snapshot().orphans > 0
+    });
+    assert_eq!(mgr.snapshot().orphans, u64::from(n));
+    // Every buffer of the class can be had again.
+    let bufs: Vec<_> = (0..count).map(|_| stack.try_alloc(1).unwrap()).collect();
+    assert_eq!(bufs.len(), count as usize);
+    drop(bufs);
+    drop(stack);
+    wait_pool_whole(&mgr);
+    mgr.stop();
+}
+
+/// `FUTEX_OWNER_DIED`: what the kernel leaves in a dead manager's
+/// liveness word.
+const OWNER_DIED: u32 = 0x4000_0000;
+
+/// One forged 4-byte value in the manager's liveness word made every
+/// stack believe the manager dead for the rest of its life: stacks
+/// stopped reading their control sockets, the process-wide net attached
+/// again and again and new connections were refused. A stack now confirms
+/// a death from its control socket, and the manager puts its word back.
+#[test]
+fn a_forged_liveness_word_does_not_pass_for_the_managers_death() {
+    use std::io::{Read, Write};
+    setup();
+    let p = prefix("liveness");
+    let mgr = manager_builder(&p).spawn().unwrap();
+    let net = xio_core::net::Net::attach(&p).unwrap();
+    let listener = net.listen("10.9.0.1:80").unwrap();
+    let probe = Stack::attach(&p).unwrap();
+    let word = probe.__segment().manager_alive();
+    for forged in [OWNER_DIED, OWNER_DIED | 0x8000_0000] {
+        word.store(forged, Ordering::SeqCst);
+        assert!(!net.manager_gone(), "a forged word passed for a death");
+        // The net still makes connections, which need the manager.
+        let mut c = net.connect("10.9.0.1:80").unwrap();
+        let (mut s, _) = listener.accept().unwrap();
+        c.write_all(b"ping").unwrap();
+        let mut got = [0u8; 4];
+        s.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"ping");
+        assert!(!net.manager_gone());
+        // The manager puts its own value back.
+        wait_until("the liveness word put back", || {
+            word.load(Ordering::SeqCst) & OWNER_DIED == 0
+        });
+    }
+    assert!(mgr.snapshot().liveness_repairs >= 2);
+    assert_eq!(
+        mgr.snapshot().stacks.len(),
+        2,
+        "no stack gave its manager up"
+    );
+    drop((listener, net, probe));
+    wait_pool_whole(&mgr);
+    mgr.stop();
+}
+
+/// A flood of connections that never said Hello pushed legitimate
+/// newcomers out (the manager kept 256 and dropped the oldest):
+/// `Stack::attach` failed 98 of 100 times, reporting the manager gone.
+/// One process may now keep 16 such connections; more are refused, and
+/// a full table drops the connections of the process that has most.
+#[test]
+fn a_flood_of_silent_connections_does_not_keep_stacks_out() {
+    setup();
+    let p = prefix("flood");
+    let mgr = manager_builder(&p).spawn().unwrap();
+    let mut flood = ChildProc::spawn("child_main", "flood", std::slice::from_ref(&p));
+    flood.expect("flooding");
+    for i in 0..50 {
+        if let Err(e) = Stack::attach(&p) {
+            panic!("attach {i} during the flood: {e}");
+        }
+    }
+    flood.kill9();
+    wait_pool_whole(&mgr);
+    mgr.stop();
+}
+
+/// One process attaching in a loop took every stack slot ("no free stack
+/// slot" for everyone else). It may now have all but an eighth (at most
+/// 8) of them, is told so past that, and another process still attaches.
+#[test]
+fn one_process_cannot_take_every_stack_slot() {
+    setup();
+    let p = prefix("slots");
+    let mgr = manager_builder(&p)
+        .pool(PoolConfig {
+            max_stacks: 16,
+            ..PoolConfig::default()
+        })
+        .spawn()
+        .unwrap();
+    let mine: Vec<Stack> = (0..14).map(|_| Stack::attach(&p).unwrap()).collect();
+    match Stack::attach(&p) {
+        Err(Error::Refused {
+            code: ErrorCode::NoSpace,
+            message,
+        }) => assert!(
+            message.contains("the most one process may have"),
+            "{message}"
+        ),
+        other => panic!("a 15th stack of one process: {other:?}"),
+    }
+    let mut other = ChildProc::spawn("child_main", "attach", std::slice::from_ref(&p));
+    assert_eq!(other.expect("attached"), "ok");
+    other.wait_success();
+    drop(mine);
+    wait_pool_whole(&mgr);
+    mgr.stop();
+}
+
+/// A connection that says nothing is dropped after 10 s, told why.
+#[test]
+fn a_silent_connection_is_told_why_it_is_dropped() {
+    use std::os::fd::AsFd;
+    setup();
+    let p = prefix("silent");
+    let mgr = manager_builder(&p).spawn().unwrap();
+    let s = xio_core::ctrl::connect(&xio_core::paths::socket_path(&p)).unwrap();
+    match xio_core::ctrl::recv(s.as_fd(), false) {
+        Ok((
+            Msg::Error {
+                code: ErrorCode::Busy,
+                message,
+            },
+            _,
+        )) => assert!(message.contains("no Hello"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    mgr.stop();
+}
+
+/// A free-list gate held closed by a process that can write the segment
+/// made every allocation that needed the shared list wait at full CPU,
+/// ignoring its caller's timeout, for good. A wait for a gate now gives
+/// up after a bound (a shortage: the caller's own wait and timeout
+/// apply), and the manager reopens a gate it finds closed outside a sweep.
+#[test]
+fn a_gate_held_closed_by_another_process_is_reopened() {
+    setup();
+    let p = prefix("gate");
+    let mgr = manager_builder(&p).spawn().unwrap();
+    let stack = Stack::attach(&p).unwrap();
+    let seg = stack.__segment();
+    for c in 0..seg.classes().len() {
+        seg.free_head(c).gate.store(1, Ordering::SeqCst);
+    }
+    // Not waiting: a shortage, not a dead manager.
+    assert!(matches!(stack.try_alloc(1), Err(Error::WouldBlock)));
+    // Waiting: served once the manager has reopened the gate.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let t = {
+        let (p, done) = (p.clone(), done.clone());
+        std::thread::spawn(move || {
+            let s = Stack::attach(&p).unwrap();
+            let b = s.alloc(1).unwrap();
+            done.store(true, Ordering::SeqCst);
+            drop(b);
+        })
+    };
+    wait_until("an allocation behind a forged gate", || {
+        done.load(Ordering::SeqCst)
+    });
+    t.join().unwrap();
+    wait_until("the gates counted as reopened", || {
+        mgr.snapshot().gate_repairs > 0
+    });
+    assert!((0..seg.classes().len()).all(|c| seg.free_head(c).gate.load(Ordering::SeqCst) == 0));
+    drop(stack);
+    wait_pool_whole(&mgr);
+    mgr.stop();
+}
+
+/// A published descriptor's sequence number overwritten by a process that
+/// can write the segment left its receiver waiting on it for ever, and
+/// the channel wedged once the sender filled the ring. The receiver now
+/// finds a sequence number neither end could have written and gives the
+/// channel up (a reset), counting it as corrupt.
+#[test]
+fn a_forged_ring_sequence_resets_the_channel_instead_of_wedging_it() {
+    let (mgr, mut b, mut a, peer) = manager_and_pair("ringseq", "10.9.1.1:7".parse().unwrap());
+    let mut buf = a.alloc(4).unwrap();
+    buf.copy_from(b"ping");
+    a.send(peer, buf).unwrap();
+    // Slot 0's sequence number (word 12 of the ring a writes).
+    assert!(a.__scribble_ring(peer, 12, 0xdead_beef).unwrap());
+    // A watchdog, not a time bound: before, this waited for ever.
+    match b.recv_timeout(WATCHDOG) {
+        Err(Error::TimedOut) => panic!("the receiver waited on a forged sequence number"),
+        other => drop(other),
+    }
+    assert!(b.corrupt_descriptors() > 0);
+    drop((a, b));
+    wait_pool_whole(&mgr);
+    mgr.stop();
+}
+
+/// The consumer's index of a ring, forged to show its producer a full
+/// ring, wedged the channel: the consumer, finding nothing to read, never
+/// wrote its index again. It now puts its own index back whenever it
+/// finds nothing to read.
+#[test]
+fn a_forged_consumer_index_is_put_back() {
+    let (mgr, mut b, mut a, to_b) = manager_and_pair("ringhead", "10.9.1.2:7".parse().unwrap());
+    // A ring's worth, one slot each, read: a's cached view of the index
+    // is still 0, so its next send reads the shared index.
+    let cap = b.__segment().ring_capacity();
+    for _ in 0..cap {
+        let mut buf = a.alloc(4).unwrap();
+        buf.copy_from(b"ping");
+        a.send(to_b, buf).unwrap();
+    }
+    let mut to_a = None;
+    for _ in 0..cap {
+        to_a = Some(b.recv().unwrap().from);
+    }
+    let to_a = to_a.unwrap();
+    // Written and read: tail and head are `cap`. A head of 0 shows the
+    // producer a full ring.
+    assert!(b.__scribble_ring(to_a, u32::MAX, 0).unwrap());
+    // b looks, finds nothing, and puts its index back.
+    assert!(matches!(
+        b.recv_timeout(std::time::Duration::ZERO),
+        Err(Error::TimedOut)
+    ));
+    let mut buf = a.alloc(4).unwrap();
+    buf.copy_from(b"pong");
+    if let Err((e, _)) = a.try_send(to_b, buf) {
+        panic!("the ring still looks full: {e}");
+    }
+    assert_eq!(&b.recv().unwrap().buf[..], b"pong");
+    drop((a, b));
+    wait_pool_whole(&mgr);
+    mgr.stop();
+}
+
+/// A sleeper's `sleeping` word cleared by a process that can write the
+/// segment: producers ring a stack only if that word says it sleeps, and
+/// its sleep has no timer, so it slept for good while its ring filled.
+/// The manager now wakes a stack whose ring held something for it for a
+/// whole look (every 2 s) with its index unmoved.
+#[test]
+fn a_cleared_sleeping_word_costs_a_sleeper_its_wake_up_only_for_a_while() {
+    let (mgr, mut b, mut a, to_b) = manager_and_pair("sleeping", "10.9.1.3:7".parse().unwrap());
+    let b_id = b.id().0;
+    let reader = std::thread::spawn(move || {
+        b.set_wait_mode(xio_core::WaitMode::Blocking);
+        let m = b.recv().unwrap();
+        let got = m.buf.to_vec();
+        drop(m);
+        (b, got)
+    });
+    let sleeping = &a.__segment().stack_slot(b_id).sleeping;
+    wait_until("b asleep", || {
+        sleeping.load(Ordering::SeqCst) == xio_core::layout::SLEEP_FUTEX
+    });
+    // Forged: b looks awake, so a does not ring it.
+    sleeping.store(0, Ordering::SeqCst);
+    let mut buf = a.alloc(4).unwrap();
+    buf.copy_from(b"ping");
+    a.send(to_b, buf).unwrap();
+    wait_until("b woken by the manager", || reader.is_finished());
+    let (b, got) = reader.join().unwrap();
+    assert_eq!(got, b"ping");
+    assert!(mgr.snapshot().nudges >= 1);
+    drop((a, b));
+    wait_pool_whole(&mgr);
+    mgr.stop();
+}
