@@ -27,6 +27,7 @@ const (
 	codeNoSpace          = C.XIO_ERR_NO_SPACE
 	codePeerBusy         = C.XIO_ERR_PEER_BUSY
 	codeManagerRunning   = C.XIO_ERR_MANAGER_RUNNING
+	codePermission       = C.XIO_ERR_PERMISSION_DENIED
 	codeInvalidHandle    = C.XIO_ERR_INVALID_HANDLE
 	codeProtocol         = C.XIO_ERR_PROTOCOL
 	codeInternal         = C.XIO_ERR_INTERNAL
@@ -110,6 +111,9 @@ func (e *Error) Unwrap() error {
 		return ErrPeerBusy
 	case codeManagerRunning:
 		return ErrManagerRunning
+	case codePermission:
+		// errors.Is(err, os.ErrPermission) holds, as for a socket.
+		return syscall.EACCES
 	case codeProtocol:
 		return syscall.EPROTO
 	case codeSystemCallFailed:

@@ -327,6 +327,15 @@ typedef uint16_t xio_peer;
  */
 #define XIO_ERR_MANAGER_RUNNING 21
 
+/**
+ * Not allowed: the pool's manager does not admit this process's user or
+ * groups (`xio-manager --allow-uid` / `--allow-gid` admit more), or the
+ * process listening on the pool's socket runs as a user this one does
+ * not trust (see `XIO_RUN_DIR` in docs/operations.md). `xio_last_error`
+ * names the rule.
+ */
+#define XIO_ERR_PERMISSION_DENIED 22
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus

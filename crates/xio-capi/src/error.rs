@@ -86,6 +86,12 @@ pub const XIO_ERR_PEER_BUSY: XioResult = 20;
 /// Another manager already runs for that pool prefix
 /// (`xio_manager_spawn`).
 pub const XIO_ERR_MANAGER_RUNNING: XioResult = 21;
+/// Not allowed: the pool's manager does not admit this process's user or
+/// groups (`xio-manager --allow-uid` / `--allow-gid` admit more), or the
+/// process listening on the pool's socket runs as a user this one does
+/// not trust (see `XIO_RUN_DIR` in docs/operations.md). `xio_last_error`
+/// names the rule.
+pub const XIO_ERR_PERMISSION_DENIED: XioResult = 22;
 
 /// An error on its way to C: a code and the message for `xio_last_error`.
 #[derive(Debug)]
@@ -147,6 +153,7 @@ impl From<io::Error> for Fail {
             io::ErrorKind::InvalidData => XIO_ERR_PROTOCOL,
             // The net's connection table is full (`ConnError::TooMany`).
             io::ErrorKind::OutOfMemory => XIO_ERR_NO_SPACE,
+            io::ErrorKind::PermissionDenied => XIO_ERR_PERMISSION_DENIED,
             _ => XIO_ERR_IO,
         };
         Fail::new(code, e.to_string())
@@ -176,6 +183,11 @@ fn stack_code(e: &StackError) -> XioResult {
             code: ErrorCode::NoSpace,
             ..
         } => XIO_ERR_NO_SPACE,
+        StackError::Refused {
+            code: ErrorCode::PermissionDenied,
+            ..
+        }
+        | StackError::UntrustedManager { .. } => XIO_ERR_PERMISSION_DENIED,
         StackError::Refused { .. } => XIO_ERR_PROTOCOL,
         StackError::Reset(_) => XIO_ERR_CONNECTION_RESET,
         StackError::NotConnected(_) => XIO_ERR_NOT_CONNECTED,
@@ -281,6 +293,7 @@ pub extern "C" fn xio_strerror(code: XioResult) -> *const c_char {
         XIO_ERR_NO_SPACE => c"no free stack, channel or connection slot",
         XIO_ERR_PEER_BUSY => c"the process bound to the address is not reading its control socket",
         XIO_ERR_MANAGER_RUNNING => c"another X-IO manager runs for this pool prefix",
+        XIO_ERR_PERMISSION_DENIED => c"permission denied: not in the pool's security domain",
         _ => c"unknown error",
     };
     s.as_ptr()

@@ -261,6 +261,8 @@ pub struct PeerCred {
     pub pid: Option<u32>,
     /// Its effective user id.
     pub uid: u32,
+    /// Its effective group id.
+    pub gid: u32,
 }
 
 /// The kernel's record of a Unix socket's peer (`SO_PEERCRED`).
@@ -293,7 +295,41 @@ pub fn peer_cred(sock: impl AsFd) -> io::Result<PeerCred> {
     Ok(PeerCred {
         pid: u32::try_from(c.pid).ok().filter(|&p| p != 0),
         uid: c.uid,
+        gid: c.gid,
     })
+}
+
+/// The supplementary groups of a Unix socket's peer, as the kernel
+/// recorded them at `connect` (`SO_PEERGROUPS`, Linux 4.13 and later).
+pub fn peer_groups(sock: impl AsFd) -> io::Result<Vec<u32>> {
+    let mut groups = vec![0 as libc::gid_t; 64];
+    loop {
+        let mut len = std::mem::size_of_val(groups.as_slice()) as libc::socklen_t;
+        // SAFETY: `groups` is a writable array of `len` bytes; the kernel
+        // writes at most `len` bytes and sets `len` to what it wrote (or,
+        // with ERANGE, to what it needs). The fd is borrowed for the call.
+        let r = unsafe {
+            libc::getsockopt(
+                sock.as_fd().as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if r == 0 {
+            groups.truncate(len as usize / std::mem::size_of::<libc::gid_t>());
+            return Ok(groups);
+        }
+        let e = io::Error::last_os_error();
+        let need = len as usize / std::mem::size_of::<libc::gid_t>();
+        // The kernel caps a process's groups at 65,536 (NGROUPS_MAX).
+        if e.raw_os_error() == Some(libc::ERANGE) && need > groups.len() && need <= 1 << 16 {
+            groups.resize(need, 0);
+            continue;
+        }
+        return Err(e);
+    }
 }
 
 /// Sets a socket's blocking mode.

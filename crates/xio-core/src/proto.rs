@@ -19,7 +19,8 @@
 //! error), keeping its later replies matched. So an older library under
 //! a newer manager sees that one request fail, with a less precise error,
 //! and goes on; a new version would instead have refused every packet
-//! between the two. [`ErrorCode::Busy`] (8) came this way.
+//! between the two. [`ErrorCode::Busy`] (8) and
+//! [`ErrorCode::PermissionDenied`] (9) came this way.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
@@ -80,6 +81,11 @@ pub enum ErrorCode {
     /// protocol version (see the module's docs): an older stack fails the
     /// connect with a protocol error instead.
     Busy = 8,
+    /// The connecting process is not in the manager's security domain
+    /// (its uid and groups are not among those the manager allows; see
+    /// `xio-manager --allow-uid` / `--allow-gid`). Added without a new
+    /// protocol version, as [`ErrorCode::Busy`].
+    PermissionDenied = 9,
 }
 
 impl ErrorCode {
@@ -94,6 +100,7 @@ impl ErrorCode {
             6 => Unexpected,
             7 => Internal,
             8 => Busy,
+            9 => PermissionDenied,
             _ => return None,
         })
     }

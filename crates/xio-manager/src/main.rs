@@ -48,6 +48,16 @@ struct Cli {
     /// pushed together.
     #[arg(long, default_value_t = 1024)]
     ring_capacity: u32,
+    /// Also admit this user's processes to the pool (a uid or a user
+    /// name; repeat, or separate with commas). The default domain is the
+    /// manager's own user and root. Whoever is admitted can read and write
+    /// every buffer of the pool.
+    #[arg(long = "allow-uid", value_name = "USER", value_delimiter = ',', value_parser = parse_uid)]
+    allow_uids: Vec<u32>,
+    /// Also admit processes whose group or supplementary group is this
+    /// one (a gid or a group name; repeat, or separate with commas).
+    #[arg(long = "allow-gid", value_name = "GROUP", value_delimiter = ',', value_parser = parse_gid)]
+    allow_gids: Vec<u32>,
     /// Serve Prometheus metrics (text format) on this local address:
     /// `127.0.0.1:PORT` (a loopback address) or `unix:/path/to/socket`.
     /// Off by default. The metric list is in docs/operations.md.
@@ -64,6 +74,38 @@ struct Cli {
 enum Cmd {
     /// Print the running manager's services, channels and buffers in use.
     Status,
+}
+
+/// A uid, or a user name looked up in the system's user database.
+fn parse_uid(s: &str) -> anyhow::Result<u32> {
+    if let Ok(n) = s.parse() {
+        return Ok(n);
+    }
+    let name = std::ffi::CString::new(s).context("a user name holds no NUL")?;
+    // SAFETY: `name` is a NUL-terminated string; getpwnam returns NULL or
+    // a pointer to a record valid until the next such call, read at once
+    // (clap parses on this thread, before any other thread looks users up).
+    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+    if pw.is_null() {
+        bail!("no user {s:?} (give a user name or a numeric uid)");
+    }
+    // SAFETY: non-NULL: a valid passwd record (above).
+    Ok(unsafe { (*pw).pw_uid })
+}
+
+/// A gid, or a group name looked up in the system's group database.
+fn parse_gid(s: &str) -> anyhow::Result<u32> {
+    if let Ok(n) = s.parse() {
+        return Ok(n);
+    }
+    let name = std::ffi::CString::new(s).context("a group name holds no NUL")?;
+    // SAFETY: as in `parse_uid`, for getgrnam and its group record.
+    let gr = unsafe { libc::getgrnam(name.as_ptr()) };
+    if gr.is_null() {
+        bail!("no group {s:?} (give a group name or a numeric gid)");
+    }
+    // SAFETY: non-NULL: a valid group record (above).
+    Ok(unsafe { (*gr).gr_gid })
 }
 
 fn parse_size(s: &str) -> anyhow::Result<u32> {
@@ -131,6 +173,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     ])
     .context("install signal handlers")?;
     let mut builder = Manager::builder(&prefix).pool(pool);
+    for &uid in &cli.allow_uids {
+        builder = builder.allow_uid(uid);
+    }
+    for &gid in &cli.allow_gids {
+        builder = builder.allow_gid(gid);
+    }
     if let Some(n) = cli.max_stacks_per_process {
         builder = builder.max_stacks_per_process(n);
     }

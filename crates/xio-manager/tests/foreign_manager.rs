@@ -1,8 +1,10 @@
-//! A stack attaches only to a manager of its own user or root's: whoever
-//! answers on the socket gets every byte the stack sends, and a run dir
-//! may be shared (`XIO_RUN_DIR` pointed at a common directory, or a
-//! socket bind-mounted into a container). One test in this binary: it
-//! sets `XIO_RUN_DIR` for the whole process.
+//! A stack attaches only to a manager it trusts: whoever answers on the
+//! socket gets every byte the stack sends, and a run dir may be shared
+//! (`XIO_RUN_DIR` pointed at a common directory, or a socket bind-mounted
+//! into a container). A manager of another user is trusted only in a run
+//! dir `XIO_RUN_DIR` names that belongs to that user alone (joining its
+//! domain on purpose); in a directory every user may write to, never. One
+//! test in this binary: it sets `XIO_RUN_DIR` for the whole process.
 
 mod support;
 
@@ -22,7 +24,14 @@ fn a_stack_refuses_a_manager_run_by_another_user() {
     let _ = std::fs::remove_dir_all(&base);
     let dir = base.join("run");
     std::fs::create_dir_all(&dir).unwrap();
-    std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+    // Everyone's (sticky, as /tmp): the manager may start there, no stack
+    // of another user trusts it.
+    std::fs::set_permissions(&dir, {
+        let mut p = perms(&dir);
+        std::os::unix::fs::PermissionsExt::set_mode(&mut p, 0o1777);
+        p
+    })
+    .unwrap();
     // Set before any stack reads it; no other test runs in this binary.
     std::env::set_var("XIO_RUN_DIR", &dir);
 
@@ -45,16 +54,33 @@ fn a_stack_refuses_a_manager_run_by_another_user() {
     );
 
     match xio_core::stack::Stack::attach("foreign") {
-        Err(xio_core::stack::Error::NoManager { err, .. }) => {
-            assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied, "{err}");
-            assert!(err.to_string().contains("uid 65534"), "{err}");
+        Err(e @ xio_core::stack::Error::UntrustedManager { uid: 65534, .. }) => {
+            let io = std::io::Error::from(e);
+            assert_eq!(io.kind(), std::io::ErrorKind::PermissionDenied, "{io}");
+            assert!(io.to_string().contains("XIO_RUN_DIR"), "{io}");
         }
         Err(e) => panic!("refused for another reason: {e}"),
-        Ok(_) => panic!("a root stack attached to uid 65534's manager"),
+        Ok(_) => panic!("a root stack attached to uid 65534's manager in a common dir"),
     }
+    // The same manager in a run dir of its user's alone, named by
+    // XIO_RUN_DIR: the stack joins its domain (root is in every one).
+    std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(&dir, {
+        let mut p = perms(&dir);
+        std::os::unix::fs::PermissionsExt::set_mode(&mut p, 0o755);
+        p
+    })
+    .unwrap();
+    let joined = xio_core::stack::Stack::attach("foreign");
+    assert!(joined.is_ok(), "{:?}", joined.err());
+    drop(joined);
     // The manager saw a connection close before its Hello, nothing else.
     assert!(m.0.try_wait().unwrap().is_none(), "the manager died");
     m.signal(rustix::process::Signal::TERM);
     assert!(m.0.wait().unwrap().success());
     let _ = std::fs::remove_dir_all(&base);
+}
+
+fn perms(p: &std::path::Path) -> std::fs::Permissions {
+    std::fs::metadata(p).unwrap().permissions()
 }

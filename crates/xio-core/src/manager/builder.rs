@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -16,6 +17,7 @@ use crate::layout::PoolConfig;
 use crate::paths;
 use crate::segment::SegmentError;
 
+use super::domain::Domain;
 use super::error::io_err;
 use super::outbox::OUTBOX_FDS_SHARE;
 use super::{Manager, ManagerError, Snapshot};
@@ -27,6 +29,8 @@ pub struct ManagerBuilder {
     pool: PoolConfig,
     backend: Backend,
     max_stacks_per_process: Option<u32>,
+    allow_uids: Vec<u32>,
+    allow_gids: Vec<u32>,
 }
 
 impl ManagerBuilder {
@@ -52,6 +56,23 @@ impl ManagerBuilder {
         self
     }
 
+    /// Admits processes of user `uid` to the pool, besides the manager's
+    /// own user and root (the default domain). Repeat for more users.
+    /// Whoever attaches can read and write every buffer of the pool: allow
+    /// only users whose services may see each other's traffic. See
+    /// docs/operations.md, "Security domains".
+    pub fn allow_uid(mut self, uid: u32) -> Self {
+        self.allow_uids.push(uid);
+        self
+    }
+
+    /// Admits processes whose effective group or one of whose
+    /// supplementary groups is `gid`. Repeat for more groups.
+    pub fn allow_gid(mut self, gid: u32) -> Self {
+        self.allow_gids.push(gid);
+        self
+    }
+
     /// Creates the pool and takes the prefix: after this returns, stacks can
     /// connect (their requests are served once [`Manager::run`] runs).
     pub fn bind(self) -> Result<Manager, ManagerError> {
@@ -67,12 +88,19 @@ impl Manager {
             pool: PoolConfig::default(),
             backend: Backend::default(),
             max_stacks_per_process: None,
+            allow_uids: Vec::new(),
+            allow_gids: Vec::new(),
         }
     }
 
     fn bind(b: ManagerBuilder) -> Result<Manager, ManagerError> {
         paths::check_prefix(&b.prefix)?;
         let geo = b.pool.geometry().map_err(SegmentError::from)?;
+        let domain = Domain::new(
+            rustix::process::geteuid().as_raw(),
+            b.allow_uids.clone(),
+            b.allow_gids.clone(),
+        );
         let dir = paths::run_dir();
         // Made private (only what is missing): the socket in it is one
         // every stack of the user trusts.
@@ -80,6 +108,9 @@ impl Manager {
             .create(&dir)
             .map_err(io_err(format!("create {}", dir.display())))?;
         check_run_dir(&dir)?;
+        if domain.shared() {
+            open_run_dir(&dir)?;
+        }
         let lock_path = paths::lock_path(&b.prefix);
         let Some(lock) = LockFile::acquire(&lock_path)
             .map_err(io_err(format!("lock {}", lock_path.display())))?
@@ -108,6 +139,11 @@ impl Manager {
         let listener =
             ctrl::listen(&staged.0).map_err(io_err(format!("listen on {}", staged.0.display())))?;
         ctrl::set_nonblocking(&listener, true).map_err(io_err("set listener non-blocking"))?;
+        // Anyone allowed must be able to connect (the credential check
+        // decides); no one else need.
+        let mode = if domain.shared() { 0o666 } else { 0o600 };
+        std::fs::set_permissions(&staged.0, std::fs::Permissions::from_mode(mode))
+            .map_err(io_err(format!("chmod {}", staged.0.display())))?;
         let (seg, pool, backend) = ManagerBackend::start(b.backend, &b.prefix, &b.pool, &geo)?;
         let stop = Arc::new(EventFdDoorbell::new().map_err(io_err("eventfd"))?);
         // The rename keeps the inode: what the path names until someone
@@ -126,6 +162,7 @@ impl Manager {
             segment_mib = seg.region().len() >> 20,
             backend = ?b.backend,
             classes = ?b.pool.classes,
+            domain = %domain.describe(),
             "manager ready"
         );
         Ok(Manager {
@@ -156,7 +193,7 @@ impl Manager {
                 (lim.current.unwrap_or(1 << 20) / OUTBOX_FDS_SHARE) as usize
             },
             snapshot: Arc::new(Mutex::new(Snapshot::default())),
-            uid: rustix::process::geteuid().as_raw(),
+            domain,
             accept_paused: None,
             accept_failing: false,
         })
@@ -202,6 +239,25 @@ fn check_run_dir(dir: &std::path::Path) -> Result<(), ManagerError> {
             err: io::Error::from(io::ErrorKind::PermissionDenied),
         }),
     }
+}
+
+/// Gives the users of a shared domain search permission on the run dir
+/// (`o+x`, `g+x`): they must reach the socket in it. Only on a dir of the
+/// manager's own user; one root or an operator made is left as it is (its
+/// maker chose who reaches it). Never read or write permission: the names
+/// in it are not listed, and no one else can add one.
+fn open_run_dir(dir: &std::path::Path) -> Result<(), ManagerError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let md = std::fs::metadata(dir).map_err(io_err(format!("stat {}", dir.display())))?;
+    if md.uid() != rustix::process::geteuid().as_raw() {
+        return Ok(());
+    }
+    let mode = md.mode() & 0o7777;
+    if mode & 0o011 != 0o011 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o011))
+            .map_err(io_err(format!("chmod {}", dir.display())))?;
+    }
+    Ok(())
 }
 
 /// A manager's hold on its pool's lock file, `<run dir>/<prefix>.lock`: an

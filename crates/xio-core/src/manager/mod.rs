@@ -14,6 +14,7 @@
 //! - `error.rs`: [`ManagerError`];
 //! - `builder.rs`: [`ManagerBuilder`] and starting a manager: the run dir,
 //!   the lock file, the control socket and the pool;
+//! - `domain.rs`: the security domain: who may attach;
 //! - `handle.rs`: a manager running on a thread ([`ManagerHandle`],
 //!   [`Stopper`]) and what it shows ([`Snapshot`]);
 //! - `serve.rs`: the serve loop: polling, accepting, and the requests of
@@ -52,6 +53,7 @@ pub use crate::status::{query_status, query_status_within};
 mod builder;
 mod channels;
 mod death;
+mod domain;
 mod error;
 mod handle;
 mod metrics;
@@ -187,7 +189,8 @@ pub struct Manager {
     /// at start).
     outbox_fd_budget: usize,
     snapshot: Arc<Mutex<Snapshot>>,
-    uid: u32,
+    /// Who may attach (see `domain.rs`).
+    domain: domain::Domain,
     /// Accepting failed (out of fds, most often): the listener is not
     /// polled until then. The connection that failed stays in the
     /// kernel's queue, so polling it meanwhile would spin.

@@ -204,17 +204,16 @@ impl Manager {
         loop {
             match ctrl::accept(self.listener.as_fd()) {
                 Ok(s) => {
-                    // Same user (or root) only: one pool per security domain.
-                    match ctrl::peer_cred(&s) {
-                        Ok(c) if c.uid == self.uid || c.uid == 0 => {}
-                        _ => {
-                            self.refuse(
-                                &s,
-                                ErrorCode::Unexpected,
-                                "permission denied: wrong user".into(),
-                            );
-                            continue;
-                        }
+                    // The pool is one security domain (see `domain.rs`).
+                    if let Err(why) = self.domain.admit(&s) {
+                        // Counted (`refused`); logged at debug only, as a
+                        // flood of them would flood the log.
+                        tracing::debug!(
+                            peer = ?ctrl::peer_cred(&s).ok(),
+                            "refused a process outside the security domain"
+                        );
+                        self.refuse(&s, ErrorCode::PermissionDenied, why);
+                        continue;
                     }
                     if self.accept_failing {
                         self.accept_failing = false;

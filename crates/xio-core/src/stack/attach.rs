@@ -68,6 +68,15 @@ impl StackBuilder {
     }
 
     /// Registers with the pool's manager and maps the pool.
+    ///
+    /// Only with a manager it trusts: one running as this process's user
+    /// or root, or, to join another user's security domain, as the owner
+    /// of the directory `$XIO_RUN_DIR` names when no one else can write
+    /// in it ([`Error::UntrustedManager`] otherwise). The manager in turn
+    /// admits this process only if its user or groups are in the pool's
+    /// domain ([`ErrorCode::PermissionDenied`] otherwise).
+    ///
+    /// [`ErrorCode::PermissionDenied`]: crate::proto::ErrorCode::PermissionDenied
     pub fn attach(self) -> Result<Stack, Error> {
         paths::check_prefix(&self.prefix)?;
         let ctrl_timeout = match self.ctrl_timeout {
@@ -94,34 +103,32 @@ impl StackBuilder {
         // before.
         rustix::net::sockopt::set_socket_timeout(&sock, rustix::net::sockopt::Timeout::Send, None)
             .map_err(io::Error::from)?;
-        // Only a manager of this user's (or root's): whoever answers gets
-        // every byte this stack sends, and a run dir can be shared.
+        // Only a manager this user trusts: whoever answers gets every
+        // byte this stack sends, and a run dir can be shared.
         let cred = ctrl::peer_cred(&sock)?;
         let me = rustix::process::geteuid().as_raw();
-        if cred.uid != me && cred.uid != 0 {
-            return Err(Error::NoManager {
-                prefix: self.prefix.clone(),
+        if !trusted_manager(cred.uid, me) {
+            return Err(Error::UntrustedManager {
                 path: path.display().to_string(),
-                err: io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    format!(
-                        "the socket's listener runs as uid {}, not as this user (uid {me}) \
-                         or root; refusing it",
-                        cred.uid
-                    ),
-                ),
+                uid: cred.uid,
+                me,
             });
         }
         let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
         let manager_here = cred.pid == Some(pid);
-        ctrl::send(
-            sock.as_fd(),
-            &Msg::Hello {
-                pid,
-                name: self.name.clone(),
-            },
-            &[],
-        )?;
+        let hello = Msg::Hello {
+            pid,
+            name: self.name.clone(),
+        };
+        if let Err(e) = ctrl::send(sock.as_fd(), &hello, &[]) {
+            // A manager that refuses this process (outside its security
+            // domain, too many of its connections) says why and closes,
+            // often before the Hello goes: the reason is still queued.
+            if let Ok((Msg::Error { code, message }, _)) = ctrl::recv(sock.as_fd(), true) {
+                return Err(Error::Refused { code, message });
+            }
+            return Err(e.into());
+        }
         let answer = ctrl::recv_until(sock.as_fd(), Instant::now().checked_add(ctrl_timeout));
         let (msg, mut fds) = match answer {
             Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
@@ -193,6 +200,25 @@ impl StackBuilder {
 /// A value that is not a whole number of milliseconds from 1 up is an
 /// error, not ignored: 0 would fail every request at once, and a typo
 /// would quietly give the default.
+/// Whether a manager running as `uid` may have this stack's traffic: one
+/// of this user's or root's; or, to join another user's security domain,
+/// the owner of the run dir `$XIO_RUN_DIR` names, when only that user (or
+/// root) can write in it. Only a run dir named on purpose: the default
+/// ones are this user's, and a default dir found owned by another user
+/// was squatted, never chosen.
+fn trusted_manager(uid: u32, me: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if uid == me || uid == 0 {
+        return true;
+    }
+    let Some(dir) = std::env::var_os("XIO_RUN_DIR") else {
+        return false;
+    };
+    // Followed, as the socket's path is; and every parent too would be
+    // the same question, which a run dir named by its user answers.
+    std::fs::metadata(dir).is_ok_and(|m| m.uid() == uid && m.mode() & 0o022 == 0)
+}
+
 pub(crate) fn default_control_timeout() -> Result<Duration, Error> {
     const VAR: &str = "XIO_CONTROL_TIMEOUT_MS";
     let Some(v) = std::env::var_os(VAR) else {

@@ -39,6 +39,18 @@ pub enum Error {
         /// Details.
         message: String,
     },
+    /// The process listening on the pool's control socket runs as a user
+    /// this stack does not trust with its traffic (see
+    /// [`StackBuilder::attach`] for the rule).
+    #[error("refusing the X-IO manager at {path}: it runs as uid {uid}, not as this user (uid {me}) or root, and $XIO_RUN_DIR does not name a directory of that user's that only it can write (set it to join another user's security domain)")]
+    UntrustedManager {
+        /// The socket's path.
+        path: String,
+        /// The listener's uid.
+        uid: u32,
+        /// This process's effective uid.
+        me: u32,
+    },
     /// The peer died or left; its channel is closed.
     #[error("connection reset: peer {0} is gone")]
     Reset(PeerId),
@@ -134,6 +146,11 @@ impl From<Error> for io::Error {
                 code: ErrorCode::ConnectionRefused | ErrorCode::Busy,
                 ..
             } => io::ErrorKind::ConnectionRefused,
+            Error::Refused {
+                code: ErrorCode::PermissionDenied,
+                ..
+            }
+            | Error::UntrustedManager { .. } => io::ErrorKind::PermissionDenied,
             Error::Refused { .. } => io::ErrorKind::Other,
             Error::Reset(_) => io::ErrorKind::ConnectionReset,
             Error::NotConnected(_) => io::ErrorKind::NotConnected,
