@@ -1093,6 +1093,7 @@ fn a_connect_to_a_stack_that_does_not_read_is_peer_busy_not_refused() {
             max_stacks: 300,
             max_channels: 300,
             ring_capacity: 16,
+            quotas: Vec::new(),
         },
     );
     let prefix = p.to_str().unwrap();
@@ -1911,8 +1912,10 @@ fn a_loop_asleep_on_the_fd_alone_retries_a_write_that_met_a_full_ring() {
 /// becomes readable for them and they go through.
 #[test]
 fn a_loop_asleep_on_the_fd_alone_retries_writes_that_met_an_empty_pool() {
+    // No quota: one net may hold the whole class, as this test does.
     let pool = xio_core::prelude::PoolConfig {
         classes: vec![(2 << 10, 64)],
+        quotas: vec![(2 << 10, 64)],
         ..Default::default()
     };
     let (_m, p) = manager_with("fd-alone-empty-pool", pool);

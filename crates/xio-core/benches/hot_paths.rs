@@ -56,6 +56,7 @@ fn heap_pool() -> (ManagerPool, StackPool) {
         max_stacks: 4,
         max_channels: 2,
         ring_capacity: 64,
+        quotas: Vec::new(),
     };
     let geo = cfg.geometry().unwrap();
     let seg = Segment::init(Region::heap(geo.total_len as usize).unwrap(), &cfg, &geo).unwrap();

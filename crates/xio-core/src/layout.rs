@@ -20,8 +20,10 @@ use crate::sync::{AtomicU32, AtomicU64};
 pub const MAGIC: u64 = u64::from_le_bytes(*b"XIO-SHM\x01");
 /// Bumped on any change of the layout below, or of the descriptor kinds
 /// (v4: [`kind::SYN4`]; v6: up to [`SLOT_DESCS`] descriptors per ring slot;
-/// v7: the sender of a buffer in flight in its header word, see [`bufword`]).
-pub const LAYOUT_VERSION: u32 = 7;
+/// v7: the sender of a buffer in flight in its header word, see [`bufword`];
+/// v8: per-class quotas in [`ClassInfo`], charge counters in [`StackSlot`],
+/// and the sender kept in a received buffer's word).
+pub const LAYOUT_VERSION: u32 = 8;
 /// Most size classes a pool can have.
 pub const MAX_CLASSES: usize = 8;
 /// Class value of a descriptor that carries no buffer (control kinds).
@@ -176,8 +178,13 @@ pub struct ClassInfo {
     pub buf_size: u32,
     /// Number of buffers.
     pub count: u32,
+    /// Most buffers of the class one stack may have charged to it at once
+    /// (the stack that allocated a buffer, until whoever holds it last frees
+    /// it): its quota, from [`PoolConfig::quotas`]. A stack reads it once,
+    /// at attach.
+    pub quota: u32,
     /// Reserved (zero).
-    pub _reserved: u64,
+    pub _reserved: u32,
     /// Offset of the first buffer (its header; the payload follows).
     pub data_off: u64,
     /// Offset of the `count` magazines (see `Magazine`).
@@ -308,7 +315,8 @@ pub mod bufword {
     /// In a ring, on its way to the owner (the receiver); `from` is the
     /// sender.
     pub const INFLIGHT: u8 = 3;
-    /// A received, read-only `Buf` of the owner.
+    /// A received, read-only `Buf` of the owner; `from` is the sender
+    /// (charged for it until it is freed or reused).
     pub const HELD: u8 = 4;
 
     /// Bits of the generation kept in the word (descriptors carry its low
@@ -337,10 +345,25 @@ pub mod bufword {
     pub const fn owner(w: u64) -> u16 {
         (w >> 8) as u16
     }
-    /// Sender stack id of a buffer in flight (0 otherwise).
+    /// Sender stack id of a buffer in flight or received (0 otherwise).
     #[inline]
     pub const fn from(w: u64) -> u16 {
         (w >> 24) as u16
+    }
+    /// The stack a buffer counts against (its quota): the one that
+    /// allocated it, until whoever holds it last frees it or takes it over
+    /// (reuse). So a sender pays for what it sent and its receivers did
+    /// not consume yet, and one that floods a peer that does not read
+    /// stops at its quota, not at the end of the pool. `None` for a buffer
+    /// that is free or in a private cache.
+    #[inline]
+    pub const fn charged_to(w: u64) -> Option<u16> {
+        match state(w) {
+            ALLOCATED => Some(owner(w)),
+            INFLIGHT | HELD if from(w) != 0 => Some(from(w)),
+            INFLIGHT | HELD => Some(owner(w)),
+            _ => None,
+        }
     }
     /// Generation ([`GEN_BITS`] bits).
     #[inline]
@@ -391,6 +414,16 @@ pub struct StackSlot {
     pub corrupt: AtomicU64,
     /// Times this stack's waiter went to sleep.
     pub sleeps: AtomicU64,
+    /// Per class: buffers charged to this stack so far (allocated, or
+    /// received and kept to write into), counted by the stack alone. Its
+    /// use is this less [`StackSlot::credited`]. A line of its own: the
+    /// stack writes it on every allocation.
+    pub charged: CachePadded<[AtomicU32; MAX_CLASSES]>,
+    /// Per class: buffers charged to this stack that were given back by
+    /// whoever held them last, added by the other stacks in batches. A
+    /// line of its own: written by others, read by this stack when it
+    /// allocates.
+    pub credited: CachePadded<[AtomicU32; MAX_CLASSES]>,
 }
 // SAFETY: repr(C) atomics, zero is a free slot.
 unsafe impl ShmSafe for StackSlot {}
@@ -487,6 +520,14 @@ pub struct PoolConfig {
     /// Slots per ring, a power of two. A slot takes one push of up to
     /// three descriptors: a lone write takes a slot, a burst three a slot.
     pub ring_capacity: u32,
+    /// `(buffer size, most buffers)`: the quota of the class of that size,
+    /// the most of its buffers one stack may have charged to it at once: a
+    /// buffer is charged to the stack that allocated it until whoever holds
+    /// it last frees it or takes it over to write into, so a writer pays
+    /// for what its readers have not read yet. A class not listed gets half its
+    /// buffers (rounded up), so one service can never take a class from
+    /// everyone; a quota of the class's whole count turns the cap off.
+    pub quotas: Vec<(u32, u32)>,
 }
 
 impl Default for PoolConfig {
@@ -498,6 +539,7 @@ impl Default for PoolConfig {
             max_stacks: 64,
             max_channels: 256,
             ring_capacity: 1024,
+            quotas: Vec::new(),
         }
     }
 }
@@ -540,6 +582,9 @@ pub enum ConfigError {
     /// A class with more than 2^31 buffers or a segment over 64 GiB.
     #[error("pool too large")]
     TooLarge,
+    /// A quota names a size no class has, or is zero.
+    #[error("quota {}:{}: the size must be one of the classes' sizes and the count at least 1", .0.0, .0.1)]
+    BadQuota((u32, u32)),
 }
 
 /// Largest segment a configuration may ask for.
@@ -594,9 +639,20 @@ impl PoolConfig {
             .map(|&(size, count)| ClassInfo {
                 buf_size: size,
                 count,
+                quota: self
+                    .quotas
+                    .iter()
+                    .rev()
+                    .find(|q| q.0 == size)
+                    .map_or(count.div_ceil(2), |q| q.1.min(count)),
                 ..Default::default()
             })
             .collect();
+        for &q in &self.quotas {
+            if q.1 == 0 || !self.classes.iter().any(|c| c.0 == q.0) {
+                return Err(ConfigError::BadQuota(q));
+            }
+        }
         for (c, &(_, count)) in classes.iter_mut().zip(&self.classes) {
             off = align_up(off, 128);
             c.mag_off = off;

@@ -503,6 +503,10 @@ mod tests {
                 code: ErrorCode::Busy,
                 message: "not reading".into(),
             },
+            Msg::Error {
+                code: ErrorCode::PermissionDenied,
+                message: "not in the domain".into(),
+            },
             Msg::Status,
             Msg::StatusReply {
                 text: "all well".into(),
@@ -528,7 +532,7 @@ mod tests {
             message: String::new(),
         }
         .encode();
-        bad[HDR..HDR + 2].copy_from_slice(&9u16.to_le_bytes());
+        bad[HDR..HDR + 2].copy_from_slice(&10u16.to_le_bytes());
         assert_eq!(Msg::decode(&bad), Err(ProtoError::Malformed("error code")));
     }
 

@@ -576,6 +576,7 @@ mod tests {
             max_stacks: 4,
             max_channels: 2,
             ring_capacity: 8,
+            quotas: Vec::new(),
         };
         let geo = cfg.geometry().unwrap();
         let region = Region::create_memfd("xio-header-race", geo.total_len as usize).unwrap();
@@ -620,6 +621,7 @@ mod tests {
             max_stacks: 4,
             max_channels: 2,
             ring_capacity: 8,
+            quotas: Vec::new(),
         };
         let good = cfg.geometry().unwrap();
         let region = || Region::heap(good.total_len as usize).unwrap();

@@ -530,6 +530,7 @@ fn the_manager_survives_fuzzed_control_messages() {
         max_stacks: 64,
         max_channels: 64,
         ring_capacity: 64,
+        quotas: Vec::new(),
     };
     let mgr = manager_builder(&p).pool(cfg).spawn().unwrap();
     // Settled: the manager's thread has its fds.

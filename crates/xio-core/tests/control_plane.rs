@@ -523,6 +523,7 @@ fn connects_to_a_stack_that_does_not_read_are_refused_past_the_fd_limit() {
             max_stacks: 300,
             max_channels: 300,
             ring_capacity: 16,
+            quotas: Vec::new(),
         })
         .spawn()
         .unwrap();
@@ -633,6 +634,7 @@ fn a_connect_refused_for_a_stack_that_does_not_read_does_not_reach_our_own_wildc
             max_stacks: 300,
             max_channels: 300,
             ring_capacity: 16,
+            quotas: Vec::new(),
         })
         .spawn()
         .unwrap();
@@ -702,6 +704,7 @@ fn a_status_report_longer_than_a_packet_arrives_whole() {
             max_stacks: 64,
             max_channels: 256,
             ring_capacity: 16,
+            quotas: Vec::new(),
         })
         .spawn()
         .unwrap();
@@ -939,6 +942,7 @@ impl StandIn {
             max_stacks: 4,
             max_channels: 4,
             ring_capacity: 16,
+            quotas: Vec::new(),
         };
         let geo = cfg.geometry().unwrap();
         let region = Region::create_memfd(p, geo.total_len as usize).unwrap();

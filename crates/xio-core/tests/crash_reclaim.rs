@@ -120,6 +120,7 @@ fn threads_of_one_stack_in_list_ops_while_the_manager_reclaims() {
         max_stacks: 4,
         max_channels: 1,
         ring_capacity: 8,
+        quotas: Vec::new(),
     };
     let geo = cfg.geometry().unwrap();
     let region = Region::heap(geo.total_len as usize).unwrap();

@@ -1487,8 +1487,11 @@ fn a_non_blocking_send_burst_with_on_an_exhausted_pool_would_block() {
 fn an_alloc_burst_larger_than_its_class_is_refused_at_once() {
     setup();
     let p = prefix("burstbig");
+    // No quota: one stack may take a whole class (past its quota, a burst
+    // is refused the same way; see the pool's quota tests).
     let cfg = PoolConfig {
         classes: vec![(64, 8), (256, 4)],
+        quotas: vec![(64, 8), (256, 4)],
         ..PoolConfig::default()
     };
     let mgr = manager_builder(&p).pool(cfg).spawn().unwrap();
@@ -1537,8 +1540,10 @@ fn a_waiting_alloc_burst_holds_no_buffers() {
         return;
     }
     let p = prefix("burstwait");
+    // No quota: `a` asks for the whole class.
     let cfg = PoolConfig {
         classes: vec![(64, 8)],
+        quotas: vec![(64, 8)],
         ..PoolConfig::default()
     };
     let mgr = manager_builder(&p).pool(cfg).spawn().unwrap();

@@ -324,6 +324,7 @@ fn small_dpdk_manager(prefix: &str, channels: u32, ring: u32) -> xio_core::manag
             max_stacks: 4,
             max_channels: channels,
             ring_capacity: ring,
+            quotas: Vec::new(),
         })
 }
 
@@ -411,6 +412,7 @@ fn pool_ids(prefix: &str) {
         max_stacks: 4,
         max_channels: 2,
         ring_capacity: 8,
+        quotas: Vec::new(),
     };
     let geo = cfg.geometry().unwrap();
     let seg = |name: &str| {
@@ -727,6 +729,7 @@ fn manager(prefix: &str) {
         max_stacks: 4,
         max_channels: 4,
         ring_capacity: 64,
+        quotas: Vec::new(),
     };
     let m = xio_core::manager::Manager::builder(prefix)
         .backend(xio_core::manager::Backend::Dpdk)

@@ -57,7 +57,14 @@ fn flood(prefix: &str) {
 fn buffers_held_in_the_name_of_no_stack_come_back() {
     setup();
     let p = prefix("orphans");
-    let mgr = manager_builder(&p).spawn().unwrap();
+    // No quota: the test takes a whole class with one stack at the end.
+    let mgr = manager_builder(&p)
+        .pool(PoolConfig {
+            quotas: PoolConfig::default().classes,
+            ..PoolConfig::default()
+        })
+        .spawn()
+        .unwrap();
     let stack = Stack::attach(&p).unwrap();
     let seg = stack.__segment();
     let count = seg.classes()[0].count;
@@ -248,7 +255,11 @@ fn a_gate_held_closed_by_another_process_is_reopened() {
     wait_until("the gates counted as reopened", || {
         mgr.snapshot().gate_repairs > 0
     });
-    assert!((0..seg.classes().len()).all(|c| seg.free_head(c).gate.load(Ordering::SeqCst) == 0));
+    // Open for good (the exit of `t`'s stack may have a sweep close them
+    // for a moment meanwhile: wait it out, not the instant).
+    wait_until("every gate open", || {
+        (0..seg.classes().len()).all(|c| seg.free_head(c).gate.load(Ordering::SeqCst) == 0)
+    });
     drop(stack);
     wait_pool_whole(&mgr);
     mgr.stop();
@@ -349,4 +360,127 @@ fn a_cleared_sleeping_word_costs_a_sleeper_its_wake_up_only_for_a_while() {
     drop((a, b));
     wait_pool_whole(&mgr);
     mgr.stop();
+}
+
+/// A listener that accepted 10,000 connections and never read drained
+/// every class of the pool (1-byte writes landed in ever larger buffers
+/// as the small ones ran out), and everyone else's traffic stopped until
+/// that process exited. What a writer sent and its reader has not read
+/// now counts against the writer's quota of each class (half of it by
+/// default): the writes stop there, and the rest of the pool serves the
+/// others.
+#[test]
+fn connections_nobody_reads_cannot_take_the_pool_from_everyone() {
+    use std::io::{Read, Write};
+    setup();
+    if test_backend() != xio_core::manager::Backend::Shm {
+        return; // quotas are the shm pool's
+    }
+    let p = prefix("unread");
+    let classes = vec![(2 << 10, 512), (64 << 10, 16), (1 << 20, 4)];
+    let mgr = manager_builder(&p)
+        .pool(PoolConfig {
+            classes: classes.clone(),
+            max_stacks: 8,
+            max_channels: 8,
+            ..PoolConfig::default()
+        })
+        .spawn()
+        .unwrap();
+    let hog = xio_core::net::Net::attach(&p).unwrap();
+    let flood = xio_core::net::Net::attach(&p).unwrap();
+    let l = hog.listen("10.77.0.1:80").unwrap();
+    let (mut written, mut refused) = (0, 0);
+    let mut keep = Vec::new();
+    for _ in 0..10_000 {
+        let s = flood.connect("10.77.0.1:80").unwrap();
+        let (a, _) = l.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        match (&s).write(b"x") {
+            Ok(1) => written += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => refused += 1,
+            r => panic!("write: {r:?}"),
+        }
+        keep.push((s, a));
+    }
+    eprintln!("10,000 connections: {written} writes went, {refused} would block");
+    // Stopped at its quotas: half of each class, give or take what the
+    // stacks keep cached.
+    let quotas: u32 = classes.iter().map(|c| c.1.div_ceil(2)).sum();
+    assert!(
+        written <= quotas as usize,
+        "{written} writes pinned buffers"
+    );
+    assert!(refused >= 10_000 - quotas as usize, "{refused}");
+    let usage = mgr.usage();
+    let flood_id = usage[0]
+        .by_charge
+        .iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(id, _)| *id)
+        .unwrap();
+    for u in &usage {
+        let charged = u
+            .by_charge
+            .iter()
+            .find(|(id, _)| *id == flood_id)
+            .map_or(0, |c| c.1);
+        assert!(
+            charged <= u.quota,
+            "class {}: {charged} of {}",
+            u.buf_size,
+            u.quota
+        );
+        assert!(
+            u.free >= u.total - u.quota - u.total / 8,
+            "class {}: {u:?}",
+            u.buf_size
+        );
+    }
+    // The status report shows the writer's charge against its quota.
+    let status = xio_core::manager::query_status(&p).unwrap();
+    assert!(
+        status.contains(&format!("stack {flood_id}"))
+            && status.contains(&format!(
+                "2048 B {}/256",
+                usage[0]
+                    .by_charge
+                    .iter()
+                    .find(|c| c.0 == flood_id)
+                    .unwrap()
+                    .1
+            ))
+            && status.contains("quota 256 per stack"),
+        "{status}"
+    );
+    // Everyone else still talks: another pair, 1 KiB each way, and a
+    // 256 KiB message that needs the large classes.
+    let a = xio_core::net::Net::attach(&p).unwrap();
+    let b = xio_core::net::Net::attach(&p).unwrap();
+    let l2 = b.listen("10.77.0.2:80").unwrap();
+    let mut c = a.connect("10.77.0.2:80").unwrap();
+    let (mut s, _) = l2.accept().unwrap();
+    let big = vec![7u8; 256 << 10];
+    for i in 0..200 {
+        let msg = if i == 100 { &big[..] } else { &big[..1024] };
+        c.write_all(msg).unwrap();
+        let mut got = vec![0u8; msg.len()];
+        s.read_exact(&mut got).unwrap();
+        s.write_all(&got).unwrap();
+        c.read_exact(&mut got).unwrap();
+        assert_eq!(got, msg);
+    }
+    // The reader reads at last: the writer's quota comes back.
+    let mut one = [0u8; 1];
+    for (_, a) in keep.iter_mut().take(written) {
+        assert_eq!(a.read(&mut one).unwrap(), 1);
+    }
+    {
+        let (w, _) = &keep[written];
+        w.set_nonblocking(false).unwrap();
+        (&*w).write_all(b"y").unwrap();
+    }
+    drop((keep, c, s, l, l2));
+    drop((hog, flood, a, b));
+    wait_pool_whole(&mgr);
 }

@@ -1985,8 +1985,12 @@ fn event_loop_server_sees_every_reset_of_a_killed_client() {
 fn a_stalled_reader_holding_a_class_does_not_stop_other_writes() {
     let (mgr, p) = start_with(
         "stalled",
+        // No quota, so the stalled reader can hold the whole small class
+        // (the default quota would stop its writer at half; see
+        // tests/hardening.rs).
         xio_core::layout::PoolConfig {
             classes: vec![(2 << 10, 64), (64 << 10, 64)],
+            quotas: vec![(2 << 10, 64), (64 << 10, 64)],
             ..Default::default()
         },
     );
@@ -2084,8 +2088,10 @@ fn pipelined_small_writes_do_not_fill_the_window() {
 fn pool_exhaustion_is_a_wait_not_an_error() {
     let (mgr, p) = start_with(
         "tinypool",
+        // No quota: the writer is to run the whole pool dry.
         xio_core::layout::PoolConfig {
             classes: vec![(2 << 10, 128), (16 << 10, 16)],
+            quotas: vec![(2 << 10, 128), (16 << 10, 16)],
             ..Default::default()
         },
     );

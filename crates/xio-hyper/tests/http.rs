@@ -1030,6 +1030,7 @@ fn a_service_here_that_does_not_read_is_refused_not_dialled_over_tcp() {
             max_stacks: 300,
             max_channels: 300,
             ring_capacity: 16,
+            quotas: Vec::new(),
         })
         .spawn()
         .unwrap();

@@ -29,6 +29,13 @@ struct Cli {
     /// (repeat; default 2K:8192 64K:512 1M:32).
     #[arg(long = "class", value_name = "SIZE:COUNT")]
     classes: Vec<String>,
+    /// The most buffers of a class one service may hold at once: what it
+    /// allocated and its receivers have not freed yet (repeat per class;
+    /// SIZE as in --class). A service at its quota waits, as for an empty
+    /// pool. Default: half of each class; COUNT equal to the class's
+    /// count turns the cap off.
+    #[arg(long = "quota", value_name = "SIZE:COUNT")]
+    quotas: Vec<String>,
     /// Where buffers and rings live: `shm` (default) or `dpdk` (DPDK
     /// mempools and rings in hugepages; this manager becomes the DPDK
     /// primary of the prefix; needs a build with `--features dpdk`).
@@ -122,7 +129,7 @@ fn parse_size(s: &str) -> anyhow::Result<u32> {
 
 fn parse_class(s: &str) -> anyhow::Result<(u32, u32)> {
     let Some((size, count)) = s.split_once(':') else {
-        bail!("class {s:?} must be SIZE:COUNT, e.g. 64K:512");
+        bail!("{s:?} must be SIZE:COUNT, e.g. 64K:512");
     };
     Ok((
         parse_size(size)?,
@@ -163,6 +170,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .collect::<anyhow::Result<_>>()?;
         pool.classes.sort_unstable();
     }
+    pool.quotas = cli
+        .quotas
+        .iter()
+        .map(|q| parse_class(q))
+        .collect::<anyhow::Result<_>>()?;
     raise_fd_limit();
     // Handlers first: a signal that arrives while the manager starts (its
     // socket may already be visible) waits for it, instead of killing the

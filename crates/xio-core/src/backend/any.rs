@@ -184,6 +184,16 @@ impl AnyPool {
         }
     }
 
+    /// The most buffers of `class` this stack may hold at once: the
+    /// class's quota (shm), or its whole count (DPDK, which has no quotas).
+    pub(crate) fn class_quota(&self, class: usize) -> usize {
+        match self {
+            AnyPool::Shm(p) => p.quota(class) as usize,
+            #[cfg(feature = "dpdk")]
+            AnyPool::Dpdk(p) => p.classes().get(class).map_or(0, |m| m.len()),
+        }
+    }
+
     /// The control socket, which the pool keeps open as long as a buffer
     /// lives (the manager reclaims nothing before).
     pub(crate) fn keepalive(&self) -> Option<BorrowedFd<'_>> {

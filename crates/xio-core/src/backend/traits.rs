@@ -70,6 +70,12 @@ pub struct ClassUsage {
     /// `(owner stack id, buffers)` for every owner with at least one,
     /// counting private caches.
     pub by_owner: Vec<(u16, u32)>,
+    /// The most buffers one stack may have charged to it (its quota; the
+    /// class's count where the backend has no quotas).
+    pub quota: u32,
+    /// `(stack id, buffers)` charged to each stack with at least one
+    /// (see `bufword::charged_to`); empty where the backend has no quotas.
+    pub by_charge: Vec<(u16, u32)>,
 }
 
 /// A reclamation gave up: stack `.0`, alive as far as the manager knows,

@@ -100,6 +100,30 @@ impl Metrics {
                 );
             }
         }
+        head(
+            &mut t,
+            "xio_pool_quota",
+            "gauge",
+            "Most buffers of the size class one stack may have charged to it.",
+        );
+        for u in &usage {
+            let _ = writeln!(t, "xio_pool_quota{{class=\"{}\"}} {}", u.buf_size, u.quota);
+        }
+        head(
+            &mut t,
+            "xio_pool_buffers_charged",
+            "gauge",
+            "Buffers of the size class charged to a stack (allocated by it and not yet freed by whoever holds them), against its quota.",
+        );
+        for u in &usage {
+            for (who, n) in &u.by_charge {
+                let _ = writeln!(
+                    t,
+                    "xio_pool_buffers_charged{{class=\"{}\",stack=\"{who}\"}} {n}",
+                    u.buf_size
+                );
+            }
+        }
         let gauges = [
             ("xio_stacks", "Registered stacks.", s.stacks.len() as u64),
             (

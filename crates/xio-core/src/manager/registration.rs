@@ -203,6 +203,7 @@ mod tests {
             max_stacks: 4,
             max_channels: 2,
             ring_capacity: 8,
+            quotas: Vec::new(),
         };
         let geo = cfg.geometry().unwrap();
         let region = Region::create_memfd("xio-liveness-test", geo.total_len as usize).unwrap();

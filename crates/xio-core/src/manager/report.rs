@@ -126,6 +126,21 @@ impl Manager {
                 slot.corrupt.load(Ordering::Relaxed),
                 addrs.join(", ")
             );
+            // Use against the quota, class by class, where any is charged.
+            let quota: Vec<String> = usage
+                .iter()
+                .filter_map(|u| {
+                    let n = u.by_charge.iter().find(|(o, _)| *o == id)?.1;
+                    Some(format!("{} B {n}/{}", u.buf_size, u.quota))
+                })
+                .collect();
+            if !quota.is_empty() {
+                let _ = writeln!(
+                    t,
+                    "             charged (of its quota): {}",
+                    quota.join(", ")
+                );
+            }
             if e.left && e.bad {
                 let _ = writeln!(
                     t,
@@ -196,11 +211,12 @@ impl Manager {
                 .collect();
             let _ = writeln!(
                 t,
-                "  class {:>8} B: {:>6} total, {:>6} free, {:>6} in use{}{}",
+                "  class {:>8} B: {:>6} total, {:>6} free, {:>6} in use, quota {} per stack{}{}",
                 u.buf_size,
                 u.total,
                 u.free,
                 u.total - u.free,
+                u.quota,
                 if owners.is_empty() { "" } else { " (" },
                 if owners.is_empty() {
                     String::new()

@@ -116,6 +116,13 @@ impl Manager {
         slot.sleeps.store(0, Ordering::Relaxed);
         slot.corrupt.store(0, Ordering::Relaxed);
         slot.rung_at.store(0, Ordering::Relaxed);
+        // Its quotas start empty. A peer's late credit for the stack that
+        // had the id before may still land; the newcomer's count takes it
+        // as none (see `StackPool::charged_now`).
+        for (c, d) in slot.charged.iter().zip(slot.credited.iter()) {
+            c.store(0, Ordering::Relaxed);
+            d.store(0, Ordering::Relaxed);
+        }
         slot.pid.store(pid, Ordering::Relaxed);
         slot.state.store(slot_state::ACTIVE, Ordering::Release);
         let seg_fd = self.seg.region().fd().expect("manager segments are memfds");

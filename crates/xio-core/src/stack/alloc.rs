@@ -71,8 +71,9 @@ impl Stack {
     /// waits for buffers it holds none of them (a burst that kept what it
     /// had waited for ever on anyone who needed one more before freeing
     /// theirs, another such burst say), so it gets all `n` at once or
-    /// waits. `n` beyond what the class holds could never be met: it fails
-    /// at once with [`Error::BurstTooLarge`] (`InvalidInput`). On an error
+    /// waits. `n` beyond what the class holds, or beyond this stack's
+    /// quota of it, could never be met: it fails at once with
+    /// [`Error::BurstTooLarge`] (`InvalidInput`). On an error
     /// `out` is as it was.
     pub fn alloc_burst(&self, len: usize, n: usize, out: &mut Vec<BufMut>) -> Result<(), Error> {
         // Checked once per call, not per buffer: the class table is read
@@ -83,7 +84,10 @@ impl Stack {
             .iter()
             .position(|c| c.buf_size as usize >= len)
         {
-            let count = self.pool.class_count(&self.seg, class);
+            let count = self
+                .pool
+                .class_count(&self.seg, class)
+                .min(self.pool.class_quota(class));
             if n > count {
                 return Err(Error::BurstTooLarge { n, len, count });
             }

@@ -86,14 +86,16 @@ pub enum Error {
         wanted: Backend,
     },
     /// [`Stack::alloc_burst`] asked for more buffers of a size than the
-    /// pool holds: no wait could ever give them.
-    #[error("a burst of {n} buffers of {len} bytes: the pool holds only {count} of that size")]
+    /// pool holds, or than this stack's quota of them: no wait could ever
+    /// give them.
+    #[error("a burst of {n} buffers of {len} bytes: a stack may hold only {count} of that size (the class's size or this stack's quota of it; see xio-manager --quota)")]
     BurstTooLarge {
         /// Buffers asked for.
         n: usize,
         /// Their size.
         len: usize,
-        /// How many the size's class holds in all.
+        /// How many of the size's class a stack may hold (its quota, at
+        /// most the class's count).
         count: usize,
     },
     /// The buffer belongs to another pool (allocated or received by a

@@ -304,6 +304,9 @@ impl DpdkPool {
                     total: mp.len() as u32,
                     free: mp.avail(),
                     by_owner: by.into_iter().collect(),
+                    // No quotas on this backend.
+                    quota: mp.len() as u32,
+                    by_charge: Vec::new(),
                 }
             })
             .collect()

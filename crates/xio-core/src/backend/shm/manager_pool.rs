@@ -102,9 +102,11 @@ impl ManagerPool {
                 let mut u = ClassUsage {
                     buf_size: c.buf_size,
                     total: c.count,
+                    quota: if c.quota == 0 { c.count } else { c.quota.min(c.count) },
                     ..Default::default()
                 };
                 let mut owners = std::collections::BTreeMap::<u16, u32>::new();
+                let mut charged = std::collections::BTreeMap::<u16, u32>::new();
                 for i in 0..c.count {
                     let w = seg
                         .buf_header(class, i)
@@ -116,8 +118,12 @@ impl ManagerPool {
                     } else {
                         *owners.entry(bufword::owner(w)).or_default() += 1;
                     }
+                    if let Some(who) = bufword::charged_to(w) {
+                        *charged.entry(who).or_default() += 1;
+                    }
                 }
                 u.by_owner = owners.into_iter().collect();
+                u.by_charge = charged.into_iter().collect();
                 u
             })
             .collect()

@@ -57,6 +57,46 @@ use crate::sync::{prefetch_write, spin_hint, AtomicU64, Ordering};
 /// Most buffers of one class a stack keeps in its private cache.
 const CACHE_MAX: usize = 2 * MAG_SIZE;
 
+/// How often at most a stack that its counters put at a quota counts its
+/// charge from the headers (a scan of the class).
+const RECOUNT_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// A stack's side of the quotas: the caps, and the credits it owes other
+/// stacks for buffers of theirs it freed or took over, given in batches.
+#[derive(Debug)]
+struct Quota {
+    /// Per class: [`ClassInfo::quota`](crate::layout::ClassInfo::quota),
+    /// read once (a later write to the segment does not move it).
+    cap: [u32; MAX_CLASSES],
+    /// Per class: credits given in one add: a sixteenth of the quota, 1
+    /// to 32, so what peers still owe is a small part of it.
+    batch: [u32; MAX_CLASSES],
+    /// Per stack id, per class: credits owed, not given yet.
+    owed: Box<[[std::sync::atomic::AtomicU32; MAX_CLASSES]]>,
+    /// Per class: the last count from the headers.
+    counted_at: Mutex<[Option<std::time::Instant>; MAX_CLASSES]>,
+}
+
+impl Quota {
+    fn new(view: &PoolView) -> Quota {
+        let seg = view.segment();
+        let mut cap = [0; MAX_CLASSES];
+        let mut batch = [1; MAX_CLASSES];
+        for (i, c) in seg.classes().iter().enumerate() {
+            // 0 is no quota a manager writes (it writes at least 1):
+            // a forged word, taken as no cap rather than as no buffers.
+            cap[i] = if c.quota == 0 { c.count } else { c.quota.min(c.count) };
+            batch[i] = (cap[i] / 16).clamp(1, 32);
+        }
+        Quota {
+            cap,
+            batch,
+            owed: (0..=seg.max_stacks()).map(|_| Default::default()).collect(),
+            counted_at: Mutex::new([None; MAX_CLASSES]),
+        }
+    }
+}
+
 /// Shared-memory view of the pool with no private state: what both stacks
 /// and the manager use.
 #[derive(Clone, Debug)]
@@ -271,8 +311,10 @@ impl PoolView {
         // segment anyway; what we guarantee is that our own process never
         // hands out one buffer twice). A locked RMW here would cost more
         // than the rest of the receive path.
+        // The sender stays in the word: it is charged for the buffer until
+        // we free it or take it over (see `bufword::charged_to`).
         hdr.word.store(
-            bufword::pack(bufword::HELD, me, bufword::gen(w)),
+            bufword::pack_from(bufword::HELD, me, from, bufword::gen(w)),
             Ordering::Relaxed,
         );
         Ok(RawBuf {
@@ -337,6 +379,26 @@ impl PoolView {
             self.seg.buf_data(b.class as usize, b.index),
             c.buf_size as usize,
         )
+    }
+
+    /// Buffers of `class` charged to stack `id` ([`bufword::charged_to`]):
+    /// a scan of the class's headers, the truth the quota counters
+    /// estimate.
+    pub(crate) fn charged_to(&self, class: usize, id: u16) -> u32 {
+        let Some(c) = self.seg.classes().get(class) else {
+            return 0;
+        };
+        let mut n = 0;
+        for i in 0..c.count {
+            let w = self
+                .seg
+                .buf_header(class, i)
+                .map_or(0, |h| h.word.load(Ordering::Relaxed));
+            if bufword::charged_to(w) == Some(id) {
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Buffers stamped in flight to stack `id` and not received yet (in a
@@ -423,6 +485,8 @@ pub struct StackPool {
     /// parked in one process's cache can never starve another (a class of
     /// few large buffers is not cached at all).
     limit: [usize; MAX_CLASSES],
+    /// What this stack counts against its quotas.
+    quota: Quota,
     // The registration with the manager: while it is open the manager
     // leaves our buffers alone, so it lives as long as the last buffer.
     keepalive: Option<crate::fork::CloseOnFork>,
@@ -436,11 +500,13 @@ impl StackPool {
     #[cfg(any(test, feature = "test-support"))]
     pub fn new(view: PoolView, me: u16) -> Self {
         let limit = Self::limits(&view);
+        let quota = Quota::new(&view);
         Self {
             view,
             me,
             cache: Mutex::new(Default::default()),
             limit,
+            quota,
             keepalive: None,
             born: crate::fork::Birth::now(),
         }
@@ -461,11 +527,13 @@ impl StackPool {
     /// open for as long as it or any buffer from it lives.
     pub fn with_keepalive(view: PoolView, me: u16, ctrl: std::os::fd::OwnedFd) -> Self {
         let limit = Self::limits(&view);
+        let quota = Quota::new(&view);
         Self {
             view,
             me,
             cache: Mutex::new(Default::default()),
             limit,
+            quota,
             keepalive: Some(crate::fork::CloseOnFork::new(ctrl)),
             born: crate::fork::Birth::now(),
         }
@@ -501,6 +569,9 @@ impl StackPool {
             return Err(AllocError::Forked);
         }
         let class = self.view.class_for(len).ok_or(AllocError::TooLarge(len))?;
+        if self.over_quota(class, 1) {
+            return Err(AllocError::Exhausted);
+        }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let c = &mut cache[class];
         if c.is_empty()
@@ -519,6 +590,7 @@ impl StackPool {
         }
         let idx = c.pop().ok_or(AllocError::Exhausted)?;
         drop(cache);
+        self.charge(class, 1);
         let b = RawBuf {
             class: class as u8,
             index: idx,
@@ -543,6 +615,9 @@ impl StackPool {
             return Err(AllocError::Forked);
         }
         let class = self.view.class_for(len).ok_or(AllocError::TooLarge(len))?;
+        // Within the quota: as many as it leaves room for.
+        let room = self.quota_room(class, out.len() as u32) as usize;
+        let out = &mut out[..room];
         let mut got = 0;
         // The gate a dead manager left closed (see `alloc`).
         let mut stranded = false;
@@ -567,6 +642,7 @@ impl StackPool {
                 got += 1;
             }
         }
+        self.charge(class, got as u32);
         for b in &out[..got] {
             let hdr = self
                 .view
@@ -598,6 +674,7 @@ impl StackPool {
         for &b in bufs {
             if let Some(hdr) = self.view.seg.buf_header(b.class as usize, b.index) {
                 let w = hdr.word.load(Ordering::Relaxed);
+                self.discharge(b.class as usize, w);
                 hdr.word.store(
                     bufword::pack(bufword::CACHED, self.me, bufword::gen(w)),
                     Ordering::Relaxed,
@@ -652,6 +729,11 @@ impl StackPool {
     /// ([`PoolView::reuse`]); in a forked child, only the local handle.
     pub fn reuse(&self, b: RawBuf) {
         if !self.forked() {
+            // Taken over: whoever was charged for it is no longer, we are.
+            if let Some(hdr) = self.view.seg.buf_header(b.class as usize, b.index) {
+                self.discharge(b.class as usize, hdr.word.load(Ordering::Relaxed));
+                self.charge(b.class as usize, 1);
+            }
             self.view.reuse(self.me, b);
         }
     }
@@ -669,11 +751,115 @@ impl StackPool {
             // Reclaimed by the manager after our channel died; not ours.
             return;
         }
+        self.discharge(b.class as usize, w);
         hdr.word.store(
             bufword::pack(bufword::CACHED, self.me, bufword::gen(w)),
             Ordering::Relaxed,
         );
         self.cache_many(&[b]);
+    }
+
+    /// The quota of `class` ([`ClassInfo::quota`], read at attach).
+    ///
+    /// [`ClassInfo::quota`]: crate::layout::ClassInfo::quota
+    pub fn quota(&self, class: usize) -> u32 {
+        self.quota.cap.get(class).copied().unwrap_or(0)
+    }
+
+    /// How many of `want` buffers of `class` the quota leaves room for.
+    fn quota_room(&self, class: usize, want: u32) -> u32 {
+        let cap = self.quota(class);
+        let counted = self.charged_now(class);
+        if counted.is_some_and(|used| used.saturating_add(want) <= cap) {
+            return want;
+        }
+        // Unknown (below zero) is taken as full until the headers say.
+        let used = self.recount(class).or(counted).unwrap_or(cap);
+        cap.saturating_sub(used).min(want)
+    }
+
+    /// Whether `n` more buffers of `class` would pass its quota.
+    #[inline]
+    fn over_quota(&self, class: usize, n: u32) -> bool {
+        let cap = self.quota(class);
+        if self
+            .charged_now(class)
+            .is_some_and(|used| used.saturating_add(n) <= cap)
+        {
+            return false;
+        }
+        self.quota_room(class, n) < n
+    }
+
+    /// What the counters say is charged to this stack in `class`: charged
+    /// less credited. `None` when that is below zero, which no honest
+    /// count gives (a late credit for the stack that had this id before,
+    /// or a forged word): the headers must say.
+    #[inline]
+    fn charged_now(&self, class: usize) -> Option<u32> {
+        let slot = self.view.seg.stack_slot(self.me);
+        let c = slot.charged[class].load(Ordering::Relaxed);
+        let d = slot.credited[class].load(Ordering::Relaxed);
+        let used = c.wrapping_sub(d);
+        (used as i32 >= 0).then_some(used)
+    }
+
+    /// The counters say the quota is reached: counts the charge from the
+    /// headers instead (at most once per [`RECOUNT_EVERY`] per class), and
+    /// sets the counters to agree. Credits still owed by peers (a batch
+    /// not full yet), buffers the manager took back from a dead peer, and
+    /// forged counter words all make the counters overstate the charge;
+    /// the headers do not. `None` if it counted too recently.
+    #[cold]
+    fn recount(&self, class: usize) -> Option<u32> {
+        let now = std::time::Instant::now();
+        {
+            let mut at = self.quota.counted_at.lock().unwrap_or_else(|e| e.into_inner());
+            if at[class].is_some_and(|t| now.duration_since(t) < RECOUNT_EVERY) {
+                return None;
+            }
+            at[class] = Some(now);
+        }
+        let truth = self.view.charged_to(class, self.me);
+        let slot = self.view.seg.stack_slot(self.me);
+        let credited = slot.credited[class].load(Ordering::Relaxed);
+        slot.charged[class].store(credited.wrapping_add(truth), Ordering::Relaxed);
+        Some(truth)
+    }
+
+    /// Charges `n` buffers of `class` to this stack.
+    #[inline]
+    fn charge(&self, class: usize, n: u32) {
+        if n > 0 {
+            let slot = self.view.seg.stack_slot(self.me);
+            slot.charged[class].fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes the charge for a buffer of `class` whose header word was `w`
+    /// off whoever carries it: this stack at once; another stack's in
+    /// batches (a locked add on a line that stack reads is worth
+    /// amortizing), each at most [`Quota::batch`] buffers late.
+    #[inline]
+    fn discharge(&self, class: usize, w: u64) {
+        let Some(who) = bufword::charged_to(w) else {
+            return;
+        };
+        let seg = &self.view.seg;
+        if who == self.me {
+            seg.stack_slot(who).charged[class].fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+        let Some(owed) = self.quota.owed.get(who as usize) else {
+            return; // out of range: a forged word; the recount settles it
+        };
+        let n = owed[class].fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= self.quota.batch[class] {
+            let n = owed[class].swap(0, Ordering::Relaxed);
+            if n > 0 && u32::from(who) <= seg.max_stacks() {
+                seg.stack_slot(who).credited[class].fetch_add(n, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Returns every privately cached buffer to the shared lists.

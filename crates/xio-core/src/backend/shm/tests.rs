@@ -21,11 +21,22 @@ enum Backing {
 const BACKINGS: [Backing; 2] = [Backing::Heap, Backing::Memfd];
 
 fn pool(b: Backing, classes: Vec<(u32, u32)>) -> (ManagerPool, Segment) {
+    pool_with_quotas(b, classes.clone(), classes)
+}
+
+/// A pool whose classes have these quotas (`pool`: the whole class each,
+/// so one stack may empty it, as the free-list tests do).
+fn pool_with_quotas(
+    b: Backing,
+    classes: Vec<(u32, u32)>,
+    quotas: Vec<(u32, u32)>,
+) -> (ManagerPool, Segment) {
     let cfg = PoolConfig {
         classes,
         max_stacks: 4,
         max_channels: 2,
         ring_capacity: 8,
+        quotas,
     };
     let geo = cfg.geometry().unwrap();
     let region = match b {
@@ -487,6 +498,7 @@ fn conformance_segment(b: Backing) -> (ManagerPool, Segment) {
         max_stacks: 4,
         max_channels: 2,
         ring_capacity: 8,
+        quotas: crate::backend::conformance::CLASSES.to_vec(),
     };
     let geo = cfg.geometry().unwrap();
     let region = match b {
@@ -533,4 +545,130 @@ fn conformance_ring() {
 fn conformance_doorbell() {
     // One doorbell for every backend: the eventfd the manager hands out.
     crate::backend::conformance::doorbell_suite(|| crate::backend::EventFdDoorbell::new().unwrap());
+}
+
+#[test]
+fn a_class_not_given_a_quota_gets_half_of_it() {
+    let cfg = PoolConfig {
+        classes: vec![(64, 41), (4096, 1)],
+        quotas: vec![(64, 100)],
+        ..PoolConfig::default()
+    };
+    let geo = cfg.geometry().unwrap();
+    // Named: capped at the class's count; not named: half, rounded up.
+    assert_eq!(geo.classes[0].quota, 41);
+    assert_eq!(geo.classes[1].quota, 1);
+    let cfg = PoolConfig {
+        classes: vec![(64, 41)],
+        ..PoolConfig::default()
+    };
+    assert_eq!(cfg.geometry().unwrap().classes[0].quota, 21);
+    for bad in [(128, 5), (64, 0)] {
+        let cfg = PoolConfig {
+            classes: vec![(64, 41)],
+            quotas: vec![bad],
+            ..PoolConfig::default()
+        };
+        assert!(cfg.geometry().is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn a_stack_at_its_quota_waits_and_everyone_else_still_allocates() {
+    for b in BACKINGS {
+        let (m, seg) = pool_with_quotas(b, vec![(64, 40)], vec![(64, 10)]);
+        let a = StackPool::new(PoolView::new(seg.clone()), 1);
+        let c = StackPool::new(PoolView::new(seg.clone()), 3);
+        let mine: Vec<_> = (0..10).map(|_| a.alloc(10, true).unwrap()).collect();
+        assert_eq!(a.alloc(10, true), Err(AllocError::Exhausted));
+        let mut out = [RawBuf { class: 0, index: 0 }; 4];
+        assert_eq!(a.alloc_many(10, &mut out), Err(AllocError::Exhausted));
+        // The pool is not empty: another stack allocates.
+        let theirs = c.alloc(10, true).unwrap();
+        // One back, one more.
+        a.free(mine[0]);
+        let again = a.alloc(10, true).unwrap();
+        assert_eq!(a.alloc(10, true), Err(AllocError::Exhausted));
+        a.free(again);
+        for &x in &mine[1..] {
+            a.free(x);
+        }
+        c.free(theirs);
+        assert_eq!(a.alloc_many(10, &mut out), Ok(4));
+        a.free_many(&out);
+        a.flush();
+        c.flush();
+        assert_eq!(total_free(&m), 40, "{b:?}");
+    }
+}
+
+/// What a sender sent and its receiver did not consume counts against the
+/// sender: a receiver that never reads stops the sender at its quota, not
+/// the pool at its end. What the receiver frees or takes over is the
+/// sender's again (credited), and taken over counts against the receiver.
+#[test]
+fn what_a_receiver_holds_counts_against_its_sender_until_freed() {
+    for b in BACKINGS {
+        let (m, seg) = pool_with_quotas(b, vec![(64, 40)], vec![(64, 10)]);
+        let tx = StackPool::new(PoolView::new(seg.clone()), 1);
+        let rx = StackPool::new(PoolView::new(seg.clone()), 2);
+        let mut held = Vec::new();
+        for _ in 0..10 {
+            let x = tx.alloc(10, true).unwrap();
+            let d = tx.view().prepare_send(1, x, 10, 2, 0, 0);
+            held.push(rx.view().accept(2, 1, &d).unwrap());
+        }
+        assert_eq!(tx.alloc(10, true), Err(AllocError::Exhausted), "{b:?}");
+        // The receiver is charged nothing for them: it allocates its own.
+        let own = rx.alloc(10, true).unwrap();
+        rx.free(own);
+        // Taken over: the sender gets one back, the receiver pays for it.
+        let kept = held.pop().unwrap();
+        rx.reuse(kept);
+        let x = tx.alloc(10, true).unwrap();
+        assert_eq!(tx.alloc(10, true), Err(AllocError::Exhausted));
+        tx.free(x);
+        // Freed: every one back (a quota of 10 credits one at a time).
+        for h in held {
+            rx.free(h);
+        }
+        let all: Vec<_> = (0..10).map(|_| tx.alloc(10, true).unwrap()).collect();
+        for x in all {
+            tx.free(x);
+        }
+        rx.free(kept);
+        tx.flush();
+        rx.flush();
+        assert_eq!(total_free(&m), 40, "{b:?}");
+    }
+}
+
+/// The counters are an estimate a process that writes the segment can
+/// forge (or a late credit skew): at the quota by the counters, a stack
+/// counts from the headers and goes on if they say it may.
+#[test]
+fn forged_charge_counters_are_recounted_from_the_headers() {
+    for b in BACKINGS {
+        let (_m, seg) = pool_with_quotas(b, vec![(64, 40)], vec![(64, 10)]);
+        let a = StackPool::new(PoolView::new(seg.clone()), 1);
+        let slot = seg.stack_slot(1);
+        slot.charged[0].store(1_000_000, Ordering::Relaxed);
+        let x = a.alloc(10, true).unwrap();
+        // Set to agree with the headers (none), then charged the new one.
+        let used = slot.charged[0]
+            .load(Ordering::Relaxed)
+            .wrapping_sub(slot.credited[0].load(Ordering::Relaxed));
+        assert_eq!(used, 1, "{b:?}");
+        // A credit forged past the charge (or a late one, for the stack
+        // that had the id before) is no room past the quota: the headers
+        // are counted again, and still cap it.
+        slot.credited[0].store(u32::MAX / 2, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(10));
+        let more: Vec<_> = (0..9).map(|_| a.alloc(10, true).unwrap()).collect();
+        assert_eq!(a.alloc(10, true), Err(AllocError::Exhausted), "{b:?}");
+        a.free(x);
+        for y in more {
+            a.free(y);
+        }
+    }
 }
