@@ -414,6 +414,14 @@ pub struct StackSlot {
     pub corrupt: AtomicU64,
     /// Times this stack's waiter went to sleep.
     pub sleeps: AtomicU64,
+    /// Allocations refused because the class was empty (each attempt of a
+    /// waiting allocation counts).
+    pub pool_empty: AtomicU64,
+    /// Allocations refused because the stack was at its quota of the class
+    /// (each attempt counts).
+    pub quota_full: AtomicU64,
+    /// Sends that found the ring to the peer full (each attempt counts).
+    pub ring_full: AtomicU64,
     /// Per class: buffers charged to this stack so far (allocated, or
     /// received and kept to write into), counted by the stack alone. Its
     /// use is this less [`StackSlot::credited`]. A line of its own: the

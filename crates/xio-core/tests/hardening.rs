@@ -437,6 +437,14 @@ fn connections_nobody_reads_cannot_take_the_pool_from_everyone() {
             u.buf_size
         );
     }
+    // The metrics count the writes refused at the quota.
+    let metrics = mgr.metrics().render();
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("xio_stack_quota_full_total{{stack=\"{flood_id}\"")))
+        .unwrap_or_else(|| panic!("no quota_full line for {flood_id}:\n{metrics}"));
+    let refusals: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(refusals >= refused as u64, "{line}");
     // The status report shows the writer's charge against its quota.
     let status = xio_core::manager::query_status(&p).unwrap();
     assert!(

@@ -59,6 +59,12 @@ fn the_manager_serves_its_metrics_on_a_unix_socket() {
         "xio_attaches_total 1",
         "# TYPE xio_attaches_total counter",
         "xio_stack_sleeps_total{stack=\"1\",name=\"probe\"}",
+        // The default quota, half of each class, and what is charged.
+        "xio_pool_quota{class=\"4096\"} 32",
+        "xio_pool_buffers_charged{class=\"4096\",stack=\"1\"} 1",
+        "xio_stack_pool_empty_total{stack=\"1\",name=\"probe\"} 0",
+        "xio_stack_quota_full_total{stack=\"1\",name=\"probe\"} 0",
+        "xio_stack_ring_full_total{stack=\"1\",name=\"probe\"} 0",
     ] {
         assert!(body.contains(line), "no {line:?} in:\n{body}");
     }

@@ -210,6 +210,36 @@ impl Metrics {
                 slot.sleeps.load(Ordering::Relaxed)
             );
         }
+        type Read = fn(&crate::layout::StackSlot) -> u64;
+        let waits: [(&str, &str, Read); 3] = [
+            (
+                "xio_stack_pool_empty_total",
+                "Allocations the stack found its class empty for (each attempt of a waiting one).",
+                |s| s.pool_empty.load(Ordering::Relaxed),
+            ),
+            (
+                "xio_stack_quota_full_total",
+                "Allocations refused because the stack was at its quota of the class (each attempt).",
+                |s| s.quota_full.load(Ordering::Relaxed),
+            ),
+            (
+                "xio_stack_ring_full_total",
+                "Sends that found the ring to the peer full (each attempt).",
+                |s| s.ring_full.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, help, read) in waits {
+            head(&mut t, name, "counter", help);
+            for st in &s.stacks {
+                let _ = writeln!(
+                    t,
+                    "{name}{{stack=\"{}\",name=\"{}\"}} {}",
+                    st.id,
+                    label(&st.name),
+                    read(self.seg.stack_slot(st.id))
+                );
+            }
+        }
         head(
             &mut t,
             "xio_stack_corrupt_descriptors_total",

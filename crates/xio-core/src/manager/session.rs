@@ -114,6 +114,9 @@ impl Manager {
         // The counters the status report shows are the newcomer's own,
         // not those of the stack that had the id before.
         slot.sleeps.store(0, Ordering::Relaxed);
+        slot.pool_empty.store(0, Ordering::Relaxed);
+        slot.quota_full.store(0, Ordering::Relaxed);
+        slot.ring_full.store(0, Ordering::Relaxed);
         slot.corrupt.store(0, Ordering::Relaxed);
         slot.rung_at.store(0, Ordering::Relaxed);
         // Its quotas start empty. A peer's late credit for the stack that

@@ -86,6 +86,10 @@ impl Stack {
             };
             if free == 0 {
                 Self::notify(&self.seg, ch);
+                self.seg
+                    .stack_slot(self.id)
+                    .ring_full
+                    .fetch_add(1, Ordering::Relaxed);
                 if self.mode == WaitMode::NonBlocking {
                     // What was not sent stays in `bufs`.
                     return Err(Error::WouldBlock);
@@ -148,6 +152,10 @@ impl Stack {
             };
             if free == 0 {
                 Self::notify(&self.seg, &self.channels[ci]);
+                self.seg
+                    .stack_slot(self.id)
+                    .ring_full
+                    .fetch_add(1, Ordering::Relaxed);
                 if self.mode == WaitMode::NonBlocking {
                     return Err(Error::WouldBlock);
                 }
@@ -268,6 +276,10 @@ impl Stack {
             let ch = &mut self.channels[ci];
             match ch.tx_space(1) {
                 Ok(0) => {
+                    self.seg
+                        .stack_slot(self.id)
+                        .ring_full
+                        .fetch_add(1, Ordering::Relaxed);
                     if mode == WaitMode::NonBlocking {
                         return Err(Error::WouldBlock);
                     }

@@ -185,6 +185,10 @@ impl Stack {
         match ch.tx_space(1) {
             Ok(0) => {
                 Self::notify(&self.seg, ch);
+                self.seg
+                    .stack_slot(self.id)
+                    .ring_full
+                    .fetch_add(1, Ordering::Relaxed);
                 Ok(Some(buf))
             }
             Ok(_) => {
@@ -228,6 +232,12 @@ impl Stack {
                 return Err(Error::Reset(peer));
             }
         };
+        if room < bufs.len() {
+            self.seg
+                .stack_slot(self.id)
+                .ring_full
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let mut raws = std::mem::take(&mut self.burst_raws);
         let (refs, pool) = (self.refs.get_mut(), &self.pool);
         raws.extend(bufs.drain(..room).map(|(kind, conn, b)| {

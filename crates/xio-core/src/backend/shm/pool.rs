@@ -570,6 +570,7 @@ impl StackPool {
         }
         let class = self.view.class_for(len).ok_or(AllocError::TooLarge(len))?;
         if self.over_quota(class, 1) {
+            self.note(|s| &s.quota_full);
             return Err(AllocError::Exhausted);
         }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
@@ -588,7 +589,11 @@ impl StackPool {
             // (forged) is a shortage: the caller waits with its timeout.
             return Err(AllocError::ManagerGone);
         }
-        let idx = c.pop().ok_or(AllocError::Exhausted)?;
+        let Some(idx) = c.pop() else {
+            drop(cache);
+            self.note(|s| &s.pool_empty);
+            return Err(AllocError::Exhausted);
+        };
         drop(cache);
         self.charge(class, 1);
         let b = RawBuf {
@@ -617,6 +622,10 @@ impl StackPool {
         let class = self.view.class_for(len).ok_or(AllocError::TooLarge(len))?;
         // Within the quota: as many as it leaves room for.
         let room = self.quota_room(class, out.len() as u32) as usize;
+        if room == 0 && !out.is_empty() {
+            self.note(|s| &s.quota_full);
+            return Err(AllocError::Exhausted);
+        }
         let out = &mut out[..room];
         let mut got = 0;
         // The gate a dead manager left closed (see `alloc`).
@@ -656,11 +665,11 @@ impl StackPool {
             );
         }
         if got == 0 {
-            return Err(if stranded {
-                AllocError::ManagerGone
-            } else {
-                AllocError::Exhausted
-            });
+            if stranded {
+                return Err(AllocError::ManagerGone);
+            }
+            self.note(|s| &s.pool_empty);
+            return Err(AllocError::Exhausted);
         }
         Ok(got)
     }
@@ -825,6 +834,12 @@ impl StackPool {
         let credited = slot.credited[class].load(Ordering::Relaxed);
         slot.charged[class].store(credited.wrapping_add(truth), Ordering::Relaxed);
         Some(truth)
+    }
+
+    /// Counts a refused allocation in this stack's slot (for the metrics).
+    #[cold]
+    fn note(&self, which: impl FnOnce(&crate::layout::StackSlot) -> &AtomicU64) {
+        which(self.view.seg.stack_slot(self.me)).fetch_add(1, Ordering::Relaxed);
     }
 
     /// Charges `n` buffers of `class` to this stack.
