@@ -92,7 +92,7 @@ pub mod pool {
 #[cfg(feature = "test-support")]
 #[doc(hidden)]
 pub mod ring {
-    pub use crate::backend::shm::ring::{heap_ring, Consumer, Full, Producer, Watch};
+    pub use crate::backend::shm::ring::{channel_ends, heap_ring, Consumer, Full, Producer, Watch};
     pub use crate::backend::RingError;
     pub use crate::layout::initial_seq;
 }

@@ -164,6 +164,22 @@ impl Region {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Overwrites the region's bytes at `off` with `bytes` (clipped to the
+    /// region): what a process that can write the segment may do at any
+    /// time. For the fuzz targets and tests, from one thread.
+    #[cfg(any(test, feature = "test-support"))]
+    #[doc(hidden)]
+    pub fn __scribble(&self, off: usize, bytes: &[u8]) {
+        let off = off.min(self.len);
+        let n = bytes.len().min(self.len - off);
+        // SAFETY: `off + n` is within the mapping, which lives as long as
+        // `self`; `bytes` is not in it (a caller's slice). Every reader of
+        // the region reads through atomics or volatile copies that it then
+        // checks, so bytes written here are only what another process's
+        // writes could be; the caller runs no other thread on the region.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.as_ptr().add(off), n) }
+    }
 }
 
 impl Drop for Region {

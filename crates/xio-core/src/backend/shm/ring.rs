@@ -440,7 +440,7 @@ impl Consumer {
 /// The ends of channel `channel`'s rings in `seg` for the stack on side
 /// `dir`: it produces into ring `dir` and consumes the other (the manager
 /// gives each ring of a channel one producer and one consumer).
-pub(crate) fn channel_ends(seg: &Segment, channel: u32, dir: usize) -> (Producer, Consumer) {
+pub fn channel_ends(seg: &Segment, channel: u32, dir: usize) -> (Producer, Consumer) {
     let cap = seg.ring_capacity();
     let keep: Arc<dyn Send + Sync> = seg.region().clone();
     let (th, ts) = seg.ring_ptrs(channel, dir);
