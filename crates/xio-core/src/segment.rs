@@ -339,8 +339,14 @@ impl Segment {
         if n == 0 || n > MAX_CLASSES {
             return Err(SegmentError::Invalid("class count"));
         }
-        if !h.ring_capacity.is_power_of_two() || h.ring_capacity > 1 << 20 || h.max_stacks > 65534 {
-            return Err(SegmentError::Invalid("ring capacity or stack count"));
+        // As `PoolConfig::geometry` allows: a stack divides by the stack
+        // count (its cache share), and a ring of one slot is none.
+        if !h.ring_capacity.is_power_of_two()
+            || !(2..=1 << 20).contains(&h.ring_capacity)
+            || !(1..=65534).contains(&h.max_stacks)
+            || h.max_channels == 0
+        {
+            return Err(SegmentError::Invalid("ring capacity, stack or channel count"));
         }
         // Aligned for the type placed there (128 for those holding
         // `CachePadded` fields, a cache line at least): a reference to a
@@ -624,6 +630,39 @@ mod tests {
             }
             stop.store(true, Ordering::Relaxed);
         });
+    }
+
+    /// A header whose stack count was overwritten with 0 made the next
+    /// stack to attach divide by it (its cache share) and panic: found by
+    /// the `segment_state` fuzz target. Counts a configuration could not
+    /// have are refused, as `PoolConfig::geometry` refuses them.
+    #[test]
+    fn open_refuses_counts_no_configuration_has() {
+        let cfg = PoolConfig {
+            classes: vec![(2048, 64)],
+            max_stacks: 4,
+            max_channels: 2,
+            ring_capacity: 8,
+            quotas: Vec::new(),
+        };
+        let geo = cfg.geometry().unwrap();
+        let fields = [
+            (core::mem::offset_of!(SegmentHeader, max_stacks), 0u32),
+            (core::mem::offset_of!(SegmentHeader, max_stacks), 65535),
+            (core::mem::offset_of!(SegmentHeader, max_channels), 0),
+            (core::mem::offset_of!(SegmentHeader, ring_capacity), 1),
+            (core::mem::offset_of!(SegmentHeader, ring_capacity), 0),
+        ];
+        for (off, v) in fields {
+            let region = Region::create_memfd("xio-header-counts", geo.total_len as usize).unwrap();
+            let seg = Segment::init(region, &cfg, &geo).unwrap();
+            seg.region().__scribble(off, &v.to_ne_bytes());
+            let fd = seg.region().fd().unwrap().try_clone_to_owned().unwrap();
+            assert!(
+                Segment::open(Region::map_fd(fd).unwrap()).is_err(),
+                "field at {off} = {v} accepted"
+            );
+        }
     }
 
     /// Free heads, stack slots, channel headers and magazines hold
