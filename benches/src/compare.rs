@@ -956,6 +956,9 @@ pub(crate) fn print_host_phase(when: &str) {
         ),
         Err(e) => println!("Host phase {when}: the raw-ring probe failed ({e:#}).\n"),
     }
+    if crate::xio::copy_on_receive() {
+        println!("X-IO pairs copy on receive (XIO_BENCH_COPY_ON_RECEIVE=1).\n");
+    }
 }
 
 #[cfg(test)]

@@ -102,12 +102,21 @@ pub fn die_with_parent() -> Result<()> {
     Ok(())
 }
 
+/// Whether the zero-copy pairs copy what they receive out of the pool
+/// (`StackBuilder::copy_on_receive`, the safe mode for untrusted
+/// senders): `XIO_BENCH_COPY_ON_RECEIVE=1`, which the server processes
+/// inherit. Measures what the safe mode costs against the default.
+pub fn copy_on_receive() -> bool {
+    std::env::var_os("XIO_BENCH_COPY_ON_RECEIVE").is_some_and(|v| v == "1")
+}
+
 /// Runs in the child: the echo (or, with `sink`, the sink) server. Pinning
 /// is done by the caller first.
 pub fn serve(prefix: &str, mode: Mode, addr: SocketAddr, sink: bool) -> Result<()> {
     let mut s = Stack::builder(prefix)
         .name(if sink { "bench-sink" } else { "bench-echo" })
         .wait_mode(mode.wait_mode())
+        .copy_on_receive(copy_on_receive())
         .attach()
         .with_context(|| format!("attaching to pool {prefix:?}"))?;
     s.bind(addr).with_context(|| format!("binding {addr}"))?;
@@ -402,6 +411,7 @@ pub fn run_pair(o: &PairOpts<'_>) -> Result<PairResult> {
         let mut s = Stack::builder(o.prefix)
             .name("bench-client")
             .wait_mode(o.mode.wait_mode())
+            .copy_on_receive(copy_on_receive())
             .attach()
             .context("attaching client stack")?;
         let peer = connect_retry(&mut s, addr, &mut child)?;

@@ -255,7 +255,9 @@ impl std::ops::Deref for Buf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         // SAFETY: we hold the buffer (state HELD, owner us), nobody writes it
-        // while we do; ptr..ptr+len is in the segment `pool` keeps mapped.
+        // while we do; ptr..ptr+len is in the segment `pool` keeps mapped
+        // (or, for a copy on receive, in the private allocation `pool`
+        // keeps until this `Buf` is freed).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }

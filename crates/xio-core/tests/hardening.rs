@@ -492,3 +492,38 @@ fn connections_nobody_reads_cannot_take_the_pool_from_everyone() {
     drop((hog, flood, a, b));
     wait_pool_whole(&mgr);
 }
+
+/// A zero-copy receiver reads its sender's buffer in place, and the
+/// sender (or any process that can write the pool) can still change it
+/// after sending. In copy-on-receive mode the receiver reads a copy in
+/// its own memory, and the pool buffer is back at once.
+#[test]
+fn copy_on_receive_keeps_what_was_received_from_changing() {
+    let addr = "10.77.1.1:7".parse().unwrap();
+    let (mgr, mut server, client, peer) = manager_and_pair("copyrecv", addr);
+    let mut client = client;
+    for copy in [false, true] {
+        server.set_copy_on_receive(copy);
+        assert_eq!(server.copies_on_receive(), copy);
+        let mut b = client.alloc(64).unwrap();
+        b.set_len(4);
+        b.copy_from_slice(b"sent");
+        let p = b.as_mut_ptr();
+        client.send(peer, b).unwrap();
+        let m = server.recv().unwrap();
+        // The sender writes the buffer it sent, as a hostile one would.
+        // SAFETY: `p` is in the pool's mapping, which the stacks keep
+        // mapped; nothing else runs on it meanwhile.
+        unsafe { std::ptr::copy_nonoverlapping(b"CHG!".as_ptr(), p, 4) };
+        let want: &[u8] = if copy { b"sent" } else { b"CHG!" };
+        assert_eq!(&m.buf[..], want, "copy on receive {copy}");
+        // Sent back as it came (the forwarder pattern), in either mode: a
+        // private copy goes into a pool buffer first.
+        let mut w = m.buf.into_mut();
+        w.copy_from_slice(b"back");
+        server.send(m.from, w).unwrap();
+        assert_eq!(&client.recv().unwrap().buf[..], b"back");
+    }
+    drop((server, client));
+    wait_pool_whole(&mgr);
+}

@@ -31,6 +31,7 @@ pub struct StackBuilder {
     backend: Option<Backend>,
     /// `None`: `$XIO_CONTROL_TIMEOUT_MS`, else 5 s, read at attach.
     ctrl_timeout: Option<Duration>,
+    copy_on_receive: bool,
 }
 
 impl StackBuilder {
@@ -56,6 +57,18 @@ impl StackBuilder {
     /// waits.
     pub fn control_timeout(mut self, timeout: Duration) -> Self {
         self.ctrl_timeout = Some(timeout);
+        self
+    }
+
+    /// Copies every message this stack receives out of the pool into its
+    /// own memory, freeing the pool buffer at once (default: off, the
+    /// receiver reads the sender's buffer in place). For receivers that
+    /// must not trust their senders: what they read cannot change under
+    /// them, as a sender (or any process that can write the pool) could
+    /// change a buffer it sent. Costs a copy per message. See also
+    /// [`Stack::set_copy_on_receive`].
+    pub fn copy_on_receive(mut self, on: bool) -> Self {
+        self.copy_on_receive = on;
         self
     }
 
@@ -178,6 +191,9 @@ impl StackBuilder {
             refs: std::cell::RefCell::new(Vec::with_capacity(REFS_KEPT)),
             rr: 0,
             corrupt: 0,
+            private: self
+                .copy_on_receive
+                .then(|| Arc::new(super::private::PrivatePool::default())),
             manager_gone: false,
             deferred: None,
             manager_here,
@@ -250,6 +266,7 @@ impl Stack {
             mode: WaitMode::default(),
             backend: None,
             ctrl_timeout: None,
+            copy_on_receive: false,
         }
     }
 }

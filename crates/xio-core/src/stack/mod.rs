@@ -48,6 +48,7 @@ mod death;
 mod error;
 #[cfg(any(test, feature = "test-support"))]
 mod hooks;
+mod private;
 mod recv;
 mod send;
 mod socket;
@@ -172,6 +173,9 @@ pub struct Stack {
     refs: std::cell::RefCell<Vec<Arc<dyn BufferPool>>>,
     rr: usize,
     corrupt: u64,
+    /// Where received messages are copied, in copy-on-receive mode (see
+    /// `private.rs`).
+    private: Option<Arc<private::PrivatePool>>,
     manager_gone: bool,
     /// An error met after [`Stack::recv_burst`] had messages in hand: they
     /// are returned first, the error by the next receive.

@@ -75,7 +75,10 @@ impl Stack {
                 continue;
             }
             if let Some(raw) = self.take_descriptor(peer, &d) {
-                let buf = Buf::new(self.pool_ref(), raw, d.len as usize);
+                let mut buf = Buf::new(self.pool_ref(), raw, d.len as usize);
+                if let (Some(p), true) = (&self.private, d.kind == kind::DATA) {
+                    buf = p.copy_of(buf);
+                }
                 self.inbox.push_back(if d.kind == kind::DATA {
                     Event::Msg(Message {
                         from: PeerId(peer),

@@ -67,7 +67,10 @@ impl Stack {
             return Err(self.no_channel(peer));
         };
         let mut ci = ci;
-        for b in bufs.iter() {
+        for b in bufs.iter_mut() {
+            if let Some(copy) = self.pool_copy(b)? {
+                *b = copy;
+            }
             self.check_ours(b)?;
         }
         let mut descs = [Descriptor::default(); BURST];
@@ -258,6 +261,9 @@ impl Stack {
         mode: WaitMode,
     ) -> Result<(), Error> {
         if let Some(b) = slot {
+            if let Some(copy) = self.pool_copy(b)? {
+                *b = copy;
+            }
             self.check_ours(b)?;
         }
         let mut backoff = 0u32;
