@@ -126,21 +126,6 @@ impl Manager {
                 slot.corrupt.load(Ordering::Relaxed),
                 addrs.join(", ")
             );
-            // Use against the quota, class by class, where any is charged.
-            let quota: Vec<String> = usage
-                .iter()
-                .filter_map(|u| {
-                    let n = u.by_charge.iter().find(|(o, _)| *o == id)?.1;
-                    Some(format!("{} B {n}/{}", u.buf_size, u.quota))
-                })
-                .collect();
-            if !quota.is_empty() {
-                let _ = writeln!(
-                    t,
-                    "             charged (of its quota): {}",
-                    quota.join(", ")
-                );
-            }
             if e.left && e.bad {
                 let _ = writeln!(
                     t,
@@ -156,6 +141,21 @@ impl Manager {
                     t,
                     "             not reading its control socket: {} messages wait",
                     e.outbox.len()
+                );
+            }
+            // Use against the quota, class by class, where any is charged.
+            let quota: Vec<String> = usage
+                .iter()
+                .filter_map(|u| {
+                    let n = u.by_charge.iter().find(|(o, _)| *o == id)?.1;
+                    Some(format!("{} B {n}/{}", u.buf_size, u.quota))
+                })
+                .collect();
+            if !quota.is_empty() {
+                let _ = writeln!(
+                    t,
+                    "             charged (of its quota): {}",
+                    quota.join(", ")
                 );
             }
         }
