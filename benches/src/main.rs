@@ -19,6 +19,7 @@ mod capi;
 mod clock;
 mod compare;
 mod gobench;
+mod noisy;
 mod pin;
 mod sockets;
 mod stats;
@@ -74,6 +75,9 @@ enum Cmd {
     /// Go over X-IO (the go/ package): net.Conn ping-pong and net/http
     /// (HTTP/1.1, h2c) next to TCP and a Unix socket; needs Go on PATH.
     Go(gobench::GoArgs),
+    /// Noisy neighbours: a 64 B request-response pair alone, then while
+    /// other services flood and hoard the pool, with quotas and without.
+    Noisy(noisy::NoisyArgs),
     /// The shm and DPDK backends side by side with a Unix socket (needs the
     /// `dpdk` feature and hugepages).
     #[cfg(feature = "dpdk")]
@@ -153,6 +157,7 @@ fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Compare(a) => compare::run(&a),
         Cmd::Go(a) => gobench::run(&a),
+        Cmd::Noisy(a) => noisy::run(&a),
         #[cfg(feature = "dpdk")]
         Cmd::Backends(a) => backends::run(&a),
         Cmd::Capi(a) => capi::run(&a),
