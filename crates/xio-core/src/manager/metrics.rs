@@ -194,24 +194,14 @@ impl Metrics {
             head(&mut t, name, "counter", help);
             let _ = writeln!(t, "{name} {v}");
         }
-        head(
-            &mut t,
-            "xio_stack_sleeps_total",
-            "counter",
-            "Times the stack slept on its doorbell.",
-        );
-        for st in &s.stacks {
-            let slot = self.seg.stack_slot(st.id);
-            let _ = writeln!(
-                t,
-                "xio_stack_sleeps_total{{stack=\"{}\",name=\"{}\"}} {}",
-                st.id,
-                label(&st.name),
-                slot.sleeps.load(Ordering::Relaxed)
-            );
-        }
+        // Per stack, from its slot: one table, one loop.
         type Read = fn(&crate::layout::StackSlot) -> u64;
-        let waits: [(&str, &str, Read); 3] = [
+        let per_stack: [(&str, &str, Read); 5] = [
+            (
+                "xio_stack_sleeps_total",
+                "Times the stack slept on its doorbell.",
+                |s| s.sleeps.load(Ordering::Relaxed),
+            ),
             (
                 "xio_stack_pool_empty_total",
                 "Allocations the stack found its class empty for (each attempt of a waiting one).",
@@ -227,8 +217,13 @@ impl Metrics {
                 "Sends that found the ring to the peer full (each attempt).",
                 |s| s.ring_full.load(Ordering::Relaxed),
             ),
+            (
+                "xio_stack_corrupt_descriptors_total",
+                "Descriptors the stack refused.",
+                |s| s.corrupt.load(Ordering::Relaxed),
+            ),
         ];
-        for (name, help, read) in waits {
+        for (name, help, read) in per_stack {
             head(&mut t, name, "counter", help);
             for st in &s.stacks {
                 let _ = writeln!(
@@ -239,22 +234,6 @@ impl Metrics {
                     read(self.seg.stack_slot(st.id))
                 );
             }
-        }
-        head(
-            &mut t,
-            "xio_stack_corrupt_descriptors_total",
-            "counter",
-            "Descriptors the stack refused.",
-        );
-        for st in &s.stacks {
-            let slot = self.seg.stack_slot(st.id);
-            let _ = writeln!(
-                t,
-                "xio_stack_corrupt_descriptors_total{{stack=\"{}\",name=\"{}\"}} {}",
-                st.id,
-                label(&st.name),
-                slot.corrupt.load(Ordering::Relaxed)
-            );
         }
         t
     }

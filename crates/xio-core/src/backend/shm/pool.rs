@@ -499,15 +499,17 @@ impl StackPool {
     /// A pool handle for stack `me`.
     #[cfg(any(test, feature = "test-support"))]
     pub fn new(view: PoolView, me: u16) -> Self {
-        let limit = Self::limits(&view);
-        let quota = Quota::new(&view);
+        Self::with(view, me, None)
+    }
+
+    fn with(view: PoolView, me: u16, keepalive: Option<crate::fork::CloseOnFork>) -> Self {
         Self {
+            limit: Self::limits(&view),
+            quota: Quota::new(&view),
             view,
             me,
             cache: Mutex::new(Default::default()),
-            limit,
-            quota,
-            keepalive: None,
+            keepalive,
             born: crate::fork::Birth::now(),
         }
     }
@@ -526,17 +528,7 @@ impl StackPool {
     /// A pool handle that keeps `ctrl` (the stack's manager connection)
     /// open for as long as it or any buffer from it lives.
     pub fn with_keepalive(view: PoolView, me: u16, ctrl: std::os::fd::OwnedFd) -> Self {
-        let limit = Self::limits(&view);
-        let quota = Quota::new(&view);
-        Self {
-            view,
-            me,
-            cache: Mutex::new(Default::default()),
-            limit,
-            quota,
-            keepalive: Some(crate::fork::CloseOnFork::new(ctrl)),
-            born: crate::fork::Birth::now(),
-        }
+        Self::with(view, me, Some(crate::fork::CloseOnFork::new(ctrl)))
     }
 
     /// The kept-alive control socket.
@@ -776,6 +768,7 @@ impl StackPool {
     }
 
     /// How many of `want` buffers of `class` the quota leaves room for.
+    #[inline]
     fn quota_room(&self, class: usize, want: u32) -> u32 {
         let cap = self.quota(class);
         let counted = self.charged_now(class);
@@ -790,13 +783,6 @@ impl StackPool {
     /// Whether `n` more buffers of `class` would pass its quota.
     #[inline]
     fn over_quota(&self, class: usize, n: u32) -> bool {
-        let cap = self.quota(class);
-        if self
-            .charged_now(class)
-            .is_some_and(|used| used.saturating_add(n) <= cap)
-        {
-            return false;
-        }
         self.quota_room(class, n) < n
     }
 
