@@ -367,7 +367,7 @@ pub unsafe extern "C" fn xio_stack_id(stack: *mut XioStack, out: *mut XioPeer) -
         need_out(out, "out")?;
         // SAFETY: per this function's contract.
         let mut s = unsafe { using(stack, false) }?;
-        let id = s.stack().id().0;
+        let id = s.stack().id().slot();
         // SAFETY: checked non-NULL.
         unsafe { put(out, id) };
         Ok(())
@@ -438,7 +438,7 @@ pub unsafe extern "C" fn xio_stack_connect(
         // SAFETY: per this function's contract.
         let peer = unsafe { using(stack, false) }?.stack().connect(a)?;
         // SAFETY: checked non-NULL.
-        unsafe { put(out, peer.0) };
+        unsafe { put(out, peer.slot()) };
         Ok(())
     })
 }
@@ -504,7 +504,7 @@ pub unsafe extern "C" fn xio_send_tagged(
         // SAFETY: per this function's contract.
         let state = unsafe { sendable(buf) }?;
         let b = state.take_mut("the buffer")?;
-        match s.stack().send_or_return(PeerId(peer), tag, b) {
+        match s.stack().send_or_return(PeerId::new(peer, 0), tag, b) {
             Ok(()) => {
                 // SAFETY: the handle is live (checked) and now empty.
                 let _ = unsafe { close_buf(buf) };
@@ -572,7 +572,7 @@ pub unsafe extern "C" fn xio_recv_tagged(
         // SAFETY: checked non-NULL; the optional ones are checked here.
         unsafe {
             if !from_out.is_null() {
-                put(from_out, m.from.0);
+                put(from_out, m.from.slot());
             }
             if !tag_out.is_null() {
                 put(tag_out, m.tag);
@@ -643,7 +643,7 @@ pub unsafe extern "C" fn xio_recv_burst(
             // SAFETY: i < n <= cap entries (contract).
             unsafe {
                 if !froms.is_null() {
-                    froms.add(i).write(m.from.0);
+                    froms.add(i).write(m.from.slot());
                 }
                 bufs.add(i).write(new_buf(BufState::Ro(m.buf)));
             }
@@ -714,7 +714,7 @@ pub unsafe extern "C" fn xio_send_burst(
             .iter_mut()
             .map(|st| st.take_mut("a buffer").expect("checked above"))
             .collect();
-        let r = s.stack().send_burst(PeerId(peer), &mut out);
+        let r = s.stack().send_burst(PeerId::new(peer, 0), &mut out);
         // `send_burst` drains what it sent from the front.
         sent = n - out.len();
         for (st, b) in states.iter_mut().skip(sent).zip(out) {

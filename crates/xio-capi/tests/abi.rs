@@ -1106,7 +1106,7 @@ fn a_connect_to_a_stack_that_does_not_read_is_peer_busy_not_refused() {
             name: "deaf".into(),
         };
         ctrl::send(s.as_fd(), &hello, &[]).unwrap();
-        let Msg::Welcome { stack_id } = ctrl::recv(s.as_fd(), false).unwrap().0 else {
+        let Msg::Welcome { stack_id, .. } = ctrl::recv(s.as_fd(), false).unwrap().0 else {
             panic!("no welcome");
         };
         (s, stack_id)

@@ -550,7 +550,7 @@ fn killed_c_process_is_reclaimed() {
         .map(|u| {
             u.by_owner
                 .iter()
-                .filter(|(o, _)| *o != me.id().0)
+                .filter(|(o, _)| *o != me.id().slot())
                 .map(|(_, n)| *n)
                 .sum::<u32>()
         })
@@ -564,7 +564,7 @@ fn killed_c_process_is_reclaimed() {
     wait_until("only our stack holds buffers", || {
         mgr.usage()
             .iter()
-            .all(|u| u.by_owner.iter().all(|(o, _)| *o == me.id().0))
+            .all(|u| u.by_owner.iter().all(|(o, _)| *o == me.id().slot()))
     });
     assert!(mgr.snapshot().reclaimed >= 20, "{:?}", mgr.snapshot());
     drop(me);

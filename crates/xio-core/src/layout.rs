@@ -22,8 +22,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"XIO-SHM\x01");
 /// (v4: [`kind::SYN4`]; v6: up to [`SLOT_DESCS`] descriptors per ring slot;
 /// v7: the sender of a buffer in flight in its header word, see [`bufword`];
 /// v8: per-class quotas in [`ClassInfo`], charge counters in [`StackSlot`],
-/// and the sender kept in a received buffer's word).
-pub const LAYOUT_VERSION: u32 = 8;
+/// and the sender kept in a received buffer's word; v9: a slot's generation
+/// in [`StackSlot`], and in the control messages that name a stack).
+pub const LAYOUT_VERSION: u32 = 9;
 /// Most size classes a pool can have.
 pub const MAX_CLASSES: usize = 8;
 /// Class value of a descriptor that carries no buffer (control kinds).
@@ -405,6 +406,11 @@ pub struct StackSlot {
     pub state: AtomicU32,
     /// Process id, for status output.
     pub pid: AtomicU32,
+    /// The slot's generation, for status output: bumped by the manager at
+    /// each registration (never 0). The manager keeps its own copy and the
+    /// stacks learn theirs and their peers' from its messages, so a
+    /// forged word here misleads only the status.
+    pub generation: AtomicU32,
     /// Bumped by the manager each time it queues a control message for
     /// this stack, so the data path notices without a syscall.
     pub ctrl_seq: AtomicU32,

@@ -119,8 +119,11 @@ pub enum Msg {
     },
     /// Manager -> stack: registered. Fds: segment memfd, own doorbell.
     Welcome {
-        /// Assigned stack id.
+        /// Assigned stack id (a slot of the pool).
         stack_id: u16,
+        /// The slot's generation: bumped at each registration (never 0),
+        /// so a stack that takes a dead one's slot is not taken for it.
+        generation: u16,
     },
     /// Stack -> manager: bind an address.
     Bind {
@@ -146,6 +149,8 @@ pub enum Msg {
         dir: u8,
         /// The other end.
         peer: u16,
+        /// The other end's generation (see `Welcome`).
+        generation: u16,
         /// The channel existed before this request.
         existing: bool,
     },
@@ -158,6 +163,8 @@ pub enum Msg {
         dir: u8,
         /// The other end.
         peer: u16,
+        /// The other end's generation (see `Welcome`).
+        generation: u16,
     },
     /// Manager -> stack: the peer on `channel` died or left; stop using it,
     /// then answer `ChannelReleased`.
@@ -251,8 +258,12 @@ impl Msg {
                 put_str(&mut b, name, MAX_NAME);
                 ty::HELLO
             }
-            Msg::Welcome { stack_id } => {
+            Msg::Welcome {
+                stack_id,
+                generation,
+            } => {
                 b.extend_from_slice(&stack_id.to_le_bytes());
+                b.extend_from_slice(&generation.to_le_bytes());
                 ty::WELCOME
             }
             Msg::Bind { addr } => {
@@ -267,21 +278,29 @@ impl Msg {
                 put_addr(&mut b, addr);
                 ty::CONNECT
             }
-            Msg::ChannelUp { channel, dir, peer } => {
+            Msg::ChannelUp {
+                channel,
+                dir,
+                peer,
+                generation,
+            } => {
                 b.extend_from_slice(&channel.to_le_bytes());
                 b.push(*dir);
                 b.extend_from_slice(&peer.to_le_bytes());
+                b.extend_from_slice(&generation.to_le_bytes());
                 ty::CHANNEL_UP
             }
             Msg::Connected {
                 channel,
                 dir,
                 peer,
+                generation,
                 existing,
             } => {
                 b.extend_from_slice(&channel.to_le_bytes());
                 b.push(*dir);
                 b.extend_from_slice(&peer.to_le_bytes());
+                b.extend_from_slice(&generation.to_le_bytes());
                 b.push(u8::from(*existing));
                 ty::CONNECTED
             }
@@ -343,7 +362,10 @@ impl Msg {
                 pid: r.u32()?,
                 name: r.str(MAX_NAME)?,
             },
-            ty::WELCOME => Msg::Welcome { stack_id: r.u16()? },
+            ty::WELCOME => Msg::Welcome {
+                stack_id: r.u16()?,
+                generation: r.u16()?,
+            },
             ty::BIND => Msg::Bind { addr: r.addr()? },
             ty::UNBIND => Msg::Unbind { addr: r.addr()? },
             ty::CONNECT => Msg::Connect { addr: r.addr()? },
@@ -357,6 +379,7 @@ impl Msg {
                     channel,
                     dir,
                     peer: r.u16()?,
+                    generation: r.u16()?,
                 }
             }
             ty::CONNECTED => {
@@ -366,6 +389,7 @@ impl Msg {
                     return Err(ProtoError::Malformed("ring direction"));
                 }
                 let peer = r.u16()?;
+                let generation = r.u16()?;
                 let existing = match r.u8()? {
                     0 => false,
                     1 => true,
@@ -375,6 +399,7 @@ impl Msg {
                     channel,
                     dir,
                     peer,
+                    generation,
                     existing,
                 }
             }
@@ -474,7 +499,10 @@ mod tests {
                 pid: 42,
                 name: "svc-é".into(),
             },
-            Msg::Welcome { stack_id: 7 },
+            Msg::Welcome {
+                stack_id: 7,
+                generation: 3,
+            },
             Msg::Bind { addr: a },
             Msg::Unbind { addr: b },
             Msg::Connect { addr: b },
@@ -482,11 +510,13 @@ mod tests {
                 channel: 3,
                 dir: 1,
                 peer: 9,
+                generation: 2,
             },
             Msg::Connected {
                 channel: 3,
                 dir: 0,
                 peer: 9,
+                generation: 2,
                 existing: true,
             },
             Msg::PeerDown {

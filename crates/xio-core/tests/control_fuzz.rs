@@ -85,6 +85,7 @@ fn valid(r: &mut Rng) -> Msg {
         },
         2 => Msg::Welcome {
             stack_id: u16_edge(r),
+            generation: u16_edge(r),
         },
         3 => Msg::Bind { addr: addr(r) },
         4 => Msg::Unbind { addr: addr(r) },
@@ -93,6 +94,7 @@ fn valid(r: &mut Rng) -> Msg {
             channel: u32_edge(r),
             dir: r.index(2) as u8,
             peer: u16_edge(r),
+            generation: u16_edge(r),
         },
         7 => Msg::PeerDown {
             channel: u32_edge(r),
@@ -112,6 +114,7 @@ fn valid(r: &mut Rng) -> Msg {
             channel: u32_edge(r),
             dir: r.index(2) as u8,
             peer: u16_edge(r),
+            generation: u16_edge(r),
             existing: r.pct(50),
         },
         _ => Msg::StatusReplyFd {

@@ -40,7 +40,7 @@ fn asks_then_exits(prefix: &str, addr: std::net::SocketAddr, how: &str) {
     };
     ctrl::send(s.as_fd(), &hello, &[]).unwrap();
     let (m, _fds) = ctrl::recv(s.as_fd(), false).unwrap();
-    let Msg::Welcome { stack_id } = m else {
+    let Msg::Welcome { stack_id, .. } = m else {
         panic!("expected Welcome, got {m:?}");
     };
     println!("XIO:ready {stack_id}");
@@ -129,7 +129,11 @@ fn malformed_control_messages_get_errors_and_the_manager_survives() {
         ),
         (
             "reply type from a client",
-            Msg::Welcome { stack_id: 1 }.encode(),
+            Msg::Welcome {
+                stack_id: 1,
+                generation: 1,
+            }
+            .encode(),
         ),
         (
             "status reply from a client",
@@ -196,7 +200,7 @@ fn a_stack_cut_off_for_a_bad_message_keeps_its_buffers_until_it_exits() {
     };
     ctrl::send(s.as_fd(), &hello, &[]).unwrap();
     let (m, mut fds) = ctrl::recv(s.as_fd(), false).unwrap();
-    let Msg::Welcome { stack_id } = m else {
+    let Msg::Welcome { stack_id, .. } = m else {
         panic!("expected Welcome, got {m:?}");
     };
     let _bell = fds.pop().unwrap();
@@ -427,7 +431,7 @@ fn raw_stack(prefix: &str, name: &str) -> (std::os::fd::OwnedFd, u16) {
     };
     ctrl::send(s.as_fd(), &hello, &[]).unwrap();
     let (m, _fds) = ctrl::recv(s.as_fd(), false).unwrap();
-    let Msg::Welcome { stack_id } = m else {
+    let Msg::Welcome { stack_id, .. } = m else {
         panic!("expected Welcome, got {m:?}")
     };
     (s, stack_id)
@@ -955,7 +959,10 @@ impl StandIn {
             let (m, _) = ctrl::recv(s.as_fd(), false).unwrap();
             assert!(matches!(m, Msg::Hello { .. }), "{m:?}");
             let bell = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
-            let welcome = Msg::Welcome { stack_id: 1 };
+            let welcome = Msg::Welcome {
+                stack_id: 1,
+                generation: 1,
+            };
             ctrl::send(s.as_fd(), &welcome, &[seg_fd.as_fd(), bell.as_fd()]).unwrap();
             (s, bell)
         });
@@ -1005,6 +1012,7 @@ fn a_control_message_that_fails_does_not_strand_those_behind_it() {
         channel,
         dir: 1,
         peer,
+        generation: 1,
     };
     ctrl::send(s.as_fd(), &up(0, 2), &[]).unwrap();
     let bell = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
@@ -1017,7 +1025,7 @@ fn a_control_message_that_fails_does_not_strand_those_behind_it() {
     for _ in 0..3 {
         let _ = stack.try_recv();
     }
-    assert_eq!(stack.peers(), vec![PeerId(3)]);
+    assert_eq!(stack.peers(), vec![PeerId::new(3, 1)]);
     drop((stack, s));
 }
 

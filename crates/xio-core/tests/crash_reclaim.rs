@@ -66,7 +66,7 @@ fn two_stacks_churn(prefix: &str) {
 /// free-list operation every time.
 fn big_churn(prefix: &str) {
     let s = Stack::attach(prefix).unwrap();
-    println!("XIO:ready {}", s.id().0);
+    println!("XIO:ready {}", s.id().slot());
     loop {
         drop(s.alloc(1 << 20).unwrap());
     }
@@ -76,7 +76,7 @@ fn big_churn(prefix: &str) {
 fn holder(prefix: &str) {
     let s = Stack::attach(prefix).unwrap();
     let _held: Vec<_> = (0..10).map(|_| s.alloc(64).unwrap()).collect();
-    println!("XIO:ready {}", s.id().0);
+    println!("XIO:ready {}", s.id().slot());
     loop {
         std::thread::park();
     }
@@ -186,7 +186,7 @@ fn manager_serves_on_when_two_stacks_die_inside_list_ops() {
     let b = Stack::attach(&p).unwrap();
     let seg = a.__segment().clone();
     for s in [&a, &b] {
-        seg.stack_slot(s.id().0)
+        seg.stack_slot(s.id().slot())
             .intent
             .fetch_add(1, Ordering::SeqCst);
     }
@@ -274,7 +274,7 @@ fn a_put_off_last_sweep_still_reclaims_what_a_dead_sender_stamped() {
     let a = SocketAddr::from(([10, 0, 0, 1], 98));
     let mut rx = attach_or_fail(&p, "first attach");
     rx.bind(a).unwrap();
-    let me = rx.id().0;
+    let me = rx.id().slot();
     let seg = rx.__segment().clone();
     let in_flight_to_us = || in_flight_to(&seg, me);
     let mut churn = ChildProc::spawn("child_main", "big_churn", std::slice::from_ref(&p));
@@ -303,7 +303,7 @@ fn a_put_off_last_sweep_still_reclaims_what_a_dead_sender_stamped() {
                 assert!(verify(&m.buf, got), "message {got} corrupted");
                 got += 1;
             }
-            Err(Error::Reset(peer)) => break peer.0,
+            Err(Error::Reset(peer)) => break peer.slot(),
             Err(e) => panic!("{e}"),
         }
     };

@@ -511,7 +511,7 @@ fn wait_sole_holder(mgr: &xio_core::manager::ManagerHandle, me: &Stack) {
     wait_until("only our stack holds buffers", || {
         mgr.usage()
             .iter()
-            .all(|u| u.by_owner.iter().all(|(o, _)| *o == me.id().0))
+            .all(|u| u.by_owner.iter().all(|(o, _)| *o == me.id().slot()))
     });
 }
 
@@ -714,7 +714,7 @@ fn a_sender_killed_mid_burst_leaks_nothing_to_its_receiver() {
     // one after we released its channel.
     wait_until("the dead sender's slot freed", || {
         rx.__segment()
-            .stack_slot(dead.0)
+            .stack_slot(dead.slot())
             .state
             .load(Ordering::Acquire)
             == slot_state::FREE
@@ -889,7 +889,9 @@ fn a_buffer_in_flight_from_another_peer_is_refused() {
                     seg.buf_header(0, i).unwrap().word.load(Ordering::Acquire),
                 )
             })
-            .find(|&(_, w)| bufword::state(w) == bufword::INFLIGHT && bufword::owner(w) == to.0)
+            .find(|&(_, w)| {
+                bufword::state(w) == bufword::INFLIGHT && bufword::owner(w) == to.slot()
+            })
             .expect("the good message in flight");
         let forged = Descriptor {
             index,
@@ -1082,7 +1084,7 @@ fn waiting_modes_all_deliver() {
 /// Waits until stack `peer` (seen from `s`, which shares its segment)
 /// sleeps: its slot's `sleeping` word is set only on the way into a sleep.
 fn wait_asleep(s: &Stack, peer: PeerId, what: &str) {
-    let slot = s.__segment().stack_slot(peer.0);
+    let slot = s.__segment().stack_slot(peer.slot());
     wait_until(what, || {
         slot.sleeping.load(std::sync::atomic::Ordering::Relaxed) != 0
     });
@@ -2021,7 +2023,7 @@ fn a_panic_in_a_burst_closure_loses_no_buffer() {
     }));
     assert!(panicked.is_err());
     assert_eq!(
-        owned_in_state(&seg, client.id().0, bufword::ALLOCATED),
+        owned_in_state(&seg, client.id().slot(), bufword::ALLOCATED),
         0,
         "buffers left allocated to the sender, with no handle"
     );
@@ -2058,7 +2060,7 @@ fn a_panic_in_a_burst_closure_loses_no_buffer() {
     assert_eq!(rest, [3, 4, 5], "the messages after the failed one");
     // Every message was shown and is gone: none is held, none in flight.
     assert_eq!(
-        owned_in_state(&seg, server.id().0, bufword::HELD),
+        owned_in_state(&seg, server.id().slot(), bufword::HELD),
         0,
         "buffers left held by the receiver, with no handle"
     );
@@ -2127,7 +2129,7 @@ fn a_stack_dropped_while_its_buffer_lives_resets_its_peers() {
     let (mgr, mut server, mut client, peer) = manager_and_pair("dropped-held", a);
     client.send(peer, client.alloc(8).unwrap()).unwrap();
     let kept = server.recv_timeout(WATCHDOG).unwrap();
-    let gone = server.id().0;
+    let gone = server.id().slot();
     drop(server);
     let mut err = None;
     wait_until("the client learns its peer is gone", || {
@@ -2177,7 +2179,7 @@ fn a_left_stacks_slot_waits_for_its_peers_release() {
     let (mgr, mut server, mut client, peer) = manager_and_pair("left-slot", a);
     client.send(peer, client.alloc(8).unwrap()).unwrap();
     let kept = server.recv_timeout(WATCHDOG).unwrap();
-    let gone = server.id().0;
+    let gone = server.id().slot();
     let seg = client.__segment().clone();
     drop(server);
     // The client reads nothing meanwhile: its release waits.

@@ -181,7 +181,7 @@ fn push_buf(evil: &mut Stack, to: PeerId, k: u8, conn: u32, mut b: BufMut) -> Re
 fn hostile(prefix: &str, addr: SocketAddr, seed: u64, iters: u64, sockets: bool) {
     let mut evil = Stack::builder(prefix).name("hostile").attach().unwrap();
     let mut victim = evil.connect(addr).unwrap();
-    let mut me = evil.id().0;
+    let mut me = evil.id().slot();
     let seg = evil.__segment().clone();
     let shape = Shape {
         classes: seg
@@ -215,7 +215,7 @@ fn hostile(prefix: &str, addr: SocketAddr, seed: u64, iters: u64, sockets: bool)
             35..=54 => {
                 let class = rng.below(shape.classes.len() as u64) as usize;
                 let want = rng.below(5);
-                let victim_id = victim.0;
+                let victim_id = victim.slot();
                 let found: Vec<(u32, u64)> = words(&seg, class)
                     .filter(|&(_, w)| {
                         let (s, o) = (bufword::state(w), bufword::owner(w));
@@ -304,14 +304,14 @@ fn hostile(prefix: &str, addr: SocketAddr, seed: u64, iters: u64, sockets: bool)
                             1 => rng.below(6) as u8,
                             _ => rng.next() as u8,
                         };
-                        let owner = rng.pick(&[me, victim.0, 0]);
+                        let owner = rng.pick(&[me, victim.slot(), 0]);
                         let gen = if rng.one_in(2) {
                             bufword::gen(old)
                         } else {
                             rng.next() as u32 & 0xff_ffff
                         };
                         let noise = rng.next() as u16;
-                        let from = rng.pick(&[me, victim.0, 0, noise]);
+                        let from = rng.pick(&[me, victim.slot(), 0, noise]);
                         h.word.store(
                             bufword::pack_from(state, owner, from, gen),
                             Ordering::Release,
@@ -412,7 +412,7 @@ fn hostile(prefix: &str, addr: SocketAddr, seed: u64, iters: u64, sockets: bool)
             Err(Error::WouldBlock) => {
                 wedged += 1;
                 evil = Stack::builder(prefix).name("hostile").attach().unwrap();
-                me = evil.id().0;
+                me = evil.id().slot();
                 victim = evil.connect(addr).unwrap();
             }
             // The victim gave the channel up (a ring it found corrupt), or
@@ -447,7 +447,7 @@ fn hostile(prefix: &str, addr: SocketAddr, seed: u64, iters: u64, sockets: bool)
         b.copy_from(&LAST_BYTES);
         last.send_tagged(to, LAST_TAG, b).unwrap();
     }
-    let me_last = last.id().0;
+    let me_last = last.id().slot();
     println!("XIO:done {me_last} {reconnects} {wedged} {me}");
     let _keep = (evil, last);
     loop {
@@ -474,7 +474,7 @@ fn a_hostile_peer_cannot_hurt_a_zero_copy_receiver() {
     victim.bind(addr).unwrap();
 
     let mut good = Stack::attach(&p).unwrap();
-    let good_id = good.id().0;
+    let good_id = good.id().slot();
     let good_to = good.connect(addr).unwrap();
     let stop_good = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
@@ -534,7 +534,7 @@ fn a_hostile_peer_cannot_hurt_a_zero_copy_receiver() {
         };
         match r {
             Ok(()) | Err(Error::TimedOut | Error::WouldBlock) => None,
-            Err(Error::Reset(p)) if p.0 != good_id => Some(p.0),
+            Err(Error::Reset(p)) if p.slot() != good_id => Some(p.slot()),
             Err(e) => panic!("victim: {e}"),
         }
     };
@@ -626,7 +626,7 @@ impl Check {
     /// A message with its buffer: checked, then kept, echoed or dropped.
     fn take(&mut self, victim: &mut Stack, m: Message) {
         assert!(m.buf.len() <= m.buf.capacity());
-        if m.from.0 == self.good_id {
+        if m.from.slot() == self.good_id {
             self.shown(m.from, m.tag, &m.buf);
             if self.next_good % 8 == 0 {
                 let _ = victim.try_send(m.from, m.buf.into_mut());
@@ -648,7 +648,7 @@ impl Check {
     /// A payload, shown or taken: the good peer's are numbered in order
     /// and checksummed; the hostile peer's are read through.
     fn shown(&mut self, from: PeerId, tag: u32, p: &[u8]) {
-        if from.0 == self.good_id {
+        if from.slot() == self.good_id {
             assert_eq!(
                 tag, self.next_good as u32,
                 "the good peer's message {} lost or misattributed",
@@ -663,7 +663,7 @@ impl Check {
         } else {
             self.from_hostile += 1;
             if tag == LAST_TAG && p == LAST_BYTES {
-                self.last_from.push(from.0);
+                self.last_from.push(from.slot());
             }
             std::hint::black_box(p.iter().fold(0u8, |a, &b| a.wrapping_add(b)));
         }
@@ -771,7 +771,7 @@ fn a_hostile_peer_cannot_hurt_a_socket_server() {
     evil.expect("ready");
     let said = evil.expect("done");
     let watcher = Stack::attach(&p).unwrap();
-    let victim = server.stack_id().0;
+    let victim = server.stack_id().slot();
     let rejected = watcher
         .__segment()
         .stack_slot(victim)

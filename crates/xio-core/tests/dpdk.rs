@@ -465,7 +465,7 @@ fn stack_pool(s: &xio_core::stack::Stack) -> DpdkPool {
         .iter()
         .map(|&(c, size)| Mempool::lookup(&xio_core::dpdk::mempool_name(c), size).unwrap())
         .collect();
-    DpdkPool::with_segment(classes, s.id().0, s.__segment().clone())
+    DpdkPool::with_segment(classes, s.id().slot(), s.__segment().clone())
 }
 
 /// A stack whose process stops inside a get from class 0's mempool (inside
@@ -760,7 +760,7 @@ fn manager(prefix: &str) {
 fn unstamped_stack(prefix: &str) {
     let s = xio_core::stack::Stack::attach(prefix).unwrap();
     let held: Vec<_> = (0..3).map(|_| s.alloc(100).unwrap()).collect();
-    let me = s.id().0;
+    let me = s.id().slot();
     let mut n = 0;
     for (c, size) in [(0, 2048), (1, 65536)] {
         let mp = Mempool::lookup(&xio_core::dpdk::mempool_name(c), size).unwrap();

@@ -336,7 +336,7 @@ fn a_forged_consumer_index_is_put_back() {
 #[test]
 fn a_cleared_sleeping_word_costs_a_sleeper_its_wake_up_only_for_a_while() {
     let (mgr, mut b, mut a, to_b) = manager_and_pair("sleeping", "10.9.1.3:7".parse().unwrap());
-    let b_id = b.id().0;
+    let b_id = b.id().slot();
     let reader = std::thread::spawn(move || {
         b.set_wait_mode(xio_core::WaitMode::Blocking);
         let m = b.recv().unwrap();
@@ -526,4 +526,102 @@ fn copy_on_receive_keeps_what_was_received_from_changing() {
     }
     drop((server, client));
     wait_pool_whole(&mgr);
+}
+
+/// A stack that registers in the slot of one that died is another peer:
+/// the reset still queued for the dead one names the dead one (before
+/// generations it named the slot, and an application, or the socket
+/// layer, took it for the newcomer's), a send to the dead one's id is
+/// reset instead of reaching the newcomer, and what the dead one sent and
+/// a peer still holds is charged to that peer, not to the slot's newcomer.
+#[test]
+fn a_stack_in_a_dead_ones_slot_inherits_neither_its_reset_nor_its_buffers() {
+    setup();
+    let p = prefix("generations");
+    // Two slots: the newcomer can only get the dead one's.
+    let mgr = manager_builder(&p)
+        .pool(PoolConfig {
+            classes: vec![(2 << 10, 64)],
+            max_stacks: 2,
+            max_channels: 2,
+            ..PoolConfig::default()
+        })
+        .spawn()
+        .unwrap();
+    let addr: std::net::SocketAddr = "10.9.2.1:7".parse().unwrap();
+    let mut a = Stack::attach(&p).unwrap();
+    let mut b = Stack::attach(&p).unwrap();
+    b.bind(addr).unwrap();
+    let old = a.connect(addr).unwrap();
+    assert_eq!(old, b.id());
+    let mut hi = a.alloc(2).unwrap();
+    hi.copy_from(b"hi");
+    a.send(old, hi).unwrap();
+    let m = b.recv().unwrap();
+    for _ in 0..3 {
+        let mut r = b.alloc(5).unwrap();
+        r.copy_from(b"reply");
+        b.send(m.from, r).unwrap();
+    }
+    drop(m);
+    let kept: Vec<_> = (0..3).map(|_| a.recv().unwrap()).collect();
+    assert!(kept.iter().all(|m| m.from == old && &m.buf[..] == b"reply"));
+    drop(b);
+
+    // `a` reads the news (a connect looks first) and releases the channel;
+    // then the slot is free.
+    wait_until("the dead stack's binding gone", || {
+        matches!(a.connect(addr), Err(Error::Refused { .. }))
+    });
+    let mut b2 = None;
+    wait_until("the dead stack's slot free", || match Stack::attach(&p) {
+        Ok(s) => b2 = Some(s),
+        Err(Error::Refused {
+            code: ErrorCode::NoSpace,
+            ..
+        }) => {}
+        Err(e) => panic!("{e}"),
+    } == () && b2.is_some());
+    let mut b2 = b2.unwrap();
+    assert_eq!(b2.id().slot(), old.slot(), "the dead one's slot");
+    assert_ne!(b2.id(), old, "with another generation");
+    b2.bind(addr).unwrap();
+    let new = a.connect(addr).unwrap();
+    assert_eq!(new, b2.id());
+
+    // The reset queued for the dead one names it, not the newcomer.
+    match a.recv_timeout(WATCHDOG) {
+        Err(Error::Reset(gone)) => assert_eq!(gone, old),
+        other => panic!("expected the dead one's reset: {other:?}"),
+    }
+    // A send to the dead one's id does not reach the newcomer.
+    let mut stale = a.alloc(5).unwrap();
+    stale.copy_from(b"stale");
+    match a.send(old, stale) {
+        Err(Error::Reset(p) | Error::NotConnected(p)) => assert_eq!(p, old),
+        other => panic!("a send to the dead one's id: {other:?}"),
+    }
+    let mut fresh = a.alloc(5).unwrap();
+    fresh.copy_from(b"fresh");
+    a.send(new, fresh).unwrap();
+    let m = b2.recv_timeout(WATCHDOG).unwrap();
+    assert_eq!((&m.buf[..], m.from), (&b"fresh"[..], a.id()));
+    drop(m);
+
+    // What `a` keeps of the dead one's sends is charged to `a`, nothing
+    // to the slot's newcomer (which then owns and sent nothing).
+    let charge = |id: u16| -> u32 {
+        mgr.usage()
+            .iter()
+            .flat_map(|u| u.by_charge.iter())
+            .filter(|(o, _)| *o == id)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    assert_eq!(charge(b2.id().slot()), 0, "{:?}", mgr.usage());
+    assert_eq!(charge(a.id().slot()), 3, "{:?}", mgr.usage());
+    drop(kept);
+    drop((a, b2));
+    wait_pool_whole(&mgr);
+    mgr.stop();
 }

@@ -2377,7 +2377,7 @@ fn hostile_descriptors_hurt_no_other_connection() {
     assert_eq!(pushed, 20_000);
     // The server looked at them: the buffer-carrying kinds with forged
     // buffer references (most of the noise) are counted as corrupt.
-    let slot = evil.__segment().stack_slot(victim.0);
+    let slot = evil.__segment().stack_slot(victim.slot());
     wait_until("the server rejected the forgeries", || {
         slot.corrupt.load(std::sync::atomic::Ordering::Relaxed) >= 5_000
     });
@@ -3691,7 +3691,7 @@ fn an_ipv6_syn_cannot_claim_another_source_address() {
         .unwrap()
         .is_none());
     let (s, from) = l.accept().unwrap();
-    let id = evil.id().0.to_be_bytes();
+    let id = evil.id().slot().to_be_bytes();
     // (IPv4-mapped: a client of an IPv6 address has one.)
     let ip = std::net::Ipv4Addr::new(127, 88, id[0], id[1]).to_ipv6_mapped();
     let expected = SocketAddr::from((ip, 1024 + conn as u16));

@@ -1045,7 +1045,7 @@ fn a_service_here_that_does_not_read_is_refused_not_dialled_over_tcp() {
             name: "deaf".into(),
         };
         ctrl::send(s.as_fd(), &hello, &[]).unwrap();
-        let Msg::Welcome { stack_id } = ctrl::recv(s.as_fd(), false).unwrap().0 else {
+        let Msg::Welcome { stack_id, .. } = ctrl::recv(s.as_fd(), false).unwrap().0 else {
             panic!("no Welcome")
         };
         (s, stack_id)

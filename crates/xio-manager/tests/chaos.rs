@@ -111,7 +111,7 @@ fn worker(prefix: &str, idx: usize, seed: u64) {
         .attach()
         .unwrap();
     raw.bind(raw_addr(idx)).unwrap();
-    let raw_id = raw.id().0;
+    let raw_id = raw.id().slot();
     let net = Net::builder(prefix)
         .control_timeout(WATCHDOG)
         .attach()
@@ -138,7 +138,7 @@ fn worker(prefix: &str, idx: usize, seed: u64) {
         let b = beats.new_loop(format!("blocking client {c}"));
         std::thread::spawn(move || blocking_client(net, idx, seed ^ (0x100 + c), &b));
     }
-    println!("XIO:ready {} {} {}", raw_id, net.stack_id().0, tok_id);
+    println!("XIO:ready {} {} {}", raw_id, net.stack_id().slot(), tok_id);
     {
         let beats = beats.clone();
         std::thread::spawn(move || loop {
@@ -592,7 +592,7 @@ fn tokio_side(prefix: &str, idx: usize, seed: u64, ready: mpsc::Sender<u16>, bea
             .attach()
             .unwrap();
         let lis = xio_tokio::XioListener::bind_with(&net, tok_addr(idx)).unwrap();
-        ready.send(net.stack_id().0).unwrap();
+        ready.send(net.stack_id().slot()).unwrap();
         for (c, b) in clients.into_iter().enumerate() {
             let net = net.clone();
             tokio::spawn(tokio_client(net, idx, seed ^ (0x300 + c as u64), b));

@@ -107,7 +107,7 @@ impl<B: Chunk> Table<B> {
     /// Forgets the early route `k` if it still leads to `c`: the
     /// initiator's id comes back once its slot's generations wrap, and
     /// then the route is a newer connection's.
-    pub(super) fn forget_early(&mut self, k: (u16, u32), c: ConnId) {
+    pub(super) fn forget_early(&mut self, k: (PeerId, u32), c: ConnId) {
         if self.early.get(&k) == Some(&c) {
             self.early.remove(&k);
         }
@@ -116,7 +116,7 @@ impl<B: Chunk> Table<B> {
     /// Our connection for what `peer` sent with its own id `remote`
     /// ([`kind::EARLY`]).
     pub fn early_conn(&self, peer: PeerId, remote: u32) -> Option<ConnId> {
-        self.early.get(&(peer.0, remote)).copied()
+        self.early.get(&(peer, remote)).copied()
     }
 
     /// The stack a connection goes to.

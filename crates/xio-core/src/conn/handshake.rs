@@ -131,10 +131,10 @@ impl<B: Chunk> Table<B> {
         match self.insert(peer, remote, State::Established, target, source) {
             Ok(c) => {
                 if let Some(e) = self.get_mut(c) {
-                    e.early_key = Some((peer.0, remote));
+                    e.early_key = Some((peer, remote));
                     e.unaccepted = true;
                 }
-                self.early.insert((peer.0, remote), c);
+                self.early.insert((peer, remote), c);
                 self.listeners
                     .get_mut(&key)
                     .expect("checked")

@@ -180,7 +180,7 @@ struct Entry<B> {
     /// the answer comes, so it is not taken for a stale id (and reset).
     closed: bool,
     /// For an accepted connection: the initiator's key in `early`.
-    early_key: Option<(u16, u32)>,
+    early_key: Option<(PeerId, u32)>,
     /// A reset was reported once: reads now return end of stream and
     /// writes `BrokenPipe`, as a TCP socket's do after its `ECONNRESET`.
     reset_reported: bool,
@@ -239,7 +239,7 @@ struct Closing {
     /// The peer's id for it, for the RST.
     remote: u32,
     /// Its key in `Table::early`, if it was accepted.
-    early: Option<(u16, u32)>,
+    early: Option<(PeerId, u32)>,
 }
 
 /// A stack's connections and listeners.
@@ -256,7 +256,7 @@ pub struct Table<B> {
     credit_every: usize,
     /// Accepted connections by (initiator stack, initiator's id), for what
     /// the initiator sent before it knew our id ([`kind::EARLY`]).
-    early: HashMap<(u16, u32), ConnId>,
+    early: HashMap<(PeerId, u32), ConnId>,
     /// Connections closed here after sending their FIN while the peer may
     /// still send (TCP's FIN-WAIT): the peer and its id, so that data
     /// arriving for them is answered with a RST (its writer learns the

@@ -699,7 +699,7 @@ fn thousands_of_connections_and_reuse() {
     for round in 0..3 {
         let ids: Vec<ConnId> = (0..5000)
             .map(|i| {
-                s.on_syn(PeerId(1 + (i % 7) as u16), i, a(1), src());
+                s.on_syn(PeerId(1 + i % 7), i, a(1), src());
                 s.accept(a(1)).unwrap()
             })
             .collect();
@@ -707,12 +707,12 @@ fn thousands_of_connections_and_reuse() {
         for (i, &c) in ids.iter().enumerate() {
             s.close(c);
             if i % 2 == 0 {
-                s.on_fin(PeerId(1 + (i % 7) as u16), c);
+                s.on_fin(PeerId(1 + (i % 7) as u32), c);
             }
         }
         assert_eq!(s.len(), 2500, "closed, the peer may still send");
         for (i, &c) in ids.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
-            s.on_rst(PeerId(1 + (i % 7) as u16), c);
+            s.on_rst(PeerId(1 + (i % 7) as u32), c);
         }
         actions(&mut s);
         assert!(s.is_empty());

@@ -187,6 +187,7 @@ impl Manager {
             audit_due: std::time::Instant::now() + super::sweep::AUDIT_EVERY,
             waiting_rings: HashMap::new(),
             last_id: 0,
+            generations: vec![0; b.pool.max_stacks as usize + 1],
             bindings: HashMap::new(),
             outbox_fd_budget: {
                 let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);

@@ -128,6 +128,7 @@ impl Manager {
                 channel: ch,
                 dir,
                 peer: b,
+                generation: self.stacks[&b].generation,
                 existing: true,
             };
             return self.deliver(a, msg, Some(b));
@@ -170,12 +171,14 @@ impl Manager {
             channel: ch,
             dir: 1,
             peer: a,
+            generation: self.stacks[&a].generation,
         };
         self.deliver(b, up, Some(a));
         let msg = Msg::Connected {
             channel: ch,
             dir: 0,
             peer: b,
+            generation: self.stacks[&b].generation,
             existing: false,
         };
         self.deliver(a, msg, Some(b));

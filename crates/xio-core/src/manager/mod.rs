@@ -92,6 +92,8 @@ struct Pending {
 
 struct StackEntry {
     sock: CloseOnFork,
+    /// Its slot's generation (see [`Manager::generations`]).
+    generation: u16,
     pid: u32,
     name: String,
     bell: EventFdDoorbell,
@@ -183,6 +185,12 @@ pub struct Manager {
     /// peer's id reused at once would make what its peers still hold of
     /// the dead one (a queued reset, a route) look like the new one's.
     last_id: u16,
+    /// Per slot, the generation given with it last: the next registration
+    /// in the slot gets the one after (skipping 0), so a peer can tell a
+    /// newcomer from the dead stack whose slot it took (a reset still
+    /// queued for the dead one, say). Kept here, not read back from the
+    /// segment, where any attached process could rewrite it.
+    generations: Vec<u16>,
     bindings: HashMap<SocketAddr, u16>,
     channels: Vec<Option<ChanEntry>>,
     /// Most fds all outboxes may hold together (a share of the fd limit

@@ -118,12 +118,13 @@ impl Manager {
             let addrs: Vec<String> = e.addrs.iter().map(|a| a.to_string()).collect();
             let _ = writeln!(
                 t,
-                "  stack {id:<4} pid {:<8} {:<16} buffers {held:<6} channels {:<3} sleeps {:<8} corrupt {:<4} bound [{}]",
+                "  stack {id:<4} pid {:<8} {:<16} buffers {held:<6} channels {:<3} sleeps {:<8} corrupt {:<4} generation {:<5} bound [{}]",
                 e.pid,
                 e.name,
                 e.peers.len(),
                 slot.sleeps.load(Ordering::Relaxed),
                 slot.corrupt.load(Ordering::Relaxed),
+                e.generation,
                 addrs.join(", ")
             );
             if e.left && e.bad {

@@ -126,20 +126,30 @@ impl Manager {
             c.store(0, Ordering::Relaxed);
             d.store(0, Ordering::Relaxed);
         }
+        let generation = match self.generations[id as usize].wrapping_add(1) {
+            0 => 1,
+            g => g,
+        };
+        self.generations[id as usize] = generation;
+        slot.generation
+            .store(u32::from(generation), Ordering::Relaxed);
         slot.pid.store(pid, Ordering::Relaxed);
         slot.state.store(slot_state::ACTIVE, Ordering::Release);
         let seg_fd = self.seg.region().fd().expect("manager segments are memfds");
         // A new socket's buffer is empty: this does not find it full.
         if let Err(e) = ctrl::send_nowait(
             sock.as_fd(),
-            &Msg::Welcome { stack_id: id },
+            &Msg::Welcome {
+                stack_id: id,
+                generation,
+            },
             &[seg_fd, bell.fd()],
         ) {
             tracing::warn!(error = %e, "could not answer Hello");
             slot.state.store(slot_state::FREE, Ordering::Release);
             return;
         }
-        tracing::info!(stack = id, pid, name = %name, "stack registered");
+        tracing::info!(stack = id, generation, pid, name = %name, "stack registered");
         self.snapshot
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -149,6 +159,7 @@ impl Manager {
             id,
             StackEntry {
                 sock,
+                generation,
                 pid,
                 name,
                 bell,

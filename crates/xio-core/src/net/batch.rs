@@ -85,7 +85,7 @@ impl Core {
                 continue;
             }
             if !run.is_empty() {
-                self.pending.entry(peer.0).or_default().extend(
+                self.pending.entry(peer).or_default().extend(
                     run.drain(..)
                         .map(|(kind, to, buf)| Pending::Buf { kind, to, buf }),
                 );

@@ -61,7 +61,7 @@ pub(super) struct Core {
     /// Emptied waiter lists kept for reuse (see `Core::recycle`).
     pub(super) spare_lists: Vec<Vec<Waiter>>,
     pub(super) parked: usize,
-    pub(super) pending: HashMap<u16, VecDeque<Pending>>,
+    pub(super) pending: HashMap<PeerId, VecDeque<Pending>>,
     /// [`Shared::batch_owner`]: set and cleared by a [`WriteBatch`]
     /// (cleared with the lock held, after the held writes left).
     pub(super) batch_owner: Arc<AtomicUsize>,
@@ -169,7 +169,7 @@ impl Core {
         // What a write batch holds goes first (pushed, or queued ahead):
         // a FIN or reset must not overtake a connection's data.
         self.release_held();
-        let q = self.pending.entry(peer.0).or_default();
+        let q = self.pending.entry(peer).or_default();
         if !q.is_empty() {
             if q.len() >= RST_QUEUE_MAX
                 && matches!(
@@ -190,7 +190,7 @@ impl Core {
                 // that ends a connection ([`kind::RST_ENDS`]) always
                 // goes: there are at most as many as connections.
                 self.rst_dropped += 1;
-                tracing::debug!(peer = peer.0, "reset to a peer that does not drain dropped");
+                tracing::debug!(%peer, "reset to a peer that does not drain dropped");
                 return;
             }
             q.push_back(p);
@@ -207,7 +207,7 @@ impl Core {
                 if !self.has_pending() {
                     let _ = self.stack.ring_self();
                 }
-                self.pending.entry(peer.0).or_default().push_back(p);
+                self.pending.entry(peer).or_default().push_back(p);
             }
             Err(_) => self.refused_peers.push(peer),
         }
@@ -253,11 +253,11 @@ impl Core {
         if self.pending.values().all(VecDeque::is_empty) {
             return true;
         }
-        let peers: Vec<u16> = self.pending.keys().copied().collect();
+        let peers: Vec<PeerId> = self.pending.keys().copied().collect();
         for p in peers {
             let mut q = self.pending.remove(&p).unwrap_or_default();
             while let Some(item) = q.pop_front() {
-                match self.push(PeerId(p), item) {
+                match self.push(p, item) {
                     Ok(None) => {}
                     Ok(Some(item)) => {
                         q.push_front(item);
@@ -265,7 +265,7 @@ impl Core {
                     }
                     Err(_) => {
                         q.clear();
-                        self.refused_peers.push(PeerId(p));
+                        self.refused_peers.push(p);
                     }
                 }
             }
@@ -299,7 +299,7 @@ impl Core {
     }
 
     pub(super) fn pending_for(&self, peer: PeerId) -> bool {
-        self.pending.get(&peer.0).is_some_and(|q| !q.is_empty())
+        self.pending.get(&peer).is_some_and(|q| !q.is_empty())
     }
 
     /// Moves what the rings hold into the table and runs what follows.
@@ -343,11 +343,11 @@ impl Core {
                     table.on_syn_from(from, conn, target, source, |ip| this_node(node_ips, ip))
                 }
                 None => {
-                    tracing::warn!(peer = from.0, "malformed SYN refused");
+                    tracing::warn!(peer = %from, "malformed SYN refused");
                 }
             },
             StackInput::Buf { from, kind, .. } => {
-                tracing::debug!(peer = from.0, kind, "dropped a non-stream buffer");
+                tracing::debug!(peer = %from, kind, "dropped a non-stream buffer");
             }
             StackInput::Control {
                 from,
@@ -361,7 +361,7 @@ impl Core {
                     let source = client_addr(from, ConnId(conn), &target);
                     table.on_syn_from(from, conn, target, source, |ip| this_node(node_ips, ip));
                 }
-                Err(_) => tracing::warn!(peer = from.0, arg2, "malformed SYN refused"),
+                Err(_) => tracing::warn!(peer = %from, arg2, "malformed SYN refused"),
             },
             StackInput::Control {
                 from,
@@ -371,7 +371,7 @@ impl Core {
                 ..
             } => dispatch_control(table, from, kind, conn, arg),
             StackInput::Message(m) => {
-                tracing::debug!(peer = m.from.0, "dropped a zero-copy message");
+                tracing::debug!(peer = %m.from, "dropped a zero-copy message");
             }
             StackInput::PeerGone(p) => {
                 table.on_peer_gone(p);
@@ -380,7 +380,7 @@ impl Core {
         });
         let _ = me;
         for p in gone {
-            self.pending.remove(&p.0);
+            self.pending.remove(&p);
         }
         let n = match r {
             Ok(n) => n,
@@ -439,7 +439,7 @@ impl Core {
                 // delivers in order. Resetting their connections here
                 // instead would turn a clean close into a reset.
                 for p in std::mem::take(&mut self.refused_peers) {
-                    self.pending.remove(&p.0);
+                    self.pending.remove(&p);
                 }
                 self.ring_unrung();
                 break;
@@ -607,6 +607,6 @@ fn dispatch_control(table: &mut Table<Buf>, from: PeerId, k: u8, conn: u32, arg:
         kind::FIN => table.on_fin(from, c),
         kind::RST => table.on_rst(from, c),
         kind::CREDIT => table.on_credit(from, c, arg),
-        _ => tracing::warn!(peer = from.0, k, "unexpected control descriptor ignored"),
+        _ => tracing::warn!(peer = %from, k, "unexpected control descriptor ignored"),
     }
 }

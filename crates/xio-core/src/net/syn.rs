@@ -67,7 +67,7 @@ pub(super) fn decode_syn(b: &[u8]) -> Option<(SocketAddr, SocketAddr)> {
 /// from the ids and the target, so they agree.
 pub(super) fn client_addr(stack: PeerId, c: ConnId, target: &SocketAddr) -> SocketAddr {
     const PORTS: u32 = 65536 - 1024;
-    let [hi, lo] = stack.0.to_be_bytes();
+    let [hi, lo] = stack.slot().to_be_bytes();
     let index = c.index() as u32;
     let block = (index / PORTS) as u8;
     let port = 1024 + index % PORTS;

@@ -149,8 +149,11 @@ impl StackBuilder {
             }
             r => r.map_err(recv_err)?,
         };
-        let id = match msg {
-            Msg::Welcome { stack_id } if fds.len() == 2 => stack_id,
+        let (id, generation) = match msg {
+            Msg::Welcome {
+                stack_id,
+                generation,
+            } if fds.len() == 2 => (stack_id, generation),
             Msg::Error { code, message } => return Err(Error::Refused { code, message }),
             other => return Err(Error::Protocol(format!("expected Welcome, got {other:?}"))),
         };
@@ -176,6 +179,7 @@ impl StackBuilder {
         let slot_seq = seg.stack_slot(id).ctrl_seq.load(Ordering::Acquire);
         Ok(Stack {
             id,
+            generation,
             seg,
             pool,
             bell,

@@ -54,8 +54,8 @@ impl Stack {
             self.reap_dead_peers();
         }
         if let Some(&p) = self.resolved.get(&addr) {
-            if self.by_peer.contains_key(&p) {
-                return Ok(Some(PeerId(p)));
+            if let Some(&ci) = self.by_peer.get(&p) {
+                return Ok(Some(self.channels[ci].peer_id));
             }
         }
         Ok(None)
@@ -74,6 +74,7 @@ impl Stack {
                 channel,
                 dir,
                 peer,
+                generation,
                 existing,
             } => {
                 if !self.by_peer.contains_key(&peer) {
@@ -92,10 +93,23 @@ impl Stack {
                             ),
                         });
                     }
-                    self.take_channel(channel, dir, peer, fds, "Connected")?;
+                    self.take_channel(channel, dir, peer, generation, fds, "Connected")?;
+                }
+                let ci = self.by_peer[&peer];
+                if self.channels[ci].peer_id.generation() != generation {
+                    // The manager answers with the channel it has to that
+                    // slot; ours is to a stack it no longer has there (a
+                    // death not read here yet): not this one.
+                    return Err(Error::Refused {
+                        code: crate::proto::ErrorCode::ConnectionRefused,
+                        message: format!(
+                            "the process bound to {addr} took the slot of one that died; \
+                             its channel is not up here yet"
+                        ),
+                    });
                 }
                 self.resolved.insert(addr, peer);
-                Ok(PeerId(peer))
+                Ok(self.channels[ci].peer_id)
             }
             Msg::Error { code, message } => Err(Error::Refused { code, message }),
             other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
@@ -116,11 +130,14 @@ impl Stack {
         channel: u32,
         dir: u8,
         peer: u16,
+        generation: u16,
         mut fds: Vec<OwnedFd>,
         what: &str,
     ) -> Result<(), Error> {
         let r = match fds.pop() {
-            Some(bell) => self.add_channel(channel, dir, peer, bell, fds.pop()),
+            Some(bell) => {
+                self.add_channel(channel, dir, PeerId::new(peer, generation), bell, fds.pop())
+            }
             None => Err(Error::Protocol(format!("{what} without doorbell"))),
         };
         if r.is_err() && !self.by_peer.contains_key(&peer) && channel < self.seg.max_channels() {
@@ -133,10 +150,11 @@ impl Stack {
         &mut self,
         channel: u32,
         dir: u8,
-        peer: u16,
+        peer_id: PeerId,
         bell: OwnedFd,
         pidfd: Option<OwnedFd>,
     ) -> Result<(), Error> {
+        let peer = peer_id.slot();
         if channel >= self.seg.max_channels()
             || peer == 0
             || u32::from(peer) > self.seg.max_stacks()
@@ -154,6 +172,7 @@ impl Stack {
             #[cfg(any(test, feature = "test-support"))]
             dir,
             peer,
+            peer_id,
             tx,
             rx,
             peer_bell: EventFdDoorbell::from_fd(bell),
@@ -202,9 +221,9 @@ impl Stack {
             if n == 0 {
                 break;
             }
-            self.deliver_burst(peer, n);
+            self.deliver_burst(ch.peer_id, n);
         }
-        self.inbox.push_back(Event::Reset(PeerId(peer)));
+        self.inbox.push_back(Event::Reset(ch.peer_id));
         self.resolved.retain(|_, p| *p != peer);
         // Announced or closed: the manager waits for our release. Still
         // active (we found the peer's ring corrupt): the release asks the
@@ -223,7 +242,7 @@ impl Stack {
     /// Records that `addr` resolves to `peer` (a route the caller forgot
     /// but found still good).
     pub(crate) fn remember_resolution(&mut self, addr: SocketAddr, peer: PeerId) {
-        self.resolved.insert(addr, peer.0);
+        self.resolved.insert(addr, peer.slot());
     }
 
     /// Forgets which stack `addr` resolved to, so the next `connect` asks
@@ -235,7 +254,7 @@ impl Stack {
     /// Forgets how `addr` was resolved if it was resolved to `peer` (which
     /// refused a connection to it).
     pub(crate) fn forget_resolution_to(&mut self, addr: &SocketAddr, peer: PeerId) {
-        if self.resolved.get(addr) == Some(&peer.0) {
+        if self.resolved.get(addr) == Some(&peer.slot()) {
             self.resolved.remove(addr);
         }
     }

@@ -259,6 +259,7 @@ impl Stack {
                     channel,
                     dir,
                     peer,
+                    generation,
                     existing,
                 },
             ) => {
@@ -267,7 +268,9 @@ impl Stack {
                         // Closed here since (see `Stack::connected`).
                         return;
                     }
-                    if let Err(e) = self.take_channel(channel, dir, peer, fds, "late Connected") {
+                    if let Err(e) =
+                        self.take_channel(channel, dir, peer, generation, fds, "late Connected")
+                    {
                         tracing::warn!(error = %e, "late channel not set up");
                         return;
                     }
@@ -312,9 +315,12 @@ impl Stack {
 
     fn handle_async(&mut self, m: Msg, fds: Vec<OwnedFd>) -> Result<(), Error> {
         match m {
-            Msg::ChannelUp { channel, dir, peer } => {
-                self.take_channel(channel, dir, peer, fds, "ChannelUp")
-            }
+            Msg::ChannelUp {
+                channel,
+                dir,
+                peer,
+                generation,
+            } => self.take_channel(channel, dir, peer, generation, fds, "ChannelUp"),
             Msg::PeerDown { channel, peer } => {
                 self.close_channel(peer, Some(channel));
                 Ok(())

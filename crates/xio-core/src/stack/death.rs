@@ -52,7 +52,7 @@ impl Stack {
     /// manager can know of a peer.
     pub(crate) fn peer_alive(&mut self, peer: PeerId) -> bool {
         self.reap_dead_peers();
-        self.by_peer.contains_key(&peer.0)
+        self.chan_of(peer).is_some()
     }
 
     /// For a send waiting for room in a ring: with no manager left to

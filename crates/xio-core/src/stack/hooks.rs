@@ -36,7 +36,7 @@ impl Stack {
         peer: PeerId,
         push: impl FnOnce(&mut dyn DescProducer) -> Result<bool, RingError>,
     ) -> Result<bool, Error> {
-        let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
+        let ci = self.chan_of(peer).ok_or(Error::NotConnected(peer))?;
         let ch = &mut self.channels[ci];
         let ok = push(&mut *ch.tx).map_err(|e| Error::Protocol(e.to_string()))?;
         Self::notify(&self.seg, ch);
@@ -56,7 +56,7 @@ impl Stack {
         if !self.pool.rings_in_segment() {
             return Ok(false);
         }
-        let ci = *self.by_peer.get(&peer.0).ok_or(Error::NotConnected(peer))?;
+        let ci = self.chan_of(peer).ok_or(Error::NotConnected(peer))?;
         let ch = &self.channels[ci];
         const WORDS: u32 = (core::mem::size_of::<crate::layout::RingSlot>() / 4) as u32;
         let target = if word == u32::MAX {

@@ -80,14 +80,49 @@ use crate::segment::Segment;
 use crate::sync::FxHashMap;
 use crate::wait::{AdaptiveSpin, WaitMode};
 
-/// Another stack, as seen from this one.
+/// Another stack, as seen from this one: its slot in the pool (the low
+/// 16 bits) and the slot's generation (the high 16), `generation << 16 |
+/// slot`. The manager gives a slot a new generation at each registration,
+/// so a service that restarts in a dead one's slot has another id: a reset
+/// still queued for the dead one ([`Error::Reset`], a socket's
+/// `PeerGone`) names the dead one and nothing of the newcomer's, and a
+/// send to the dead one's id fails with a reset instead of reaching the
+/// newcomer.
+///
+/// Generation 0 is no registration's: an id made from a slot alone (C's
+/// `xio_peer`, `PeerId(slot)`) names whichever stack holds the slot now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PeerId(pub u16);
+pub struct PeerId(pub u32);
+
+impl PeerId {
+    /// The id of the stack in `slot` at `generation`.
+    pub const fn new(slot: u16, generation: u16) -> PeerId {
+        PeerId((generation as u32) << 16 | slot as u32)
+    }
+    /// Its slot in the pool (what C programs see as an `xio_peer`).
+    pub const fn slot(self) -> u16 {
+        self.0 as u16
+    }
+    /// Its slot's generation (0: any, see [`PeerId`]).
+    pub const fn generation(self) -> u16 {
+        (self.0 >> 16) as u16
+    }
+    /// Whether this id names `current`, the stack that holds the slot now:
+    /// the same slot, and the same generation unless this id has none.
+    pub(crate) const fn names(self, current: PeerId) -> bool {
+        self.slot() == current.slot()
+            && (self.generation() == 0 || self.generation() == current.generation())
+    }
+}
 
 impl std::fmt::Display for PeerId {
-    /// The number, as C programs see an `xio_peer`.
+    /// The slot, as C programs see an `xio_peer`, and its generation after
+    /// a dot when it has one (`3.2`).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
+        match self.generation() {
+            0 => self.slot().fmt(f),
+            g => write!(f, "{}.{g}", self.slot()),
+        }
     }
 }
 
@@ -117,6 +152,8 @@ struct Chan {
     #[cfg(any(test, feature = "test-support"))]
     dir: u8,
     peer: u16,
+    /// The peer's full id (slot and generation).
+    peer_id: PeerId,
     tx: Box<dyn DescProducer>,
     rx: Box<dyn DescConsumer>,
     peer_bell: EventFdDoorbell,
@@ -154,6 +191,8 @@ enum Event {
 /// `Send` and may be dropped anywhere).
 pub struct Stack {
     id: u16,
+    /// Its slot's generation (see [`PeerId`]).
+    generation: u16,
     seg: Segment,
     pool: AnyPool,
     bell: EventFdDoorbell,
@@ -240,7 +279,7 @@ impl std::fmt::Debug for Stack {
 impl Stack {
     /// This stack's id in the pool.
     pub fn id(&self) -> PeerId {
-        PeerId(self.id)
+        PeerId::new(self.id, self.generation)
     }
 
     /// The waiting mode of blocking calls.
@@ -303,9 +342,17 @@ impl Stack {
         self.manager_gone
     }
 
+    /// The channel to `peer`: to its slot, if the stack there is the one
+    /// `peer` names (see [`PeerId`]).
+    #[inline]
+    fn chan_of(&self, peer: PeerId) -> Option<usize> {
+        let &ci = self.by_peer.get(&peer.slot())?;
+        peer.names(self.channels[ci].peer_id).then_some(ci)
+    }
+
     /// Peers this stack has a channel to.
     pub fn peers(&self) -> Vec<PeerId> {
-        self.channels.iter().map(|c| PeerId(c.peer)).collect()
+        self.channels.iter().map(|c| c.peer_id).collect()
     }
 }
 

@@ -16,9 +16,9 @@ use super::{Error, Event, Incoming, Message, PeerId, Stack, BURST};
 impl Stack {
     /// Checks one received descriptor and takes its buffer; a rejected
     /// one is counted (here and in the slot, for status) and logged.
-    pub(super) fn take_descriptor(&mut self, peer: u16, d: &Descriptor) -> Option<RawBuf> {
+    pub(super) fn take_descriptor(&mut self, peer: PeerId, d: &Descriptor) -> Option<RawBuf> {
         let r = if kind::carries_buffer(d.kind) {
-            self.pool.accept(peer, d)
+            self.pool.accept(peer.slot(), d)
         } else {
             Err(Reject::Kind(d.kind))
         };
@@ -27,7 +27,7 @@ impl Stack {
             Err(why) => {
                 self.corrupt += 1;
                 self.slot().corrupt.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(peer, ?d, %why, "rejected a corrupt descriptor");
+                tracing::warn!(%peer, ?d, %why, "rejected a corrupt descriptor");
                 None
             }
         }
@@ -55,7 +55,7 @@ impl Stack {
 
     /// Validates `self.scratch[..n]` from `peer` and queues what passes as
     /// `Buf`s. The headers are prefetched first, so their misses overlap.
-    pub(super) fn deliver_burst(&mut self, peer: u16, n: usize) {
+    pub(super) fn deliver_burst(&mut self, peer: PeerId, n: usize) {
         self.prefetch_scratch(n, false);
         // The `Buf`s' pool references first: those not kept from our sends
         // are made here, where their increments (locked instructions) do
@@ -66,7 +66,7 @@ impl Stack {
             let d = self.scratch[j];
             if !kind::carries_buffer(d.kind) && kind::is_known(d.kind) {
                 self.inbox.push_back(Event::Sock(Incoming::Control {
-                    from: PeerId(peer),
+                    from: peer,
                     kind: d.kind,
                     conn: d.conn,
                     arg: d.index,
@@ -81,13 +81,13 @@ impl Stack {
                 }
                 self.inbox.push_back(if d.kind == kind::DATA {
                     Event::Msg(Message {
-                        from: PeerId(peer),
+                        from: peer,
                         tag: d.conn,
                         buf,
                     })
                 } else {
                     Event::Sock(Incoming::Buf {
-                        from: PeerId(peer),
+                        from: peer,
                         kind: d.kind,
                         conn: d.conn,
                         buf,
@@ -121,7 +121,7 @@ impl Stack {
                     continue;
                 }
             };
-            let peer = self.channels[i].peer;
+            let peer = self.channels[i].peer_id;
             self.deliver_burst(peer, n);
             total += n;
         }
@@ -287,7 +287,7 @@ impl Stack {
                         1
                     });
                 };
-                let peer = self.channels[i].peer;
+                let peer = self.channels[i].peer_id;
                 self.prefetch_scratch(n, false);
                 // Buffers taken (to free below), and messages shown. The
                 // guard sees to them if `f` panics.
@@ -322,7 +322,7 @@ impl Stack {
                             // ours until `free_many` below (or the guard's).
                             let payload =
                                 unsafe { std::slice::from_raw_parts(ptr, d.len as usize) };
-                            f(PeerId(peer), d.conn, payload);
+                            f(peer, d.conn, payload);
                             k_shown += 1;
                         }
                     }
@@ -357,7 +357,7 @@ struct Shown<'a> {
     /// The first descriptor of `stack.scratch[..n]` not looked at.
     next: usize,
     n: usize,
-    peer: u16,
+    peer: PeerId,
     /// Until the burst is handled the normal way.
     unwinding: bool,
 }

@@ -63,7 +63,7 @@ impl Stack {
     /// a full ring fails with [`Error::WouldBlock`]. On any error the
     /// buffers not sent stay in `bufs`.
     pub fn send_burst(&mut self, peer: PeerId, bufs: &mut Vec<BufMut>) -> Result<(), Error> {
-        let Some(&ci) = self.by_peer.get(&peer.0) else {
+        let Some(ci) = self.chan_of(peer) else {
             return Err(self.no_channel(peer));
         };
         let mut ci = ci;
@@ -83,7 +83,7 @@ impl Stack {
             let free = match ch.tx_space((total - sent).min(BURST)) {
                 Ok(f) => f,
                 Err(()) => {
-                    self.close_channel(peer.0, None);
+                    self.close_channel(peer.slot(), None);
                     return Err(Error::Reset(peer));
                 }
             };
@@ -100,7 +100,7 @@ impl Stack {
                 backoff_wait(&mut backoff, self.mode);
                 if self.reap_while_sending() {
                     // Channels may have closed (and moved).
-                    ci = *self.by_peer.get(&peer.0).ok_or(Error::Reset(peer))?;
+                    ci = self.chan_of(peer).ok_or(Error::Reset(peer))?;
                 }
                 continue;
             }
@@ -115,7 +115,7 @@ impl Stack {
             for (k, &(raw, len)) in raws[..n].iter().enumerate() {
                 descs[k] = self
                     .pool
-                    .prepare_send(raw, len as u32, peer.0, 0, kind::DATA);
+                    .prepare_send(raw, len as u32, peer.slot(), 0, kind::DATA);
             }
             let pushed = ch.tx.push_burst(&descs[..n]).unwrap_or(0);
             debug_assert_eq!(pushed, n, "we are the only producer and saw room");
@@ -136,7 +136,7 @@ impl Stack {
         len: usize,
         mut fill: impl FnMut(usize, &mut [u8]),
     ) -> Result<(), Error> {
-        let Some(&ci) = self.by_peer.get(&peer.0) else {
+        let Some(ci) = self.chan_of(peer) else {
             return Err(self.no_channel(peer));
         };
         let mut ci = ci;
@@ -149,7 +149,7 @@ impl Stack {
             let free = match self.channels[ci].tx_space((n - sent).min(BURST)) {
                 Ok(f) => f,
                 Err(()) => {
-                    self.close_channel(peer.0, None);
+                    self.close_channel(peer.slot(), None);
                     return Err(Error::Reset(peer));
                 }
             };
@@ -165,7 +165,7 @@ impl Stack {
                 backoff_wait(&mut backoff, self.mode);
                 if self.reap_while_sending() {
                     // Channels may have closed (and moved).
-                    ci = *self.by_peer.get(&peer.0).ok_or(Error::Reset(peer))?;
+                    ci = self.chan_of(peer).ok_or(Error::Reset(peer))?;
                 }
                 continue;
             }
@@ -201,7 +201,9 @@ impl Stack {
                 // the class; nobody else touches it until it is sent.
                 let payload = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
                 fill(sent + k, payload);
-                g.descs[k] = g.pool.prepare_send(raw, len as u32, peer.0, 0, kind::DATA);
+                g.descs[k] = g
+                    .pool
+                    .prepare_send(raw, len as u32, peer.slot(), 0, kind::DATA);
                 g.stamped = k + 1;
             }
             g.unwinding = false;
@@ -235,7 +237,7 @@ impl Stack {
         let reset_queued = self
             .inbox
             .iter()
-            .any(|e| matches!(e, Event::Reset(p) if *p == peer));
+            .any(|e| matches!(e, Event::Reset(p) if peer.names(*p)));
         if reset_queued {
             Error::Reset(peer)
         } else {
@@ -247,7 +249,7 @@ impl Stack {
         self.check_not_forked()?;
         let id = self.channels[ci].id;
         if self.seg.channel(id).state.load(Ordering::Acquire) != chan_state::ACTIVE {
-            self.close_channel(peer.0, None);
+            self.close_channel(peer.slot(), None);
             return Err(Error::Reset(peer));
         }
         Ok(())
@@ -271,7 +273,7 @@ impl Stack {
         // channel missing after that was closed by the news it held.
         let mut polled = false;
         loop {
-            let Some(&ci) = self.by_peer.get(&peer.0) else {
+            let Some(ci) = self.chan_of(peer) else {
                 return Err(if polled {
                     Error::Reset(peer)
                 } else {
@@ -304,14 +306,14 @@ impl Stack {
                     let (raw, len) = take_for_send(self.refs.get_mut(), &self.pool, buf);
                     let d = self
                         .pool
-                        .prepare_send(raw, len as u32, peer.0, tag, kind::DATA);
+                        .prepare_send(raw, len as u32, peer.slot(), tag, kind::DATA);
                     let pushed = ch.tx.push_one(d.to_words()).unwrap_or(false);
                     debug_assert!(pushed, "we are the only producer and saw room");
                     Self::notify(&self.seg, ch);
                     return Ok(());
                 }
                 Err(()) => {
-                    self.close_channel(peer.0, None);
+                    self.close_channel(peer.slot(), None);
                     return Err(Error::Reset(peer));
                 }
             }

@@ -79,7 +79,7 @@ impl Stack {
                     continue;
                 }
             };
-            let peer = self.channels[i].peer;
+            let peer = self.channels[i].peer_id;
             self.prefetch_scratch(n, true);
             // As in `deliver_burst`: any new references before the stores.
             self.keep_refs(n);
@@ -89,7 +89,7 @@ impl Stack {
                     if let Some(raw) = self.take_descriptor(peer, &d) {
                         let buf = Buf::new(self.pool_ref(), raw, d.len as usize);
                         f(Incoming::Buf {
-                            from: PeerId(peer),
+                            from: peer,
                             kind: d.kind,
                             conn: d.conn,
                             buf,
@@ -97,7 +97,7 @@ impl Stack {
                     }
                 } else if kind::is_known(d.kind) {
                     f(Incoming::Control {
-                        from: PeerId(peer),
+                        from: peer,
                         kind: d.kind,
                         conn: d.conn,
                         arg: d.index,
@@ -106,7 +106,7 @@ impl Stack {
                 } else {
                     self.corrupt += 1;
                     self.slot().corrupt.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(peer, ?d, "rejected a descriptor of unknown kind");
+                    tracing::warn!(%peer, ?d, "rejected a descriptor of unknown kind");
                 }
             }
             total += n;
@@ -138,7 +138,7 @@ impl Stack {
         [arg, arg2]: [u32; 2],
         notify: bool,
     ) -> Result<bool, Error> {
-        let ci = *self.by_peer.get(&peer.0).ok_or(Error::Reset(peer))?;
+        let ci = self.chan_of(peer).ok_or(Error::Reset(peer))?;
         self.check_open(ci, peer)?;
         let ch = &mut self.channels[ci];
         let d = Descriptor {
@@ -157,7 +157,7 @@ impl Stack {
             }
             Ok(false) => Ok(false),
             Err(_) => {
-                self.close_channel(peer.0, None);
+                self.close_channel(peer.slot(), None);
                 Err(Error::Reset(peer))
             }
         }
@@ -175,7 +175,7 @@ impl Stack {
         buf: BufMut,
         notify: bool,
     ) -> Result<Option<BufMut>, (Error, BufMut)> {
-        let Some(&ci) = self.by_peer.get(&peer.0) else {
+        let Some(ci) = self.chan_of(peer) else {
             return Err((Error::Reset(peer), buf));
         };
         if let Err(e) = self.check_open(ci, peer) {
@@ -193,7 +193,9 @@ impl Stack {
             }
             Ok(_) => {
                 let (raw, len) = take_for_send(self.refs.get_mut(), &self.pool, buf);
-                let d = self.pool.prepare_send(raw, len as u32, peer.0, conn, kind);
+                let d = self
+                    .pool
+                    .prepare_send(raw, len as u32, peer.slot(), conn, kind);
                 let pushed = ch.tx.push_one(d.to_words()).unwrap_or(false);
                 debug_assert!(pushed, "we are the only producer and saw room");
                 if notify {
@@ -202,7 +204,7 @@ impl Stack {
                 Ok(None)
             }
             Err(()) => {
-                self.close_channel(peer.0, None);
+                self.close_channel(peer.slot(), None);
                 Err((Error::Reset(peer), buf))
             }
         }
@@ -222,13 +224,13 @@ impl Stack {
         peer: PeerId,
         bufs: &mut Vec<(u8, u32, BufMut)>,
     ) -> Result<usize, Error> {
-        let ci = *self.by_peer.get(&peer.0).ok_or(Error::Reset(peer))?;
+        let ci = self.chan_of(peer).ok_or(Error::Reset(peer))?;
         self.check_open(ci, peer)?;
         let ch = &mut self.channels[ci];
         let room = match ch.tx_space(bufs.len()) {
             Ok(n) => n.min(bufs.len()),
             Err(()) => {
-                self.close_channel(peer.0, None);
+                self.close_channel(peer.slot(), None);
                 return Err(Error::Reset(peer));
             }
         };
@@ -252,7 +254,9 @@ impl Stack {
         for group in raws.chunks(SLOT_DESCS) {
             let mut descs = [Descriptor::default(); SLOT_DESCS];
             for (d, &(kind, conn, raw, len)) in descs.iter_mut().zip(group) {
-                *d = self.pool.prepare_send(raw, len as u32, peer.0, conn, kind);
+                *d = self
+                    .pool
+                    .prepare_send(raw, len as u32, peer.slot(), conn, kind);
             }
             let n = ch.tx.push_burst(&descs[..group.len()]).unwrap_or(0);
             debug_assert_eq!(n, group.len(), "we are the only producer and saw room");
@@ -267,7 +271,7 @@ impl Stack {
     /// then need not wait for that line.
     #[inline]
     pub(crate) fn prefetch_tx(&self, peer: PeerId) {
-        if let Some(&ci) = self.by_peer.get(&peer.0) {
+        if let Some(ci) = self.chan_of(peer) {
             self.channels[ci].tx.prefetch_next();
         }
     }
@@ -276,15 +280,15 @@ impl Stack {
     /// there is no channel or it is broken: a send then fails at once, it
     /// does not wait).
     pub(crate) fn tx_room(&mut self, peer: PeerId) -> bool {
-        match self.by_peer.get(&peer.0) {
-            Some(&ci) => self.channels[ci].tx_space(1).map_or(true, |n| n > 0),
+        match self.chan_of(peer) {
+            Some(ci) => self.channels[ci].tx_space(1).map_or(true, |n| n > 0),
             None => true,
         }
     }
 
     /// Wakes `peer` if it sleeps (after pushes made with `notify` false).
     pub(crate) fn wake_peer(&self, peer: PeerId) {
-        if let Some(&ci) = self.by_peer.get(&peer.0) {
+        if let Some(ci) = self.chan_of(peer) {
             Self::notify(&self.seg, &self.channels[ci]);
         }
     }

@@ -167,6 +167,11 @@ impl ManagerPool {
     /// receiver reject (or, after the buffer's reuse, misread) a descriptor
     /// the dead stack really sent.
     ///
+    /// A buffer a live stack received from one in `dead` and still holds
+    /// is charged to its holder from then on (its sender cleared from the
+    /// word): the dead stack's slot, and whoever registers in it next,
+    /// must not carry it.
+    ///
     /// Waits at most `patience` for live stacks to leave their list
     /// operations; if one does not (a stopped process, say), nothing
     /// changes and `Err(Busy(id))` names it: try again later (with the
@@ -226,6 +231,18 @@ impl ManagerPool {
                 {
                     r.owned += 1;
                     free.push(i);
+                } else if bufword::state(w) == bufword::HELD && dead.contains(&bufword::from(w)) {
+                    // Received from a stack that died, and kept: charged
+                    // to whoever keeps it from now on, not to the dead
+                    // sender's slot (a stack that registers there would
+                    // inherit it). A compare-and-swap: the holder may be
+                    // freeing it this moment, and its word then wins.
+                    let _ = seg.buf_header(class, i).expect("in range").word.compare_exchange(
+                        w,
+                        bufword::pack_from(bufword::HELD, bufword::owner(w), 0, bufword::gen(w)),
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    );
                 }
             }
             self.rebuild(class, &free, true);
