@@ -289,6 +289,38 @@ fn a_forged_ring_sequence_resets_the_channel_instead_of_wedging_it() {
     mgr.stop();
 }
 
+/// A published slot's sequence number forged to its last lap's value (what
+/// an unpublished slot holds) made the receiver wait on it, and the
+/// sender, once the ring filled, wait for a drain that never came: the
+/// channel wedged. The sender now finds, on a full ring, that the slot at
+/// the head does not hold what it published there, and resets the
+/// channel.
+#[test]
+fn a_sequence_forged_to_its_last_laps_value_resets_the_channel_instead_of_wedging_it() {
+    let (mgr, b, mut a, peer) = manager_and_pair("ringlap", "10.9.1.3:7".parse().unwrap());
+    let cap = a.__segment().ring_capacity();
+    let mut buf = a.alloc(4).unwrap();
+    buf.copy_from(b"ping");
+    a.send(peer, buf).unwrap();
+    // Slot 0 (word 12) published as 1; its last lap's value is 1 - cap.
+    assert!(a.__scribble_ring(peer, 12, 1u32.wrapping_sub(cap)).unwrap());
+    // Fill the ring: the sender finds it full and the slot forged.
+    let mut sent = 1;
+    let err = loop {
+        let mut buf = a.alloc(4).unwrap();
+        buf.copy_from(b"more");
+        match a.try_send(peer, buf) {
+            Ok(()) => sent += 1,
+            Err((e, _)) => break e,
+        }
+        assert!(sent <= cap, "more sent than the ring holds");
+    };
+    assert!(matches!(err, Error::Reset(p) if p == peer), "{err:?}");
+    drop((a, b));
+    wait_pool_whole(&mgr);
+    mgr.stop();
+}
+
 /// The consumer's index of a ring, forged to show its producer a full
 /// ring, wedged the channel: the consumer, finding nothing to read, never
 /// wrote its index again. It now puts its own index back whenever it

@@ -19,7 +19,12 @@
 //! a consumer index that would make more than `capacity` slots writable is
 //! [`RingError`], and so is a slot whose descriptor count is out of range;
 //! a forged sequence number can only make us read a slot early, and every
-//! descriptor is validated before use anyway.
+//! descriptor is validated before use anyway. A sequence number forged to
+//! say "not yet" would make the consumer wait on a slot the producer has
+//! published, and the producer then wait on a full ring: a producer that
+//! finds its ring full checks that the slot at the head still holds what
+//! it published there, and a consumer with nothing to read that the slot
+//! holds one of the two values the ends write (see `check_idle`).
 
 use std::sync::Arc;
 
@@ -234,6 +239,16 @@ impl Producer {
         let head = self.ring.hdr().head.load(Ordering::Acquire);
         let used = self.tail.wrapping_sub(head);
         if used > cap {
+            return Err(RingError);
+        }
+        if used == cap && self.ring.slot(head).seq.load(Ordering::Relaxed) != head.wrapping_add(1) {
+            // Full, and the slot the consumer waits on does not say what
+            // we published there (`head + 1`, kept until we write the
+            // slot again, a lap later): another process rewrote it, most
+            // likely to its last lap's value, which the consumer takes
+            // for "nothing yet" and waits on, while we would wait for it
+            // to drain. Only on a full ring: off the send path, and it is
+            // when waiting would never end.
             return Err(RingError);
         }
         self.cached_head = head;
