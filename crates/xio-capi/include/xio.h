@@ -917,6 +917,20 @@ xio_result xio_stack_id(struct xio_stack *stack, xio_peer *out);
 xio_result xio_stack_set_wait_mode(struct xio_stack *stack, int32_t mode);
 
 /**
+ * Copy on receive (FABLE's safe mode), on when `on` is non-zero: each
+ * message `xio_recv` and its kin return from now on is a copy in this
+ * process's memory, and its pool buffer goes back at once, so nothing
+ * its sender (or any process that can write the pool) does after sending
+ * changes what the receiver reads. Off by default (zero-copy). Buffers
+ * received before keep the mode they came in. A copy made writable and
+ * sent on is copied into a pool buffer first.
+ *
+ * # Safety
+ * `stack` is a live stack handle or NULL.
+ */
+xio_result xio_stack_set_copy_on_receive(struct xio_stack *stack, int32_t on);
+
+/**
  * Binds the address `"ip:port"` to this stack: peers that
  * `xio_stack_connect` to it reach this stack.
  *

@@ -560,6 +560,43 @@ fn copy_on_receive_keeps_what_was_received_from_changing() {
     wait_pool_whole(&mgr);
 }
 
+/// The socket layer's zero-copy read (`recv_buf`) hands over the pool
+/// buffer its sender wrote; in copy-on-receive mode it hands over a copy,
+/// and the pool buffer is back at once (none is held in the receiver's
+/// name while it keeps what it read).
+#[test]
+fn a_sockets_zero_copy_read_in_copy_on_receive_mode_is_a_copy() {
+    use std::io::Write;
+    setup();
+    let p = prefix("copyrecvnet");
+    let mgr = manager_builder(&p).spawn().unwrap();
+    let probe = Stack::attach(&p).unwrap();
+    for (i, copy) in [false, true].into_iter().enumerate() {
+        let rx = xio_core::net::Net::builder(&p)
+            .copy_on_receive(copy)
+            .attach()
+            .unwrap();
+        let tx = xio_core::net::Net::attach(&p).unwrap();
+        let addr = format!("10.77.2.{}:7", i + 1);
+        let l = rx.listen(addr.as_str()).unwrap();
+        let mut c = tx.connect(addr.as_str()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        c.write_all(b"sent").unwrap();
+        let b = s.recv_buf().unwrap().expect("a chunk");
+        assert_eq!(&b[..], b"sent");
+        let held = owned_in_state(
+            probe.__segment(),
+            rx.stack_id().slot(),
+            bufword::HELD,
+        );
+        assert_eq!(held, usize::from(!copy), "copy on receive {copy}");
+        drop((b, s, c, l, rx, tx));
+    }
+    drop(probe);
+    wait_pool_whole(&mgr);
+    mgr.stop();
+}
+
 /// A stack that registers in the slot of one that died is another peer:
 /// the reset still queued for the dead one names the dead one (before
 /// generations it named the slot, and an application, or the socket

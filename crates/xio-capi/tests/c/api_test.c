@@ -167,6 +167,32 @@ int main(int argc, char **argv) {
     CHECK(len == 10 && memcmp(d, "Hello, xio", 10) == 0);
     OK(xio_buf_free(back));
 
+    /* Copy on receive: the sender writes the buffer it sent, as a hostile
+     * one would; the receiver reads that change in place by default, and
+     * its own copy with the mode on. Sent on, a copy goes out whole. */
+    CHECK(xio_stack_set_copy_on_receive(NULL, 1) == XIO_ERR_INVALID_ARGUMENT);
+    for (int copy = 0; copy < 2; copy++) {
+        OK(xio_stack_set_copy_on_receive(s1, copy));
+        xio_buf *m;
+        OK(xio_alloc(s2, 4, &m));
+        OK(xio_buf_mut(m, &p, &cap));
+        memcpy(p, "sent", 4);
+        OK(xio_buf_set_len(m, 4));
+        uint8_t *sender_view = p;
+        OK(xio_send(s2, peer, m));
+        OK(xio_recv(s1, -1, &in, &from));
+        memcpy(sender_view, "CHG!", 4);
+        OK(xio_buf_data(in, &d, &len));
+        CHECK(len == 4 && memcmp(d, copy ? "sent" : "CHG!", 4) == 0);
+        OK(xio_buf_make_writable(in));
+        OK(xio_send(s1, from, in));
+        OK(xio_recv(s2, -1, &back, &from));
+        OK(xio_buf_data(back, &d, &len));
+        CHECK(len == 4 && memcmp(d, copy ? "sent" : "CHG!", 4) == 0);
+        OK(xio_buf_free(back));
+    }
+    OK(xio_stack_set_copy_on_receive(s1, 0));
+
     /* Bursts: 8 buffers out in one call, in order, and back in bursts. */
     xio_buf *burst[8];
     for (int i = 0; i < 8; i++) {

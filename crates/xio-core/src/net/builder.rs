@@ -27,6 +27,7 @@ pub struct NetBuilder {
     batch: bool,
     ctrl_timeout: Option<Duration>,
     strict: Option<bool>,
+    copy_on_receive: bool,
 }
 
 /// The strict-addresses default: `$XIO_STRICT_ADDRESSES` (`1` on, `0` or
@@ -85,6 +86,18 @@ impl NetBuilder {
         self
     }
 
+    /// Copy on receive (FABLE's safe mode; see
+    /// [`crate::stack::StackBuilder::copy_on_receive`]): a buffer taken
+    /// with [`XioStream::recv_buf`] is a copy in this process's memory,
+    /// not the pool buffer its sender wrote, so nothing the sender (or any
+    /// process that can write the pool) does afterwards changes it. Off by
+    /// default. Reads into the caller's memory (`read` and the like) copy
+    /// in either mode.
+    pub fn copy_on_receive(mut self, on: bool) -> Self {
+        self.copy_on_receive = on;
+        self
+    }
+
     /// How long attaching, binding and connecting to an address not
     /// resolved yet wait for the manager's answer before failing with
     /// `TimedOut` (see [`crate::stack::StackBuilder::control_timeout`];
@@ -101,7 +114,9 @@ impl NetBuilder {
             Some(on) => on,
             None => default_strict()?,
         };
-        let mut b = Stack::builder(&self.prefix).wait_mode(self.mode);
+        let mut b = Stack::builder(&self.prefix)
+            .wait_mode(self.mode)
+            .copy_on_receive(self.copy_on_receive);
         if let Some(t) = self.ctrl_timeout {
             b = b.control_timeout(t);
         }
@@ -211,6 +226,7 @@ impl Net {
             batch: true,
             ctrl_timeout: None,
             strict: None,
+            copy_on_receive: false,
         }
     }
 

@@ -92,10 +92,11 @@ impl Core {
 
     /// One attempt at taking `c`'s next received buffer (`None`: end).
     pub(super) fn chunk_step(&mut self, wake: &mut Vec<Waiter>, c: ConnId) -> Try<Option<Buf>> {
+        let stack = &self.stack;
         let r = self.table.take_chunk(c).map(|o| {
             o.map(|(mut b, off)| {
                 b.advance(off);
-                b
+                stack.private_copy(b)
             })
         });
         self.settle_read(wake, r)

@@ -112,6 +112,16 @@ impl super::Stack {
         }
     }
 
+    /// `b` as the receiver should see it: a private copy in
+    /// copy-on-receive mode (the pool buffer goes back), `b` itself
+    /// otherwise. For the socket layer's zero-copy reads.
+    pub(crate) fn private_copy(&self, b: Buf) -> Buf {
+        match &self.private {
+            Some(p) => p.copy_of(b),
+            None => b,
+        }
+    }
+
     /// A pool copy of `b` if it is a private copy of this stack's (a
     /// received message made writable, in copy-on-receive mode) about to
     /// be sent: so code that forwards what it receives works the same in
