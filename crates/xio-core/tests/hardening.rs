@@ -584,11 +584,7 @@ fn a_sockets_zero_copy_read_in_copy_on_receive_mode_is_a_copy() {
         c.write_all(b"sent").unwrap();
         let b = s.recv_buf().unwrap().expect("a chunk");
         assert_eq!(&b[..], b"sent");
-        let held = owned_in_state(
-            probe.__segment(),
-            rx.stack_id().slot(),
-            bufword::HELD,
-        );
+        let held = owned_in_state(probe.__segment(), rx.stack_id().slot(), bufword::HELD);
         assert_eq!(held, usize::from(!copy), "copy on receive {copy}");
         drop((b, s, c, l, rx, tx));
     }
@@ -643,14 +639,17 @@ fn a_stack_in_a_dead_ones_slot_inherits_neither_its_reset_nor_its_buffers() {
         matches!(a.connect(addr), Err(Error::Refused { .. }))
     });
     let mut b2 = None;
-    wait_until("the dead stack's slot free", || match Stack::attach(&p) {
-        Ok(s) => b2 = Some(s),
-        Err(Error::Refused {
-            code: ErrorCode::NoSpace,
-            ..
-        }) => {}
-        Err(e) => panic!("{e}"),
-    } == () && b2.is_some());
+    wait_until("the dead stack's slot free", || {
+        match Stack::attach(&p) {
+            Ok(s) => b2 = Some(s),
+            Err(Error::Refused {
+                code: ErrorCode::NoSpace,
+                ..
+            }) => {}
+            Err(e) => panic!("{e}"),
+        }
+        b2.is_some()
+    });
     let mut b2 = b2.unwrap();
     assert_eq!(b2.id().slot(), old.slot(), "the dead one's slot");
     assert_ne!(b2.id(), old, "with another generation");

@@ -400,7 +400,7 @@ fn soak_kill_a_random_process_every_second() {
     // Everything back: no stack, no channel, every buffer free.
     wait_until("pool whole, nothing left", || {
         let s = status();
-        s.contains(&format!("0/64 stacks, 0/256 channels"))
+        s.contains("0/64 stacks, 0/256 channels")
             && s.lines()
                 .filter(|l| l.trim_start().starts_with("class "))
                 .all(|l| l.contains(" 0 in use"))
