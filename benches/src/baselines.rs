@@ -11,6 +11,7 @@
 //! | `tcp`            | TCP over 127.0.0.1 with `TCP_NODELAY` on both ends           |
 //! | `spin-ring`      | shared-memory SPSC descriptor rings, both sides busy-spin; the payload never moves (the zero-copy floor) |
 //! | `spin-ring-copy` | same rings, but the payload is copied into and out of shared memory on each hop |
+//! | `iceoryx2`       | Eclipse iceoryx2's publish-subscribe, both sides busy-poll (see [`crate::peers`]) |
 //!
 //! # Session lifecycle
 //!
@@ -71,6 +72,9 @@ pub enum Baseline {
     /// shared area and the receiver copies it out, to show what copying costs.
     /// Sizes up to 2 MiB (the payload area per direction).
     SpinRingCopy,
+    /// iceoryx2's publish-subscribe (see [`crate::peers`]); the endpoint is
+    /// the services' name prefix, and the server prints `READY`.
+    Iceoryx2,
 }
 
 impl Baseline {
@@ -82,6 +86,7 @@ impl Baseline {
             Baseline::Tcp => "tcp",
             Baseline::SpinRing => "spin-ring",
             Baseline::SpinRingCopy => "spin-ring-copy",
+            Baseline::Iceoryx2 => "iceoryx2",
         }
     }
 }
@@ -125,6 +130,7 @@ pub fn serve(b: Baseline, endpoint: &str, size: usize) -> Result<()> {
         Baseline::Tcp => serve_tcp(size),
         Baseline::SpinRing => serve_spin(endpoint, size, false),
         Baseline::SpinRingCopy => serve_spin(endpoint, size, true),
+        Baseline::Iceoryx2 => crate::peers::serve_iceoryx2(endpoint, size),
     }
     .with_context(|| format!("{b} server (endpoint {endpoint:?}, size {size})"))
 }
@@ -179,6 +185,7 @@ pub fn ping(
             let map = Mapping::map(fd)?;
             ping_spin(&map, copy, size, warmup, iters)
         }
+        Baseline::Iceoryx2 => crate::peers::ping_iceoryx2(endpoint, size, warmup, iters),
     }
     .with_context(|| format!("{b} client (endpoint {endpoint:?}, size {size})"))
 }
@@ -279,6 +286,26 @@ pub fn run_pair(
             let res = {
                 let _pin = pin_scoped(client_cpu).context("pinning client")?;
                 ping(b, &port.to_string(), size, warmup, iters)
+            };
+            child.finish(res)
+        }
+        Baseline::Iceoryx2 => {
+            static N: AtomicUsize = AtomicUsize::new(0);
+            let endpoint = format!(
+                "xio-bench-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            );
+            add_args(&mut cmd, &endpoint);
+            cmd.stdout(Stdio::piped());
+            let mut child = ServerChild::spawn(&mut cmd)?;
+            let stdout = child
+                .stdout()
+                .ok_or_else(|| anyhow!("server stdout was not captured"))?;
+            read_tagged_line(stdout, &mut child, "READY")?;
+            let res = {
+                let _pin = pin_scoped(client_cpu).context("pinning client")?;
+                ping(b, &endpoint, size, warmup, iters)
             };
             child.finish(res)
         }
@@ -442,19 +469,32 @@ pub(crate) fn read_port_line(
     stdout: std::process::ChildStdout,
     child: &mut ServerChild,
 ) -> Result<u16> {
-    let (tx, rx) = mpsc::channel::<u16>();
+    let rest = read_tagged_line(stdout, child, "PORT")?;
+    rest.trim()
+        .parse::<u16>()
+        .with_context(|| format!("bad PORT line {rest:?}"))
+}
+
+/// Reads the server's stdout until a line that starts with `tag` (a word)
+/// and returns the rest of it, as [`read_port_line`] does.
+pub(crate) fn read_tagged_line(
+    stdout: std::process::ChildStdout,
+    child: &mut ServerChild,
+    tag: &'static str,
+) -> Result<String> {
+    let (tx, rx) = mpsc::channel::<String>();
     std::thread::Builder::new()
         .name("xio-bench-server-stdout".into())
         .spawn(move || {
             let mut tx = Some(tx);
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                let port = line
-                    .strip_prefix("PORT ")
-                    .and_then(|p| p.trim().parse::<u16>().ok());
-                match (port, tx.take()) {
-                    (Some(port), Some(tx)) => {
-                        let _ = tx.send(port);
+                let rest = line
+                    .strip_prefix(tag)
+                    .filter(|r| r.is_empty() || r.starts_with(' '));
+                match (rest, tx.take()) {
+                    (Some(rest), Some(tx)) => {
+                        let _ = tx.send(rest.trim().to_owned());
                     }
                     (_, t) => {
                         tx = t;
@@ -465,17 +505,17 @@ pub(crate) fn read_port_line(
         })
         .context("spawning stdout reader thread")?;
     match rx.recv_timeout(READY_TIMEOUT) {
-        Ok(port) => Ok(port),
+        Ok(rest) => Ok(rest),
         Err(mpsc::RecvTimeoutError::Timeout) => {
-            bail!("server printed no PORT line within {READY_TIMEOUT:?}")
+            bail!("server printed no {tag} line within {READY_TIMEOUT:?}")
         }
         Err(mpsc::RecvTimeoutError::Disconnected) => {
-            // stdout closed without a PORT line: the server is exiting.
+            // stdout closed without the line: the server is exiting.
             let status = match child.wait_timeout(EXIT_TIMEOUT) {
                 Ok(st) => st.to_string(),
                 Err(e) => format!("{e:#}"),
             };
-            bail!("server closed stdout without a PORT line ({status})")
+            bail!("server closed stdout without a {tag} line ({status})")
         }
     }
 }

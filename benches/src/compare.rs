@@ -127,9 +127,9 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 
 /// `64 B`, `1 KiB`, `1 MiB`.
 pub(crate) fn fmt_size(n: usize) -> String {
-    if n >= MIB && n % MIB == 0 {
+    if n >= MIB && n.is_multiple_of(MIB) {
         format!("{} MiB", n / MIB)
-    } else if n >= KIB && n % KIB == 0 {
+    } else if n >= KIB && n.is_multiple_of(KIB) {
         format!("{} KiB", n / KIB)
     } else {
         format!("{n} B")
@@ -161,6 +161,7 @@ impl Transport {
             Transport::Base(Baseline::SpinRingCopy) => "SpinRingCopy".into(),
             Transport::Base(Baseline::Uds) => "Unix socket".into(),
             Transport::Base(Baseline::Tcp) => "TCP loopback".into(),
+            Transport::Base(Baseline::Iceoryx2) => "iceoryx2".into(),
             Transport::Xio(m) => format!("X-IO {}", m.label()),
         }
     }
@@ -279,6 +280,9 @@ pub fn run(a: &CompareArgs) -> Result<()> {
                 jobs.push(Transport::Base(Baseline::SpinRingCopy));
             }
             jobs.extend(modes.iter().map(|&m| Transport::Xio(m)));
+            if size <= crate::peers::ICEORYX2_MAX {
+                jobs.push(Transport::Base(Baseline::Iceoryx2));
+            }
             jobs.push(Transport::Base(Baseline::Uds));
             jobs.push(Transport::Base(Baseline::Tcp));
             let place = Placement {

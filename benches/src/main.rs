@@ -20,6 +20,7 @@ mod clock;
 mod compare;
 mod gobench;
 mod noisy;
+mod peers;
 mod pin;
 mod sockets;
 mod stats;

@@ -53,6 +53,11 @@ pub enum AsyncTransport {
     Tcp,
     /// `xio_tokio::XioStream`.
     Xio,
+    /// CloudWeGo shmipc-rs streams with its default wake-up (a message on
+    /// the Unix socket); `tokio` only (see [`crate::peers`]).
+    Shmipc,
+    /// shmipc-rs with the eventfd wake-up (protocol V4); `tokio` only.
+    ShmipcEventfd,
 }
 
 impl AsyncTransport {
@@ -61,7 +66,14 @@ impl AsyncTransport {
             AsyncTransport::Uds => "tokio UDS",
             AsyncTransport::Tcp => "tokio TCP",
             AsyncTransport::Xio => "X-IO",
+            AsyncTransport::Shmipc => "shmipc",
+            AsyncTransport::ShmipcEventfd => "shmipc eventfd",
         }
+    }
+
+    /// A peer library with an API of its own (no `AsyncRead`/hyper).
+    fn is_peer(self) -> bool {
+        matches!(self, AsyncTransport::Shmipc | AsyncTransport::ShmipcEventfd)
     }
 }
 
@@ -307,6 +319,18 @@ fn run_one(
     let res = (|| {
         let _pin = pin_scoped(Some(0))?;
         let rt = runtime()?;
+        if t.is_peer() {
+            let eventfd = t == AsyncTransport::ShmipcEventfd;
+            let lat = rt.block_on(crate::peers::shmipc_client(
+                &endpoint, n, MSG, eventfd, warm, measure,
+            ))?;
+            let samples: Vec<u64> = lat.into_iter().flatten().collect();
+            return Ok(Outcome {
+                ops: samples.len() as u64,
+                samples,
+                wall: measure,
+            });
+        }
         rt.block_on(client(t, endpoint, n, warm, measure))
     })();
     child.finish(res)
@@ -335,7 +359,7 @@ fn spawn_server(
         .stdin(Stdio::null());
     let mut cleanup = None;
     let endpoint = match t {
-        AsyncTransport::Uds => {
+        AsyncTransport::Uds | AsyncTransport::Shmipc | AsyncTransport::ShmipcEventfd => {
             let p = temp_socket_path();
             let e = p
                 .to_str()
@@ -381,6 +405,9 @@ async fn connect(
                 .ok_or_else(|| io::Error::other("bad endpoint"))?;
             let net = net.ok_or_else(|| io::Error::other("no net"))?;
             Box::new(xio_tokio::XioStream::connect_with(net, a).await?)
+        }
+        AsyncTransport::Shmipc | AsyncTransport::ShmipcEventfd => {
+            return Err(io::Error::other("shmipc streams are not AsyncRead"))
         }
     })
 }
@@ -506,6 +533,11 @@ pub fn serve(t: AsyncTransport, endpoint: &str, conns: usize) -> Result<()> {
                 serve_loop!(l.accept().await?.0);
                 all.notified().await;
             }
+            AsyncTransport::Shmipc | AsyncTransport::ShmipcEventfd => {
+                let _ = std::fs::remove_file(endpoint);
+                let _cleanup = RemoveOnDrop(PathBuf::from(endpoint));
+                crate::peers::shmipc_serve(endpoint, conns, MSG).await?;
+            }
         }
         Ok::<_, anyhow::Error>(())
     })
@@ -589,10 +621,20 @@ pub fn run_http(a: &HttpArgs) -> Result<()> {
         a.versions.clone()
     };
     let transports: Vec<AsyncTransport> = if a.transports.is_empty() {
-        AsyncTransport::value_variants().to_vec()
+        AsyncTransport::value_variants()
+            .iter()
+            .copied()
+            .filter(|t| !t.is_peer())
+            .collect()
     } else {
         a.transports.clone()
     };
+    if let Some(t) = transports.iter().find(|t| t.is_peer()) {
+        bail!(
+            "{} has no HTTP stack to measure: `xio-bench tokio` measures it",
+            t.label()
+        );
+    }
     let rounds = a.rounds.unwrap_or(if a.quick { 2 } else { 4 }).max(1);
     let total = Duration::from_millis(a.duration_ms.unwrap_or(if a.quick { 500 } else { 2000 }));
     let per_round = total / rounds as u32;
@@ -863,6 +905,9 @@ pub fn serve_http(t: AsyncTransport, endpoint: &str, conns: usize) -> Result<()>
                 let net = xio_core::net::Net::attach(p)?;
                 let l = xio_tokio::XioListener::bind_with(&net, a)?;
                 accept_loop!(l.accept().await?.0)
+            }
+            AsyncTransport::Shmipc | AsyncTransport::ShmipcEventfd => {
+                bail!("{} has no HTTP stack", t.label())
             }
         }
     })
