@@ -72,6 +72,11 @@ pub fn serve_iceoryx2(endpoint: &str, size: usize) -> Result<()> {
     }
     let parent = rustix::process::getppid();
     let mut empty = 0u32;
+    // The reply is loaned before the request comes, as iceoryx2's own
+    // benchmark does (X-IO's echo sends back the buffer it received, with
+    // no allocation either).
+    let loan = || publ.loan_slice(size).map_err(|e| anyhow!("loan: {e:?}"));
+    let mut next = Some(loan()?);
     loop {
         let Some(m) = sub.receive().map_err(|e| anyhow!("receive: {e:?}"))? else {
             empty = empty.wrapping_add(1);
@@ -86,9 +91,10 @@ pub fn serve_iceoryx2(endpoint: &str, size: usize) -> Result<()> {
         }
         let v = m.payload()[0];
         drop(m);
-        let mut r = publ.loan_slice(size).map_err(|e| anyhow!("loan: {e:?}"))?;
+        let mut r = next.take().expect("loaned after each send");
         r.payload_mut()[0] = v.wrapping_add(1);
         r.send().map_err(|e| anyhow!("send: {e:?}"))?;
+        next = Some(loan()?);
     }
 }
 

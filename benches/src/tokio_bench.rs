@@ -42,7 +42,15 @@ pub struct TokioArgs {
     /// Rounds per cell, run round-robin over the transports (default 4).
     #[arg(long)]
     pub rounds: Option<usize>,
+    /// tokio's current-thread runtime on both sides instead of a
+    /// multi-thread runtime with one worker.
+    #[arg(long)]
+    pub current_thread: bool,
 }
+
+/// The environment variable that tells both processes which runtime to
+/// build (`current` for the current-thread one).
+const RUNTIME_VAR: &str = "XIO_BENCH_TOKIO_RUNTIME";
 
 /// A stream transport under tokio.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -77,8 +85,14 @@ impl AsyncTransport {
     }
 }
 
-/// A one-worker runtime.
+/// A one-worker runtime, or the current-thread one (see
+/// [`TokioArgs::current_thread`]).
 fn runtime() -> Result<tokio::runtime::Runtime> {
+    if std::env::var_os(RUNTIME_VAR).is_some_and(|v| v == "current") {
+        return Ok(tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?);
+    }
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -114,6 +128,16 @@ pub fn run(a: &TokioArgs) -> Result<()> {
     let total = Duration::from_millis(a.duration_ms.unwrap_or(if a.quick { 500 } else { 2000 }));
     let per_round = total / rounds as u32;
     let warm = (per_round / 4).max(Duration::from_millis(50));
+    // Read by both processes (the servers inherit it).
+    std::env::set_var(
+        RUNTIME_VAR,
+        if a.current_thread { "current" } else { "multi" },
+    );
+    let runtime_name = if a.current_thread {
+        "tokio's current-thread runtime"
+    } else {
+        "a tokio multi-thread runtime with one worker thread"
+    };
 
     let run_dir = crate::compare::RunDir::create()?;
     std::env::set_var("XIO_RUN_DIR", &run_dir.0);
@@ -132,13 +156,14 @@ pub fn run(a: &TokioArgs) -> Result<()> {
             .join(" vs ")
     );
     println!(
-        "Command: `{}`. One tokio worker thread per process, client on CPU 0, server on CPU 1; \
+        "Command: `{}`. In each process {runtime_name}, client on CPU 0, server on CPU 1; \
          each connection is a task doing {MSG} B request-response, one request in flight. \
          {:.1} s measured per cell ({rounds} rounds, each after {:.2} s unmeasured). µs.\n",
         std::env::args().collect::<Vec<_>>().join(" "),
         total.as_secs_f64(),
         warm.as_secs_f64()
     );
+    crate::compare::print_host_phase("before the run");
     let mut head = String::from("| conns |");
     let mut rule = String::from("|---:|");
     for t in &transports {
@@ -164,6 +189,7 @@ pub fn run(a: &TokioArgs) -> Result<()> {
         println!("{l}");
     }
     println!();
+    crate::compare::print_host_phase("after the run");
     for f in failures {
         println!("{f}");
     }
