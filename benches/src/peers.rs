@@ -10,8 +10,10 @@
 //! sample is read-only and belongs to its service, so it cannot be sent
 //! back as X-IO's echo sends its buffer), writes the first byte plus one,
 //! and sends it. Loans are zero-filled (`loan_slice`): iceoryx2's
-//! benchmark sends uninitialised memory, which safe Rust cannot. A sample
-//! of length 0 ends the session.
+//! benchmark sends uninitialised memory, which safe Rust cannot. The echo
+//! loans its reply before the request comes; the client's loan (and its
+//! fill: a line at 64 B, 64 lines at 4 KiB) is inside the timed round
+//! trip, as X-IO's allocation is. A sample of length 0 ends the session.
 
 use std::io::Write;
 use std::time::Instant;
@@ -23,8 +25,11 @@ use iceoryx2::prelude::*;
 /// (see the module docs), which at 64 KiB and up would measure the fill.
 pub const ICEORYX2_MAX: usize = 4096;
 
-/// Empty polls between checks that the parent still lives.
+/// Empty polls between checks that the parent (or the server's reply)
+/// still comes.
 const PARENT_CHECK_MASK: u32 = (1 << 20) - 1;
+/// How long the client waits for one reply before it gives up.
+const REPLY_WATCHDOG: std::time::Duration = std::time::Duration::from_secs(30);
 
 type PubSub =
     iceoryx2::service::port_factory::publish_subscribe::PortFactory<ipc::Service, [u8], ()>;
@@ -128,10 +133,18 @@ pub fn ping_iceoryx2(endpoint: &str, size: usize, warmup: usize, iters: usize) -
         m.payload_mut()[0] = v;
         m.payload_mut()[size - 1] = v;
         m.send().map_err(|e| anyhow!("send: {e:?}"))?;
+        let sent = Instant::now();
+        let mut spins = 0u32;
         let r = loop {
             if let Some(r) = sub.receive().map_err(|e| anyhow!("receive: {e:?}"))? {
                 break r;
             }
+            // A watchdog, not a bound: a server that died never answers.
+            spins = spins.wrapping_add(1);
+            ensure!(
+                spins & PARENT_CHECK_MASK != 0 || sent.elapsed() < REPLY_WATCHDOG,
+                "no reply from the iceoryx2 server in {REPLY_WATCHDOG:?}"
+            );
             std::hint::spin_loop();
         };
         ensure!(

@@ -196,6 +196,29 @@ impl Net {
         }
     }
 
+    /// `buf` as a pool buffer this net can send: a private copy (received
+    /// in copy-on-receive mode, made writable) is copied into a pool
+    /// buffer first, waiting for one until `deadline`, so code that
+    /// forwards what it receives runs the same in both modes. Anything
+    /// else is returned as it is (the send checks it).
+    pub(super) fn sendable(
+        &self,
+        buf: BufMut,
+        deadline: Option<Instant>,
+    ) -> Result<BufMut, (io::Error, Option<BufMut>)> {
+        if self.lock().stack.private_pool_id() != Some(buf.pool_id()) {
+            return Ok(buf);
+        }
+        match self.alloc_wait(buf.len(), deadline) {
+            Ok(mut n) => {
+                n.set_len(buf.len());
+                n.copy_from_slice(&buf);
+                Ok(n)
+            }
+            Err(e) => Err((e, Some(buf))),
+        }
+    }
+
     fn class_for(&self, n: usize) -> usize {
         let c = &self.shared.classes;
         c.iter()

@@ -549,7 +549,10 @@ impl XioStream {
 
     /// Receives the next chunk as the pool buffer itself, without copying
     /// (FABLE's getreadbuf): `Ok(None)` is end of stream. Bytes already
-    /// taken by `read` are skipped. Mixes freely with `read`.
+    /// taken by `read` are skipped. Mixes freely with `read`. In
+    /// copy-on-receive mode ([`crate::net::NetBuilder::copy_on_receive`])
+    /// the chunk is a private copy instead; made writable and passed to
+    /// [`XioStream::send_buf`], it is copied into a pool buffer first.
     pub fn recv_buf(&self) -> io::Result<Option<Buf>> {
         self.read_op(|core, wake, c| core.chunk_step(wake, c))
     }
@@ -625,6 +628,14 @@ impl XioStream {
     ) -> Result<(), (io::Error, Option<BufMut>)> {
         let c = self.inner.id;
         let deadline = timeout_of(&self.inner.write_timeout);
+        let buf = self.inner.net.sendable(
+            buf,
+            if nonblocking {
+                Some(Instant::now())
+            } else {
+                deadline
+            },
+        )?;
         let mut slot = Some(buf);
         let mut peer_used = None;
         let r = self

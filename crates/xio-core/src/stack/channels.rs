@@ -99,7 +99,12 @@ impl Stack {
                 if self.channels[ci].peer_id.generation() != generation {
                     // The manager answers with the channel it has to that
                     // slot; ours is to a stack it no longer has there (a
-                    // death not read here yet): not this one.
+                    // death not read here yet): not this one. A channel
+                    // it made for us meanwhile goes back, or it would stay
+                    // taken for good.
+                    if !existing && channel != self.channels[ci].id {
+                        self.release(channel);
+                    }
                     return Err(Error::Refused {
                         code: crate::proto::ErrorCode::ConnectionRefused,
                         message: format!(

@@ -122,6 +122,11 @@ impl super::Stack {
         }
     }
 
+    /// The identity of this stack's private pool, in copy-on-receive mode.
+    pub(crate) fn private_pool_id(&self) -> Option<u64> {
+        self.private.as_ref().map(|p| p.pool_id())
+    }
+
     /// A pool copy of `b` if it is a private copy of this stack's (a
     /// received message made writable, in copy-on-receive mode) about to
     /// be sent: so code that forwards what it receives works the same in

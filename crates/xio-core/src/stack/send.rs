@@ -232,13 +232,16 @@ impl Stack {
     /// while its departure is still to be reported (a receive closed the
     /// channel and queued the reset behind the peer's last messages, which
     /// the caller may be answering), as when a send finds the channel
-    /// closing; `NotConnected` otherwise.
+    /// closing, or when another generation holds the peer's slot now (the
+    /// peer died and another stack took its slot); `NotConnected`
+    /// otherwise.
     fn no_channel(&self, peer: PeerId) -> Error {
         let reset_queued = self
             .inbox
             .iter()
             .any(|e| matches!(e, Event::Reset(p) if peer.names(*p)));
-        if reset_queued {
+        let slot_taken_over = self.by_peer.contains_key(&peer.slot());
+        if reset_queued || slot_taken_over {
             Error::Reset(peer)
         } else {
             Error::NotConnected(peer)
