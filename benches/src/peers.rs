@@ -57,19 +57,28 @@ fn services(endpoint: &str) -> Result<(Node<ipc::Service>, PubSub, PubSub)> {
     Ok((node, ping, pong))
 }
 
-/// Runs in the child: echoes until a sample of length 0 (or the parent's
-/// end). Prints `READY` once its subscriber and publisher exist.
-pub fn serve_iceoryx2(endpoint: &str, size: usize) -> Result<()> {
-    let (_node, ping, pong) = services(endpoint)?;
-    let sub = ping
+type Sub = iceoryx2::port::subscriber::Subscriber<ipc::Service, [u8], ()>;
+type Pub = iceoryx2::port::publisher::Publisher<ipc::Service, [u8], ()>;
+
+/// A subscriber on `rx` and a publisher of `size`-byte slices on `tx`.
+fn ports(rx: &PubSub, tx: &PubSub, size: usize) -> Result<(Sub, Pub)> {
+    let sub = rx
         .subscriber_builder()
         .create()
         .map_err(|e| anyhow!("iceoryx2 subscriber: {e:?}"))?;
-    let publ = pong
+    let publ = tx
         .publisher_builder()
         .initial_max_slice_len(size)
         .create()
         .map_err(|e| anyhow!("iceoryx2 publisher: {e:?}"))?;
+    Ok((sub, publ))
+}
+
+/// Runs in the child: echoes until a sample of length 0 (or the parent's
+/// end). Prints `READY` once its subscriber and publisher exist.
+pub fn serve_iceoryx2(endpoint: &str, size: usize) -> Result<()> {
+    let (_node, ping, pong) = services(endpoint)?;
+    let (sub, publ) = ports(&ping, &pong, size)?;
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "READY")?;
@@ -107,15 +116,7 @@ pub fn serve_iceoryx2(endpoint: &str, size: usize) -> Result<()> {
 /// trip, `warmup` more, then `iters` timed ones; ends the session.
 pub fn ping_iceoryx2(endpoint: &str, size: usize, warmup: usize, iters: usize) -> Result<Vec<u64>> {
     let (_node, ping, pong) = services(endpoint)?;
-    let sub = pong
-        .subscriber_builder()
-        .create()
-        .map_err(|e| anyhow!("iceoryx2 subscriber: {e:?}"))?;
-    let publ = ping
-        .publisher_builder()
-        .initial_max_slice_len(size)
-        .create()
-        .map_err(|e| anyhow!("iceoryx2 publisher: {e:?}"))?;
+    let (sub, publ) = ports(&pong, &ping, size)?;
     // Samples sent before the other side subscribes are dropped
     // (history 0): wait for both subscribers.
     let t0 = Instant::now();

@@ -32,7 +32,7 @@ use xio_core::net::Net;
 use xio_core::prelude::*;
 use xio_core::proto::ErrorCode;
 
-use support::seeded::{env_u64, fill, verify, Rng};
+use support::seeded::{env_u64, fill, seed_from_env, verify, Rng};
 use support::{fds_of, process_run_dir, wait_until, Reap, BIN, WATCHDOG};
 
 const WORKERS: usize = 4;
@@ -879,12 +879,7 @@ fn chaos_kill_workers_mid_traffic() {
     if std::env::var_os("XIO_CHAOS_ROLE").is_some() {
         return;
     }
-    let seed = env_u64("XIO_CHAOS_SEED").unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-    });
+    let seed = seed_from_env("XIO_CHAOS_SEED");
     let rounds = env_u64("XIO_CHAOS_ROUNDS").unwrap_or(DEFAULT_ROUNDS);
     eprintln!("chaos seed {seed}, {rounds} rounds (replay: XIO_CHAOS_SEED={seed})");
     let mut rng = Rng(seed);

@@ -31,7 +31,7 @@ use xio_core::ctrl;
 use xio_core::net::Net;
 use xio_core::proto::Msg;
 
-use support::seeded::{env_u64, Rng};
+use support::seeded::{env_u64, seed_from_env, Rng};
 use support::{fds_of, process_run_dir, raw_conn, wait_until, Reap, BIN, WATCHDOG};
 
 const SERVERS: usize = 4;
@@ -304,12 +304,7 @@ fn soak_kill_a_random_process_every_second() {
         return;
     }
     let secs = env_u64("XIO_SOAK_SECS").unwrap_or(10);
-    let seed = env_u64("XIO_SOAK_SEED").unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-    });
+    let seed = seed_from_env("XIO_SOAK_SEED");
     eprintln!("soak seed {seed}, {secs} s of kills (replay: XIO_SOAK_SEED={seed})");
     let mut rng = Rng(seed);
     let dir = process_run_dir("xio-soak");

@@ -205,6 +205,7 @@ impl NetBuilder {
                 }),
                 classes,
                 strict,
+                copy_on_receive: self.copy_on_receive,
                 waking,
                 seg,
                 batch_owner,

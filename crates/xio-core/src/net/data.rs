@@ -206,7 +206,9 @@ impl Net {
         buf: BufMut,
         deadline: Option<Instant>,
     ) -> Result<BufMut, (io::Error, Option<BufMut>)> {
-        if self.lock().stack.private_pool_id() != Some(buf.pool_id()) {
+        if !self.shared.copy_on_receive
+            || self.lock().stack.private_pool_id() != Some(buf.pool_id())
+        {
             return Ok(buf);
         }
         match self.alloc_wait(buf.len(), deadline) {

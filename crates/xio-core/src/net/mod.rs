@@ -155,6 +155,10 @@ struct Shared {
     /// Listeners bind only this node's addresses (see
     /// [`NetBuilder::strict_addresses`]).
     strict: bool,
+    /// Copy on receive ([`NetBuilder::copy_on_receive`]), fixed at attach:
+    /// a send looks here, without the lock, before it looks for a private
+    /// copy to put into a pool buffer.
+    copy_on_receive: bool,
     /// Threads woken from a blocking call that have not yet taken the
     /// lock again: they want a CPU (see `Net::block`). Also in `Core`.
     waking: Arc<AtomicUsize>,

@@ -80,6 +80,16 @@ pub fn env_u64(name: &str) -> Option<u64> {
     Some(n.unwrap_or_else(|| panic!("{name}={v:?}: not a number")))
 }
 
+/// The seed `$name` gives (to replay a run), else one from the clock.
+pub fn seed_from_env(name: &str) -> u64 {
+    env_u64(name).unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    })
+}
+
 /// Fills `buf` with a pattern determined by `seed`.
 pub fn fill(buf: &mut [u8], seed: u64) {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
