@@ -27,7 +27,7 @@ cargo test -p xio-core --features dpdk --test dpdk
 cleanup
 
 export XIO_TEST_BACKEND=dpdk
-for suite in control_plane cross_process sockets std_parity; do
+for suite in control_plane cross_process sockets_manager sockets_data sockets_poll sockets_connect std_parity; do
     tests=$(cargo test -q -p xio-core --features dpdk --test "$suite" -- --list 2>/dev/null |
         sed -n 's/: test$//p' | grep -v '^child_main$')
     for t in $tests; do

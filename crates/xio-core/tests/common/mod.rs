@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 mod process_dir;
 pub use process_dir::process_dir;
 pub mod seeded;
+pub mod sockets;
 #[allow(unused_imports)] // not every test binary checks bytes
 pub use seeded::{fill, verify};
 
