@@ -160,7 +160,7 @@ impl NetBuilder {
                     },
                     driving: false,
                     probe: None,
-                    waiters: HashMap::default(),
+                    waiters: Default::default(),
                     entries: 0,
                     signals: Vec::new(),
                     spare_lists: Vec::new(),

@@ -24,7 +24,7 @@ use super::stack_err;
 use super::syn::{client_addr, decode_syn, encode_syn, this_node};
 #[cfg(doc)]
 use super::waiters::WaitEntry;
-use super::waiters::{Key, Waiter, Waiters};
+use super::waiters::{Key, Waiter, WaiterMap};
 #[cfg(doc)]
 use super::{Net, Shared, WriteBatch, XioStream};
 
@@ -52,7 +52,7 @@ pub(super) struct Core {
     pub(super) table: Table<Buf>,
     pub(super) driving: bool,
     pub(super) probe: Option<Box<Probe>>,
-    pub(super) waiters: HashMap<Key, Waiters>,
+    pub(super) waiters: WaiterMap,
     /// The last [`WaitEntry`] id given out.
     pub(super) entries: u64,
     /// The read signal of each stream that recorded a registered waker or
@@ -404,7 +404,6 @@ impl Core {
                 .waiters
                 .keys()
                 .filter(|k| matches!(k, Key::Accept(_)))
-                .copied()
                 .collect();
             for k in keys {
                 self.wake_key(k, wake);

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::conn::ConnId;
 use crate::signal::ReadSignal;
 use crate::stack::Error;
+use crate::sync::FxHashMap as HashMap;
 
 use super::core::Core;
 use super::event_loop::RETRY_FULL;
@@ -122,6 +123,145 @@ pub(super) enum Key {
     Poll,
 }
 
+impl Key {
+    /// A stream's key: its connection's table index and which of its
+    /// three places.
+    fn conn_place(self) -> Option<(ConnId, usize)> {
+        match self {
+            Key::Read(c) => Some((c, 0)),
+            Key::Write(c) => Some((c, 1)),
+            Key::Connect(c) => Some((c, 2)),
+            Key::Accept(_) | Key::Poll => None,
+        }
+    }
+}
+
+/// The waiter lists of a net, by key.
+///
+/// A stream's keys (read, write, connect) live in a vector by their
+/// connection's table index: a task that waits registers there and its
+/// wake-up takes it out, once per request at every connection, which as
+/// a hash map's insert and remove was the largest part of the waiter
+/// bookkeeping under tokio at many connections. A place holds the full
+/// connection id with its list, so a later connection at the same index
+/// never sees an earlier one's waiters; while a place is taken by another
+/// id (a closed stream's list not yet gone), the key goes to the map,
+/// which also holds the listeners' and the event loop's keys. A key is in
+/// one of the two at most: the vector is used only when the map does not
+/// hold it.
+#[derive(Debug, Default)]
+pub(super) struct WaiterMap {
+    conns: Vec<[Option<(ConnId, Waiters)>; 3]>,
+    /// How many places of `conns` hold a list.
+    in_conns: usize,
+    other: HashMap<Key, Waiters>,
+}
+
+impl WaiterMap {
+    pub(super) fn is_empty(&self) -> bool {
+        self.in_conns == 0 && self.other.is_empty()
+    }
+
+    /// The vector's place for `key`, if it is a stream's key and the place
+    /// is its own (or free).
+    fn place(&self, key: Key) -> Option<&Option<(ConnId, Waiters)>> {
+        let (c, i) = key.conn_place()?;
+        let p = &self.conns.get(c.index())?[i];
+        match p {
+            Some((id, _)) if *id != c => None,
+            _ => Some(p),
+        }
+    }
+
+    pub(super) fn get(&self, key: &Key) -> Option<&Waiters> {
+        match self.place(*key) {
+            Some(Some((_, ws))) => Some(ws),
+            _ => self.other.get(key),
+        }
+    }
+
+    pub(super) fn get_mut(&mut self, key: &Key) -> Option<&mut Waiters> {
+        if let Some((c, i)) = key.conn_place() {
+            if let Some(Some((id, ws))) = self.conns.get_mut(c.index()).map(|p| &mut p[i]) {
+                if *id == c {
+                    return Some(ws);
+                }
+            }
+        }
+        self.other.get_mut(key)
+    }
+
+    pub(super) fn contains_key(&self, key: &Key) -> bool {
+        self.get(key).is_some()
+    }
+
+    pub(super) fn remove(&mut self, key: &Key) -> Option<Waiters> {
+        if let Some((c, i)) = key.conn_place() {
+            if let Some(p) = self.conns.get_mut(c.index()).map(|p| &mut p[i]) {
+                if p.as_ref().is_some_and(|(id, _)| *id == c) {
+                    self.in_conns -= 1;
+                    return p.take().map(|(_, ws)| ws);
+                }
+            }
+        }
+        if self.other.is_empty() {
+            return None;
+        }
+        self.other.remove(key)
+    }
+
+    /// `key`'s list, made with `new` if it has none.
+    pub(super) fn get_or_insert_with(
+        &mut self,
+        key: Key,
+        new: impl FnOnce() -> Waiters,
+    ) -> &mut Waiters {
+        if let Some((c, i)) = key.conn_place() {
+            let in_map = !self.other.is_empty() && self.other.contains_key(&key);
+            if !in_map {
+                let at = c.index();
+                if self.conns.len() <= at {
+                    self.conns.resize_with(at + 1, Default::default);
+                }
+                let p = &mut self.conns[at][i];
+                match p {
+                    None => {
+                        self.in_conns += 1;
+                        return &mut p.insert((c, new())).1;
+                    }
+                    Some((id, _)) if *id == c => return &mut p.as_mut().expect("just seen").1,
+                    Some(_) => {} // another id's place: the map
+                }
+            }
+        }
+        self.other.entry(key).or_insert_with(new)
+    }
+
+    /// Every key with its list, in no particular order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (Key, &Waiters)> {
+        let conns = self.conns.iter().flat_map(|places| {
+            places.iter().enumerate().filter_map(|(i, p)| {
+                let (c, ws) = p.as_ref()?;
+                let key = match i {
+                    0 => Key::Read(*c),
+                    1 => Key::Write(*c),
+                    _ => Key::Connect(*c),
+                };
+                Some((key, ws))
+            })
+        });
+        // The vector is empty of lists most of the time it is walked
+        // (a driver's death, the manager's): skip it then.
+        let conns = (self.in_conns > 0).then_some(conns).into_iter().flatten();
+        conns.chain(self.other.iter().map(|(k, ws)| (*k, ws)))
+    }
+
+    /// Every key, in no particular order.
+    pub(super) fn keys(&self) -> impl Iterator<Item = Key> + '_ {
+        self.iter().map(|(k, _)| k)
+    }
+}
+
 impl Core {
     /// Moves the waiters of `key` to `wake`; true if nobody was parked on
     /// it (the driver may be the one waiting for it).
@@ -139,9 +279,13 @@ impl Core {
         match self.waiters.remove(&key) {
             Some(Waiters { list: mut ws, .. }) => {
                 let threads = ws.iter().filter(|w| matches!(w, Waiter::Thread(_))).count();
-                self.parked -= threads;
-                self.threads_woken += threads as u64;
-                self.waking.fetch_add(threads, AtomicOrdering::Relaxed);
+                // Tasks only, as under an async runtime: no read-modify-write
+                // of the shared count on every wake-up.
+                if threads > 0 {
+                    self.parked -= threads;
+                    self.threads_woken += threads as u64;
+                    self.waking.fetch_add(threads, AtomicOrdering::Relaxed);
+                }
                 wake.append(&mut ws);
                 self.recycle(ws);
                 false
@@ -157,7 +301,7 @@ impl Core {
             .waiters
             .iter()
             .filter(|(_, ws)| ws.list.iter().any(Waiter::is_task))
-            .map(|(k, _)| *k)
+            .map(|(k, _)| k)
             .collect();
         for key in keys {
             if let Key::Read(c) = key {
@@ -201,7 +345,7 @@ impl Core {
     /// The waiter list of `key`, created from a spare allocation if new.
     fn waiters_of(&mut self, key: Key) -> &mut Waiters {
         let spare = &mut self.spare_lists;
-        self.waiters.entry(key).or_insert_with(|| Waiters {
+        self.waiters.get_or_insert_with(key, || Waiters {
             list: spare.pop().unwrap_or_default(),
         })
     }
@@ -240,7 +384,7 @@ impl Core {
 
     /// Any one parked thread, to take over driving.
     fn take_any_waiter(&mut self) -> Option<Waiter> {
-        let key = *self
+        let key = self
             .waiters
             .iter()
             .find(|(_, ws)| ws.list.iter().any(|w| matches!(w, Waiter::Thread(_))))?
@@ -538,5 +682,51 @@ impl Net {
         drop(g);
         wake_all(&mut wake);
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(n: usize) -> Waiters {
+        Waiters {
+            list: (0..n)
+                .map(|_| Waiter::Slot(Waker::noop().clone()))
+                .collect(),
+        }
+    }
+
+    /// Two connections at one table index (an earlier one's list still
+    /// there when a later one waits) keep their lists apart, and a key is
+    /// found where it went, whichever of the two places that was.
+    #[test]
+    fn a_later_connection_at_an_index_never_sees_an_earlier_ones_waiters() {
+        let old = ConnId(7);
+        let new = ConnId(7 | 1 << 20); // the same index, the next generation
+        assert_eq!(old.index(), new.index());
+        let mut m = WaiterMap::default();
+        assert!(m.is_empty());
+        m.get_or_insert_with(Key::Read(old), || list(1));
+        // The place is the old one's: the new key goes to the map.
+        m.get_or_insert_with(Key::Read(new), || list(2));
+        assert_eq!(m.get(&Key::Read(old)).map(|w| w.list.len()), Some(1));
+        assert_eq!(m.get(&Key::Read(new)).map(|w| w.list.len()), Some(2));
+        // Another place of the index, and another key kind, are their own.
+        m.get_or_insert_with(Key::Write(new), || list(3));
+        m.get_or_insert_with(Key::Poll, || list(4));
+        assert_eq!(m.keys().count(), 4);
+        // The old one leaves; the new key, in the map, is not doubled by
+        // a later insert that finds the place free.
+        assert_eq!(m.remove(&Key::Read(old)).map(|w| w.list.len()), Some(1));
+        assert!(m.get(&Key::Read(old)).is_none());
+        m.get_or_insert_with(Key::Read(new), || list(9)).list.pop();
+        assert_eq!(m.get(&Key::Read(new)).map(|w| w.list.len()), Some(1));
+        assert_eq!(m.remove(&Key::Read(new)).map(|w| w.list.len()), Some(1));
+        assert!(m.remove(&Key::Read(new)).is_none());
+        assert!(m.contains_key(&Key::Write(new)) && m.contains_key(&Key::Poll));
+        assert!(m.remove(&Key::Write(new)).is_some() && m.remove(&Key::Poll).is_some());
+        assert!(m.is_empty());
+        assert_eq!(m.iter().count(), 0);
     }
 }
