@@ -55,6 +55,7 @@ use rustix::mm::{MapFlags, ProtFlags};
 use rustix::process::Pid;
 
 use crate::pin::pin_scoped;
+use crate::uring::UringStream;
 
 /// Which baseline transport to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
@@ -75,6 +76,11 @@ pub enum Baseline {
     /// iceoryx2's publish-subscribe (see [`crate::peers`]); the endpoint is
     /// the services' name prefix, and the server prints `READY`.
     Iceoryx2,
+    /// As [`Baseline::Uds`], each read and write an io_uring request with
+    /// its completion busy-polled (see [`crate::uring`]).
+    IoUringUds,
+    /// As [`Baseline::Tcp`], through io_uring as [`Baseline::IoUringUds`].
+    IoUringTcp,
 }
 
 impl Baseline {
@@ -87,6 +93,8 @@ impl Baseline {
             Baseline::SpinRing => "spin-ring",
             Baseline::SpinRingCopy => "spin-ring-copy",
             Baseline::Iceoryx2 => "iceoryx2",
+            Baseline::IoUringUds => "io-uring-uds",
+            Baseline::IoUringTcp => "io-uring-tcp",
         }
     }
 }
@@ -126,8 +134,10 @@ const PEER_CHECK_MASK: u32 = (1 << 20) - 1;
 pub fn serve(b: Baseline, endpoint: &str, size: usize) -> Result<()> {
     ensure!(size > 0, "message size must be at least 1 byte");
     match b {
-        Baseline::Uds => serve_uds(Path::new(endpoint), size),
-        Baseline::Tcp => serve_tcp(size),
+        Baseline::Uds => serve_uds(Path::new(endpoint), size, false),
+        Baseline::Tcp => serve_tcp(size, false),
+        Baseline::IoUringUds => serve_uds(Path::new(endpoint), size, true),
+        Baseline::IoUringTcp => serve_tcp(size, true),
         Baseline::SpinRing => serve_spin(endpoint, size, false),
         Baseline::SpinRingCopy => serve_spin(endpoint, size, true),
         Baseline::Iceoryx2 => crate::peers::serve_iceoryx2(endpoint, size),
@@ -162,15 +172,23 @@ pub fn ping(
 ) -> Result<Vec<u64>> {
     ensure!(size > 0, "message size must be at least 1 byte");
     match b {
-        Baseline::Uds => {
+        Baseline::Uds | Baseline::IoUringUds => {
             let path = Path::new(endpoint);
             let stream = retry_connect(|| UnixStream::connect(path), None, READY_TIMEOUT)?;
+            if b == Baseline::IoUringUds {
+                let s = UringStream::new(stream).context("setting up an io_uring")?;
+                return ping_stream(s, size, warmup, iters);
+            }
             ping_stream(stream, size, warmup, iters)
         }
-        Baseline::Tcp => {
+        Baseline::Tcp | Baseline::IoUringTcp => {
             let addr = parse_tcp_endpoint(endpoint)?;
             let stream = retry_connect(|| TcpStream::connect(addr), None, READY_TIMEOUT)?;
             stream.set_nodelay(true).context("setting TCP_NODELAY")?;
+            if b == Baseline::IoUringTcp {
+                let s = UringStream::new(stream).context("setting up an io_uring")?;
+                return ping_stream(s, size, warmup, iters);
+            }
             ping_stream(stream, size, warmup, iters)
         }
         Baseline::SpinRing | Baseline::SpinRingCopy => {
@@ -252,7 +270,7 @@ pub fn run_pair(
     };
 
     match b {
-        Baseline::Uds => {
+        Baseline::Uds | Baseline::IoUringUds => {
             let path = temp_socket_path();
             let _cleanup = RemoveOnDrop(path.clone());
             let _ = std::fs::remove_file(&path);
@@ -275,7 +293,7 @@ pub fn run_pair(
             };
             child.finish(res)
         }
-        Baseline::Tcp => {
+        Baseline::Tcp | Baseline::IoUringTcp => {
             add_args(&mut cmd, "-");
             cmd.stdout(Stdio::piped());
             let mut child = ServerChild::spawn(&mut cmd)?;
@@ -343,7 +361,8 @@ pub fn run_pair(
 // Socket baselines
 // ---------------------------------------------------------------------------
 
-fn serve_uds(path: &Path, size: usize) -> Result<()> {
+/// `uring`: each read and write through an io_uring ([`UringStream`]).
+fn serve_uds(path: &Path, size: usize, uring: bool) -> Result<()> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -356,13 +375,23 @@ fn serve_uds(path: &Path, size: usize) -> Result<()> {
     loop {
         let stream = accept_or_orphaned(|| listener.accept().map(|(s, _)| s), parent)?;
         stream.set_nonblocking(false)?;
-        if echo_loop(stream, size)? > 0 {
+        if echo_maybe_uring(stream, size, uring)? > 0 {
             return Ok(());
         }
     }
 }
 
-fn serve_tcp(size: usize) -> Result<()> {
+/// [`echo_loop`] on `s`, through an io_uring if `uring`.
+fn echo_maybe_uring<S: Read + Write + AsRawFd>(s: S, size: usize, uring: bool) -> Result<u64> {
+    if uring {
+        echo_loop(UringStream::new(s).context("setting up an io_uring")?, size)
+    } else {
+        echo_loop(s, size)
+    }
+}
+
+/// `uring`: as for [`serve_uds`].
+fn serve_tcp(size: usize, uring: bool) -> Result<()> {
     let listener = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
         .context("binding 127.0.0.1:0")?;
     let port = listener.local_addr()?.port();
@@ -377,7 +406,7 @@ fn serve_tcp(size: usize) -> Result<()> {
         let stream = accept_or_orphaned(|| listener.accept().map(|(s, _)| s), parent)?;
         stream.set_nonblocking(false)?;
         stream.set_nodelay(true).context("setting TCP_NODELAY")?;
-        if echo_loop(stream, size)? > 0 {
+        if echo_maybe_uring(stream, size, uring)? > 0 {
             return Ok(());
         }
     }
@@ -1141,6 +1170,11 @@ pub(crate) fn pattern(size: usize) -> Vec<u8> {
 #[inline]
 pub(crate) fn elapsed_ns(t0: Instant) -> u64 {
     u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Nanoseconds from `a` to `b` (0 if `b` is not later).
+pub(crate) fn ns_between(a: Instant, b: Instant) -> u64 {
+    u64::try_from(b.saturating_duration_since(a).as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Removes a file when dropped (best effort).

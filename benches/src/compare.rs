@@ -162,6 +162,8 @@ impl Transport {
             Transport::Base(Baseline::Uds) => "Unix socket".into(),
             Transport::Base(Baseline::Tcp) => "TCP loopback".into(),
             Transport::Base(Baseline::Iceoryx2) => "iceoryx2".into(),
+            Transport::Base(Baseline::IoUringUds) => "io_uring Unix socket".into(),
+            Transport::Base(Baseline::IoUringTcp) => "io_uring TCP".into(),
             Transport::Xio(m) => format!("X-IO {}", m.label()),
         }
     }
@@ -285,6 +287,8 @@ pub fn run(a: &CompareArgs) -> Result<()> {
             }
             jobs.push(Transport::Base(Baseline::Uds));
             jobs.push(Transport::Base(Baseline::Tcp));
+            jobs.push(Transport::Base(Baseline::IoUringUds));
+            jobs.push(Transport::Base(Baseline::IoUringTcp));
             let place = Placement {
                 client: cc,
                 server: sc,

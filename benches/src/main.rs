@@ -25,6 +25,7 @@ mod pin;
 mod sockets;
 mod stats;
 mod tokio_bench;
+mod uring;
 mod xio;
 
 use std::net::SocketAddr;
