@@ -47,8 +47,8 @@ use rustix::io::Errno;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
 use crate::baselines::{
-    echo_loop, elapsed_ns, pattern, read_port_line, retry_connect, temp_socket_path, RemoveOnDrop,
-    ServerChild, READY_TIMEOUT,
+    echo_loop, elapsed_ns, ns_between, pattern, read_port_line, retry_connect, temp_socket_path,
+    RemoveOnDrop, ServerChild, READY_TIMEOUT,
 };
 use crate::clock::{presized, to_ns, Clock};
 use crate::compare::{
@@ -220,6 +220,10 @@ struct Outcome {
     ops: u64,
     /// Length of the measured window.
     wall: Duration,
+    /// Section b: each connection's time split into connect, data (the
+    /// exchange) and close, in ns (the paper's Fig. 8 phases); empty
+    /// elsewhere.
+    phases: [Vec<u64>; 3],
 }
 
 impl Outcome {
@@ -227,6 +231,9 @@ impl Outcome {
         self.samples.append(&mut o.samples);
         self.ops += o.ops;
         self.wall += o.wall;
+        for (a, b) in self.phases.iter_mut().zip(&mut o.phases) {
+            a.append(b);
+        }
     }
 
     /// Operations per second.
@@ -239,7 +246,12 @@ impl Outcome {
 struct Cell {
     sum: Summary,
     rate: f64,
+    /// The medians of [`Outcome::phases`], in ns (section b).
+    phases: Option<[f64; 3]>,
 }
+
+/// The names of [`Outcome::phases`], as section b's rows say them.
+const PHASES: [&str; 3] = ["connect", "data", "close"];
 
 /// One client/server pair's parameters.
 #[derive(Clone, Copy, Debug)]
@@ -433,9 +445,14 @@ fn measure(plan: &Plan, what: &str, job: impl Fn(usize) -> Job) -> Vec<Result<Ce
     }
     acc.into_iter()
         .map(|r| {
-            r.map(|mut o| Cell {
-                sum: summarize(&mut o.samples),
-                rate: o.rate(),
+            r.map(|mut o| {
+                let phases = (!o.phases[0].is_empty())
+                    .then(|| o.phases.each_mut().map(|p| summarize(p).p50_ns));
+                Cell {
+                    sum: summarize(&mut o.samples),
+                    rate: o.rate(),
+                    phases,
+                }
             })
         })
         .collect()
@@ -548,7 +565,9 @@ fn section_b(plan: &Plan, place: Placement) {
     println!(
         "{} timed connections per transport: connect, write {MSG} B, `read_exact` {MSG} B \
          (the server accepts, echoes, closes), close; each round after 1/10 as many \
-         untimed ones. Connections/s = timed connections / time of the timed loop.\n",
+         untimed ones. Connections/s = timed connections / time of the timed loop. \
+         The phases (the paper's Fig. 8): connect = until `connect` returns, data = \
+         the exchange, close = the client's close (drop) of its stream; p50 of each.\n",
         plan.short_iters
     );
     let mut head = String::from("| |");
@@ -570,6 +589,16 @@ fn section_b(plan: &Plan, place: Placement) {
             match c {
                 Ok(c) => line.push_str(&format!(" {} |", f(c))),
                 Err(_) => line.push_str(" failed |"),
+            }
+        }
+        println!("{line}");
+    }
+    for (i, name) in PHASES.iter().enumerate() {
+        let mut line = format!("| {name} p50 (µs) |");
+        for c in &cells {
+            match c.as_ref().ok().and_then(|c| c.phases) {
+                Some(p) => line.push_str(&format!(" {} |", fmt_us(p[i]))),
+                None => line.push_str(" - |"),
             }
         }
         println!("{line}");
@@ -649,6 +678,31 @@ fn section_c(plan: &Plan, place: Placement, conns: &[usize], section: Section) {
     for (n, cells) in &rows {
         print_failures(plan, &format!("{n} conns"), cells);
     }
+}
+
+/// One cell of section c for X-IO's own event loop (`Net::poll`, one
+/// thread each side, client on CPU 0, server on CPU 1): what `xio-bench
+/// tokio` sets beside xio-tokio. Needs `XIO_BENCH_PREFIX` (the embedded
+/// manager). Returns the round trips' latencies in ns, the round trips
+/// completed in the measured window, and that window.
+pub(crate) fn event_loop_cell(
+    conns: usize,
+    warm: Duration,
+    measure: Duration,
+) -> Result<(Vec<u64>, u64, Duration)> {
+    let job = Job {
+        section: Section::C,
+        size: MSG,
+        conns,
+        warmup: 0,
+        iters: 0,
+        warm,
+        measure,
+        client_cpu: 0,
+        server_cpu: 1,
+    };
+    let o = run_pair(Transport::Xio, &job)?;
+    Ok((o.samples, o.ops, o.wall))
 }
 
 /// Spawns a server for `job`, runs the client pinned to its CPU, and waits
@@ -988,6 +1042,7 @@ fn zc_rtt_client(s: &XioStream, size: usize, warmup: usize, iters: usize) -> Res
         samples,
         ops: iters as u64,
         wall: t_all.elapsed(),
+        ..Default::default()
     })
 }
 
@@ -1344,6 +1399,7 @@ fn rtt_client<S: Read + Write>(
         samples,
         ops: iters as u64,
         wall,
+        ..Default::default()
     })
 }
 
@@ -1369,14 +1425,21 @@ fn short_client<S: Read + Write>(
         round_trip(&mut s, &tx, &mut rx)?;
     }
     let mut samples = Vec::with_capacity(iters);
+    let mut phases: [Vec<u64>; 3] = std::array::from_fn(|_| Vec::with_capacity(iters));
     let t_all = Instant::now();
     for i in 0..iters {
         let msg = if i + 1 == iters { &tx_last } else { &tx };
         let t0 = Instant::now();
         let mut s = connect().context("connect")?;
+        let t1 = Instant::now();
         round_trip(&mut s, msg, &mut rx)?;
+        let t2 = Instant::now();
         drop(s);
-        samples.push(elapsed_ns(t0));
+        let t3 = Instant::now();
+        samples.push(ns_between(t0, t3));
+        for (p, (a, b)) in phases.iter_mut().zip([(t0, t1), (t1, t2), (t2, t3)]) {
+            p.push(ns_between(a, b));
+        }
     }
     let wall = t_all.elapsed();
     ensure!(
@@ -1388,6 +1451,7 @@ fn short_client<S: Read + Write>(
         samples,
         ops: iters as u64,
         wall,
+        phases,
     })
 }
 
@@ -1596,6 +1660,7 @@ fn epoll_client<S: Read + Write + AsFd>(
         ops: samples.len() as u64,
         samples,
         wall: job.measure,
+        ..Default::default()
     })
 }
 

@@ -66,6 +66,10 @@ pub enum AsyncTransport {
     Shmipc,
     /// shmipc-rs with the eventfd wake-up (protocol V4); `tokio` only.
     ShmipcEventfd,
+    /// No tokio: X-IO's own event loop (`Net::poll`, one thread each
+    /// side, as `xio-bench sockets` section c), the bound xio-tokio is
+    /// measured against; `tokio` only.
+    XioPoll,
 }
 
 impl AsyncTransport {
@@ -76,12 +80,18 @@ impl AsyncTransport {
             AsyncTransport::Xio => "X-IO",
             AsyncTransport::Shmipc => "shmipc",
             AsyncTransport::ShmipcEventfd => "shmipc eventfd",
+            AsyncTransport::XioPoll => "X-IO event loop",
         }
     }
 
     /// A peer library with an API of its own (no `AsyncRead`/hyper).
     fn is_peer(self) -> bool {
         matches!(self, AsyncTransport::Shmipc | AsyncTransport::ShmipcEventfd)
+    }
+
+    /// Measured by `xio-bench tokio` only: no stream under hyper.
+    fn tokio_only(self) -> bool {
+        self.is_peer() || self == AsyncTransport::XioPoll
     }
 }
 
@@ -173,6 +183,7 @@ pub fn run(a: &TokioArgs) -> Result<()> {
     }
     let mut lines = Vec::new();
     let mut failures = Vec::new();
+    let mut ratios = Vec::new();
     for &n in &conns {
         let acc = measure_row(
             &transports,
@@ -181,6 +192,14 @@ pub fn run(a: &TokioArgs) -> Result<()> {
             &mut failures,
             |t| run_one(t, &prefix, n, warm, per_round),
         );
+        let rates: Vec<Option<f64>> = acc
+            .iter()
+            .map(|c| {
+                c.as_ref()
+                    .map(|o| o.ops as f64 / o.wall.as_secs_f64().max(1e-9))
+            })
+            .collect();
+        ratios.push((n, rates));
         let line = table_row(n, acc);
         lines.push(line);
     }
@@ -189,6 +208,7 @@ pub fn run(a: &TokioArgs) -> Result<()> {
         println!("{l}");
     }
     println!();
+    print_ratios(&transports, &ratios);
     crate::compare::print_host_phase("after the run");
     for f in failures {
         println!("{f}");
@@ -308,6 +328,51 @@ fn measure_row(
     acc
 }
 
+/// xio-tokio's requests/s over X-IO's own event loop's and over the best
+/// shmipc mode's, per row, when the run measured them (issue 45's two
+/// targets, judged within one run).
+fn print_ratios(transports: &[AsyncTransport], rows: &[(usize, Vec<Option<f64>>)]) {
+    let at = |t| transports.iter().position(|&x| x == t);
+    let Some(x) = at(AsyncTransport::Xio) else {
+        return;
+    };
+    let pol = at(AsyncTransport::XioPoll);
+    let shm: Vec<usize> = [AsyncTransport::Shmipc, AsyncTransport::ShmipcEventfd]
+        .into_iter()
+        .filter_map(at)
+        .collect();
+    if pol.is_none() && shm.is_empty() {
+        return;
+    }
+    let mut head = String::from("| conns |");
+    let mut rule = String::from("|---:|");
+    if pol.is_some() {
+        head.push_str(" X-IO / X-IO event loop |");
+        rule.push_str("---:|");
+    }
+    if !shm.is_empty() {
+        head.push_str(" X-IO / best shmipc |");
+        rule.push_str("---:|");
+    }
+    println!("{head}\n{rule}");
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!(" {:.2}x |", a / b),
+        _ => " - |".to_owned(),
+    };
+    for (n, rates) in rows {
+        let mut line = format!("| {n} |");
+        if let Some(p) = pol {
+            line.push_str(&ratio(rates[x], rates[p]));
+        }
+        if !shm.is_empty() {
+            let best = shm.iter().filter_map(|&i| rates[i]).reduce(f64::max);
+            line.push_str(&ratio(rates[x], best));
+        }
+        println!("{line}");
+    }
+    println!();
+}
+
 /// A markdown row: requests/s, p50 and p99 per transport.
 fn table_row(n: usize, cells: Vec<Option<Outcome>>) -> String {
     let mut line = format!("| {n} |");
@@ -341,6 +406,10 @@ fn run_one(
     warm: Duration,
     measure: Duration,
 ) -> Result<Outcome> {
+    if t == AsyncTransport::XioPoll {
+        let (samples, ops, wall) = crate::sockets::event_loop_cell(n, warm, measure)?;
+        return Ok(Outcome { samples, ops, wall });
+    }
     let (child, endpoint, _cleanup) = spawn_server("serve-tokio", t, prefix, n)?;
     let res = (|| {
         let _pin = pin_scoped(Some(0))?;
@@ -396,6 +465,7 @@ fn spawn_server(
         }
         AsyncTransport::Tcp => "127.0.0.1:0".to_owned(),
         AsyncTransport::Xio => format!("{prefix}/{}", fresh_xio_addr()),
+        AsyncTransport::XioPoll => bail!("the event loop's server is `serve-sock`"),
     };
     cmd.args(["--endpoint", &endpoint]);
     cmd.stdout(if t == AsyncTransport::Tcp {
@@ -432,8 +502,11 @@ async fn connect(
             let net = net.ok_or_else(|| io::Error::other("no net"))?;
             Box::new(xio_tokio::XioStream::connect_with(net, a).await?)
         }
-        AsyncTransport::Shmipc | AsyncTransport::ShmipcEventfd => {
-            return Err(io::Error::other("shmipc streams are not AsyncRead"))
+        AsyncTransport::Shmipc | AsyncTransport::ShmipcEventfd | AsyncTransport::XioPoll => {
+            return Err(io::Error::other(format!(
+                "{} has no AsyncRead stream",
+                t.label()
+            )))
         }
     })
 }
@@ -564,6 +637,7 @@ pub fn serve(t: AsyncTransport, endpoint: &str, conns: usize) -> Result<()> {
                 let _cleanup = RemoveOnDrop(PathBuf::from(endpoint));
                 crate::peers::shmipc_serve(endpoint, conns, MSG).await?;
             }
+            AsyncTransport::XioPoll => bail!("the event loop's server is `serve-sock`"),
         }
         Ok::<_, anyhow::Error>(())
     })
@@ -650,12 +724,12 @@ pub fn run_http(a: &HttpArgs) -> Result<()> {
         AsyncTransport::value_variants()
             .iter()
             .copied()
-            .filter(|t| !t.is_peer())
+            .filter(|t| !t.tokio_only())
             .collect()
     } else {
         a.transports.clone()
     };
-    if let Some(t) = transports.iter().find(|t| t.is_peer()) {
+    if let Some(t) = transports.iter().find(|t| t.tokio_only()) {
         bail!(
             "{} has no HTTP stack to measure: `xio-bench tokio` measures it",
             t.label()
@@ -932,7 +1006,7 @@ pub fn serve_http(t: AsyncTransport, endpoint: &str, conns: usize) -> Result<()>
                 let l = xio_tokio::XioListener::bind_with(&net, a)?;
                 accept_loop!(l.accept().await?.0)
             }
-            AsyncTransport::Shmipc | AsyncTransport::ShmipcEventfd => {
+            AsyncTransport::Shmipc | AsyncTransport::ShmipcEventfd | AsyncTransport::XioPoll => {
                 bail!("{} has no HTTP stack", t.label())
             }
         }
