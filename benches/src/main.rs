@@ -22,6 +22,7 @@ mod gobench;
 mod noisy;
 mod peers;
 mod pin;
+mod report;
 mod sockets;
 mod stats;
 mod tokio_bench;
@@ -99,6 +100,9 @@ enum Cmd {
         #[arg(long)]
         cpu: Option<usize>,
     },
+    /// The paper's experiments (Figs. 7 to 10), the peers and one core in
+    /// one run: a markdown summary and SVG plots in a folder.
+    Report(report::ReportArgs),
     /// Stream sockets (Unix socket, TCP loopback) side by side: round trip,
     /// short connections, concurrent connections; markdown on stdout.
     Sockets(sockets::SocketsArgs),
@@ -173,6 +177,7 @@ fn main() -> Result<()> {
             pin(cpu)?;
             capi::serve_l2fwd(&prefix, addr, mode)
         }
+        Cmd::Report(a) => report::run(&a),
         Cmd::Sockets(a) => sockets::run(&a),
         Cmd::Tokio(a) => tokio_bench::run(&a),
         Cmd::Http(a) => tokio_bench::run_http(&a),
