@@ -179,6 +179,7 @@ pub fn run(a: &ReportArgs) -> Result<()> {
         .collect();
     let bar = Progress::new(commands.len());
     let started = Instant::now();
+    let wall_start = std::time::SystemTime::now();
     let mut outputs: Vec<(Step, String, String)> = Vec::new();
     let mut failed = Vec::new();
     for (k, (step, i, args)) in commands.iter().enumerate() {
@@ -215,10 +216,13 @@ pub fn run(a: &ReportArgs) -> Result<()> {
     writeln!(summary, "# X-IO benchmark report\n")?;
     writeln!(
         summary,
-        "Command: `{}`. Each step is an `xio-bench` subcommand run as its own process; \
-         its full output is beside this file. Every table prints the host phase (the raw \
-         ring's rate) it ran in: compare figures only within one run.\n",
-        std::env::args().collect::<Vec<_>>().join(" ")
+        "Command: `{}`, started {} UTC, {:.0} s. Each step is an `xio-bench` subcommand \
+         run as its own process; its output follows its plot. Every table prints the \
+         host phase (the raw ring's rate) it ran in: compare figures only within one \
+         run.\n",
+        std::env::args().collect::<Vec<_>>().join(" "),
+        utc(wall_start),
+        started.elapsed().as_secs_f64()
     )?;
     for f in &failed {
         writeln!(summary, "* {f}")?;
@@ -306,6 +310,29 @@ impl Progress {
             took.as_secs_f64()
         );
     }
+}
+
+/// `t` as `YYYY-MM-DD hh:mm` in UTC.
+fn utc(t: std::time::SystemTime) -> String {
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60
+    )
 }
 
 /// A subcommand's markdown with its headings one level down, under the
@@ -842,6 +869,9 @@ mod tests {
         assert_eq!(fmt_axis(64_000.0), "64k");
         assert_eq!(fmt_axis(64.0), "64");
         assert_eq!(fmt_axis(0.57), "0.57");
+        let t = std::time::UNIX_EPOCH + Duration::from_secs(1_796_570_000);
+        assert_eq!(utc(t), "2026-12-06 15:13");
+        assert_eq!(utc(std::time::UNIX_EPOCH), "1970-01-01 00:00");
         let long = "### Round trip, separate cores (client CPU 0, server CPU 1)\n\n\
 | size | transport | p50 | p99 |\n|---|---|---:|---:|\n\
 | 64 B | X-IO BusyPoll | 0.57 | 1.1 |\n| 4 KiB | X-IO BusyPoll | 0.53 | 1.8 |\n\
