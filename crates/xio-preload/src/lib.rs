@@ -1,0 +1,1034 @@
+//! `libxio_preload.so`: run an unmodified program with
+//! `LD_PRELOAD=libxio_preload.so` and its local TCP goes over X-IO.
+//!
+//! The library defines the socket calls a program makes (`connect`,
+//! `listen`, `accept`, `read`, `send` and the rest); each looks up its fd
+//! in a table of *moved* sockets and hands every other fd to libc's own
+//! function (found with `dlsym(RTLD_NEXT)`), so kernel sockets, files and
+//! pipes go exactly where they went.
+//!
+//! What moves (`XIO_PRELOAD`): `local` (the default) moves TCP streams
+//! whose peer is a loopback address, `off` none, `list` those to the
+//! `ip:port`s of `XIO_PRELOAD_ADDRS` (comma-separated). The pool is
+//! `$XIO_PREFIX`'s, as for every X-IO program; without a manager every
+//! socket stays with the kernel.
+//!
+//! - A listener listens on the kernel as the program asked, and on X-IO
+//!   at the same address from its first `accept`: an X-IO client's
+//!   connection comes over shared memory, a kernel client's over TCP.
+//! - A `connect` goes to X-IO when an X-IO listener holds the address, to
+//!   the kernel when none does (the manager says so), as xio-hyper's
+//!   fallback.
+//! - A moved stream stays a real fd of the same number: one end of a Unix
+//!   socket pair put in its place (`dup3`), so fd tables, `close` of the
+//!   wrong fd and `exec` behave; the data goes over X-IO.
+//!
+//! This is the first stage of the library (issue 46): blocking sockets.
+//! Not yet: `poll`/`select`/`epoll` on moved sockets (a moved socket that
+//! a program sets non-blocking answers `EAGAIN`, but its readiness is not
+//! reported), `readv`/`writev`/`sendmsg`/`recvmsg`, `sendfile`, `FIONREAD`,
+//! and a fork child's use of an inherited moved socket.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::Duration;
+
+use libc::{size_t, sockaddr, socklen_t, ssize_t};
+use xio_core::net::{Net, XioListener, XioStream};
+
+mod addr;
+mod real;
+
+use addr::{read_sockaddr, write_sockaddr};
+
+// ---------------------------------------------------------------------------
+// The table of moved sockets
+// ---------------------------------------------------------------------------
+
+/// A moved socket: one per open file description (every fd `dup`ed from
+/// it shares it), so X-IO's stream closes when the last of them does.
+struct Sock {
+    kind: Kind,
+    /// Serializes a call that flips the stream's blocking mode for one
+    /// operation (`MSG_DONTWAIT`) with the others.
+    io: Mutex<()>,
+}
+
+enum Kind {
+    /// A stream over X-IO, and the far end of the socket pair whose near
+    /// end holds its fd number.
+    Stream { s: XioStream, _far: OwnedFd },
+    /// A kernel listener that also listens on X-IO from its first accept.
+    Listener {
+        addr: SocketAddr,
+        /// `None` until the first accept; then X-IO's listener, or why
+        /// there is none (the address taken on X-IO: kernel only).
+        xio: Mutex<Option<Option<XioListener>>>,
+    },
+}
+
+/// Moved sockets by fd.
+static TABLE: RwLock<Option<HashMap<RawFd, Arc<Sock>>>> = RwLock::new(None);
+/// How many fds the table holds: while none, every call goes straight to
+/// libc without a lock.
+static MOVED: AtomicUsize = AtomicUsize::new(0);
+
+fn lookup(fd: RawFd) -> Option<Arc<Sock>> {
+    if MOVED.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    t.as_ref()?.get(&fd).cloned()
+}
+
+/// Maps `fd` to `sock` (replacing what it mapped); the old one, if any, is
+/// returned to be dropped outside the lock (dropping a stream sends its
+/// FIN, which may call into libc).
+fn insert(fd: RawFd, sock: Arc<Sock>) -> Option<Arc<Sock>> {
+    let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    let old = t.get_or_insert_with(HashMap::new).insert(fd, sock);
+    if old.is_none() {
+        MOVED.fetch_add(1, Ordering::Release);
+    }
+    old
+}
+
+fn remove(fd: RawFd) -> Option<Arc<Sock>> {
+    if MOVED.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    let old = t.as_mut()?.remove(&fd);
+    if old.is_some() {
+        MOVED.fetch_sub(1, Ordering::Release);
+    }
+    old
+}
+
+// ---------------------------------------------------------------------------
+// Scope
+// ---------------------------------------------------------------------------
+
+enum Scope {
+    Off,
+    Local,
+    List(Vec<SocketAddr>),
+}
+
+fn scope() -> &'static Scope {
+    static SCOPE: OnceLock<Scope> = OnceLock::new();
+    SCOPE.get_or_init(|| match std::env::var("XIO_PRELOAD").as_deref() {
+        Ok("off") | Ok("0") => Scope::Off,
+        Ok("list") => Scope::List(
+            std::env::var("XIO_PRELOAD_ADDRS")
+                .unwrap_or_default()
+                .split(',')
+                .filter_map(|a| a.trim().parse().ok())
+                .collect(),
+        ),
+        _ => Scope::Local,
+    })
+}
+
+/// Whether a connection to `a` (or a listener on `a`) moves.
+fn in_scope(a: &SocketAddr, listener: bool) -> bool {
+    match scope() {
+        Scope::Off => false,
+        Scope::Local => a.ip().is_loopback() || (listener && a.ip().is_unspecified()),
+        Scope::List(l) => l.iter().any(|x| {
+            x.port() == a.port() && (x.ip() == a.ip() || (listener && a.ip().is_unspecified()))
+        }),
+    }
+}
+
+/// The process's net, if a manager is there.
+fn net() -> Option<Net> {
+    Net::global().ok()
+}
+
+// ---------------------------------------------------------------------------
+// errno
+// ---------------------------------------------------------------------------
+
+fn set_errno(e: c_int) {
+    // SAFETY: `__errno_location` returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// The errno a kernel socket gives for `e`.
+fn errno_of(e: &io::Error) -> c_int {
+    if let Some(n) = e.raw_os_error() {
+        return n;
+    }
+    use io::ErrorKind as K;
+    match e.kind() {
+        K::WouldBlock => libc::EAGAIN,
+        K::TimedOut => libc::EAGAIN, // SO_RCVTIMEO's expiry
+        K::ConnectionRefused => libc::ECONNREFUSED,
+        K::ConnectionReset => libc::ECONNRESET,
+        K::ConnectionAborted => libc::ECONNABORTED,
+        K::BrokenPipe => libc::EPIPE,
+        K::NotConnected => libc::ENOTCONN,
+        K::AddrInUse => libc::EADDRINUSE,
+        K::AddrNotAvailable => libc::EADDRNOTAVAIL,
+        K::InvalidInput => libc::EINVAL,
+        K::Interrupted => libc::EINTR,
+        K::PermissionDenied => libc::EACCES,
+        K::Unsupported => libc::EOPNOTSUPP,
+        _ => libc::EIO,
+    }
+}
+
+/// -1 with errno set for `e`; an `EPIPE` raises `SIGPIPE` first, as a
+/// kernel socket's write does, unless `nosignal`.
+fn fail(e: &io::Error, nosignal: bool) -> c_int {
+    let n = errno_of(e);
+    if n == libc::EPIPE && !nosignal {
+        // SAFETY: raising a signal at this thread; its handler (or the
+        // default action) is the program's, as for a kernel socket.
+        unsafe { libc::raise(libc::SIGPIPE) };
+    }
+    set_errno(n);
+    -1
+}
+
+fn ret_len(r: io::Result<usize>, nosignal: bool) -> ssize_t {
+    match r {
+        Ok(n) => n as ssize_t,
+        Err(e) => fail(&e, nosignal) as ssize_t,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Moving a socket
+// ---------------------------------------------------------------------------
+
+/// Whether `fd` is a kernel TCP socket (AF_INET or AF_INET6, stream).
+fn is_tcp(fd: RawFd) -> bool {
+    let opt = |name| {
+        let mut v: c_int = 0;
+        let mut len = size_of::<c_int>() as socklen_t;
+        // SAFETY: `v` and `len` are valid for the call's writes.
+        let r =
+            unsafe { real::getsockopt(fd, libc::SOL_SOCKET, name, (&raw mut v).cast(), &mut len) };
+        (r == 0).then_some(v)
+    };
+    opt(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+        && matches!(opt(libc::SO_DOMAIN), Some(libc::AF_INET | libc::AF_INET6))
+}
+
+/// `fd`'s file status flags (`O_NONBLOCK`), and whether it is close-on-exec.
+fn fd_flags(fd: RawFd) -> (c_int, bool) {
+    // SAFETY: plain fcntl queries.
+    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    // SAFETY: as above.
+    let fdfl = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
+    (fl.max(0), fdfl > 0 && fdfl & libc::FD_CLOEXEC != 0)
+}
+
+/// A Unix socket pair: its near end, to hold a moved stream's fd number,
+/// and its far end, kept by the library.
+fn socket_pair(cloexec: bool, nonblock: bool) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as c_int; 2];
+    let mut ty = libc::SOCK_STREAM;
+    if cloexec {
+        ty |= libc::SOCK_CLOEXEC;
+    }
+    if nonblock {
+        ty |= libc::SOCK_NONBLOCK;
+    }
+    // SAFETY: `fds` has room for the two fds.
+    if unsafe { libc::socketpair(libc::AF_UNIX, ty, 0, fds.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The far end is always close-on-exec: a child program gets the near
+    // end (its socket), never the library's.
+    // SAFETY: `fds[1]` was just made and is ours.
+    unsafe { real::fcntl(fds[1], libc::F_SETFD, libc::FD_CLOEXEC as usize) };
+    // SAFETY: both fds were just made by `socketpair` and are owned here.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Puts stream `s` in place of kernel socket `fd` (same number, same
+/// close-on-exec), closing the kernel socket.
+fn install_over(fd: RawFd, s: XioStream) -> io::Result<()> {
+    let (fl, cloexec) = fd_flags(fd);
+    let (near, far) = socket_pair(false, false)?;
+    let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+    // SAFETY: both fds are open; `dup3` atomically replaces `fd` (closing
+    // the kernel socket that was there) with a copy of `near`.
+    if unsafe { libc::dup3(std::os::fd::AsRawFd::as_raw_fd(&near), fd, flags) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if fl & libc::O_NONBLOCK != 0 {
+        s.set_nonblocking(true)?;
+        // SAFETY: `fd` is the pair's near end now.
+        unsafe { real::fcntl(fd, libc::F_SETFL, (fl | libc::O_NONBLOCK) as usize) };
+    }
+    let old = insert(
+        fd,
+        Arc::new(Sock {
+            kind: Kind::Stream { s, _far: far },
+            io: Mutex::new(()),
+        }),
+    );
+    drop(old);
+    Ok(())
+}
+
+/// A new fd for accepted stream `s` (`flags`: accept4's).
+fn install_new(s: XioStream, flags: c_int) -> io::Result<RawFd> {
+    let nonblock = flags & libc::SOCK_NONBLOCK != 0;
+    let (near, far) = socket_pair(flags & libc::SOCK_CLOEXEC != 0, nonblock)?;
+    if nonblock {
+        s.set_nonblocking(true)?;
+    }
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(near);
+    let old = insert(
+        fd,
+        Arc::new(Sock {
+            kind: Kind::Stream { s, _far: far },
+            io: Mutex::new(()),
+        }),
+    );
+    drop(old);
+    Ok(fd)
+}
+
+// ---------------------------------------------------------------------------
+// connect, listen, accept
+// ---------------------------------------------------------------------------
+
+/// What a connect over X-IO came to.
+enum Dialled {
+    Moved,
+    /// No X-IO listener holds the address (or no manager): the kernel's.
+    Kernel,
+    Failed(io::Error),
+}
+
+fn dial(fd: RawFd, to: SocketAddr) -> Dialled {
+    let Some(net) = net() else {
+        return Dialled::Kernel;
+    };
+    match net.connect(to) {
+        Ok(s) => match install_over(fd, s) {
+            Ok(()) => Dialled::Moved,
+            Err(e) => Dialled::Failed(e),
+        },
+        Err(e) if nobody_binds(&e) => Dialled::Kernel,
+        Err(e) => Dialled::Failed(e),
+    }
+}
+
+/// Whether the manager refused a connect because no X-IO service binds
+/// the address (then the kernel may have a listener there).
+fn nobody_binds(e: &io::Error) -> bool {
+    matches!(
+        e.get_ref()
+            .and_then(|i| i.downcast_ref::<xio_core::Error>()),
+        Some(xio_core::Error::Refused {
+            code: xio_core::ErrorCode::ConnectionRefused,
+            ..
+        })
+    )
+}
+
+/// `connect(2)`.
+///
+/// # Safety
+///
+/// As libc's: `addr` points to `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: the caller's contract.
+    let to = unsafe { read_sockaddr(addr, len) };
+    if let Some(to) = to {
+        let (fl, _) = fd_flags(fd);
+        // A non-blocking connect stays with the kernel until readiness of
+        // moved sockets is reported (a later stage).
+        if in_scope(&to, false) && fl & libc::O_NONBLOCK == 0 && lookup(fd).is_none() && is_tcp(fd)
+        {
+            match dial(fd, to) {
+                Dialled::Moved => return 0,
+                Dialled::Kernel => {}
+                Dialled::Failed(e) => return fail(&e, true),
+            }
+        }
+    }
+    // SAFETY: the caller's contract, passed on.
+    unsafe { real::connect(fd, addr, len) }
+}
+
+/// `listen(2)`: the kernel's, then noted for X-IO.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    // SAFETY: passed on.
+    let r = unsafe { real::listen(fd, backlog) };
+    if r == 0 && lookup(fd).is_none() && is_tcp(fd) {
+        if let Some(a) = local_addr_of(fd).filter(|a| in_scope(a, true)) {
+            let old = insert(
+                fd,
+                Arc::new(Sock {
+                    kind: Kind::Listener {
+                        addr: a,
+                        xio: Mutex::new(None),
+                    },
+                    io: Mutex::new(()),
+                }),
+            );
+            drop(old);
+        }
+    }
+    r
+}
+
+fn local_addr_of(fd: RawFd) -> Option<SocketAddr> {
+    // SAFETY: all-zero is a valid `sockaddr_storage`.
+    let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::sockaddr_storage>() as socklen_t;
+    // SAFETY: `st` has `len` bytes of room.
+    let r = unsafe { libc::getsockname(fd, (&raw mut st).cast(), &mut len) };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: the kernel wrote `len` bytes of an address into `st`.
+    unsafe { read_sockaddr((&raw const st).cast(), len) }
+}
+
+/// X-IO's side of listener `addr`, bound at the first accept.
+fn xio_listener(
+    slot: &Mutex<Option<Option<XioListener>>>,
+    addr: SocketAddr,
+) -> Option<XioListener> {
+    let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
+    g.get_or_insert_with(|| {
+        let l = net().and_then(|_| XioListener::bind(addr).ok())?;
+        l.set_nonblocking(true).ok()?;
+        Some(l)
+    })
+    .as_ref()
+    .and_then(|l| l.try_clone().ok())
+}
+
+/// Waits for a connection on X-IO listener `l` or on kernel listener `fd`.
+/// `Ok(Some(fd))`: a moved stream; `Ok(None)`: the kernel has one (accept
+/// it there).
+fn accept_either(fd: RawFd, l: &XioListener, flags: c_int) -> io::Result<Option<RawFd>> {
+    let (fl, _) = fd_flags(fd);
+    let nonblocking = fl & libc::O_NONBLOCK != 0;
+    let net = l.net();
+    let mut events = Vec::new();
+    let mut wait_fd: Option<OwnedFd> = None;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => return install_new(s, flags).map(Some),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        if readable(&[fd], 0)? {
+            return Ok(None);
+        }
+        if nonblocking {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        // Arm the doorbell (and take in what came), look once more, then
+        // sleep on both: what comes after the arming rings it.
+        if wait_fd.is_none() {
+            wait_fd = Some(net.poll_fd()?);
+        }
+        events.clear();
+        net.poll_nowait(&mut events)?;
+        match l.accept() {
+            Ok((s, _)) => return install_new(s, flags).map(Some),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        let pfd = std::os::fd::AsRawFd::as_raw_fd(wait_fd.as_ref().expect("just made"));
+        readable(&[fd, pfd], -1)?;
+    }
+}
+
+/// Whether any of `fds` is readable within `timeout_ms` (-1: no limit).
+fn readable(fds: &[RawFd], timeout_ms: c_int) -> io::Result<bool> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    loop {
+        // SAFETY: `p` holds `p.len()` pollfds.
+        let r = unsafe { real::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
+        if r >= 0 {
+            return Ok(r > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// `accept4(2)`.
+///
+/// # Safety
+///
+/// As libc's: `addr` is null or has `*len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    if let Some(sock) = lookup(fd) {
+        if let Kind::Listener { addr: a, xio } = &sock.kind {
+            if let Some(l) = xio_listener(xio, *a) {
+                match accept_either(fd, &l, flags) {
+                    Ok(Some(new)) => {
+                        if let Some(peer) = lookup(new).and_then(|x| match &x.kind {
+                            Kind::Stream { s, .. } => s.peer_addr().ok(),
+                            Kind::Listener { .. } => None,
+                        }) {
+                            // SAFETY: the caller's contract.
+                            unsafe { write_sockaddr(&peer, addr, len) };
+                        }
+                        return new;
+                    }
+                    Ok(None) => {}
+                    Err(e) => return fail(&e, true),
+                }
+            }
+        }
+    }
+    // SAFETY: passed on.
+    unsafe { real::accept4(fd, addr, len, flags) }
+}
+
+/// `accept(2)`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: the same contract.
+    unsafe { accept4(fd, addr, len, 0) }
+}
+
+// ---------------------------------------------------------------------------
+// Data
+// ---------------------------------------------------------------------------
+
+/// The stream of `fd`, if it is a moved one.
+fn stream_of(fd: RawFd) -> Option<Arc<Sock>> {
+    lookup(fd).filter(|s| matches!(s.kind, Kind::Stream { .. }))
+}
+
+fn with_stream<R>(sock: &Sock, f: impl FnOnce(&XioStream) -> R) -> R {
+    match &sock.kind {
+        Kind::Stream { s, .. } => f(s),
+        Kind::Listener { .. } => unreachable!("filtered by stream_of"),
+    }
+}
+
+/// Runs `f` on the stream non-blocking if `dontwait` (`MSG_DONTWAIT`).
+fn once<R>(
+    sock: &Sock,
+    dontwait: bool,
+    f: impl FnOnce(&XioStream) -> io::Result<R>,
+) -> io::Result<R> {
+    with_stream(sock, |s| {
+        if !dontwait || s.is_nonblocking() {
+            return f(s);
+        }
+        let _g = sock.io.lock().unwrap_or_else(|e| e.into_inner());
+        s.set_nonblocking(true)?;
+        let r = f(s);
+        s.set_nonblocking(false)?;
+        r
+    })
+}
+
+fn recv_into(sock: &Sock, buf: *mut c_void, n: size_t, flags: c_int) -> io::Result<usize> {
+    if n == 0 {
+        return Ok(0);
+    }
+    // SAFETY: the caller of the hook gave `n` writable bytes at `buf`.
+    let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), n) };
+    let dontwait = flags & libc::MSG_DONTWAIT != 0;
+    if flags & libc::MSG_PEEK != 0 {
+        return once(sock, dontwait, |s| s.peek(out));
+    }
+    once(sock, dontwait, |mut s| s.read(out))
+}
+
+fn send_from(sock: &Sock, buf: *const c_void, n: size_t, flags: c_int) -> io::Result<usize> {
+    if n == 0 {
+        return Ok(0);
+    }
+    // SAFETY: the caller of the hook gave `n` readable bytes at `buf`.
+    let data = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), n) };
+    once(sock, flags & libc::MSG_DONTWAIT != 0, |mut s| s.write(data))
+}
+
+/// `read(2)`.
+///
+/// # Safety
+///
+/// As libc's: `buf` has `n` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    match stream_of(fd) {
+        Some(s) => ret_len(recv_into(&s, buf, n, 0), true),
+        // SAFETY: passed on.
+        None => unsafe { real::read(fd, buf, n) },
+    }
+}
+
+/// `__read_chk`, what `read` becomes under `_FORTIFY_SOURCE`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    _buflen: size_t,
+) -> ssize_t {
+    // SAFETY: the same contract.
+    unsafe { read(fd, buf, n) }
+}
+
+/// `recv(2)`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    match stream_of(fd) {
+        Some(s) => ret_len(recv_into(&s, buf, n, flags), true),
+        // SAFETY: passed on.
+        None => unsafe { real::recv(fd, buf, n, flags) },
+    }
+}
+
+/// `__recv_chk`, what `recv` becomes under `_FORTIFY_SOURCE`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    _buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: the same contract.
+    unsafe { recv(fd, buf, n, flags) }
+}
+
+/// `recvfrom(2)`: on a moved stream the address, if asked for, is the
+/// peer's.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    match stream_of(fd) {
+        Some(s) => {
+            let r = recv_into(&s, buf, n, flags);
+            if r.is_ok() && !addr.is_null() {
+                if let Ok(p) = with_stream(&s, XioStream::peer_addr) {
+                    // SAFETY: the caller's contract.
+                    unsafe { write_sockaddr(&p, addr, len) };
+                }
+            }
+            ret_len(r, true)
+        }
+        // SAFETY: passed on.
+        None => unsafe { real::recvfrom(fd, buf, n, flags, addr, len) },
+    }
+}
+
+/// `write(2)`.
+///
+/// # Safety
+///
+/// As libc's: `buf` has `n` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    match stream_of(fd) {
+        Some(s) => ret_len(send_from(&s, buf, n, 0), false),
+        // SAFETY: passed on.
+        None => unsafe { real::write(fd, buf, n) },
+    }
+}
+
+/// `send(2)`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    match stream_of(fd) {
+        Some(s) => ret_len(
+            send_from(&s, buf, n, flags),
+            flags & libc::MSG_NOSIGNAL != 0,
+        ),
+        // SAFETY: passed on.
+        None => unsafe { real::send(fd, buf, n, flags) },
+    }
+}
+
+/// `sendto(2)`: on a moved (connected) stream the address is ignored, as
+/// TCP ignores it.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> ssize_t {
+    match stream_of(fd) {
+        Some(s) => ret_len(
+            send_from(&s, buf, n, flags),
+            flags & libc::MSG_NOSIGNAL != 0,
+        ),
+        // SAFETY: passed on.
+        None => unsafe { real::sendto(fd, buf, n, flags, addr, len) },
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Descriptors
+// ---------------------------------------------------------------------------
+
+/// `close(2)`: a moved socket's X-IO side closes with its last fd.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    let old = remove(fd);
+    // SAFETY: passed on.
+    let r = unsafe { real::close(fd) };
+    drop(old);
+    r
+}
+
+/// `shutdown(2)`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    if let Some(s) = stream_of(fd) {
+        let how = match how {
+            libc::SHUT_RD => Shutdown::Read,
+            libc::SHUT_WR => Shutdown::Write,
+            libc::SHUT_RDWR => Shutdown::Both,
+            _ => {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+        };
+        return match with_stream(&s, |s| s.shutdown(how)) {
+            Ok(()) => 0,
+            Err(e) => fail(&e, true),
+        };
+    }
+    // SAFETY: passed on.
+    unsafe { real::shutdown(fd, how) }
+}
+
+/// After a `dup` of `old` to `new` succeeded: `new` names what `old` does.
+fn dup_done(old: RawFd, new: c_int) -> c_int {
+    if new >= 0 && new != old {
+        let was = match lookup(old) {
+            Some(s) => insert(new, s),
+            None => remove(new),
+        };
+        drop(was);
+    }
+    new
+}
+
+/// `dup(2)`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: passed on.
+    dup_done(fd, unsafe { real::dup(fd) })
+}
+
+/// `dup2(2)`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn dup2(fd: c_int, to: c_int) -> c_int {
+    // SAFETY: passed on.
+    dup_done(fd, unsafe { real::dup2(fd, to) })
+}
+
+/// `dup3(2)`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int {
+    // SAFETY: passed on.
+    dup_done(fd, unsafe { real::dup3(fd, to, flags) })
+}
+
+/// `fcntl(2)`: `F_SETFL`'s `O_NONBLOCK` reaches a moved stream, `F_DUPFD`
+/// maps the copy. (Variadic in C; its one argument, if any, is an integer
+/// or a pointer, passed here as a word, as the x86-64 and aarch64 calling
+/// conventions allow.)
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    // SAFETY: passed on.
+    let r = unsafe { real::fcntl(fd, cmd, arg) };
+    match cmd {
+        libc::F_SETFL if r == 0 => {
+            if let Some(s) = stream_of(fd) {
+                let nb = arg as c_int & libc::O_NONBLOCK != 0;
+                if let Err(e) = with_stream(&s, |s| s.set_nonblocking(nb)) {
+                    return fail(&e, true);
+                }
+            }
+            r
+        }
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => dup_done(fd, r),
+        _ => r,
+    }
+}
+
+/// `fcntl64`, glibc's name for `fcntl` with 64-bit offsets.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    // SAFETY: the same contract.
+    unsafe { fcntl(fd, cmd, arg) }
+}
+
+/// `ioctl(2)`: `FIONBIO` reaches a moved stream.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int {
+    // SAFETY: passed on.
+    let r = unsafe { real::ioctl(fd, req, arg) };
+    if r == 0 && req == libc::FIONBIO {
+        if let Some(s) = stream_of(fd) {
+            // SAFETY: FIONBIO's argument points to an int (the kernel
+            // just read it).
+            let nb = unsafe { *(arg as *const c_int) } != 0;
+            if let Err(e) = with_stream(&s, |s| s.set_nonblocking(nb)) {
+                return fail(&e, true);
+            }
+        }
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------
+// Addresses and options
+// ---------------------------------------------------------------------------
+
+/// `getpeername(2)`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if let Some(s) = stream_of(fd) {
+        return match with_stream(&s, XioStream::peer_addr) {
+            // SAFETY: the caller's contract.
+            Ok(p) => unsafe { write_sockaddr(&p, addr, len) },
+            Err(e) => fail(&e, true),
+        };
+    }
+    // SAFETY: passed on.
+    unsafe { real::getpeername(fd, addr, len) }
+}
+
+/// `getsockname(2)`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if let Some(s) = stream_of(fd) {
+        return match with_stream(&s, XioStream::local_addr) {
+            // SAFETY: the caller's contract.
+            Ok(p) => unsafe { write_sockaddr(&p, addr, len) },
+            Err(e) => fail(&e, true),
+        };
+    }
+    // SAFETY: passed on.
+    unsafe { real::getsockname(fd, addr, len) }
+}
+
+/// `setsockopt(2)`: on a moved stream, TCP's options and the socket-level
+/// ones a program sets are accepted (timeouts take effect); the rest go
+/// to the pair's socket.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    if let Some(s) = stream_of(fd) {
+        if level == libc::IPPROTO_TCP {
+            return 0;
+        }
+        if level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO) {
+            if (len as usize) < size_of::<libc::timeval>() || val.is_null() {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            // SAFETY: the caller gave a `timeval` (`len` checked above).
+            let tv = unsafe { std::ptr::read_unaligned(val.cast::<libc::timeval>()) };
+            let d = Duration::from_secs(tv.tv_sec.max(0) as u64)
+                + Duration::from_micros(tv.tv_usec.max(0) as u64);
+            let t = (!d.is_zero()).then_some(d);
+            let r = with_stream(&s, |s| {
+                if name == libc::SO_RCVTIMEO {
+                    s.set_read_timeout(t)
+                } else {
+                    s.set_write_timeout(t)
+                }
+            });
+            return match r {
+                Ok(()) => 0,
+                Err(e) => fail(&e, true),
+            };
+        }
+        if level == libc::SOL_SOCKET
+            && matches!(
+                name,
+                libc::SO_KEEPALIVE | libc::SO_REUSEADDR | libc::SO_REUSEPORT | libc::SO_LINGER
+            )
+        {
+            return 0;
+        }
+    }
+    // SAFETY: passed on.
+    unsafe { real::setsockopt(fd, level, name, val, len) }
+}
+
+/// `getsockopt(2)`: on a moved stream, what a TCP socket would answer for
+/// its type, domain and pending error.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    if let Some(s) = stream_of(fd) {
+        let int = |v: c_int| -> c_int {
+            if val.is_null() || len.is_null() {
+                set_errno(libc::EFAULT);
+                return -1;
+            }
+            // SAFETY: the caller gave `*len` writable bytes at `val`.
+            unsafe {
+                if (*len as usize) < size_of::<c_int>() {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                }
+                std::ptr::write_unaligned(val.cast::<c_int>(), v);
+                *len = size_of::<c_int>() as socklen_t;
+            }
+            0
+        };
+        if level == libc::SOL_SOCKET {
+            match name {
+                libc::SO_TYPE => return int(libc::SOCK_STREAM),
+                libc::SO_DOMAIN => {
+                    let v6 = with_stream(&s, |s| s.local_addr().is_ok_and(|a| a.is_ipv6()));
+                    return int(if v6 { libc::AF_INET6 } else { libc::AF_INET });
+                }
+                libc::SO_PROTOCOL => return int(libc::IPPROTO_TCP),
+                libc::SO_ERROR => {
+                    let e = with_stream(&s, XioStream::take_error);
+                    return int(match e {
+                        Ok(None) => 0,
+                        Ok(Some(e)) | Err(e) => errno_of(&e),
+                    });
+                }
+                libc::SO_ACCEPTCONN => return int(0),
+                _ => {}
+            }
+        }
+        if level == libc::IPPROTO_TCP && name == libc::TCP_NODELAY {
+            return int(1);
+        }
+    }
+    // SAFETY: passed on.
+    unsafe { real::getsockopt(fd, level, name, val, len) }
+}

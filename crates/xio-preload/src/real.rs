@@ -1,0 +1,64 @@
+//! libc's own functions, found with `dlsym(RTLD_NEXT)` at first use: what
+//! the hooks call for every fd that is not a moved socket, and for their
+//! own work on kernel fds.
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use libc::{size_t, sockaddr, socklen_t, ssize_t};
+
+/// Defines `$name`, calling the next definition of `$sym` after this
+/// library's (libc's).
+macro_rules! real {
+    ($(fn $name:ident($($a:ident: $t:ty),*) -> $r:ty;)*) => {$(
+        /// libc's function of this name.
+        ///
+        /// # Safety
+        ///
+        /// libc's contract for it.
+        pub(crate) unsafe fn $name($($a: $t),*) -> $r {
+            static P: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+            let mut p = P.load(Ordering::Relaxed);
+            if p.is_null() {
+                let sym = concat!(stringify!($name), "\0");
+                // SAFETY: a NUL-terminated name; RTLD_NEXT is valid in a
+                // shared object.
+                p = unsafe { libc::dlsym(libc::RTLD_NEXT, sym.as_ptr().cast()) };
+                if p.is_null() {
+                    // Nothing to fall back on: libc has no such symbol.
+                    std::process::abort();
+                }
+                P.store(p, Ordering::Relaxed);
+            }
+            // SAFETY: `p` is libc's function of this name, whose C
+            // signature this declaration repeats.
+            let f: unsafe extern "C" fn($($t),*) -> $r = unsafe { std::mem::transmute(p) };
+            // SAFETY: the caller's contract.
+            unsafe { f($($a),*) }
+        }
+    )*};
+}
+
+real! {
+    fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+    fn listen(fd: c_int, backlog: c_int) -> c_int;
+    fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int;
+    fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
+    fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
+    fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t;
+    fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t;
+    fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
+    fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t;
+    fn close(fd: c_int) -> c_int;
+    fn shutdown(fd: c_int, how: c_int) -> c_int;
+    fn dup(fd: c_int) -> c_int;
+    fn dup2(fd: c_int, to: c_int) -> c_int;
+    fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int;
+    fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int;
+    fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int;
+    fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+    fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+    fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
+    fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
+    fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int;
+}

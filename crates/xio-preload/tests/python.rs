@@ -1,0 +1,273 @@
+//! Python programs, unmodified, under `LD_PRELOAD=libxio_preload.so`: a
+//! real manager (embedded in the test), real `python3` processes using
+//! its `socket` module, every byte checked, and the manager's own view
+//! of the services and channels to tell X-IO from the kernel.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{mpsc, OnceLock};
+use std::time::{Duration, Instant};
+
+use xio_core::manager::{Manager, ManagerHandle};
+
+// The run dirs of test processes that are gone are removed, as xio-core's
+// own suites do.
+#[path = "../../xio-core/tests/common/process_dir.rs"]
+mod process_dir;
+
+/// A watchdog against hangs, not a performance bound.
+const WATCHDOG: Duration = Duration::from_secs(60);
+
+/// The echo server and client, blocking sockets as most Python is.
+const SCRIPT: &str = r#"
+import os, socket, sys
+role = sys.argv[1]
+if role == "server":
+    l = socket.socket()
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(("127.0.0.1", 0))
+    l.listen(16)
+    print("PORT", l.getsockname()[1], flush=True)
+    c, peer = l.accept()
+    total = 0
+    try:
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            c.sendall(d)
+            total += len(d)
+        print("SERVED", total, flush=True)
+    except ConnectionResetError:
+        print("RESET", total, flush=True)
+    c.close()
+    l.close()
+else:
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    data = os.urandom(int(sys.argv[3]))
+    s.sendall(data)
+    got = bytearray()
+    while len(got) < len(data):
+        d = s.recv(65536)
+        if not d:
+            break
+        got += d
+    assert got == data, "the echo differs"
+    print("ECHOED", len(got), flush=True)
+    sys.stdin.readline()
+    s.shutdown(socket.SHUT_WR)
+    s.close()
+    print("CLOSED", flush=True)
+"#;
+
+/// The library, built beside this test (`target/<profile>/`).
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test path");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let lib = dir.join("libxio_preload.so");
+    assert!(lib.exists(), "{} not built", lib.display());
+    lib
+}
+
+struct Setup {
+    mgr: ManagerHandle,
+    prefix: String,
+    script: PathBuf,
+}
+
+/// This test process's run dir (the manager's socket and lock), one for
+/// all its tests, each with its own pool prefix; set before any manager
+/// or child reads it.
+fn run_dir() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = process_dir::process_dir("xio-preload-test");
+        std::env::set_var("XIO_RUN_DIR", &d);
+        d
+    })
+}
+
+fn setup(test: &str) -> Setup {
+    let dir = run_dir();
+    let prefix = format!("pre-{test}-{}", std::process::id());
+    let mgr = Manager::builder(&prefix).spawn().unwrap();
+    let script = dir.join(format!("{test}.py"));
+    std::fs::write(&script, SCRIPT).unwrap();
+    Setup {
+        mgr,
+        prefix,
+        script,
+    }
+}
+
+/// A `python3` running the script, its stdout read line by line.
+struct Py {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Py {
+    fn spawn(s: &Setup, preload: bool, args: &[&str]) -> Py {
+        Py::spawn_with(s, preload, &[], args)
+    }
+
+    /// [`Py::spawn`] with `env` set for it.
+    fn spawn_with(s: &Setup, preload: bool, env: &[(&str, &str)], args: &[&str]) -> Py {
+        let mut cmd = Command::new("python3");
+        cmd.arg(&s.script)
+            .args(args)
+            .env("XIO_PREFIX", &s.prefix)
+            .env("XIO_RUN_DIR", run_dir())
+            .env_remove("LD_PRELOAD")
+            .env_remove("XIO_PRELOAD")
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if preload {
+            cmd.env("LD_PRELOAD", library());
+        }
+        let mut child = cmd.spawn().expect("python3 (Debian's python3 package)");
+        let stdin = child.stdin.take();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Py {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// The next line, which must start with `tag`; the rest of it.
+    fn expect(&mut self, tag: &str) -> String {
+        let l = self
+            .lines
+            .recv_timeout(WATCHDOG)
+            .unwrap_or_else(|_| panic!("no {tag:?} line from python3"));
+        l.strip_prefix(tag)
+            .unwrap_or_else(|| panic!("wanted {tag:?}, got {l:?}"))
+            .trim()
+            .to_owned()
+    }
+
+    fn tell(&mut self) {
+        let i = self.stdin.as_mut().unwrap();
+        i.write_all(b"go\n").unwrap();
+        i.flush().unwrap();
+    }
+
+    fn wait_ok(mut self) {
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "python3 exited with {st}");
+    }
+}
+
+impl Drop for Py {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < WATCHDOG, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Both programs preloaded: the connection is an X-IO channel between
+/// the two Python processes (the manager shows it), and 1 MB comes back
+/// intact through blocking `sendall` and `recv`.
+#[test]
+fn two_preloaded_python_programs_talk_over_x_io() {
+    let s = setup("both");
+    let mut server = Py::spawn(&s, true, &["server"]);
+    let port = server.expect("PORT");
+    let mut client = Py::spawn(&s, true, &["client", &port, "1000000"]);
+    assert_eq!(client.expect("ECHOED"), "1000000");
+    let snap = s.mgr.snapshot();
+    assert_eq!(snap.channels.len(), 1, "one channel: {snap:?}");
+    let pids: Vec<u32> = snap.stacks.iter().map(|st| st.pid).collect();
+    assert!(pids.contains(&server.child.id()) && pids.contains(&client.child.id()));
+    client.tell();
+    client.expect("CLOSED");
+    assert_eq!(server.expect("SERVED"), "1000000");
+    client.wait_ok();
+    server.wait_ok();
+    wait_until("the pool whole", || s.mgr.pool_is_whole());
+}
+
+/// A preloaded client of a kernel-only server (not preloaded) falls back
+/// to TCP, and a kernel client reaches a preloaded server: the listener
+/// listens on both.
+#[test]
+fn a_preloaded_program_still_reaches_and_serves_the_kernel() {
+    let s = setup("mixed");
+    let mut server = Py::spawn(&s, false, &["server"]);
+    let port = server.expect("PORT");
+    let mut client = Py::spawn(&s, true, &["client", &port, "300000"]);
+    assert_eq!(client.expect("ECHOED"), "300000");
+    assert!(s.mgr.snapshot().channels.is_empty());
+    client.tell();
+    assert_eq!(server.expect("SERVED"), "300000");
+    client.wait_ok();
+    server.wait_ok();
+
+    let mut server = Py::spawn(&s, true, &["server"]);
+    let port = server.expect("PORT");
+    let mut client = Py::spawn(&s, false, &["client", &port, "300000"]);
+    assert_eq!(client.expect("ECHOED"), "300000");
+    assert!(s.mgr.snapshot().channels.is_empty());
+    client.tell();
+    assert_eq!(server.expect("SERVED"), "300000");
+    client.wait_ok();
+    server.wait_ok();
+}
+
+/// `XIO_PRELOAD=off` leaves every socket with the kernel.
+#[test]
+fn off_moves_nothing() {
+    let s = setup("off");
+    let spawn = |args: &[&str]| Py::spawn_with(&s, true, &[("XIO_PRELOAD", "off")], args);
+    let mut server = spawn(&["server"]);
+    let port = server.expect("PORT");
+    let mut client = spawn(&["client", &port, "100000"]);
+    assert_eq!(client.expect("ECHOED"), "100000");
+    let snap = s.mgr.snapshot();
+    assert!(
+        snap.channels.is_empty() && snap.stacks.is_empty(),
+        "{snap:?}"
+    );
+    client.tell();
+    assert_eq!(server.expect("SERVED"), "100000");
+}
+
+/// A preloaded client killed with -9 while its connection is open: the
+/// preloaded server's `recv` raises `ConnectionResetError` (a reset, as
+/// from a dead TCP peer), and every buffer comes back to the pool.
+#[test]
+fn a_killed_preloaded_client_resets_its_peer_and_leaks_nothing() {
+    let s = setup("kill");
+    let mut server = Py::spawn(&s, true, &["server"]);
+    let port = server.expect("PORT");
+    let mut client = Py::spawn(&s, true, &["client", &port, "200000"]);
+    assert_eq!(client.expect("ECHOED"), "200000");
+    assert_eq!(s.mgr.snapshot().channels.len(), 1);
+    client.child.kill().unwrap();
+    client.child.wait().unwrap();
+    assert_eq!(server.expect("RESET"), "200000");
+    server.wait_ok();
+    wait_until("the pool whole", || s.mgr.pool_is_whole());
+}
