@@ -23,11 +23,13 @@
 //!   socket pair put in its place (`dup3`), so fd tables, `close` of the
 //!   wrong fd and `exec` behave; the data goes over X-IO.
 //!
-//! This is the first stage of the library (issue 46): blocking sockets.
-//! Not yet: `poll`/`select`/`epoll` on moved sockets (a moved socket that
-//! a program sets non-blocking answers `EAGAIN`, but its readiness is not
-//! reported), `readv`/`writev`/`sendmsg`/`recvmsg`, `sendfile`, `FIONREAD`,
-//! and a fork child's use of an inherited moved socket.
+//! - `poll`, `ppoll` and `epoll` take moved and kernel fds in one set
+//!   (see `mux`); moved sockets report readiness level-triggered.
+//!
+//! Not yet (issue 46's later stages): `select`, `EPOLLET` as a true edge,
+//! `EPOLLEXCLUSIVE`, `sendmsg`/`recvmsg`, `sendfile`, `FIONREAD`, a forked
+//! child's use of an inherited moved socket, `EINTR` from a blocking call
+//! on a moved socket.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -42,6 +44,8 @@ use libc::{size_t, sockaddr, socklen_t, ssize_t};
 use xio_core::net::{Net, XioListener, XioStream};
 
 mod addr;
+mod mux;
+mod ready;
 mod real;
 
 use addr::{read_sockaddr, write_sockaddr};
@@ -57,17 +61,24 @@ struct Sock {
     /// Serializes a call that flips the stream's blocking mode for one
     /// operation (`MSG_DONTWAIT`) with the others.
     io: Mutex<()>,
+    /// Readiness kept between `poll`/`epoll` reports.
+    bits: ready::Bits,
 }
 
 enum Kind {
-    /// A stream over X-IO, and the far end of the socket pair whose near
-    /// end holds its fd number.
-    Stream { s: XioStream, _far: OwnedFd },
+    /// A stream over X-IO (its events carry `token`), and the far end of
+    /// the socket pair whose near end holds its fd number.
+    Stream {
+        s: XioStream,
+        token: u64,
+        _far: OwnedFd,
+    },
     /// A kernel listener that also listens on X-IO from its first accept.
     Listener {
         addr: SocketAddr,
-        /// `None` until the first accept; then X-IO's listener, or why
-        /// there is none (the address taken on X-IO: kernel only).
+        /// `None` until the first accept or readiness registration; then
+        /// X-IO's listener, or `Some(None)` if X-IO would not bind it
+        /// (the address taken there: kernel only).
         xio: Mutex<Option<Option<XioListener>>>,
     },
 }
@@ -254,6 +265,24 @@ fn socket_pair(cloexec: bool, nonblock: bool) -> io::Result<(OwnedFd, OwnedFd)> 
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// A moved stream's shared object, registered for the net's events.
+fn new_stream(s: XioStream, far: OwnedFd) -> Arc<Sock> {
+    let token = ready::new_token();
+    s.set_token(token);
+    let sock = Arc::new(Sock {
+        kind: Kind::Stream {
+            s,
+            token,
+            _far: far,
+        },
+        io: Mutex::new(()),
+        bits: ready::Bits::default(),
+    });
+    sock.bits.writable.store(true, Ordering::Relaxed);
+    ready::register(&sock);
+    sock
+}
+
 /// Puts stream `s` in place of kernel socket `fd` (same number, same
 /// close-on-exec), closing the kernel socket.
 fn install_over(fd: RawFd, s: XioStream) -> io::Result<()> {
@@ -270,13 +299,7 @@ fn install_over(fd: RawFd, s: XioStream) -> io::Result<()> {
         // SAFETY: `fd` is the pair's near end now.
         unsafe { real::fcntl(fd, libc::F_SETFL, (fl | libc::O_NONBLOCK) as usize) };
     }
-    let old = insert(
-        fd,
-        Arc::new(Sock {
-            kind: Kind::Stream { s, _far: far },
-            io: Mutex::new(()),
-        }),
-    );
+    let old = insert(fd, new_stream(s, far));
     drop(old);
     Ok(())
 }
@@ -289,13 +312,7 @@ fn install_new(s: XioStream, flags: c_int) -> io::Result<RawFd> {
         s.set_nonblocking(true)?;
     }
     let fd = std::os::fd::IntoRawFd::into_raw_fd(near);
-    let old = insert(
-        fd,
-        Arc::new(Sock {
-            kind: Kind::Stream { s, _far: far },
-            io: Mutex::new(()),
-        }),
-    );
+    let old = insert(fd, new_stream(s, far));
     drop(old);
     Ok(fd)
 }
@@ -349,11 +366,10 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     // SAFETY: the caller's contract.
     let to = unsafe { read_sockaddr(addr, len) };
     if let Some(to) = to {
-        let (fl, _) = fd_flags(fd);
-        // A non-blocking connect stays with the kernel until readiness of
-        // moved sockets is reported (a later stage).
-        if in_scope(&to, false) && fl & libc::O_NONBLOCK == 0 && lookup(fd).is_none() && is_tcp(fd)
-        {
+        // A non-blocking connect too completes here (a connect to a
+        // local X-IO listener is a round trip over shared memory): it
+        // returns 0, which a non-blocking connect may.
+        if in_scope(&to, false) && lookup(fd).is_none() && is_tcp(fd) {
             match dial(fd, to) {
                 Dialled::Moved => return 0,
                 Dialled::Kernel => {}
@@ -376,16 +392,16 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     let r = unsafe { real::listen(fd, backlog) };
     if r == 0 && lookup(fd).is_none() && is_tcp(fd) {
         if let Some(a) = local_addr_of(fd).filter(|a| in_scope(a, true)) {
-            let old = insert(
-                fd,
-                Arc::new(Sock {
-                    kind: Kind::Listener {
-                        addr: a,
-                        xio: Mutex::new(None),
-                    },
-                    io: Mutex::new(()),
-                }),
-            );
+            let sock = Arc::new(Sock {
+                kind: Kind::Listener {
+                    addr: a,
+                    xio: Mutex::new(None),
+                },
+                io: Mutex::new(()),
+                bits: ready::Bits::default(),
+            });
+            ready::register(&sock);
+            let old = insert(fd, sock);
             drop(old);
         }
     }
@@ -423,37 +439,40 @@ fn xio_listener(
 /// Waits for a connection on X-IO listener `l` or on kernel listener `fd`.
 /// `Ok(Some(fd))`: a moved stream; `Ok(None)`: the kernel has one (accept
 /// it there).
-fn accept_either(fd: RawFd, l: &XioListener, flags: c_int) -> io::Result<Option<RawFd>> {
+fn accept_either(
+    fd: RawFd,
+    sock: &Sock,
+    l: &XioListener,
+    flags: c_int,
+) -> io::Result<Option<RawFd>> {
     let (fl, _) = fd_flags(fd);
     let nonblocking = fl & libc::O_NONBLOCK != 0;
     let net = l.net();
-    let mut events = Vec::new();
-    let mut wait_fd: Option<OwnedFd> = None;
+    let try_xio = || match l.accept() {
+        Ok((s, _)) => install_new(s, flags).map(Some),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            sock.bits.acceptable.store(false, Ordering::Relaxed);
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    };
     loop {
-        match l.accept() {
-            Ok((s, _)) => return install_new(s, flags).map(Some),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
+        if let Some(new) = try_xio()? {
+            return Ok(Some(new));
         }
         if readable(&[fd], 0)? {
             return Ok(None);
         }
+        // Take in what came (arming the doorbell), look once more, then
+        // sleep on both: what comes after the arming rings it.
+        ready::pump();
+        if let Some(new) = try_xio()? {
+            return Ok(Some(new));
+        }
         if nonblocking {
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        // Arm the doorbell (and take in what came), look once more, then
-        // sleep on both: what comes after the arming rings it.
-        if wait_fd.is_none() {
-            wait_fd = Some(net.poll_fd()?);
-        }
-        events.clear();
-        net.poll_nowait(&mut events)?;
-        match l.accept() {
-            Ok((s, _)) => return install_new(s, flags).map(Some),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-        let pfd = std::os::fd::AsRawFd::as_raw_fd(wait_fd.as_ref().expect("just made"));
+        let pfd = ready::poll_fd(&net).ok_or_else(|| io::Error::other("no poll fd"))?;
         readable(&[fd, pfd], -1)?;
     }
 }
@@ -496,10 +515,10 @@ pub unsafe extern "C" fn accept4(
     if let Some(sock) = lookup(fd) {
         if let Kind::Listener { addr: a, xio } = &sock.kind {
             if let Some(l) = xio_listener(xio, *a) {
-                match accept_either(fd, &l, flags) {
+                match accept_either(fd, &sock, &l, flags) {
                     Ok(Some(new)) => {
                         if let Some(peer) = lookup(new).and_then(|x| match &x.kind {
-                            Kind::Stream { s, .. } => s.peer_addr().ok(),
+                            Kind::Stream { s, .. } => peer_of(s).ok(),
                             Kind::Listener { .. } => None,
                         }) {
                             // SAFETY: the caller's contract.
@@ -531,6 +550,37 @@ pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut sockle
 // ---------------------------------------------------------------------------
 // Data
 // ---------------------------------------------------------------------------
+
+/// X-IO's address for a connecting stream (`127.88.<stack>:<port>`, see
+/// xio-core's `client_addr`) as a kernel loopback connection shows it:
+/// the other end's loopback address with the same port. Programs check a
+/// peer for `127.0.0.1` (redis's protected mode does).
+fn kernel_like(a: SocketAddr, other: Option<SocketAddr>) -> SocketAddr {
+    let v4 = match a.ip() {
+        std::net::IpAddr::V4(v4) => v4,
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4,
+            None => return a,
+        },
+    };
+    let [a0, a1, ..] = v4.octets();
+    match other {
+        Some(o) if a0 == 127 && (88..=104).contains(&a1) && o.ip().is_loopback() => {
+            SocketAddr::new(o.ip(), a.port())
+        }
+        _ => a,
+    }
+}
+
+/// A moved stream's peer address, as the kernel would give it.
+fn peer_of(s: &XioStream) -> io::Result<SocketAddr> {
+    Ok(kernel_like(s.peer_addr()?, s.local_addr().ok()))
+}
+
+/// A moved stream's own address, as the kernel would give it.
+fn local_of(s: &XioStream) -> io::Result<SocketAddr> {
+    Ok(kernel_like(s.local_addr()?, s.peer_addr().ok()))
+}
 
 /// The stream of `fd`, if it is a moved one.
 fn stream_of(fd: RawFd) -> Option<Arc<Sock>> {
@@ -581,7 +631,19 @@ fn send_from(sock: &Sock, buf: *const c_void, n: size_t, flags: c_int) -> io::Re
     }
     // SAFETY: the caller of the hook gave `n` readable bytes at `buf`.
     let data = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), n) };
-    once(sock, flags & libc::MSG_DONTWAIT != 0, |mut s| s.write(data))
+    wrote(
+        sock,
+        once(sock, flags & libc::MSG_DONTWAIT != 0, |mut s| s.write(data)),
+    )
+}
+
+/// A write's result, noted: one that met `EAGAIN` leaves the stream
+/// unwritable until the net reports room.
+fn wrote(sock: &Sock, r: io::Result<usize>) -> io::Result<usize> {
+    if matches!(&r, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
+        sock.bits.writable.store(false, Ordering::Relaxed);
+    }
+    r
 }
 
 /// `read(2)`.
@@ -664,7 +726,7 @@ pub unsafe extern "C" fn recvfrom(
         Some(s) => {
             let r = recv_into(&s, buf, n, flags);
             if r.is_ok() && !addr.is_null() {
-                if let Ok(p) = with_stream(&s, XioStream::peer_addr) {
+                if let Ok(p) = with_stream(&s, peer_of) {
                     // SAFETY: the caller's contract.
                     unsafe { write_sockaddr(&p, addr, len) };
                 }
@@ -732,6 +794,74 @@ pub unsafe extern "C" fn sendto(
     }
 }
 
+/// The `iovec`s at `iov` (`n` of them).
+///
+/// # Safety
+///
+/// `iov` points to `n` `iovec`s, each naming `iov_len` bytes.
+unsafe fn iovecs<'a>(iov: *const libc::iovec, n: c_int) -> &'a [libc::iovec] {
+    if iov.is_null() || n <= 0 {
+        return &[];
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts(iov, n as usize) }
+}
+
+/// `readv(2)`: on a moved stream, into the first non-empty buffer (a
+/// short read, which `readv` may return).
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t {
+    match stream_of(fd) {
+        Some(s) => {
+            // SAFETY: the caller's contract.
+            let v = unsafe { iovecs(iov, n) };
+            match v.iter().find(|b| b.iov_len > 0) {
+                Some(b) => ret_len(recv_into(&s, b.iov_base, b.iov_len, 0), true),
+                None => 0,
+            }
+        }
+        // SAFETY: passed on.
+        None => unsafe { real::readv(fd, iov, n) },
+    }
+}
+
+/// `writev(2)`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t {
+    match stream_of(fd) {
+        Some(s) => {
+            // SAFETY: the caller's contract.
+            let v = unsafe { iovecs(iov, n) };
+            let slices: Vec<std::io::IoSlice<'_>> = v
+                .iter()
+                .filter(|b| b.iov_len > 0)
+                .map(|b| {
+                    // SAFETY: each iovec names `iov_len` readable bytes
+                    // (the caller's contract).
+                    let bytes =
+                        unsafe { std::slice::from_raw_parts(b.iov_base.cast::<u8>(), b.iov_len) };
+                    std::io::IoSlice::new(bytes)
+                })
+                .collect();
+            if slices.is_empty() {
+                return 0;
+            }
+            let r = wrote(&s, with_stream(&s, |mut st| st.write_vectored(&slices)));
+            ret_len(r, false)
+        }
+        // SAFETY: passed on.
+        None => unsafe { real::writev(fd, iov, n) },
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Descriptors
 // ---------------------------------------------------------------------------
@@ -744,6 +874,9 @@ pub unsafe extern "C" fn sendto(
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     let old = remove(fd);
+    if MOVED.load(Ordering::Relaxed) > 0 || old.is_some() {
+        mux::forget(fd);
+    }
     // SAFETY: passed on.
     let r = unsafe { real::close(fd) };
     drop(old);
@@ -893,7 +1026,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_i
 #[no_mangle]
 pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     if let Some(s) = stream_of(fd) {
-        return match with_stream(&s, XioStream::peer_addr) {
+        return match with_stream(&s, peer_of) {
             // SAFETY: the caller's contract.
             Ok(p) => unsafe { write_sockaddr(&p, addr, len) },
             Err(e) => fail(&e, true),
@@ -911,7 +1044,7 @@ pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut s
 #[no_mangle]
 pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     if let Some(s) = stream_of(fd) {
-        return match with_stream(&s, XioStream::local_addr) {
+        return match with_stream(&s, local_of) {
             // SAFETY: the caller's contract.
             Ok(p) => unsafe { write_sockaddr(&p, addr, len) },
             Err(e) => fail(&e, true),

@@ -61,4 +61,9 @@ real! {
     fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
     fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
     fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int;
+    fn ppoll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: *const libc::timespec, sigmask: *const libc::sigset_t) -> c_int;
+    fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) -> c_int;
+    fn epoll_pwait(epfd: c_int, out: *mut libc::epoll_event, max: c_int, timeout: c_int, sigmask: *const libc::sigset_t) -> c_int;
+    fn readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t;
+    fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t;
 }

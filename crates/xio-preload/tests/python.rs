@@ -6,18 +6,13 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{mpsc, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::mpsc;
 
 use xio_core::manager::{Manager, ManagerHandle};
 
-// The run dirs of test processes that are gone are removed, as xio-core's
-// own suites do.
-#[path = "../../xio-core/tests/common/process_dir.rs"]
-mod process_dir;
+mod common;
 
-/// A watchdog against hangs, not a performance bound.
-const WATCHDOG: Duration = Duration::from_secs(60);
+use common::{library, run_dir, wait_until, WATCHDOG};
 
 /// The echo server and client, blocking sockets as most Python is.
 const SCRIPT: &str = r#"
@@ -62,31 +57,10 @@ else:
     print("CLOSED", flush=True)
 "#;
 
-/// The library, built beside this test (`target/<profile>/`).
-fn library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test path");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let lib = dir.join("libxio_preload.so");
-    assert!(lib.exists(), "{} not built", lib.display());
-    lib
-}
-
 struct Setup {
     mgr: ManagerHandle,
     prefix: String,
     script: PathBuf,
-}
-
-/// This test process's run dir (the manager's socket and lock), one for
-/// all its tests, each with its own pool prefix; set before any manager
-/// or child reads it.
-fn run_dir() -> &'static PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let d = process_dir::process_dir("xio-preload-test");
-        std::env::set_var("XIO_RUN_DIR", &d);
-        d
-    })
 }
 
 fn setup(test: &str) -> Setup {
@@ -176,14 +150,6 @@ impl Drop for Py {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < WATCHDOG, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -1,0 +1,498 @@
+//! `epoll` and `poll` over moved and kernel fds mixed.
+//!
+//! An epoll set keeps its kernel fds in the kernel; its moved streams
+//! are kept here, with their events and data, and the net's poll fd joins
+//! the kernel set under a marker (as libvma adds its own fds), so a
+//! sleeping `epoll_wait` wakes when X-IO has something. A moved
+//! listener is registered with the kernel (its kernel side) and here (its
+//! X-IO side). A wait reports the moved sockets ready now (level
+//! triggered: `EPOLLET` is reported as level, which a program reading to
+//! `EAGAIN` cannot tell apart; `EPOLLONESHOT` disarms), then the kernel's
+//! without sleeping if there were any, else sleeps in the kernel set and
+//! looks again when the marker fires.
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use libc::epoll_event;
+
+use crate::ready::{self, ERR, HUP};
+use crate::{lookup, net, real, set_errno, xio_listener, Kind, Sock};
+
+/// The data the net's poll fd carries in a program's epoll set.
+const MARK: u64 = 0x5849_4f5f_4d41_524b; // "XIO_MARK"
+
+/// The moved members of one epoll set.
+#[derive(Default)]
+struct Set {
+    /// fd -> (events, data).
+    moved: HashMap<RawFd, (u32, u64)>,
+    /// Whether the net's poll fd is in the kernel set.
+    marked: bool,
+}
+
+static SETS: Mutex<Option<HashMap<RawFd, Set>>> = Mutex::new(None);
+
+fn sets<R>(f: impl FnOnce(&mut HashMap<RawFd, Set>) -> R) -> R {
+    let mut g = SETS.lock().unwrap_or_else(|e| e.into_inner());
+    f(g.get_or_insert_with(HashMap::new))
+}
+
+/// Forgets `fd` as an epoll set, and as a member of any (the kernel drops
+/// a closed fd from its sets).
+pub(crate) fn forget(fd: RawFd) {
+    sets(|s| {
+        s.remove(&fd);
+        for set in s.values_mut() {
+            set.moved.remove(&fd);
+        }
+    });
+}
+
+/// Puts the net's poll fd in kernel set `epfd`, once.
+fn mark(epfd: RawFd) -> bool {
+    let Some(net) = net() else { return false };
+    let Some(pfd) = ready::poll_fd(&net) else {
+        return false;
+    };
+    if sets(|s| s.entry(epfd).or_default().marked) {
+        return true;
+    }
+    let mut ev = epoll_event {
+        events: ready::IN,
+        u64: MARK,
+    };
+    // SAFETY: `ev` is a valid event for the call.
+    let r = unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, pfd, &mut ev) };
+    let ok = r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST);
+    if ok {
+        sets(|s| s.entry(epfd).or_default().marked = true);
+    }
+    ok
+}
+
+/// `epoll_ctl(2)`.
+///
+/// # Safety
+///
+/// As libc's: `ev` is valid for `ADD` and `MOD`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut epoll_event,
+) -> c_int {
+    let Some(sock) = lookup(fd) else {
+        // SAFETY: passed on.
+        return unsafe { real::epoll_ctl(epfd, op, fd, ev) };
+    };
+    let want = if op == libc::EPOLL_CTL_DEL || ev.is_null() {
+        None
+    } else {
+        // SAFETY: the caller's contract for ADD and MOD.
+        let e = unsafe { std::ptr::read_unaligned(ev) };
+        Some((e.events, e.u64))
+    };
+    if let Kind::Listener { addr, xio } = &sock.kind {
+        // Its X-IO side listens from now: the program waits for
+        // connections here rather than in `accept`.
+        let _ = xio_listener(xio, *addr);
+        // SAFETY: passed on: the kernel listener is the kernel's.
+        let r = unsafe { real::epoll_ctl(epfd, op, fd, ev) };
+        if r == 0 {
+            track(epfd, op, fd, want);
+            mark(epfd);
+        }
+        return r;
+    }
+    if (op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD) && want.is_none() {
+        set_errno(libc::EFAULT);
+        return -1;
+    }
+    let known = sets(|s| s.get(&epfd).is_some_and(|set| set.moved.contains_key(&fd)));
+    let err = match op {
+        libc::EPOLL_CTL_ADD if known => Some(libc::EEXIST),
+        libc::EPOLL_CTL_MOD | libc::EPOLL_CTL_DEL if !known => Some(libc::ENOENT),
+        libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD | libc::EPOLL_CTL_DEL => None,
+        _ => Some(libc::EINVAL),
+    };
+    if let Some(e) = err {
+        set_errno(e);
+        return -1;
+    }
+    if op != libc::EPOLL_CTL_DEL && !mark(epfd) {
+        set_errno(libc::ENOMEM);
+        return -1;
+    }
+    track(epfd, op, fd, want);
+    0
+}
+
+fn track(epfd: RawFd, op: c_int, fd: RawFd, want: Option<(u32, u64)>) {
+    sets(|s| {
+        let set = s.entry(epfd).or_default();
+        match (op, want) {
+            (libc::EPOLL_CTL_DEL, _) | (_, None) => {
+                set.moved.remove(&fd);
+            }
+            (_, Some(w)) => {
+                set.moved.insert(fd, w);
+            }
+        }
+    });
+}
+
+/// The moved members of `epfd` ready now, written to `out` (at most
+/// `max`); `EPOLLONESHOT` ones disarmed.
+fn collect(epfd: RawFd, out: *mut epoll_event, max: usize) -> usize {
+    let members: Vec<(RawFd, u32, u64, Arc<Sock>)> = sets(|s| {
+        s.get(&epfd).map_or_else(Vec::new, |set| {
+            set.moved
+                .iter()
+                .filter(|(_, (ev, _))| {
+                    *ev & !(libc::EPOLLONESHOT as u32 | libc::EPOLLET as u32) != 0
+                })
+                .filter_map(|(&fd, &(ev, data))| Some((fd, ev, data, lookup(fd)?)))
+                .collect()
+        })
+    });
+    let mut n = 0;
+    let mut fired = Vec::new();
+    for (fd, ev, data, sock) in members {
+        if n == max {
+            break;
+        }
+        let r = ready::readiness(&sock) & (ev | ERR | HUP);
+        if r == 0 {
+            continue;
+        }
+        // SAFETY: `out` has room for `max` events (the caller's contract).
+        unsafe {
+            out.add(n).write_unaligned(epoll_event {
+                events: r,
+                u64: data,
+            })
+        };
+        n += 1;
+        if ev & libc::EPOLLONESHOT as u32 != 0 {
+            fired.push(fd);
+        }
+    }
+    if !fired.is_empty() {
+        sets(|s| {
+            if let Some(set) = s.get_mut(&epfd) {
+                for fd in fired {
+                    if let Some(m) = set.moved.get_mut(&fd) {
+                        m.0 = libc::EPOLLONESHOT as u32;
+                    }
+                }
+            }
+        });
+    }
+    n
+}
+
+fn has_moved(epfd: RawFd) -> bool {
+    sets(|s| {
+        s.get(&epfd)
+            .is_some_and(|set| set.marked || !set.moved.is_empty())
+    })
+}
+
+fn remaining(deadline: Option<Instant>) -> c_int {
+    match deadline {
+        None => -1,
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            // Rounded up: a wait never ends early.
+            c_int::try_from(left.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX)
+        }
+    }
+}
+
+unsafe fn wait(
+    epfd: c_int,
+    out: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    if max <= 0 || out.is_null() || !has_moved(epfd) {
+        // SAFETY: passed on.
+        return unsafe { real::epoll_pwait(epfd, out, max, timeout, sigmask) };
+    }
+    let max = max as usize;
+    let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
+    let mut spun = false;
+    loop {
+        ready::pump();
+        let mut n = collect(epfd, out, max);
+        if n == 0 && timeout != 0 && !spun {
+            spun = true;
+            let k = spin(epfd, out, max, sigmask);
+            if k > 0 {
+                return k;
+            }
+            continue;
+        }
+        spun = false;
+        if n < max {
+            let t = if n > 0 { 0 } else { remaining(deadline) };
+            // SAFETY: `out[n..max]` is the caller's room.
+            let k = unsafe { real::epoll_pwait(epfd, out.add(n), (max - n) as c_int, t, sigmask) };
+            if k < 0 {
+                return if n > 0 { n as c_int } else { k };
+            }
+            // Drop the marker's events (it only woke us), keep the rest.
+            n += drop_marks(out, n, k as usize);
+        }
+        if n > 0 {
+            return n as c_int;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return 0;
+        }
+        // The kernel woke us for the marker alone: X-IO has something.
+    }
+}
+
+/// Before a wait sleeps in the kernel: watches the rings (lock-free, the
+/// doorbell off) for the adaptive budget, which is zero unless a peer is
+/// awake on another core, looking at the kernel set now and then. A
+/// wake-up from sleep costs tens of microseconds on a VM; a request that
+/// comes within the budget costs none. Returns the kernel's events found
+/// meanwhile (written to `out`), or 0 (then look at X-IO again).
+fn spin(epfd: c_int, out: *mut epoll_event, max: usize, sigmask: *const libc::sigset_t) -> c_int {
+    let Some(net) = net() else { return 0 };
+    let mut w = net.watch_begin();
+    let budget = net.spin_budget();
+    let start = Instant::now();
+    let mut looks = 0u32;
+    let mut found = 0;
+    let mut hit = false;
+    loop {
+        if w.has_input() {
+            hit = true;
+            break;
+        }
+        looks = looks.wrapping_add(1);
+        if looks % 64 == 0 {
+            if start.elapsed() >= budget {
+                break;
+            }
+            // SAFETY: `out` has room for `max` events.
+            let k = unsafe { real::epoll_pwait(epfd, out, max as c_int, 0, sigmask) };
+            let kept = drop_marks(out, 0, k.max(0) as usize);
+            if kept > 0 {
+                found = kept;
+                break;
+            }
+        }
+        std::hint::spin_loop();
+    }
+    net.watch_end(w, hit, start.elapsed());
+    found as c_int
+}
+
+/// Removes the marker's events from `out[from..from + k]`, keeping the
+/// others in order; returns how many are kept.
+fn drop_marks(out: *mut epoll_event, from: usize, k: usize) -> usize {
+    let mut kept = from;
+    for i in from..from + k {
+        // SAFETY: the kernel wrote `k` events from `out[from]`.
+        let e = unsafe { out.add(i).read_unaligned() };
+        if e.u64 != MARK {
+            // SAFETY: `kept <= i`, in the same buffer.
+            unsafe { out.add(kept).write_unaligned(e) };
+            kept += 1;
+        }
+    }
+    kept - from
+}
+
+/// `epoll_wait(2)`.
+///
+/// # Safety
+///
+/// As libc's: `out` has room for `max` events.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    out: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    // SAFETY: the same contract.
+    unsafe { wait(epfd, out, max, timeout, std::ptr::null()) }
+}
+
+/// `epoll_pwait(2)`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    out: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    // SAFETY: the same contract.
+    unsafe { wait(epfd, out, max, timeout, sigmask) }
+}
+
+/// `poll(2)` over moved and kernel fds.
+///
+/// # Safety
+///
+/// As libc's: `fds` has `n` entries.
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
+    let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
+    // SAFETY: the same contract.
+    unsafe { poll_until(fds, n, deadline, std::ptr::null()) }
+}
+
+/// `ppoll(2)`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let deadline = if timeout.is_null() {
+        None
+    } else {
+        // SAFETY: the caller's timespec.
+        let t = unsafe { *timeout };
+        Some(
+            Instant::now()
+                + Duration::new(
+                    t.tv_sec.max(0) as u64,
+                    t.tv_nsec.clamp(0, 999_999_999) as u32,
+                ),
+        )
+    };
+    // SAFETY: the same contract.
+    unsafe { poll_until(fds, n, deadline, sigmask) }
+}
+
+unsafe fn poll_until(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    deadline: Option<Instant>,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let list: &mut [libc::pollfd] = if n == 0 || fds.is_null() {
+        &mut []
+    } else {
+        // SAFETY: the caller's `n` entries.
+        unsafe { std::slice::from_raw_parts_mut(fds, n as usize) }
+    };
+    let moved: Vec<Option<Arc<Sock>>> = list.iter().map(|p| lookup(p.fd)).collect();
+    let pfd = net().and_then(|n| ready::poll_fd(&n));
+    if moved.iter().all(Option::is_none) || pfd.is_none() {
+        let t = remaining_ts(deadline);
+        // SAFETY: passed on.
+        return unsafe {
+            real::ppoll(
+                fds,
+                n,
+                t.as_ref().map_or(std::ptr::null(), |t| t as *const _),
+                sigmask,
+            )
+        };
+    }
+    let pfd = pfd.expect("checked");
+    // The kernel's members, then the net's poll fd.
+    let mut kernel: Vec<libc::pollfd> = list
+        .iter()
+        .zip(&moved)
+        .filter(|(_, m)| m.is_none())
+        .map(|(p, _)| libc::pollfd {
+            fd: p.fd,
+            events: p.events,
+            revents: 0,
+        })
+        .collect();
+    kernel.push(libc::pollfd {
+        fd: pfd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    loop {
+        ready::pump();
+        let mut count = 0;
+        for (p, m) in list.iter_mut().zip(&moved) {
+            p.revents = 0;
+            if let Some(s) = m {
+                let r = ready::readiness(s) as libc::c_short
+                    & (p.events | libc::POLLERR | libc::POLLHUP);
+                p.revents = r;
+                if r != 0 {
+                    count += 1;
+                }
+            }
+        }
+        let t = if count > 0 {
+            Some(libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            })
+        } else {
+            remaining_ts(deadline)
+        };
+        for k in kernel.iter_mut() {
+            k.revents = 0;
+        }
+        // SAFETY: `kernel` holds `kernel.len()` entries.
+        let r = unsafe {
+            real::ppoll(
+                kernel.as_mut_ptr(),
+                kernel.len() as libc::nfds_t,
+                t.as_ref().map_or(std::ptr::null(), |t| t as *const _),
+                sigmask,
+            )
+        };
+        if r < 0 {
+            return if count > 0 { count } else { r };
+        }
+        let mut ki = 0;
+        for (p, m) in list.iter_mut().zip(&moved) {
+            if m.is_none() {
+                p.revents = kernel[ki].revents;
+                if p.revents != 0 {
+                    count += 1;
+                }
+                ki += 1;
+            }
+        }
+        if count > 0 {
+            return count;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return 0;
+        }
+    }
+}
+
+fn remaining_ts(deadline: Option<Instant>) -> Option<libc::timespec> {
+    deadline.map(|d| {
+        let left = d.saturating_duration_since(Instant::now());
+        libc::timespec {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_nsec: left.subsec_nanos() as libc::c_long,
+        }
+    })
+}

@@ -1,0 +1,43 @@
+//! What the preload tests share: the library's path, the run dir, waits.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+// The run dirs of test processes that are gone are removed, as xio-core's
+// own suites do.
+#[path = "../../../xio-core/tests/common/process_dir.rs"]
+mod process_dir;
+
+/// A watchdog against hangs, not a performance bound.
+pub const WATCHDOG: Duration = Duration::from_secs(60);
+
+/// The library, built beside this test (`target/<profile>/`).
+pub fn library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test path");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let lib = dir.join("libxio_preload.so");
+    assert!(lib.exists(), "{} not built", lib.display());
+    lib
+}
+
+/// This test process's run dir (the manager's socket and lock), one for
+/// all its tests, each with its own pool prefix; set before any manager
+/// or child reads it.
+pub fn run_dir() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = process_dir::process_dir("xio-preload-test");
+        std::env::set_var("XIO_RUN_DIR", &d);
+        d
+    })
+}
+
+pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < WATCHDOG, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
