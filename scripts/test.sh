@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 # 5 s default before calling it unresponsive (tests of the timeout itself
 # set theirs).
 export XIO_CONTROL_TIMEOUT_MS="${XIO_CONTROL_TIMEOUT_MS:-60000}"
+# The preload library's tests run programs under the cdylib, which
+# `cargo test` does not build.
+cargo build -p xio-preload
 cargo test --workspace
 # Loom builds xio-core with loom's atomics (a separate target dir keeps the
 # normal build cached); release mode keeps model checking fast.

@@ -125,6 +125,51 @@ fn remove(fd: RawFd) -> Option<Arc<Sock>> {
 // Scope
 // ---------------------------------------------------------------------------
 
+/// The `XIO_*` variables as the program started with them, read when the
+/// library is loaded: some programs replace their environment before
+/// they open a socket (nginx keeps only `TZ` unless told otherwise), and
+/// the pool, the run dir and the scope must still be the ones the
+/// operator set.
+fn saved_env() -> &'static [(String, String)] {
+    static SAVED: OnceLock<Vec<(String, String)>> = OnceLock::new();
+    SAVED.get_or_init(|| {
+        std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .filter(|(k, _)| k.starts_with("XIO_"))
+            .collect()
+    })
+}
+
+/// Runs when the library is loaded, before the program's `main`.
+extern "C" fn at_load() {
+    let _ = saved_env();
+}
+
+#[used]
+#[link_section = ".init_array"]
+static AT_LOAD: extern "C" fn() = at_load;
+
+/// A saved `XIO_*` variable (see [`saved_env`]).
+fn saved(name: &str) -> Option<&'static str> {
+    saved_env()
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Puts the saved `XIO_*` variables back where the program dropped them,
+/// before X-IO reads them (the pool's prefix, the run dir).
+fn restore_env() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for (k, v) in saved_env() {
+            if std::env::var_os(k).is_none() {
+                std::env::set_var(k, v);
+            }
+        }
+    });
+}
+
 enum Scope {
     Off,
     Local,
@@ -133,10 +178,10 @@ enum Scope {
 
 fn scope() -> &'static Scope {
     static SCOPE: OnceLock<Scope> = OnceLock::new();
-    SCOPE.get_or_init(|| match std::env::var("XIO_PRELOAD").as_deref() {
-        Ok("off") | Ok("0") => Scope::Off,
-        Ok("list") => Scope::List(
-            std::env::var("XIO_PRELOAD_ADDRS")
+    SCOPE.get_or_init(|| match saved("XIO_PRELOAD") {
+        Some("off") | Some("0") => Scope::Off,
+        Some("list") => Scope::List(
+            saved("XIO_PRELOAD_ADDRS")
                 .unwrap_or_default()
                 .split(',')
                 .filter_map(|a| a.trim().parse().ok())
@@ -159,6 +204,7 @@ fn in_scope(a: &SocketAddr, listener: bool) -> bool {
 
 /// The process's net, if a manager is there.
 fn net() -> Option<Net> {
+    restore_env();
     Net::global().ok()
 }
 

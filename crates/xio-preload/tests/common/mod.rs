@@ -1,7 +1,7 @@
 //! What the preload tests share: the library's path, the run dir, waits.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,25 @@ pub fn library() -> PathBuf {
     let exe = std::env::current_exe().expect("test path");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let lib = dir.join("libxio_preload.so");
-    assert!(lib.exists(), "{} not built", lib.display());
+    let built = std::fs::metadata(&lib)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} not built: `cargo build -p xio-preload` first (scripts/test.sh does)",
+                lib.display()
+            )
+        });
+    // `cargo test` builds the crate's tests, not its cdylib: a library
+    // older than its sources would test old code.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for f in std::fs::read_dir(&src).unwrap() {
+        let changed = f.unwrap().metadata().unwrap().modified().unwrap();
+        assert!(
+            changed <= built,
+            "{} is older than its sources: `cargo build -p xio-preload` first",
+            lib.display()
+        );
+    }
     lib
 }
 
