@@ -33,7 +33,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -307,6 +307,12 @@ fn socket_pair(cloexec: bool, nonblock: bool) -> io::Result<(OwnedFd, OwnedFd)> 
     // end (its socket), never the library's.
     // SAFETY: `fds[1]` was just made and is ours.
     unsafe { real::fcntl(fds[1], libc::F_SETFD, libc::FD_CLOEXEC as usize) };
+    // And shut down: a call this library does not define (`sendmsg`,
+    // `sendfile`, `splice`) reaches the near end, the pair's socket, and
+    // must fail visibly (EPIPE, end of stream) rather than write into a
+    // socket nobody reads or wait for ever.
+    // SAFETY: `fds[1]` is open and ours.
+    unsafe { real::shutdown(fds[1], libc::SHUT_RDWR) };
     // SAFETY: both fds were just made by `socketpair` and are owned here.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
@@ -662,18 +668,45 @@ fn recv_into(sock: &Sock, buf: *mut c_void, n: size_t, flags: c_int) -> io::Resu
     if n == 0 {
         return Ok(0);
     }
-    // SAFETY: the caller of the hook gave `n` writable bytes at `buf`.
-    let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), n) };
+    if buf.is_null() || n > isize::MAX as usize {
+        return Err(io::Error::from_raw_os_error(libc::EFAULT));
+    }
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
     if flags & libc::MSG_PEEK != 0 {
+        // SAFETY: the caller gave `n` writable bytes at `buf` (not null,
+        // checked); peek's buffer is initialised first.
+        let out = unsafe {
+            std::ptr::write_bytes(buf.cast::<u8>(), 0, n);
+            std::slice::from_raw_parts_mut(buf.cast::<u8>(), n)
+        };
         return once(sock, dontwait, |s| s.peek(out));
     }
-    once(sock, dontwait, |mut s| s.read(out))
+    // SAFETY: the caller gave `n` writable bytes at `buf` (not null,
+    // checked), which may be uninitialised: `read_uninit` only writes.
+    let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<std::mem::MaybeUninit<u8>>(), n) };
+    if flags & libc::MSG_WAITALL == 0 || dontwait {
+        return once(sock, dontwait, |s| s.read_uninit(out));
+    }
+    // MSG_WAITALL: until the buffer is full, the stream ends or fails
+    // (what was read before a failure is returned, as the kernel does).
+    let mut got = 0;
+    while got < n {
+        match with_stream(sock, |s| s.read_uninit(&mut out[got..])) {
+            Ok(0) => break,
+            Ok(k) => got += k,
+            Err(e) if got == 0 => return Err(e),
+            Err(_) => break,
+        }
+    }
+    Ok(got)
 }
 
 fn send_from(sock: &Sock, buf: *const c_void, n: size_t, flags: c_int) -> io::Result<usize> {
     if n == 0 {
         return Ok(0);
+    }
+    if buf.is_null() || n > isize::MAX as usize {
+        return Err(io::Error::from_raw_os_error(libc::EFAULT));
     }
     // SAFETY: the caller of the hook gave `n` readable bytes at `buf`.
     let data = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), n) };
@@ -751,6 +784,25 @@ pub unsafe extern "C" fn __recv_chk(
 ) -> ssize_t {
     // SAFETY: the same contract.
     unsafe { recv(fd, buf, n, flags) }
+}
+
+/// `__recvfrom_chk`, what `recvfrom` becomes under `_FORTIFY_SOURCE`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    _buflen: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    // SAFETY: the same contract.
+    unsafe { recvfrom(fd, buf, n, flags, addr, len) }
 }
 
 /// `recvfrom(2)`: on a moved stream the address, if asked for, is the

@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,11 +26,24 @@ use crate::{lookup, net, real, set_errno, xio_listener, Kind, Sock};
 /// The data the net's poll fd carries in a program's epoll set.
 const MARK: u64 = 0x5849_4f5f_4d41_524b; // "XIO_MARK"
 
+/// A moved member of an epoll set.
+#[derive(Clone, Copy)]
+struct Member {
+    events: u32,
+    data: u64,
+    /// For `EPOLLET`: the socket's read and write edge counts at the last
+    /// report (`u64::MAX`: none since ADD or MOD). A ready direction is
+    /// reported again only after the net reported an edge for it (data
+    /// came, room came back), as the kernel wakes an edge-triggered set
+    /// once per arrival: an idle connection's standing writability would
+    /// otherwise wake its loop at every wait.
+    seen: (u64, u64),
+}
+
 /// The moved members of one epoll set.
 #[derive(Default)]
 struct Set {
-    /// fd -> (events, data).
-    moved: HashMap<RawFd, (u32, u64)>,
+    moved: HashMap<RawFd, Member>,
     /// Whether the net's poll fd is in the kernel set.
     marked: bool,
 }
@@ -139,55 +153,86 @@ fn track(epfd: RawFd, op: c_int, fd: RawFd, want: Option<(u32, u64)>) {
             (libc::EPOLL_CTL_DEL, _) | (_, None) => {
                 set.moved.remove(&fd);
             }
-            (_, Some(w)) => {
-                set.moved.insert(fd, w);
+            (_, Some((events, data))) => {
+                // ADD and MOD both re-arm: what is ready is reported once
+                // more, as the kernel does.
+                set.moved.insert(
+                    fd,
+                    Member {
+                        events,
+                        data,
+                        seen: (u64::MAX, u64::MAX),
+                    },
+                );
             }
         }
     });
 }
 
 /// The moved members of `epfd` ready now, written to `out` (at most
-/// `max`); `EPOLLONESHOT` ones disarmed.
+/// `max`); `EPOLLONESHOT` ones disarmed, `EPOLLET` ones as edges.
 fn collect(epfd: RawFd, out: *mut epoll_event, max: usize) -> usize {
-    let members: Vec<(RawFd, u32, u64, Arc<Sock>)> = sets(|s| {
+    const ONESHOT: u32 = libc::EPOLLONESHOT as u32;
+    const ET: u32 = libc::EPOLLET as u32;
+    let members: Vec<(RawFd, Member, Arc<Sock>)> = sets(|s| {
         s.get(&epfd).map_or_else(Vec::new, |set| {
             set.moved
                 .iter()
-                .filter(|(_, (ev, _))| {
-                    *ev & !(libc::EPOLLONESHOT as u32 | libc::EPOLLET as u32) != 0
-                })
-                .filter_map(|(&fd, &(ev, data))| Some((fd, ev, data, lookup(fd)?)))
+                .filter(|(_, m)| m.events & !(ONESHOT | ET) != 0)
+                .filter_map(|(&fd, &m)| Some((fd, m, lookup(fd)?)))
                 .collect()
         })
     });
     let mut n = 0;
-    let mut fired = Vec::new();
-    for (fd, ev, data, sock) in members {
+    let mut seen = Vec::new();
+    for (fd, m, sock) in members {
         if n == max {
             break;
         }
-        let r = ready::readiness(&sock) & (ev | ERR | HUP);
+        let now = ready::readiness(&sock) & (m.events | ERR | HUP);
+        let edges = (
+            sock.bits.read_edges.load(Ordering::Relaxed),
+            sock.bits.write_edges.load(Ordering::Relaxed),
+        );
+        let r = if m.events & ET != 0 {
+            let mut r = now;
+            if edges.0 == m.seen.0 {
+                r &= !(ready::IN | ready::RDHUP | ERR | HUP);
+            }
+            if edges.1 == m.seen.1 {
+                r &= !ready::OUT;
+            }
+            r
+        } else {
+            now
+        };
         if r == 0 {
             continue;
+        }
+        if m.events & ET != 0 {
+            seen.push((fd, edges, false));
         }
         // SAFETY: `out` has room for `max` events (the caller's contract).
         unsafe {
             out.add(n).write_unaligned(epoll_event {
                 events: r,
-                u64: data,
+                u64: m.data,
             })
         };
         n += 1;
-        if ev & libc::EPOLLONESHOT as u32 != 0 {
-            fired.push(fd);
+        if m.events & ONESHOT != 0 {
+            seen.push((fd, edges, true));
         }
     }
-    if !fired.is_empty() {
+    if !seen.is_empty() {
         sets(|s| {
             if let Some(set) = s.get_mut(&epfd) {
-                for fd in fired {
+                for (fd, edges, disarm) in seen {
                     if let Some(m) = set.moved.get_mut(&fd) {
-                        m.0 = libc::EPOLLONESHOT as u32;
+                        m.seen = edges;
+                        if disarm {
+                            m.events = ONESHOT;
+                        }
                     }
                 }
             }
@@ -359,6 +404,39 @@ pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: 
     unsafe { poll_until(fds, n, deadline, std::ptr::null()) }
 }
 
+/// `__poll_chk`, what `poll` becomes under `_FORTIFY_SOURCE`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout: c_int,
+    _fdslen: usize,
+) -> c_int {
+    // SAFETY: the same contract.
+    unsafe { poll(fds, n, timeout) }
+}
+
+/// `__ppoll_chk`, what `ppoll` becomes under `_FORTIFY_SOURCE`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+    _fdslen: usize,
+) -> c_int {
+    // SAFETY: the same contract.
+    unsafe { ppoll(fds, n, timeout, sigmask) }
+}
+
 /// `ppoll(2)`.
 ///
 /// # Safety
@@ -401,8 +479,13 @@ unsafe fn poll_until(
         unsafe { std::slice::from_raw_parts_mut(fds, n as usize) }
     };
     let moved: Vec<Option<Arc<Sock>>> = list.iter().map(|p| lookup(p.fd)).collect();
-    let pfd = net().and_then(|n| ready::poll_fd(&n));
-    if moved.iter().all(Option::is_none) || pfd.is_none() {
+    // Without a moved socket in the set, libc's own, at once: no net.
+    let pfd = if moved.iter().all(Option::is_none) {
+        None
+    } else {
+        net().and_then(|n| ready::poll_fd(&n))
+    };
+    if pfd.is_none() {
         let t = remaining_ts(deadline);
         // SAFETY: passed on.
         return unsafe {
@@ -415,11 +498,25 @@ unsafe fn poll_until(
         };
     }
     let pfd = pfd.expect("checked");
+    // A listener's X-IO side listens from now (the program waits here
+    // rather than in `accept`); its kernel side is polled as the kernel's.
+    let kernel_side = |m: &Option<Arc<Sock>>| match m.as_deref() {
+        None => true,
+        Some(Sock {
+            kind: Kind::Listener { addr, xio },
+            ..
+        }) => {
+            let _ = xio_listener(xio, *addr);
+            true
+        }
+        Some(_) => false,
+    };
+    let polled: Vec<bool> = moved.iter().map(kernel_side).collect();
     // The kernel's members, then the net's poll fd.
     let mut kernel: Vec<libc::pollfd> = list
         .iter()
-        .zip(&moved)
-        .filter(|(_, m)| m.is_none())
+        .zip(&polled)
+        .filter(|(_, k)| **k)
         .map(|(p, _)| libc::pollfd {
             fd: p.fd,
             events: p.events,
@@ -469,10 +566,12 @@ unsafe fn poll_until(
             return if count > 0 { count } else { r };
         }
         let mut ki = 0;
-        for (p, m) in list.iter_mut().zip(&moved) {
-            if m.is_none() {
-                p.revents = kernel[ki].revents;
-                if p.revents != 0 {
+        for (p, k) in list.iter_mut().zip(&polled) {
+            if *k {
+                // A listener's X-IO readiness (set above) and its kernel's.
+                let had = p.revents != 0;
+                p.revents |= kernel[ki].revents;
+                if p.revents != 0 && !had {
                     count += 1;
                 }
                 ki += 1;

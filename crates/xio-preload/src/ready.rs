@@ -36,6 +36,11 @@ pub(crate) struct Bits {
     pub(crate) writable: AtomicBool,
     /// A listener's X-IO side has a connection waiting.
     pub(crate) acceptable: AtomicBool,
+    /// Counts the net's readable (or acceptable) reports: an edge each,
+    /// for `EPOLLET`.
+    pub(crate) read_edges: AtomicU64,
+    /// Counts the net's writable reports.
+    pub(crate) write_edges: AtomicU64,
 }
 
 /// Moved sockets by the token their streams carry, and listeners by
@@ -98,22 +103,33 @@ pub(crate) fn pump() {
     if net.poll_nowait(&mut events).is_err() || events.is_empty() {
         return;
     }
-    let socks: Vec<(Arc<Sock>, bool)> = registry(|r| {
+    let socks: Vec<(Arc<Sock>, bool, bool)> = registry(|r| {
         events
             .iter()
             .filter_map(|e| match *e {
                 Event::Stream {
-                    token, writable, ..
-                } => r.by_token.get(&token)?.upgrade().map(|s| (s, writable)),
-                Event::Accept(a) => r.listeners.get(&a)?.upgrade().map(|s| (s, true)),
+                    token,
+                    readable,
+                    writable,
+                } => r
+                    .by_token
+                    .get(&token)?
+                    .upgrade()
+                    .map(|s| (s, readable, writable)),
+                Event::Accept(a) => r.listeners.get(&a)?.upgrade().map(|s| (s, true, false)),
             })
             .collect()
     });
-    for (s, flag) in socks {
-        match &s.kind {
-            Kind::Stream { .. } if flag => s.bits.writable.store(true, Ordering::Relaxed),
-            Kind::Stream { .. } => {}
-            Kind::Listener { .. } => s.bits.acceptable.store(true, Ordering::Relaxed),
+    for (s, readable, writable) in socks {
+        if readable {
+            if matches!(s.kind, Kind::Listener { .. }) {
+                s.bits.acceptable.store(true, Ordering::Relaxed);
+            }
+            s.bits.read_edges.fetch_add(1, Ordering::Relaxed);
+        }
+        if writable {
+            s.bits.writable.store(true, Ordering::Relaxed);
+            s.bits.write_edges.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

@@ -237,3 +237,56 @@ fn a_killed_preloaded_client_resets_its_peer_and_leaks_nothing() {
     server.wait_ok();
     wait_until("the pool whole", || s.mgr.pool_is_whole());
 }
+
+/// `http.server` (its `serve_forever` polls the listener) and
+/// `http.client` with a timeout (its socket non-blocking, each read
+/// polled first): 200 requests on one keep-alive connection over X-IO,
+/// then the same server answering a kernel client (a few requests: the
+/// server writes a response in two pieces without `TCP_NODELAY`, so over
+/// TCP each waits for a delayed ACK, about 45 ms here; over X-IO 200 take
+/// half a second).
+const HTTP: &str = r#"
+import http.client, http.server, sys
+if sys.argv[1] == "server":
+    class H(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        def do_GET(self):
+            body = ("hello " + self.path).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *a):
+            pass
+    s = http.server.HTTPServer(("127.0.0.1", 0), H)
+    print("PORT", s.server_address[1], flush=True)
+    s.serve_forever()
+else:
+    c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[2]), timeout=30)
+    n = int(sys.argv[3])
+    for i in range(n):
+        c.request("GET", "/x%d" % i)
+        r = c.getresponse()
+        assert r.read() == ("hello /x%d" % i).encode()
+    print("SERVED", n, flush=True)
+    sys.stdin.readline()
+"#;
+
+#[test]
+fn http_server_and_http_client_talk_over_x_io() {
+    let s = setup("web");
+    let script = run_dir().join("web_pair.py");
+    std::fs::write(&script, HTTP).unwrap();
+    let s = Setup { script, ..s };
+    let mut server = Py::spawn(&s, true, &["server"]);
+    let port = server.expect("PORT");
+    let mut client = Py::spawn(&s, true, &["client", &port, "200"]);
+    assert_eq!(client.expect("SERVED"), "200");
+    assert_eq!(s.mgr.snapshot().channels.len(), 1, "the client's channel");
+    client.tell();
+    client.wait_ok();
+    let mut kernel = Py::spawn(&s, false, &["client", &port, "5"]);
+    assert_eq!(kernel.expect("SERVED"), "5");
+    kernel.tell();
+    kernel.wait_ok();
+}
