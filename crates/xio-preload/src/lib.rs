@@ -385,7 +385,14 @@ fn dial(fd: RawFd, to: SocketAddr) -> Dialled {
     let Some(net) = net() else {
         return Dialled::Kernel;
     };
-    match net.connect(to) {
+    let mut r = net.connect(to);
+    // A route this process learnt before may be stale (the service
+    // restarted elsewhere): the refusal made the net forget it, and a
+    // second connect asks the manager (as xio-hyper's connector does).
+    if matches!(&r, Err(e) if e.kind() == io::ErrorKind::ConnectionRefused && !nobody_binds(e)) {
+        r = net.connect(to);
+    }
+    match r {
         Ok(s) => match install_over(fd, s) {
             Ok(()) => Dialled::Moved,
             Err(e) => Dialled::Failed(e),
