@@ -14,7 +14,8 @@ export XIO_PREFIX=redis-bench-$$ XIO_RUN_DIR=$run_dir
 "$target/xio-manager" --prefix "$XIO_PREFIX" >/dev/null 2>&1 &
 mgr=$!
 trap 'kill $mgr 2>/dev/null; rm -rf "$run_dir"' EXIT
-sleep 0.5
+# A listener opened before the manager answers stays with the kernel.
+until "$target/xio-manager" --prefix "$XIO_PREFIX" status >/dev/null 2>&1; do sleep 0.1; done
 bench() { # label, LD_PRELOAD value (empty: none), port
     LD_PRELOAD=$2 taskset -c 1 redis-server --port "$3" --bind 127.0.0.1 \
         --save "" --appendonly no >/dev/null 2>&1 &
