@@ -504,24 +504,7 @@ fn find<'a>(ts: &'a [Table], heading: &str, first_col: &str) -> Result<&'a Table
 fn plot(step: Step, texts: &[&str], svg: &Path) -> Result<()> {
     let ts: Vec<Table> = texts.iter().flat_map(|t| tables(t)).collect();
     match step {
-        Step::Fig7 => {
-            let t = find(&ts, "Round trip, separate cores", "size")?;
-            let (tr, p50) = (
-                t.col("transport")
-                    .ok_or_else(|| anyhow!("no transport column"))?,
-                t.col("p50").ok_or_else(|| anyhow!("no p50 column"))?,
-            );
-            let series = long_series(t, 0, tr, p50);
-            let legend = SeriesLabelPosition::MiddleRight;
-            lines(
-                svg,
-                step.title(),
-                "message size (bytes)",
-                "round trip p50 (µs)",
-                &series,
-                legend,
-            )
-        }
+        Step::Fig7 => round_trips(step, find(&ts, "Round trip, separate cores", "size")?, svg),
         Step::Fig8 => {
             let a = find(&ts, "(a) Round trip", "size")?;
             let persistent: Vec<(String, f64)> = wide_series(a, "p50", bytes)
@@ -582,27 +565,23 @@ fn plot(step: Step, texts: &[&str], svg: &Path) -> Result<()> {
             let legend = SeriesLabelPosition::LowerRight;
             lines(svg, step.title(), "streams", "requests/s", &series, legend)
         }
-        Step::OneCore => {
-            let t = find(&ts, "one core", "size")
-                .or_else(|_| find(&ts, "One core", "size"))
-                .or_else(|_| find(&ts, "same core", "size"))?;
-            let (tr, p50) = (
-                t.col("transport")
-                    .ok_or_else(|| anyhow!("no transport column"))?,
-                t.col("p50").ok_or_else(|| anyhow!("no p50 column"))?,
-            );
-            let series = long_series(t, 0, tr, p50);
-            let legend = SeriesLabelPosition::MiddleRight;
-            lines(
-                svg,
-                step.title(),
-                "message size (bytes)",
-                "round trip p50 (µs)",
-                &series,
-                legend,
-            )
-        }
+        Step::OneCore => round_trips(step, find(&ts, "one core", "size")?, svg),
     }
+}
+
+/// A `compare` round-trip table (`| size | transport | p50 | ...`) as
+/// lines of p50 against message size, one per transport.
+fn round_trips(step: Step, t: &Table, svg: &Path) -> Result<()> {
+    let col = |name| t.col(name).ok_or_else(|| anyhow!("no {name} column"));
+    let series = long_series(t, 0, col("transport")?, col("p50")?);
+    lines(
+        svg,
+        step.title(),
+        "message size (bytes)",
+        "round trip p50 (µs)",
+        &series,
+        SeriesLabelPosition::MiddleRight,
+    )
 }
 
 fn color(i: usize) -> RGBColor {

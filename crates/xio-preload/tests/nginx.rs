@@ -5,13 +5,13 @@
 //! manager shows nginx's channels) and over the kernel at once.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 
 use xio_core::manager::{Manager, ManagerHandle};
 
 mod common;
 
-use common::{library, run_dir, wait_until};
+use common::{channels_of, command, free_port, run_dir, wait_until};
 
 struct Nginx {
     mgr: ManagerHandle,
@@ -27,26 +27,6 @@ impl Drop for Nginx {
         let _ = self.server.kill();
         let _ = self.server.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn command(prefix: &str, program: &str, preload: bool) -> Command {
-    let mut c = Command::new(program);
-    c.env("XIO_PREFIX", prefix)
-        .env("XIO_RUN_DIR", run_dir())
-        .env_remove("LD_PRELOAD")
-        .env_remove("XIO_PRELOAD");
-    if preload {
-        c.env("LD_PRELOAD", library());
-    }
-    c
 }
 
 /// A preloaded nginx serving `dir/html` on two free loopback ports (one
@@ -112,22 +92,6 @@ fn curl(n: &Nginx, preload: bool, path: &str, out: &Path) -> bool {
         .success()
 }
 
-fn nginx_channels(n: &Nginx) -> usize {
-    let snap = n.mgr.snapshot();
-    let Some(me) = snap
-        .stacks
-        .iter()
-        .find(|s| s.pid == n.server.id())
-        .map(|s| s.id)
-    else {
-        return 0;
-    };
-    snap.channels
-        .iter()
-        .filter(|&&(_, a, b)| a == me || b == me)
-        .count()
-}
-
 /// curl over X-IO and over the kernel gets the same bytes from one nginx.
 #[test]
 fn nginx_serves_static_files_to_x_io_and_kernel_curl() {
@@ -156,7 +120,9 @@ fn wrk_and_h2load_run_against_nginx_over_x_io() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("wrk (Debian's wrk package)");
-    wait_until("wrk's connections on X-IO", || nginx_channels(&n) > 0);
+    wait_until("wrk's connections on X-IO", || {
+        channels_of(&n.mgr, n.server.id()) > 0
+    });
     let out = wrk.wait_with_output_checked();
     assert!(out.contains("Requests/sec"), "{out}");
     assert!(

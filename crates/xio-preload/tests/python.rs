@@ -5,14 +5,14 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc;
 
 use xio_core::manager::{Manager, ManagerHandle};
 
 mod common;
 
-use common::{library, run_dir, wait_until, WATCHDOG};
+use common::{command, run_dir, wait_until, WATCHDOG};
 
 /// The echo server and client, blocking sockets as most Python is.
 const SCRIPT: &str = r#"
@@ -90,21 +90,15 @@ impl Py {
 
     /// [`Py::spawn`] with `env` set for it.
     fn spawn_with(s: &Setup, preload: bool, env: &[(&str, &str)], args: &[&str]) -> Py {
-        let mut cmd = Command::new("python3");
-        cmd.arg(&s.script)
+        let mut child = command(&s.prefix, "python3", preload)
+            .arg(&s.script)
             .args(args)
-            .env("XIO_PREFIX", &s.prefix)
-            .env("XIO_RUN_DIR", run_dir())
-            .env_remove("LD_PRELOAD")
-            .env_remove("XIO_PRELOAD")
             .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        if preload {
-            cmd.env("LD_PRELOAD", library());
-        }
-        let mut child = cmd.spawn().expect("python3 (Debian's python3 package)");
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3 (Debian's python3 package)");
         let stdin = child.stdin.take();
         let out = child.stdout.take().unwrap();
         let (tx, lines) = mpsc::channel();

@@ -4,13 +4,13 @@
 //! X-IO, kernel clients in the same epoll set, and kill -9 of either side.
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 
 use xio_core::manager::{Manager, ManagerHandle};
 
 mod common;
 
-use common::{library, run_dir, wait_until};
+use common::{channels_of, command, free_port, run_dir, wait_until};
 
 struct Redis {
     mgr: ManagerHandle,
@@ -24,28 +24,6 @@ impl Drop for Redis {
         let _ = self.server.kill();
         let _ = self.server.wait();
     }
-}
-
-/// A port free on 127.0.0.1 now (the kernel's choice).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// `program` with the test's pool, preloaded if `preload`.
-fn command(prefix: &str, program: &str, preload: bool) -> Command {
-    let mut c = Command::new(program);
-    c.env("XIO_PREFIX", prefix)
-        .env("XIO_RUN_DIR", run_dir())
-        .env_remove("LD_PRELOAD")
-        .env_remove("XIO_PRELOAD");
-    if preload {
-        c.env("LD_PRELOAD", library());
-    }
-    c
 }
 
 /// A preloaded redis-server on a free loopback port, answering.
@@ -152,23 +130,6 @@ impl Drop for Session {
     }
 }
 
-/// The channels redis-server's stack has.
-fn server_channels(r: &Redis) -> usize {
-    let snap = r.mgr.snapshot();
-    let Some(me) = snap
-        .stacks
-        .iter()
-        .find(|s| s.pid == r.server.id())
-        .map(|s| s.id)
-    else {
-        return 0;
-    };
-    snap.channels
-        .iter()
-        .filter(|&&(_, a, b)| a == me || b == me)
-        .count()
-}
-
 /// redis-cli over X-IO and over the kernel, at once, to one preloaded
 /// redis-server: both kinds of connection live in redis's one epoll set.
 #[test]
@@ -176,7 +137,9 @@ fn redis_serves_x_io_and_kernel_clients_from_one_event_loop() {
     let r = start("mixed");
     let mut x = Session::open(&r, true);
     assert_eq!(x.ask("SET greeting hello"), "OK");
-    wait_until("the client's channel", || server_channels(&r) == 1);
+    wait_until("the client's channel", || {
+        channels_of(&r.mgr, r.server.id()) == 1
+    });
     let mut k = Session::open(&r, false);
     assert_eq!(k.ask("GET greeting"), "hello");
     assert_eq!(k.ask("SET other 42"), "OK");
@@ -185,7 +148,11 @@ fn redis_serves_x_io_and_kernel_clients_from_one_event_loop() {
     // (its protected mode lets only those in).
     let list = x.ask("CLIENT LIST");
     assert!(list.contains("addr=127.0.0.1:"), "{list}");
-    assert_eq!(server_channels(&r), 1, "the kernel client has no channel");
+    assert_eq!(
+        channels_of(&r.mgr, r.server.id()),
+        1,
+        "the kernel client has no channel"
+    );
 }
 
 /// redis-benchmark, preloaded, against the preloaded server: one client

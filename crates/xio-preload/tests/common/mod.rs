@@ -59,3 +59,39 @@ pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A port free on 127.0.0.1 now (the kernel's choice).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `program` with pool `prefix` and this process's run dir, preloaded if
+/// `preload` (and no `LD_PRELOAD` or scope inherited from the test's own
+/// environment).
+pub fn command(prefix: &str, program: &str, preload: bool) -> std::process::Command {
+    let mut c = std::process::Command::new(program);
+    c.env("XIO_PREFIX", prefix)
+        .env("XIO_RUN_DIR", run_dir())
+        .env_remove("LD_PRELOAD")
+        .env_remove("XIO_PRELOAD");
+    if preload {
+        c.env("LD_PRELOAD", library());
+    }
+    c
+}
+
+/// The channels the stack of process `pid` has, in `mgr`'s view.
+pub fn channels_of(mgr: &xio_core::manager::ManagerHandle, pid: u32) -> usize {
+    let snap = mgr.snapshot();
+    let Some(me) = snap.stacks.iter().find(|s| s.pid == pid).map(|s| s.id) else {
+        return 0;
+    };
+    snap.channels
+        .iter()
+        .filter(|&&(_, a, b)| a == me || b == me)
+        .count()
+}
