@@ -24,18 +24,21 @@
 //!   wrong fd and `exec` behave; the data goes over X-IO.
 //!
 //! - `poll`, `ppoll` and `epoll` take moved and kernel fds in one set
-//!   (see `mux`); moved sockets report readiness level-triggered.
+//!   (see `mux`); a TCP socket registered in an epoll set before its
+//!   `connect` moved it stays registered.
+//! - `fork` hands moved streams to the kernel path behind a relay, so
+//!   parent and child share them as kernel sockets; a child's listeners
+//!   bind X-IO afresh (see `fork`).
 //!
-//! Not yet (issue 46's later stages): `select`, `EPOLLET` as a true edge,
-//! `EPOLLEXCLUSIVE`, `sendmsg`/`recvmsg`, `sendfile`, `FIONREAD`, a forked
-//! child's use of an inherited moved socket, `EINTR` from a blocking call
-//! on a moved socket.
+//! Not yet (issue 46's later stages): `select`, `EPOLLEXCLUSIVE` as one
+//! wake-up, `sendmsg`/`recvmsg`, `sendfile`, `FIONREAD`, `EINTR` from a
+//! blocking call on a moved socket.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr};
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
@@ -44,6 +47,7 @@ use libc::{size_t, sockaddr, socklen_t, ssize_t};
 use xio_core::net::{Net, XioListener, XioStream};
 
 mod addr;
+mod fork;
 mod mux;
 mod ready;
 mod real;
@@ -90,7 +94,7 @@ static TABLE: RwLock<Option<HashMap<RawFd, Arc<Sock>>>> = RwLock::new(None);
 static MOVED: AtomicUsize = AtomicUsize::new(0);
 
 fn lookup(fd: RawFd) -> Option<Arc<Sock>> {
-    if MOVED.load(Ordering::Acquire) == 0 {
+    if MOVED.load(Ordering::Acquire) == 0 || fork::forking() {
         return None;
     }
     let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
@@ -101,6 +105,9 @@ fn lookup(fd: RawFd) -> Option<Arc<Sock>> {
 /// returned to be dropped outside the lock (dropping a stream sends its
 /// FIN, which may call into libc).
 fn insert(fd: RawFd, sock: Arc<Sock>) -> Option<Arc<Sock>> {
+    if fork::forking() {
+        return Some(sock);
+    }
     let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
     let old = t.get_or_insert_with(HashMap::new).insert(fd, sock);
     if old.is_none() {
@@ -110,7 +117,7 @@ fn insert(fd: RawFd, sock: Arc<Sock>) -> Option<Arc<Sock>> {
 }
 
 fn remove(fd: RawFd) -> Option<Arc<Sock>> {
-    if MOVED.load(Ordering::Acquire) == 0 {
+    if MOVED.load(Ordering::Acquire) == 0 || fork::forking() {
         return None;
     }
     let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
@@ -291,6 +298,19 @@ fn fd_flags(fd: RawFd) -> (c_int, bool) {
 /// A Unix socket pair: its near end, to hold a moved stream's fd number,
 /// and its far end, kept by the library.
 fn socket_pair(cloexec: bool, nonblock: bool) -> io::Result<(OwnedFd, OwnedFd)> {
+    let (near, far) = unix_pair(cloexec, nonblock)?;
+    // The far end is shut down: a call this library does not define
+    // (`splice`, stdio's own writes) reaches the near end, the pair's
+    // socket, and must fail visibly (EPIPE, end of stream) rather than
+    // write into a socket nobody reads or wait for ever.
+    // SAFETY: `far` is open and ours.
+    unsafe { real::shutdown(far.as_raw_fd(), libc::SHUT_RDWR) };
+    Ok((near, far))
+}
+
+/// A Unix stream socket pair; the far end (the library's) is always
+/// close-on-exec: a child program gets the near end, never the library's.
+fn unix_pair(cloexec: bool, nonblock: bool) -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as c_int; 2];
     let mut ty = libc::SOCK_STREAM;
     if cloexec {
@@ -303,16 +323,8 @@ fn socket_pair(cloexec: bool, nonblock: bool) -> io::Result<(OwnedFd, OwnedFd)> 
     if unsafe { libc::socketpair(libc::AF_UNIX, ty, 0, fds.as_mut_ptr()) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    // The far end is always close-on-exec: a child program gets the near
-    // end (its socket), never the library's.
     // SAFETY: `fds[1]` was just made and is ours.
     unsafe { real::fcntl(fds[1], libc::F_SETFD, libc::FD_CLOEXEC as usize) };
-    // And shut down: a call this library does not define (`sendmsg`,
-    // `sendfile`, `splice`) reaches the near end, the pair's socket, and
-    // must fail visibly (EPIPE, end of stream) rather than write into a
-    // socket nobody reads or wait for ever.
-    // SAFETY: `fds[1]` is open and ours.
-    unsafe { real::shutdown(fds[1], libc::SHUT_RDWR) };
     // SAFETY: both fds were just made by `socketpair` and are owned here.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
@@ -343,7 +355,7 @@ fn install_over(fd: RawFd, s: XioStream) -> io::Result<()> {
     let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
     // SAFETY: both fds are open; `dup3` atomically replaces `fd` (closing
     // the kernel socket that was there) with a copy of `near`.
-    if unsafe { libc::dup3(std::os::fd::AsRawFd::as_raw_fd(&near), fd, flags) } < 0 {
+    if unsafe { real::dup3(near.as_raw_fd(), fd, flags) } < 0 {
         return Err(io::Error::last_os_error());
     }
     if fl & libc::O_NONBLOCK != 0 {
@@ -372,6 +384,25 @@ fn install_new(s: XioStream, flags: c_int) -> io::Result<RawFd> {
 // ---------------------------------------------------------------------------
 // connect, listen, accept
 // ---------------------------------------------------------------------------
+
+/// `socket(2)`: a TCP socket is noted fresh (see `mux::set_fresh`) until
+/// it connects or listens.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    // SAFETY: passed on.
+    let fd = unsafe { real::socket(domain, ty, proto) };
+    if fd >= 0 {
+        let tcp = matches!(domain, libc::AF_INET | libc::AF_INET6)
+            && ty & 0xf == libc::SOCK_STREAM
+            && matches!(scope(), Scope::Local | Scope::List(_));
+        mux::set_fresh(fd, tcp);
+    }
+    fd
+}
 
 /// What a connect over X-IO came to.
 enum Dialled {
@@ -430,12 +461,16 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // returns 0, which a non-blocking connect may.
         if in_scope(&to, false) && lookup(fd).is_none() && is_tcp(fd) {
             match dial(fd, to) {
-                Dialled::Moved => return 0,
+                Dialled::Moved => {
+                    mux::moved_by_connect(fd);
+                    return 0;
+                }
                 Dialled::Kernel => {}
                 Dialled::Failed(e) => return fail(&e, true),
             }
         }
     }
+    mux::set_fresh(fd, false);
     // SAFETY: the caller's contract, passed on.
     unsafe { real::connect(fd, addr, len) }
 }
@@ -447,24 +482,30 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
 /// As libc's.
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    mux::set_fresh(fd, false);
     // SAFETY: passed on.
     let r = unsafe { real::listen(fd, backlog) };
     if r == 0 && lookup(fd).is_none() && is_tcp(fd) {
         if let Some(a) = local_addr_of(fd).filter(|a| in_scope(a, true)) {
-            let sock = Arc::new(Sock {
-                kind: Kind::Listener {
-                    addr: a,
-                    xio: Mutex::new(None),
-                },
-                io: Mutex::new(()),
-                bits: ready::Bits::default(),
-            });
+            let sock = new_listener(a);
             ready::register(&sock);
             let old = insert(fd, sock);
             drop(old);
         }
     }
     r
+}
+
+/// A listener's entry, its X-IO side not bound yet.
+fn new_listener(addr: SocketAddr) -> Arc<Sock> {
+    Arc::new(Sock {
+        kind: Kind::Listener {
+            addr,
+            xio: Mutex::new(None),
+        },
+        io: Mutex::new(()),
+        bits: ready::Bits::default(),
+    })
 }
 
 fn local_addr_of(fd: RawFd) -> Option<SocketAddr> {
@@ -978,8 +1019,11 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) ->
 /// As libc's.
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if !fork::forking() {
+        mux::end_fresh(fd);
+    }
     let old = remove(fd);
-    if MOVED.load(Ordering::Relaxed) > 0 || old.is_some() {
+    if (MOVED.load(Ordering::Relaxed) > 0 || old.is_some()) && !fork::forking() {
         mux::forget(fd);
     }
     // SAFETY: passed on.
@@ -1017,6 +1061,9 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 /// After a `dup` of `old` to `new` succeeded: `new` names what `old` does.
 fn dup_done(old: RawFd, new: c_int) -> c_int {
     if new >= 0 && new != old {
+        if !fork::forking() {
+            mux::end_fresh(new);
+        }
         let was = match lookup(old) {
             Some(s) => insert(new, s),
             None => remove(new),

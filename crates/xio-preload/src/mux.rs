@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::os::fd::RawFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -42,13 +42,79 @@ struct Member {
 
 /// The moved members of one epoll set.
 #[derive(Default)]
-struct Set {
+pub(crate) struct Set {
     moved: HashMap<RawFd, Member>,
+    /// Fresh TCP sockets (see [`FRESH`]) registered in the kernel set:
+    /// what they asked for, to carry over if a `connect` moves them.
+    fresh: HashMap<RawFd, Member>,
     /// Whether the net's poll fd is in the kernel set.
     marked: bool,
 }
 
 static SETS: Mutex<Option<HashMap<RawFd, Set>>> = Mutex::new(None);
+
+/// TCP sockets made by `socket` and not connected or listening yet, by
+/// fd (a bit each; fds past the map are not followed). An event loop may
+/// register a socket in its epoll set before it connects it (nginx's
+/// upstream connections are): if the `connect` then moves it, the
+/// kernel's registration dies with the kernel socket, and the set must
+/// go on reporting the moved one.
+static FRESH: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
+
+/// Notes `fd` as a fresh TCP socket (`on`), or not.
+pub(crate) fn set_fresh(fd: RawFd, on: bool) {
+    let Some(w) = usize::try_from(fd).ok().and_then(|f| FRESH.get(f / 64)) else {
+        return;
+    };
+    let bit = 1u64 << (fd % 64);
+    if on {
+        w.fetch_or(bit, Ordering::Relaxed);
+    } else if w.load(Ordering::Relaxed) & bit != 0 {
+        w.fetch_and(!bit, Ordering::Relaxed);
+    }
+}
+
+/// Ends `fd`'s freshness as its number is closed or replaced: its
+/// kernel registrations died with it.
+pub(crate) fn end_fresh(fd: RawFd) {
+    if is_fresh(fd) {
+        set_fresh(fd, false);
+        sets(|s| {
+            for set in s.values_mut() {
+                set.fresh.remove(&fd);
+            }
+        });
+    }
+}
+
+fn is_fresh(fd: RawFd) -> bool {
+    usize::try_from(fd)
+        .ok()
+        .and_then(|f| FRESH.get(f / 64))
+        .is_some_and(|w| w.load(Ordering::Relaxed) & (1u64 << (fd % 64)) != 0)
+}
+
+/// After a `connect` moved fresh socket `fd`: the sets it was registered
+/// in (in the kernel) now follow it here, with the events and data the
+/// program gave.
+pub(crate) fn moved_by_connect(fd: RawFd) {
+    if !is_fresh(fd) {
+        return;
+    }
+    set_fresh(fd, false);
+    let sets_of: Vec<RawFd> = sets(|s| {
+        s.iter_mut()
+            .filter_map(|(&epfd, set)| {
+                let m = set.fresh.remove(&fd)?;
+                set.moved.insert(fd, m);
+                Some(epfd)
+            })
+            .collect()
+    });
+    for epfd in sets_of {
+        mark(epfd);
+    }
+}
 
 fn sets<R>(f: impl FnOnce(&mut HashMap<RawFd, Set>) -> R) -> R {
     let mut g = SETS.lock().unwrap_or_else(|e| e.into_inner());
@@ -62,8 +128,41 @@ pub(crate) fn forget(fd: RawFd) {
         s.remove(&fd);
         for set in s.values_mut() {
             set.moved.remove(&fd);
+            set.fresh.remove(&fd);
         }
     });
+}
+
+/// The sets, held across a `fork` (see `fork.rs`).
+pub(crate) fn lock_for_fork() -> std::sync::MutexGuard<'static, Option<HashMap<RawFd, Set>>> {
+    SETS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// In a forked child, with the sets held: the net's poll fd in each set
+/// is the parent's, so each set takes the child's at its next use.
+pub(crate) fn child_sets(g: &mut Option<HashMap<RawFd, Set>>) {
+    for set in g.iter_mut().flat_map(|m| m.values_mut()) {
+        set.marked = false;
+    }
+}
+
+/// Hands moved member `fd` of every set to the kernel (it is a kernel
+/// socket now, see `fork.rs`): registered there with the events and data
+/// the program gave.
+pub(crate) fn to_kernel(fd: RawFd) {
+    let members: Vec<(RawFd, Member)> = sets(|s| {
+        s.iter_mut()
+            .filter_map(|(&epfd, set)| Some((epfd, set.moved.remove(&fd)?)))
+            .collect()
+    });
+    for (epfd, m) in members {
+        let mut ev = epoll_event {
+            events: m.events,
+            u64: m.data,
+        };
+        // SAFETY: `ev` is a valid event for the call.
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    }
 }
 
 /// Puts the net's poll fd in kernel set `epfd`, once.
@@ -102,7 +201,26 @@ pub unsafe extern "C" fn epoll_ctl(
 ) -> c_int {
     let Some(sock) = lookup(fd) else {
         // SAFETY: passed on.
-        return unsafe { real::epoll_ctl(epfd, op, fd, ev) };
+        let r = unsafe { real::epoll_ctl(epfd, op, fd, ev) };
+        if r == 0 && is_fresh(fd) {
+            let want = (op != libc::EPOLL_CTL_DEL && !ev.is_null()).then(|| {
+                // SAFETY: the caller's contract for ADD and MOD.
+                let e = unsafe { std::ptr::read_unaligned(ev) };
+                Member {
+                    events: e.events,
+                    data: e.u64,
+                    seen: (u64::MAX, u64::MAX),
+                }
+            });
+            sets(|s| {
+                let set = s.entry(epfd).or_default();
+                match want {
+                    Some(m) => set.fresh.insert(fd, m),
+                    None => set.fresh.remove(&fd),
+                }
+            });
+        }
+        return r;
     };
     let want = if op == libc::EPOLL_CTL_DEL || ev.is_null() {
         None

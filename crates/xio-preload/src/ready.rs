@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 
 use xio_core::net::{Event, Net};
@@ -45,7 +45,7 @@ pub(crate) struct Bits {
 
 /// Moved sockets by the token their streams carry, and listeners by
 /// address, for the net's events.
-struct Registry {
+pub(crate) struct Registry {
     by_token: HashMap<u64, Weak<Sock>>,
     listeners: HashMap<SocketAddr, Weak<Sock>>,
 }
@@ -82,15 +82,47 @@ pub(crate) fn register(sock: &Arc<Sock>) {
     });
 }
 
+/// The net's poll fd and the process it was made in.
+type PollFd = Option<(u32, OwnedFd)>;
+static POLL_FD: Mutex<PollFd> = Mutex::new(None);
+
 /// The net's poll fd (readable when the doorbell rang), one per process.
 pub(crate) fn poll_fd(net: &Net) -> Option<RawFd> {
-    static FD: Mutex<Option<(u32, OwnedFd)>> = Mutex::new(None);
-    let mut g = FD.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = POLL_FD.lock().unwrap_or_else(|e| e.into_inner());
     let pid = std::process::id();
     if g.as_ref().is_none_or(|(p, _)| *p != pid) {
         *g = Some((pid, net.poll_fd().ok()?));
     }
     g.as_ref().map(|(_, fd)| fd.as_raw_fd())
+}
+
+/// The registry and the poll fd, held across a `fork` (see `fork.rs`) so
+/// the child's copies are not taken by a thread it does not have.
+pub(crate) fn lock_for_fork() -> (
+    MutexGuard<'static, Option<Registry>>,
+    MutexGuard<'static, PollFd>,
+) {
+    (
+        REGISTRY.lock().unwrap_or_else(|e| e.into_inner()),
+        POLL_FD.lock().unwrap_or_else(|e| e.into_inner()),
+    )
+}
+
+/// In a forked child, with the registry held: only `listeners` (the
+/// child's own copies) are known; the parent's streams and tokens are not
+/// the child's.
+pub(crate) fn child_registry(g: &mut Option<Registry>, listeners: &[Arc<Sock>]) {
+    let r = g.get_or_insert_with(|| Registry {
+        by_token: HashMap::new(),
+        listeners: HashMap::new(),
+    });
+    r.by_token.clear();
+    r.listeners.clear();
+    for l in listeners {
+        if let Kind::Listener { addr, .. } = &l.kind {
+            r.listeners.insert(*addr, Arc::downgrade(l));
+        }
+    }
 }
 
 /// Takes in what the net has (draining its rings, arming its doorbell)

@@ -40,6 +40,7 @@ macro_rules! real {
 }
 
 real! {
+    fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int;
     fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
     fn listen(fd: c_int, backlog: c_int) -> c_int;
     fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int;
@@ -64,6 +65,7 @@ real! {
     fn ppoll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: *const libc::timespec, sigmask: *const libc::sigset_t) -> c_int;
     fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) -> c_int;
     fn epoll_pwait(epfd: c_int, out: *mut libc::epoll_event, max: c_int, timeout: c_int, sigmask: *const libc::sigset_t) -> c_int;
+    fn fork() -> libc::pid_t;
     fn readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t;
     fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t;
 }

@@ -1,8 +1,9 @@
 //! Debian's nginx, unmodified, under `LD_PRELOAD=libxio_preload.so` with
-//! a real manager (in one process: `master_process off`; its forked
-//! workers are a later stage), with curl, wrk and h2load as clients:
-//! static files checked byte for byte, HTTP/1.1 and h2c, over X-IO (the
-//! manager shows nginx's channels) and over the kernel at once.
+//! a real manager, in one process (`master_process off`) and as a master
+//! with forked workers, with curl, wrk and h2load as clients: static
+//! files checked byte for byte, HTTP/1.1 and h2c, a proxied upstream,
+//! over X-IO (the manager shows nginx's channels) and over the kernel at
+//! once.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -24,18 +25,33 @@ struct Nginx {
 
 impl Drop for Nginx {
     fn drop(&mut self) {
-        let _ = self.server.kill();
+        // SIGTERM: a master stops its workers before it exits (SIGKILL
+        // would leave them running).
+        // SAFETY: a signal to our child, by pid.
+        unsafe { libc::kill(self.server.id() as i32, libc::SIGTERM) };
         let _ = self.server.wait();
     }
 }
 
 /// A preloaded nginx serving `dir/html` on two free loopback ports (one
-/// HTTP/1.1, one h2c), bound on X-IO too.
+/// HTTP/1.1, one h2c), bound on X-IO too, in one process.
 fn start(test: &str) -> Nginx {
+    start_with(test, "master_process off;\nworker_processes 1;", "", None)
+}
+
+/// [`start`] with `procs` (the master and worker directives), `more` in
+/// the HTTP server block, and user `allow` admitted to the pool besides
+/// the test's. Returns once a process of nginx's (the one, or a worker)
+/// has bound the HTTP port on X-IO.
+fn start_with(test: &str, procs: &str, more: &str, allow: Option<u32>) -> Nginx {
     // The run dir first: the manager reads it as it starts.
     let dir = run_dir().join(format!("nginx-{test}"));
     let prefix = format!("nginx-{test}-{}", std::process::id());
-    let mgr = Manager::builder(&prefix).spawn().unwrap();
+    let mut b = Manager::builder(&prefix);
+    if let Some(uid) = allow {
+        b = b.allow_uid(uid);
+    }
+    let mgr = b.spawn().unwrap();
     std::fs::create_dir_all(dir.join("html")).unwrap();
     std::fs::create_dir_all(dir.join("logs")).unwrap();
     std::fs::write(dir.join("html/index.html"), "hello from nginx\n").unwrap();
@@ -45,12 +61,12 @@ fn start(test: &str) -> Nginx {
     std::fs::write(dir.join("html/big.bin"), big).unwrap();
     let (http, h2c) = (free_port(), free_port());
     let conf = format!(
-        "daemon off;\nmaster_process off;\nworker_processes 1;\n\
+        "daemon off;\n{procs}\n\
          error_log {d}/logs/error.log info;\npid {d}/nginx.pid;\n\
          events {{ worker_connections 1024; }}\n\
          http {{\n  access_log off;\n  sendfile off;\n\
            client_body_temp_path {d}/tmp;\n\
-           server {{\n    listen 127.0.0.1:{http};\n    listen 127.0.0.1:{h2c} http2;\n    root {d}/html;\n  }}\n}}\n",
+           server {{\n    listen 127.0.0.1:{http};\n    listen 127.0.0.1:{h2c} http2;\n    root {d}/html;\n{more}\n  }}\n}}\n",
         d = dir.display()
     );
     std::fs::write(dir.join("nginx.conf"), conf).unwrap();
@@ -71,17 +87,23 @@ fn start(test: &str) -> Nginx {
         h2c,
         server,
     };
-    wait_until("nginx bound on X-IO", || {
-        n.mgr
-            .snapshot()
-            .stacks
-            .iter()
-            .any(|s| s.pid == n.server.id() && s.addrs.iter().any(|a| a.port() == n.http))
-    });
+    wait_until("nginx bound on X-IO", || n.bound_by().is_some());
     n
 }
 
-/// curl's body for `path`, `None` if it failed.
+impl Nginx {
+    /// The process (of nginx's) holding its HTTP port on X-IO.
+    fn bound_by(&self) -> Option<u32> {
+        self.mgr
+            .snapshot()
+            .stacks
+            .iter()
+            .find(|s| s.addrs.iter().any(|a| a.port() == self.http))
+            .map(|s| s.pid)
+    }
+}
+
+/// curl's body for `path` into `out`; false if it failed.
 fn curl(n: &Nginx, preload: bool, path: &str, out: &Path) -> bool {
     command(&n.prefix, "curl", preload)
         .args(["-s", "-f", "-o"])
@@ -141,6 +163,107 @@ fn wrk_and_h2load_run_against_nginx_over_x_io() {
         text.contains("2000 succeeded, 0 failed, 0 errored"),
         "{text}"
     );
+}
+
+/// An upstream for nginx's `proxy_pass`: Python's `http.server` on
+/// `port`, answering "upstream <path>".
+const UPSTREAM: &str = r#"
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        body = ("upstream " + self.path).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"#;
+
+/// The uid of user `nobody`, whom nginx's workers run as when its master
+/// runs as root and the configuration names no `user`.
+fn nobody() -> u32 {
+    // SAFETY: a NUL-terminated name; the entry is read at once.
+    let pw = unsafe { libc::getpwnam(c"nobody".as_ptr()) };
+    assert!(!pw.is_null(), "no user nobody");
+    // SAFETY: not null: getpwnam's entry.
+    unsafe { (*pw).pw_uid }
+}
+
+/// nginx as it is deployed: a master that forks two workers. The worker
+/// that binds the port on X-IO first serves X-IO's clients (the other is
+/// kernel-only: X-IO lets one process bind an address), and proxies
+/// `/up/` to a preloaded upstream over X-IO; kernel clients are served
+/// too. A worker killed with -9 is replaced by the master, and the new
+/// one takes the X-IO side over.
+#[test]
+fn nginx_master_with_workers_serves_and_proxies_over_x_io() {
+    let up = free_port();
+    let n = start_with(
+        "workers",
+        "master_process on;\nworker_processes 2;",
+        &format!("    location /up/ {{ proxy_pass http://127.0.0.1:{up}/; }}"),
+        // The workers run as `nobody` (the master as the test's user,
+        // root in CI): the operator admits them to the pool.
+        Some(nobody()),
+    );
+    let script = n.dir.join("upstream.py");
+    std::fs::write(&script, UPSTREAM).unwrap();
+    let upstream = Reaped(
+        command(&n.prefix, "python3", true)
+            .arg(&script)
+            .arg(up.to_string())
+            .spawn()
+            .expect("python3"),
+    );
+    let upstream = &upstream.0;
+    wait_until("the upstream bound on X-IO", || {
+        n.mgr
+            .snapshot()
+            .stacks
+            .iter()
+            .any(|s| s.pid == upstream.id() && s.addrs.iter().any(|a| a.port() == up))
+    });
+    let worker = n.bound_by().unwrap();
+    assert_ne!(worker, n.server.id(), "a worker binds, not the master");
+    let check = |preload: bool, path: &str, want: &[u8]| {
+        let out = n.dir.join("got");
+        assert!(curl(&n, preload, path, &out), "curl {path}");
+        assert_eq!(std::fs::read(&out).unwrap(), want, "{path}");
+    };
+    let index = std::fs::read(n.dir.join("html/index.html")).unwrap();
+    for preload in [true, false] {
+        check(preload, "/index.html", &index);
+        check(preload, "/up/a?b=c", b"upstream /a?b=c");
+    }
+    // nginx keeps its upstream connections only with keepalive: the
+    // channel from the worker to the upstream stays (X-IO keeps a channel
+    // between two processes once made).
+    assert!(channels_of(&n.mgr, upstream.id()) > 0, "proxied over X-IO");
+    assert!(channels_of(&n.mgr, worker) > 0, "served over X-IO");
+
+    // SAFETY: a signal to a child process of nginx's, by pid.
+    assert_eq!(unsafe { libc::kill(worker as i32, libc::SIGKILL) }, 0);
+    wait_until("another worker bound on X-IO", || {
+        n.bound_by().is_some_and(|p| p != worker)
+    });
+    for preload in [true, false] {
+        check(preload, "/index.html", &index);
+        check(preload, "/up/after", b"upstream /after");
+    }
+    assert!(channels_of(&n.mgr, n.bound_by().unwrap()) > 0);
+}
+
+/// A child killed and reaped when dropped (a failing test leaves none).
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 trait WaitChecked {

@@ -3,16 +3,10 @@
 //! its `socket` module, every byte checked, and the manager's own view
 //! of the services and channels to tell X-IO from the kernel.
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Stdio};
-use std::sync::mpsc;
-
-use xio_core::manager::{Manager, ManagerHandle};
-
 mod common;
 
-use common::{command, run_dir, wait_until, WATCHDOG};
+use common::py::{Py, Setup};
+use common::{run_dir, wait_until};
 
 /// The echo server and client, blocking sockets as most Python is.
 const SCRIPT: &str = r#"
@@ -57,94 +51,8 @@ else:
     print("CLOSED", flush=True)
 "#;
 
-struct Setup {
-    mgr: ManagerHandle,
-    prefix: String,
-    script: PathBuf,
-}
-
 fn setup(test: &str) -> Setup {
-    let dir = run_dir();
-    let prefix = format!("pre-{test}-{}", std::process::id());
-    let mgr = Manager::builder(&prefix).spawn().unwrap();
-    let script = dir.join(format!("{test}.py"));
-    std::fs::write(&script, SCRIPT).unwrap();
-    Setup {
-        mgr,
-        prefix,
-        script,
-    }
-}
-
-/// A `python3` running the script, its stdout read line by line.
-struct Py {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Py {
-    fn spawn(s: &Setup, preload: bool, args: &[&str]) -> Py {
-        Py::spawn_with(s, preload, &[], args)
-    }
-
-    /// [`Py::spawn`] with `env` set for it.
-    fn spawn_with(s: &Setup, preload: bool, env: &[(&str, &str)], args: &[&str]) -> Py {
-        let mut child = command(&s.prefix, "python3", preload)
-            .arg(&s.script)
-            .args(args)
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("python3 (Debian's python3 package)");
-        let stdin = child.stdin.take();
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Py {
-            child,
-            stdin,
-            lines,
-        }
-    }
-
-    /// The next line, which must start with `tag`; the rest of it.
-    fn expect(&mut self, tag: &str) -> String {
-        let l = self
-            .lines
-            .recv_timeout(WATCHDOG)
-            .unwrap_or_else(|_| panic!("no {tag:?} line from python3"));
-        l.strip_prefix(tag)
-            .unwrap_or_else(|| panic!("wanted {tag:?}, got {l:?}"))
-            .trim()
-            .to_owned()
-    }
-
-    fn tell(&mut self) {
-        let i = self.stdin.as_mut().unwrap();
-        i.write_all(b"go\n").unwrap();
-        i.flush().unwrap();
-    }
-
-    fn wait_ok(mut self) {
-        let st = self.child.wait().unwrap();
-        assert!(st.success(), "python3 exited with {st}");
-    }
-}
-
-impl Drop for Py {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    Setup::new(test, SCRIPT)
 }
 
 /// Both programs preloaded: the connection is an X-IO channel between

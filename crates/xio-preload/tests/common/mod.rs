@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 #[path = "../../../xio-core/tests/common/process_dir.rs"]
 mod process_dir;
 
+pub mod py;
+
 /// A watchdog against hangs, not a performance bound.
 pub const WATCHDOG: Duration = Duration::from_secs(60);
 

@@ -1,0 +1,308 @@
+//! `fork` and `vfork`: what a child inherits of the moved sockets.
+//!
+//! A moved stream's X-IO side belongs to the process that opened it (its
+//! stack, its rings); a forked child cannot use it. So, before the fork,
+//! each moved stream is handed to the kernel path: its fds become one
+//! end of a fresh Unix socket pair (same numbers, flags and epoll
+//! registrations), and a relay in this process moves the bytes between
+//! the pair's other end and the X-IO stream, both ways, until every copy
+//! of the fd, in this process and in its children, is closed. Parent and
+//! child then share the stream as they would share a kernel socket
+//! (ForkingMixIn servers, CGI, a `BGSAVE` child that closes what it
+//! inherited); the relay costs a copy and a kernel hop, so a stream that
+//! was open at a fork is slower than one opened after it.
+//!
+//! Listeners stay moved on both sides: the child's copy is a fresh entry
+//! whose X-IO side binds at its first accept or readiness registration
+//! (nginx's workers, after a master that never accepts). X-IO lets one
+//! process bind an address at a time; a second worker's listener is
+//! kernel-only.
+//!
+//! `vfork` is `fork` here: a vfork child runs in its parent's memory, and
+//! the hooks it calls before `exec` (`dup2`, `close`) would edit the
+//! parent's tables.
+//!
+//! Not covered: a process that ends while a child still uses a stream it
+//! relays (the child sees the end of the stream), and `posix_spawn` (no
+//! hook runs; a moved stream passed to the new program without
+//! `FD_CLOEXEC` reaches it as a closed pair).
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::Shutdown;
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use xio_core::net::XioStream;
+
+use crate::{fd_flags, mux, ready, real, unix_pair, Kind, Sock, MOVED, TABLE};
+
+/// The relays' ends of their pairs: a forked child closes its copies,
+/// which would keep its own end from ever seeing the relay's end.
+static RELAYED: Mutex<Vec<RawFd>> = Mutex::new(Vec::new());
+
+thread_local! {
+    /// Set on the thread inside libc's `fork`: the fork handlers that run
+    /// there (xio-core's closes and `dup2`s descriptors in the child) call
+    /// the hooks while this library's locks are held, so the hooks pass
+    /// them to libc as they are.
+    static FORKING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is inside libc's `fork` (see [`FORKING`]).
+pub(crate) fn forking() -> bool {
+    FORKING.get()
+}
+
+/// `fork(2)`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn fork() -> libc::pid_t {
+    to_kernel_all();
+    // The library's locks, held across the fork: the child's copies are
+    // then free (a thread of the parent inside one would leave the
+    // child's copy taken for ever). Order: sets, registry, table (the
+    // order the hooks nest them in).
+    let mut sets = mux::lock_for_fork();
+    let (mut registry, poll_fd) = ready::lock_for_fork();
+    let mut relayed = RELAYED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut table = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    FORKING.set(true);
+    // SAFETY: libc's fork; the locks above are released in both processes.
+    let pid = unsafe { real::fork() };
+    FORKING.set(false);
+    if pid == 0 {
+        // The child: its listeners are fresh entries (their X-IO side
+        // unbound, their locks free); a stream moved since the
+        // `to_kernel_all` above is the parent's (dropping an inherited one
+        // does nothing, see xio-core's `fork`).
+        let mut fresh: HashMap<*const Sock, Arc<Sock>> = HashMap::new();
+        let mut kept = HashMap::new();
+        for (fd, sock) in table.take().into_iter().flatten() {
+            if let Kind::Listener { addr, .. } = &sock.kind {
+                let new = fresh
+                    .entry(Arc::as_ptr(&sock))
+                    .or_insert_with(|| crate::new_listener(*addr))
+                    .clone();
+                kept.insert(fd, new);
+            }
+        }
+        MOVED.store(kept.len(), Ordering::Release);
+        *table = Some(kept);
+        let listeners: Vec<Arc<Sock>> = fresh.into_values().collect();
+        ready::child_registry(&mut registry, &listeners);
+        mux::child_sets(&mut sets);
+        for fd in relayed.drain(..) {
+            // SAFETY: the child's copy of a relay's end, not used here.
+            unsafe { real::close(fd) };
+        }
+    }
+    drop((table, relayed, poll_fd, registry, sets));
+    pid
+}
+
+/// `vfork(2)`, as `fork` (see the module's docs).
+///
+/// # Safety
+///
+/// As libc's `fork`.
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> libc::pid_t {
+    // SAFETY: the same contract.
+    unsafe { fork() }
+}
+
+/// Hands every moved stream to the kernel path behind a relay (see the
+/// module's docs).
+fn to_kernel_all() {
+    if MOVED.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    // Each stream with all its fds (one open file description, `dup`ed).
+    let mut streams: HashMap<*const Sock, (Arc<Sock>, Vec<RawFd>)> = HashMap::new();
+    {
+        let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+        for (&fd, sock) in t.iter().flatten() {
+            if matches!(sock.kind, Kind::Stream { .. }) {
+                streams
+                    .entry(Arc::as_ptr(sock))
+                    .or_insert_with(|| (sock.clone(), Vec::new()))
+                    .1
+                    .push(fd);
+            }
+        }
+    }
+    for (sock, fds) in streams.into_values() {
+        if let Err(e) = to_kernel(&sock, &fds) {
+            // The stream stays moved in this process; a child that uses
+            // it finds a closed pair.
+            let _ = writeln!(
+                io::stderr(),
+                "libxio_preload: a stream stays X-IO's across a fork: {e}"
+            );
+        }
+    }
+}
+
+fn to_kernel(sock: &Sock, fds: &[RawFd]) -> io::Result<()> {
+    let Kind::Stream { s, .. } = &sock.kind else {
+        return Ok(());
+    };
+    let (a, b) = (s.try_clone()?, s.try_clone()?);
+    let (near, far) = unix_pair(false, false)?;
+    let (fl, _) = fd_flags(fds[0]);
+    for &fd in fds {
+        let (_, cloexec) = fd_flags(fd);
+        let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+        // SAFETY: both fds are open; `dup3` replaces the moved fd (the
+        // old pair's near end) with a copy of the new one.
+        if unsafe { real::dup3(near.as_raw_fd(), fd, flags) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let old = crate::remove(fd);
+        mux::to_kernel(fd);
+        drop(old);
+    }
+    if fl & libc::O_NONBLOCK != 0 {
+        // SAFETY: `fds[0]` is the new near end (its file description is
+        // every one of `fds`').
+        unsafe { real::fcntl(fds[0], libc::F_SETFL, fl as usize) };
+    }
+    relay(a, b, far)
+}
+
+/// Moves bytes between X-IO stream `s` (`s2` another handle to it) and
+/// `far`, the pair's end kept here, until both directions end.
+fn relay(s: XioStream, s2: XioStream, far: OwnedFd) -> io::Result<()> {
+    for x in [&s, &s2] {
+        x.set_nonblocking(false)?;
+        x.set_read_timeout(None)?;
+        x.set_write_timeout(None)?;
+    }
+    let far = {
+        let mut g = RELAYED.lock().unwrap_or_else(|e| e.into_inner());
+        let fd = far.into_raw_fd();
+        g.push(fd);
+        Arc::new(Relayed(fd))
+    };
+    let far2 = far.clone();
+    // From X-IO to the pair: its end of stream is a shutdown of the
+    // pair's write side (the program reads its end of file).
+    std::thread::Builder::new()
+        .name("xio-relay-in".into())
+        .spawn(move || {
+            quiet_signals();
+            let mut s = s;
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if !send_all(far.0, &buf[..n]) {
+                            break;
+                        }
+                    }
+                }
+            }
+            // SAFETY: `far` is open while this thread holds it.
+            unsafe { real::shutdown(far.0, libc::SHUT_WR) };
+        })?;
+    // From the pair to X-IO: the program's end of stream is X-IO's FIN;
+    // when every copy of the program's end is closed (the pair hangs up),
+    // the stream ends both ways, which also ends the other thread.
+    std::thread::Builder::new()
+        .name("xio-relay-out".into())
+        .spawn(move || {
+            quiet_signals();
+            let mut s = s2;
+            let fd = far2.0;
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                // SAFETY: `buf` has `buf.len()` writable bytes.
+                let n = unsafe { real::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+                match n {
+                    0 => break,
+                    n if n > 0 => {
+                        if s.write_all(&buf[..n as usize]).is_err() {
+                            break;
+                        }
+                    }
+                    _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+                    _ => break,
+                }
+            }
+            let _ = s.shutdown(Shutdown::Write);
+            wait_hang_up(fd);
+            let _ = s.shutdown(Shutdown::Both);
+        })?;
+    Ok(())
+}
+
+/// A relay's end of its pair, closed (and forgotten for forks) by the
+/// last of the relay's two threads.
+struct Relayed(RawFd);
+
+impl Drop for Relayed {
+    fn drop(&mut self) {
+        // Forgotten and closed under the lock a fork holds: a child
+        // closes every copy it has, and never a number reused since.
+        let mut g = RELAYED.lock().unwrap_or_else(|e| e.into_inner());
+        g.retain(|&f| f != self.0);
+        // SAFETY: the relay's own fd, closed once, here.
+        unsafe { real::close(self.0) };
+    }
+}
+
+/// Writes all of `data` to `fd`; false if the pair is gone.
+fn send_all(fd: RawFd, mut data: &[u8]) -> bool {
+    while !data.is_empty() {
+        // SAFETY: `data` is readable; MSG_NOSIGNAL: a gone reader is an
+        // error here, not the program's SIGPIPE.
+        let n = unsafe { real::send(fd, data.as_ptr().cast(), data.len(), libc::MSG_NOSIGNAL) };
+        if n > 0 {
+            data = &data[n as usize..];
+        } else if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        } else {
+            return false;
+        }
+    }
+    true
+}
+
+/// Waits until every copy of the pair's other end is closed.
+fn wait_hang_up(fd: RawFd) {
+    let mut p = libc::pollfd {
+        fd,
+        // None asked: only a hang-up or an error is reported.
+        events: 0,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd.
+        let r = unsafe { real::poll(&mut p, 1, -1) };
+        if r > 0 && p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+            return;
+        }
+        if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return;
+        }
+    }
+}
+
+/// Blocks every signal in a relay thread: the program's handlers run on
+/// its own threads, as without the library.
+fn quiet_signals() {
+    // SAFETY: a zeroed sigset filled by `sigfillset`, then this thread's
+    // mask set from it.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
+}

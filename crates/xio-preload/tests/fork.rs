@@ -1,0 +1,113 @@
+//! `fork` under the preload library: Python's forking servers, a moved
+//! stream used by parent and child in turn, and nginx's master with its
+//! workers (see nginx.rs for nginx in one process).
+
+mod common;
+
+use common::py::{Py, Setup};
+use common::wait_until;
+
+/// A `socketserver.ForkingTCPServer` echo server: the parent accepts
+/// (over X-IO), forks a child per connection and closes its copy; the
+/// child serves it. Then a stream used by both: the child writes first,
+/// the parent after the child is gone.
+const SCRIPT: &str = r#"
+import os, socket, socketserver, sys
+role = sys.argv[1]
+if role == "forking":
+    class H(socketserver.StreamRequestHandler):
+        def handle(self):
+            for line in self.rfile:
+                self.wfile.write(("%d " % os.getpid()).encode() + line)
+    s = socketserver.ForkingTCPServer(("127.0.0.1", 0), H)
+    print("PORT", s.server_address[1], os.getpid(), flush=True)
+    s.serve_forever()
+elif role == "shared":
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(4)
+    print("PORT", l.getsockname()[1], os.getpid(), flush=True)
+    c, _ = l.accept()
+    c.sendall(b"before the fork\n")
+    pid = os.fork()
+    if pid == 0:
+        c.sendall(b"from the child\n")
+        got = c.recv(100)
+        c.sendall(b"child read " + got)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    c.sendall(b"from the parent\n")
+    c.close()
+    print("DONE", flush=True)
+else:
+    port = int(sys.argv[2])
+    if role == "lines":
+        pids = set()
+        for i in range(int(sys.argv[3])):
+            s = socket.create_connection(("127.0.0.1", port))
+            f = s.makefile("rwb")
+            for j in range(50):
+                msg = b"x" * (j * 37 % 3000) + b"%d.%d\n" % (i, j)
+                f.write(msg)
+                f.flush()
+                pid, echo = f.readline().split(b" ", 1)
+                assert echo == msg, (echo[-20:], msg[-20:])
+                pids.add(pid)
+            s.close()
+        print("ECHOED", len(pids), flush=True)
+    else:
+        s = socket.create_connection(("127.0.0.1", port))
+        f = s.makefile("rwb")
+        print("LINE", f.readline().decode().strip(), flush=True)
+        print("LINE", f.readline().decode().strip(), flush=True)
+        f.write(b"ping\n")
+        f.flush()
+        print("LINE", f.readline().decode().strip(), flush=True)
+        print("LINE", f.readline().decode().strip(), flush=True)
+        print("EOF", f.read() == b"", flush=True)
+    sys.stdin.readline()
+"#;
+
+/// Each connection to a preloaded `ForkingTCPServer` goes over X-IO (the
+/// manager shows the channel), its forked child serves it through the
+/// parent's relay, and every echo comes back intact; when all are done,
+/// the pool is whole.
+#[test]
+fn a_forking_python_server_serves_each_connection_from_its_child() {
+    let s = Setup::new("forking", SCRIPT);
+    let mut server = Py::spawn(&s, true, &["forking"]);
+    let port_pid = server.expect("PORT");
+    let (port, _) = port_pid.split_once(' ').unwrap();
+    let mut client = Py::spawn(&s, true, &["lines", port, "8"]);
+    // Eight connections, each served by its own child.
+    assert_eq!(client.expect("ECHOED"), "8");
+    let snap = s.mgr.snapshot();
+    assert_eq!(snap.channels.len(), 1, "client to server over X-IO: {snap:?}");
+    client.tell();
+    client.wait_ok();
+    drop(server);
+    wait_until("the pool whole", || s.mgr.pool_is_whole());
+}
+
+/// A moved stream open at a fork is shared as a kernel socket is: the
+/// child writes and reads it, exits, and the parent writes after it, in
+/// that order; the parent's close is the peer's end of stream.
+#[test]
+fn a_stream_open_at_a_fork_is_shared_by_parent_and_child() {
+    let s = Setup::new("shared", SCRIPT);
+    let mut server = Py::spawn(&s, true, &["shared"]);
+    let port_pid = server.expect("PORT");
+    let (port, _) = port_pid.split_once(' ').unwrap();
+    let mut client = Py::spawn(&s, true, &["pair", port]);
+    assert_eq!(client.expect("LINE"), "before the fork");
+    assert_eq!(client.expect("LINE"), "from the child");
+    assert_eq!(client.expect("LINE"), "child read ping");
+    assert_eq!(client.expect("LINE"), "from the parent");
+    assert_eq!(client.expect("EOF"), "True");
+    assert_eq!(s.mgr.snapshot().channels.len(), 1, "over X-IO");
+    server.expect("DONE");
+    client.tell();
+    client.wait_ok();
+    server.wait_ok();
+    wait_until("the pool whole", || s.mgr.pool_is_whole());
+}
