@@ -30,9 +30,11 @@
 //!   parent and child share them as kernel sockets; a child's listeners
 //!   bind X-IO afresh (see `fork`).
 //!
-//! Not yet (issue 46's later stages): `select`, `EPOLLEXCLUSIVE` as one
-//! wake-up, `sendmsg`/`recvmsg`, `sendfile`, `FIONREAD`, `EINTR` from a
-//! blocking call on a moved socket.
+//! - `select` and `pselect` as `poll`; `sendmsg`, `recvmsg` and
+//!   `sendfile` on moved streams (see `msg`); `ioctl(FIONREAD)`.
+//!
+//! Not yet (issue 46's later stages): `EPOLLEXCLUSIVE` as one wake-up,
+//! `EINTR` from a blocking call on a moved socket.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -48,6 +50,7 @@ use xio_core::net::{Net, XioListener, XioStream};
 
 mod addr;
 mod fork;
+mod msg;
 mod mux;
 mod ready;
 mod real;
@@ -853,8 +856,8 @@ pub unsafe extern "C" fn __recvfrom_chk(
     unsafe { recvfrom(fd, buf, n, flags, addr, len) }
 }
 
-/// `recvfrom(2)`: on a moved stream the address, if asked for, is the
-/// peer's.
+/// `recvfrom(2)`: on a moved stream no address is given back, as Linux's
+/// TCP gives none (the length is set to 0).
 ///
 /// # Safety
 ///
@@ -871,11 +874,9 @@ pub unsafe extern "C" fn recvfrom(
     match stream_of(fd) {
         Some(s) => {
             let r = recv_into(&s, buf, n, flags);
-            if r.is_ok() && !addr.is_null() {
-                if let Ok(p) = with_stream(&s, peer_of) {
-                    // SAFETY: the caller's contract.
-                    unsafe { write_sockaddr(&p, addr, len) };
-                }
+            if r.is_ok() && !addr.is_null() && !len.is_null() {
+                // SAFETY: the caller's length.
+                unsafe { *len = 0 };
             }
             ret_len(r, true)
         }
@@ -1144,13 +1145,31 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
     unsafe { fcntl(fd, cmd, arg) }
 }
 
-/// `ioctl(2)`: `FIONBIO` reaches a moved stream.
+/// `ioctl(2)`: `FIONBIO` reaches a moved stream; `FIONREAD` counts what
+/// it has to read.
 ///
 /// # Safety
 ///
 /// As libc's.
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int {
+    if req == libc::FIONREAD {
+        if let Some(s) = stream_of(fd) {
+            if arg == 0 {
+                set_errno(libc::EFAULT);
+                return -1;
+            }
+            // What has arrived is taken in by the readiness check.
+            ready::readiness(&s);
+            let n = with_stream(&s, XioStream::bytes_queued);
+            // SAFETY: FIONREAD's argument points to an int (the caller's
+            // contract).
+            unsafe {
+                std::ptr::write_unaligned(arg as *mut c_int, n.min(c_int::MAX as usize) as c_int)
+            };
+            return 0;
+        }
+    }
     // SAFETY: passed on.
     let r = unsafe { real::ioctl(fd, req, arg) };
     if r == 0 && req == libc::FIONBIO {

@@ -713,3 +713,174 @@ fn remaining_ts(deadline: Option<Instant>) -> Option<libc::timespec> {
         }
     })
 }
+
+/// `select(2)` over moved and kernel fds: as `poll` (the sets turned
+/// into a poll list and back); the time left is written back, as
+/// Linux's `select` does.
+///
+/// # Safety
+///
+/// As libc's: each set is null or a valid `fd_set`.
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    n: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    t: *mut libc::timeval,
+) -> c_int {
+    // SAFETY: the caller's sets.
+    if !unsafe { any_moved(n, [r, w, e]) } {
+        // SAFETY: passed on.
+        return unsafe { real::select(n, r, w, e, t) };
+    }
+    let deadline = (!t.is_null()).then(|| {
+        // SAFETY: the caller's timeval.
+        let tv = unsafe { *t };
+        Instant::now()
+            + Duration::from_secs(tv.tv_sec.max(0) as u64)
+            + Duration::from_micros(tv.tv_usec.clamp(0, 999_999) as u64)
+    });
+    // SAFETY: the caller's sets.
+    let rc = unsafe { select_until(n, [r, w, e], deadline, std::ptr::null()) };
+    if let (Some(left), false) = (remaining_ts(deadline), t.is_null()) {
+        // SAFETY: the caller's timeval, written back.
+        unsafe {
+            (*t).tv_sec = left.tv_sec;
+            (*t).tv_usec = (left.tv_nsec / 1000) as libc::suseconds_t;
+        }
+    }
+    rc
+}
+
+/// `pselect(2)`: [`select`] with a `timespec` and a signal mask for the
+/// wait.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn pselect(
+    n: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    t: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    // SAFETY: the caller's sets.
+    if !unsafe { any_moved(n, [r, w, e]) } {
+        // SAFETY: passed on.
+        return unsafe { real::pselect(n, r, w, e, t, sigmask) };
+    }
+    let deadline = (!t.is_null()).then(|| {
+        // SAFETY: the caller's timespec.
+        let ts = unsafe { *t };
+        Instant::now()
+            + Duration::new(
+                ts.tv_sec.max(0) as u64,
+                ts.tv_nsec.clamp(0, 999_999_999) as u32,
+            )
+    });
+    // SAFETY: the caller's sets.
+    unsafe { select_until(n, [r, w, e], deadline, sigmask) }
+}
+
+/// The fds below `n` (at most `FD_SETSIZE`) in any of `sets`.
+///
+/// # Safety
+///
+/// Each set is null or a valid `fd_set`.
+unsafe fn members(n: c_int, sets: [*mut libc::fd_set; 3]) -> impl Iterator<Item = RawFd> {
+    let n = n.clamp(0, libc::FD_SETSIZE as c_int);
+    (0..n).filter(move |&fd| {
+        sets.iter()
+            // SAFETY: the caller's sets, `fd` below FD_SETSIZE.
+            .any(|&s| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) })
+    })
+}
+
+/// Whether any fd in `sets` is a moved socket.
+///
+/// # Safety
+///
+/// As [`members`].
+unsafe fn any_moved(n: c_int, sets: [*mut libc::fd_set; 3]) -> bool {
+    // SAFETY: the caller's contract.
+    crate::MOVED.load(Ordering::Acquire) > 0
+        && unsafe { members(n, sets) }.any(|fd| lookup(fd).is_some())
+}
+
+/// # Safety
+///
+/// As [`members`].
+unsafe fn select_until(
+    n: c_int,
+    sets: [*mut libc::fd_set; 3],
+    deadline: Option<Instant>,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let [r, w, e] = sets;
+    // SAFETY: the caller's sets, each fd below FD_SETSIZE.
+    let has = |s: *mut libc::fd_set, fd| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) };
+    // SAFETY: the caller's contract.
+    let mut list: Vec<libc::pollfd> = unsafe { members(n, sets) }
+        .map(|fd| {
+            let mut events = 0;
+            if has(r, fd) {
+                events |= libc::POLLIN;
+            }
+            if has(w, fd) {
+                events |= libc::POLLOUT;
+            }
+            if has(e, fd) {
+                events |= libc::POLLPRI;
+            }
+            libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            }
+        })
+        .collect();
+    // SAFETY: `list` holds `list.len()` entries.
+    let rc = unsafe {
+        poll_until(
+            list.as_mut_ptr(),
+            list.len() as libc::nfds_t,
+            deadline,
+            sigmask,
+        )
+    };
+    if rc < 0 {
+        return rc;
+    }
+    if list.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
+        set_errno(libc::EBADF);
+        return -1;
+    }
+    for s in sets.into_iter().filter(|s| !s.is_null()) {
+        // SAFETY: the caller's set.
+        unsafe { libc::FD_ZERO(s) };
+    }
+    let mut count = 0;
+    for p in &list {
+        let ready = [
+            (
+                r,
+                libc::POLLIN,
+                libc::POLLIN | libc::POLLHUP | libc::POLLERR,
+            ),
+            (w, libc::POLLOUT, libc::POLLOUT | libc::POLLERR),
+            (e, libc::POLLPRI, libc::POLLPRI),
+        ];
+        for (s, asked, seen) in ready {
+            if !s.is_null() && p.events & asked != 0 && p.revents & seen != 0 {
+                // SAFETY: the caller's set, `p.fd` below FD_SETSIZE.
+                unsafe { libc::FD_SET(p.fd, s) };
+                count += 1;
+            }
+        }
+    }
+    count
+}

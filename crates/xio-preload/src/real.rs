@@ -66,6 +66,11 @@ real! {
     fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) -> c_int;
     fn epoll_pwait(epfd: c_int, out: *mut libc::epoll_event, max: c_int, timeout: c_int, sigmask: *const libc::sigset_t) -> c_int;
     fn fork() -> libc::pid_t;
+    fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t;
+    fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t;
+    fn sendfile(out: c_int, input: c_int, offset: *mut libc::off_t, count: size_t) -> ssize_t;
+    fn select(n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, t: *mut libc::timeval) -> c_int;
+    fn pselect(n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, t: *const libc::timespec, sigmask: *const libc::sigset_t) -> c_int;
     fn readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t;
     fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t;
 }

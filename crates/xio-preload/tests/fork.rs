@@ -82,7 +82,11 @@ fn a_forking_python_server_serves_each_connection_from_its_child() {
     // Eight connections, each served by its own child.
     assert_eq!(client.expect("ECHOED"), "8");
     let snap = s.mgr.snapshot();
-    assert_eq!(snap.channels.len(), 1, "client to server over X-IO: {snap:?}");
+    assert_eq!(
+        snap.channels.len(),
+        1,
+        "client to server over X-IO: {snap:?}"
+    );
     client.tell();
     client.wait_ok();
     drop(server);

@@ -192,3 +192,117 @@ fn http_server_and_http_client_talk_over_x_io() {
     kernel.tell();
     kernel.wait_ok();
 }
+
+/// The less common calls on moved sockets, from Python: `select`,
+/// `sendmsg`/`recvmsg` (several buffers, the peer's address, no
+/// ancillary data), `sendfile` from a file (with and without an offset),
+/// `ioctl(FIONREAD)`, `MSG_PEEK`. The server looks, and tells the client
+/// (one command a line) what to send next.
+const CALLS: &str = r#"
+import array, fcntl, os, select, socket, sys, tempfile, termios
+body = bytes(range(256)) * 1000
+out = []
+if sys.argv[1] == "server":
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(1)
+    print("PORT", l.getsockname()[1], flush=True)
+    s, peer = l.accept()
+    def ask(what):
+        s.sendall(what.encode() + b"\n")
+    def take(n):
+        got = b""
+        while len(got) < n:
+            got += s.recv(65536)
+        return got
+    r, w, x = select.select([s], [s], [], 0)
+    out.append(("select idle", len(r), len(w)))
+    ask("hello")
+    r, _, _ = select.select([s], [], [], 5)
+    out.append(("select ready", r == [s]))
+    buf = array.array("i", [0])
+    fcntl.ioctl(s, termios.FIONREAD, buf, True)
+    out.append(("fionread", buf[0]))
+    out.append(("peek", s.recv(5, socket.MSG_PEEK)))
+    out.append(("recv", s.recv(5)))
+    ask("msg")
+    a, b = bytearray(4), bytearray(4)
+    n, anc, flags, addr = s.recvmsg_into([a, b], 0, socket.MSG_WAITALL)
+    out.append(("recvmsg", n, bytes(a) + bytes(b), anc, flags, addr))
+    ask("xyz")
+    data, anc, flags, addr = s.recvmsg(3, 0, socket.MSG_WAITALL)
+    out.append(("recvmsg addr", data, anc, addr))
+    ask("xyz")
+    out.append(("recvfrom", s.recvfrom(3, socket.MSG_WAITALL)))
+    ask("file")
+    out.append(("sendfile body", take(len(body)) == body))
+    ask("offset")
+    out.append(("sendfile offset", take(5000) == body[1000:6000]))
+    ask("close")
+    r, _, _ = select.select([s], [], [], 5)
+    out.append(("select eof", r == [s], s.recv(10)))
+else:
+    c = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+    f = c.makefile("rb")
+    with tempfile.TemporaryFile() as tf:
+        tf.write(body)
+        tf.flush()
+        for cmd in f:
+            cmd = cmd.strip()
+            if cmd == b"hello":
+                c.sendall(b"hello")
+            elif cmd == b"msg":
+                out.append(("sendmsg", c.sendmsg([b"abc", b"", b"defgh"])))
+            elif cmd == b"xyz":
+                c.sendall(b"xyz")
+            elif cmd == b"file":
+                tf.seek(0)
+                out.append(("sendfile", c.sendfile(tf), tf.tell()))
+            elif cmd == b"offset":
+                out.append(("os.sendfile", os.sendfile(c.fileno(), tf.fileno(), 1000, 5000), tf.tell()))
+            elif cmd == b"close":
+                break
+    c.close()
+for o in out:
+    print("STEP", repr(o), flush=True)
+print("END", flush=True)
+"#;
+
+/// Both sides' steps of one run of [`CALLS`].
+fn calls_steps(s: &Setup, env: &[(&str, &str)], over_x_io: bool) -> Vec<String> {
+    let mut server = Py::spawn_with(s, true, env, &["server"]);
+    let port = server.expect("PORT");
+    let mut client = Py::spawn_with(s, true, env, &["client", &port]);
+    let mut steps = Vec::new();
+    for p in [&mut server, &mut client] {
+        loop {
+            let l = p
+                .lines
+                .recv_timeout(common::WATCHDOG)
+                .expect("a line from python3");
+            if l == "END" {
+                break;
+            }
+            steps.push(l);
+        }
+    }
+    let channels = s.mgr.snapshot().channels.len();
+    assert_eq!(channels, usize::from(over_x_io), "channels");
+    server.wait_ok();
+    client.wait_ok();
+    steps
+}
+
+/// Each call says over X-IO what it says over the kernel (the same script
+/// with `XIO_PRELOAD=off`).
+#[test]
+fn select_sendmsg_recvmsg_sendfile_and_fionread_answer_as_the_kernel_does() {
+    let s = Setup::new("calls", CALLS);
+    let kernel = calls_steps(&s, &[("XIO_PRELOAD", "off")], false);
+    let moved = calls_steps(&s, &[], true);
+    for (k, m) in kernel.iter().zip(&moved) {
+        eprintln!("kernel {k}\nx-io   {m}");
+    }
+    assert_eq!(kernel, moved);
+    assert_eq!(kernel.len(), 14, "{kernel:?}");
+}

@@ -212,6 +212,18 @@ impl<B: Chunk> Table<B> {
             .is_none_or(|e| e.peer_fin || e.read_shut || e.state == State::Reset)
     }
 
+    /// How many received bytes a read on `c` finds now, not counting
+    /// what is still in its ring (`FIONREAD`); 0 once reads are shut.
+    pub fn queued(&self, c: ConnId) -> usize {
+        self.get(c).map_or(0, |e| {
+            if e.read_shut {
+                return 0;
+            }
+            let total: usize = e.rx.iter().map(|b| b.as_ref().len()).sum();
+            total - e.offset.min(total)
+        })
+    }
+
     /// Whether a read on `c` would return at once (data, end, or error).
     pub fn is_readable(&self, c: ConnId) -> bool {
         self.get(c).is_none_or(|e| {

@@ -519,6 +519,14 @@ impl XioStream {
         Ok(())
     }
 
+    /// How many bytes a read returns without waiting, of those taken in
+    /// from the ring so far (`ioctl(FIONREAD)`; a readiness check, such
+    /// as [`XioStream::poll_peek_ready`], takes in what has arrived).
+    pub fn bytes_queued(&self) -> usize {
+        let g = self.inner.net.lock();
+        g.table.queued(self.inner.id)
+    }
+
     /// Whether the stream is in non-blocking mode.
     pub fn is_nonblocking(&self) -> bool {
         self.nb()

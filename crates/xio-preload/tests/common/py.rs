@@ -37,7 +37,7 @@ impl Setup {
 pub struct Py {
     pub child: Child,
     stdin: Option<ChildStdin>,
-    lines: mpsc::Receiver<String>,
+    pub lines: mpsc::Receiver<String>,
 }
 
 impl Py {
@@ -103,4 +103,3 @@ impl Drop for Py {
         let _ = self.child.wait();
     }
 }
-
