@@ -277,16 +277,18 @@ fn ret_len(r: io::Result<usize>, nosignal: bool) -> ssize_t {
 
 /// Whether `fd` is a kernel TCP socket (AF_INET or AF_INET6, stream).
 fn is_tcp(fd: RawFd) -> bool {
-    let opt = |name| {
-        let mut v: c_int = 0;
-        let mut len = size_of::<c_int>() as socklen_t;
-        // SAFETY: `v` and `len` are valid for the call's writes.
-        let r =
-            unsafe { real::getsockopt(fd, libc::SOL_SOCKET, name, (&raw mut v).cast(), &mut len) };
-        (r == 0).then_some(v)
-    };
+    let opt = |name| int_opt(fd, libc::SOL_SOCKET, name);
     opt(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
         && matches!(opt(libc::SO_DOMAIN), Some(libc::AF_INET | libc::AF_INET6))
+}
+
+/// Kernel socket `fd`'s integer option, if it has one.
+fn int_opt(fd: RawFd, level: c_int, name: c_int) -> Option<c_int> {
+    let mut v: c_int = 0;
+    let mut len = size_of::<c_int>() as socklen_t;
+    // SAFETY: `v` and `len` are valid for the call's writes.
+    let r = unsafe { real::getsockopt(fd, level, name, (&raw mut v).cast(), &mut len) };
+    (r == 0).then_some(v)
 }
 
 /// `fd`'s file status flags (`O_NONBLOCK`), and whether it is close-on-exec.
@@ -419,6 +421,14 @@ fn dial(fd: RawFd, to: SocketAddr) -> Dialled {
     let Some(net) = net() else {
         return Dialled::Kernel;
     };
+    // A connect to one of this process's own listeners: the net connects
+    // the two itself once the listener's X-IO side is bound (it is bound
+    // lazily, and this process is inside X-IO now).
+    if let Some(own) = ready::own_listener(to) {
+        if let Kind::Listener { addr, xio } = &own.kind {
+            let _ = xio_listener(xio, *addr);
+        }
+    }
     let mut r = net.connect(to);
     // A route this process learnt before may be stale (the service
     // restarted elsewhere): the refusal made the net forget it, and a
@@ -449,6 +459,20 @@ fn nobody_binds(e: &io::Error) -> bool {
     )
 }
 
+/// A connect to the unspecified address reaches this host's loopback, as
+/// Linux's TCP has it.
+fn unspecified_is_loopback(a: SocketAddr) -> SocketAddr {
+    match a.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, a.port()))
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, a.port()))
+        }
+        _ => a,
+    }
+}
+
 /// `connect(2)`.
 ///
 /// # Safety
@@ -458,7 +482,7 @@ fn nobody_binds(e: &io::Error) -> bool {
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     // SAFETY: the caller's contract.
     let to = unsafe { read_sockaddr(addr, len) };
-    if let Some(to) = to {
+    if let Some(to) = to.map(unspecified_is_loopback) {
         // A non-blocking connect too completes here (a connect to a
         // local X-IO listener is a round trip over shared memory): it
         // returns 0, which a non-blocking connect may.
@@ -552,7 +576,13 @@ fn accept_either(
     let nonblocking = fl & libc::O_NONBLOCK != 0;
     let net = l.net();
     let try_xio = || match l.accept() {
-        Ok((s, _)) => install_new(s, flags).map(Some),
+        Ok((s, _)) => {
+            // An accepted socket starts with its listener's IP_TTL.
+            if let Some(ttl) = int_opt(fd, libc::IPPROTO_IP, libc::IP_TTL) {
+                let _ = s.set_ttl(ttl as u32);
+            }
+            install_new(s, flags).map(Some)
+        }
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
             sock.bits.acceptable.store(false, Ordering::Relaxed);
             Ok(None)
@@ -716,13 +746,19 @@ fn once<R>(
 }
 
 fn recv_into(sock: &Sock, buf: *mut c_void, n: size_t, flags: c_int) -> io::Result<usize> {
+    let dontwait = flags & libc::MSG_DONTWAIT != 0;
     if n == 0 {
-        return Ok(0);
+        // As Linux's TCP: an empty read waits for data (a non-blocking
+        // one says EAGAIN), until its timeout, and then reads nothing.
+        let blocking = !dontwait && !with_stream(sock, XioStream::is_nonblocking);
+        return match once(sock, dontwait, |s| s.peek(&mut [0u8; 1])) {
+            Err(e) if blocking && e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+            r => r.map(|_| 0),
+        };
     }
     if buf.is_null() || n > isize::MAX as usize {
         return Err(io::Error::from_raw_os_error(libc::EFAULT));
     }
-    let dontwait = flags & libc::MSG_DONTWAIT != 0;
     if flags & libc::MSG_PEEK != 0 {
         // SAFETY: the caller gave `n` writable bytes at `buf` (not null,
         // checked); peek's buffer is initialised first.
@@ -754,7 +790,8 @@ fn recv_into(sock: &Sock, buf: *mut c_void, n: size_t, flags: c_int) -> io::Resu
 
 fn send_from(sock: &Sock, buf: *const c_void, n: size_t, flags: c_int) -> io::Result<usize> {
     if n == 0 {
-        return Ok(0);
+        // Fails as a write does once the stream cannot be written.
+        return once(sock, flags & libc::MSG_DONTWAIT != 0, |mut s| s.write(&[]));
     }
     if buf.is_null() || n > isize::MAX as usize {
         return Err(io::Error::from_raw_os_error(libc::EFAULT));
@@ -954,8 +991,8 @@ unsafe fn iovecs<'a>(iov: *const libc::iovec, n: c_int) -> &'a [libc::iovec] {
     unsafe { std::slice::from_raw_parts(iov, n as usize) }
 }
 
-/// `readv(2)`: on a moved stream, into the first non-empty buffer (a
-/// short read, which `readv` may return).
+/// `readv(2)`: on a moved stream, into the buffers in order, as much as
+/// has arrived.
 ///
 /// # Safety
 ///
@@ -966,13 +1003,37 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> 
         Some(s) => {
             // SAFETY: the caller's contract.
             let v = unsafe { iovecs(iov, n) };
-            match v.iter().find(|b| b.iov_len > 0) {
-                Some(b) => ret_len(recv_into(&s, b.iov_base, b.iov_len, 0), true),
-                None => 0,
-            }
+            ret_len(read_iovecs(&s, v, 0), true)
         }
         // SAFETY: passed on.
         None => unsafe { real::readv(fd, iov, n) },
+    }
+}
+
+/// Reads into `v` in order, as much as has arrived (waiting for the
+/// first byte as a read does).
+fn read_iovecs(sock: &Sock, v: &[libc::iovec], flags: c_int) -> io::Result<usize> {
+    let full: Vec<&libc::iovec> = v.iter().filter(|b| b.iov_len > 0).collect();
+    match full[..] {
+        // No room at all: nothing read, at once (as Linux's readv).
+        [] => Ok(0),
+        [one] => recv_into(sock, one.iov_base, one.iov_len, flags),
+        _ => {
+            let mut slices: Vec<std::io::IoSliceMut<'_>> = full
+                .iter()
+                .map(|b| {
+                    // SAFETY: each iovec names `iov_len` writable bytes
+                    // (the caller's contract); `read_vectored` only writes.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts_mut(b.iov_base.cast::<u8>(), b.iov_len)
+                    };
+                    std::io::IoSliceMut::new(bytes)
+                })
+                .collect();
+            once(sock, flags & libc::MSG_DONTWAIT != 0, |mut s| {
+                std::io::Read::read_vectored(&mut s, &mut slices)
+            })
+        }
     }
 }
 
@@ -1241,6 +1302,33 @@ pub unsafe extern "C" fn setsockopt(
     len: socklen_t,
 ) -> c_int {
     if let Some(s) = stream_of(fd) {
+        let int = || {
+            if val.is_null() || (len as usize) < size_of::<c_int>() {
+                None
+            } else {
+                // SAFETY: the caller gave `len` (at least an int's) bytes.
+                Some(unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) })
+            }
+        };
+        let done = |r: io::Result<()>| match r {
+            Ok(()) => 0,
+            Err(e) => fail(&e, true),
+        };
+        let ttl = (level == libc::IPPROTO_IP && name == libc::IP_TTL)
+            || (level == libc::IPPROTO_IPV6 && name == libc::IPV6_UNICAST_HOPS);
+        if (level == libc::IPPROTO_TCP && name == libc::TCP_NODELAY) || ttl {
+            let Some(v) = int() else {
+                set_errno(libc::EINVAL);
+                return -1;
+            };
+            return done(with_stream(&s, |s| {
+                if ttl {
+                    s.set_ttl(u32::try_from(v).unwrap_or(0))
+                } else {
+                    s.set_nodelay(v != 0)
+                }
+            }));
+        }
         if level == libc::IPPROTO_TCP {
             return 0;
         }
@@ -1326,11 +1414,51 @@ pub unsafe extern "C" fn getsockopt(
                     });
                 }
                 libc::SO_ACCEPTCONN => return int(0),
+                libc::SO_RCVTIMEO | libc::SO_SNDTIMEO => {
+                    let t = with_stream(&s, |s| {
+                        if name == libc::SO_RCVTIMEO {
+                            s.read_timeout()
+                        } else {
+                            s.write_timeout()
+                        }
+                    });
+                    let t = t.ok().flatten().unwrap_or_default();
+                    if val.is_null() || len.is_null() {
+                        set_errno(libc::EFAULT);
+                        return -1;
+                    }
+                    // SAFETY: the caller gave `*len` writable bytes at
+                    // `val` (checked against a timeval's size).
+                    unsafe {
+                        if (*len as usize) < size_of::<libc::timeval>() {
+                            set_errno(libc::EINVAL);
+                            return -1;
+                        }
+                        let tv = libc::timeval {
+                            tv_sec: t.as_secs() as libc::time_t,
+                            tv_usec: t.subsec_micros() as libc::suseconds_t,
+                        };
+                        std::ptr::write_unaligned(val.cast::<libc::timeval>(), tv);
+                        *len = size_of::<libc::timeval>() as socklen_t;
+                    }
+                    return 0;
+                }
                 _ => {}
             }
         }
         if level == libc::IPPROTO_TCP && name == libc::TCP_NODELAY {
-            return int(1);
+            return match with_stream(&s, XioStream::nodelay) {
+                Ok(on) => int(c_int::from(on)),
+                Err(e) => fail(&e, true),
+            };
+        }
+        if (level == libc::IPPROTO_IP && name == libc::IP_TTL)
+            || (level == libc::IPPROTO_IPV6 && name == libc::IPV6_UNICAST_HOPS)
+        {
+            return match with_stream(&s, XioStream::ttl) {
+                Ok(t) => int(t as c_int),
+                Err(e) => fail(&e, true),
+            };
         }
     }
     // SAFETY: passed on.

@@ -8,7 +8,7 @@ use std::io::{self, IoSlice, Write};
 
 use libc::{msghdr, off_t, size_t, ssize_t};
 
-use crate::{iovecs, once, real, recv_into, ret_len, send_from, stream_of, wrote};
+use crate::{iovecs, once, read_iovecs, real, recv_into, ret_len, send_from, stream_of, wrote};
 
 /// `sendmsg(2)`.
 ///
@@ -71,37 +71,31 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
     // SAFETY: the caller's iovecs.
     let v = unsafe { iovecs(m.msg_iov, m.msg_iovlen as c_int) };
     let waitall = flags & libc::MSG_WAITALL != 0 && flags & libc::MSG_DONTWAIT == 0;
-    let mut got = 0usize;
-    let mut result = Ok(0);
-    for b in v.iter().filter(|b| b.iov_len > 0) {
-        // The first buffer waits as the call does; the next ones only
-        // take what is there (or, with MSG_WAITALL, wait for it).
-        let f = if got == 0 || waitall {
-            flags
-        } else {
-            flags | libc::MSG_DONTWAIT
-        };
-        match recv_into(&sock, b.iov_base, b.iov_len, f) {
-            Ok(n) => {
-                got += n;
-                if n < b.iov_len {
+    let r = if waitall || flags & libc::MSG_PEEK != 0 {
+        // One buffer at a time: each filled (MSG_WAITALL) before the next;
+        // a peek looks at the front, so only into the first.
+        let mut got = 0usize;
+        let mut result = Ok(0);
+        for b in v.iter().filter(|b| b.iov_len > 0) {
+            match recv_into(&sock, b.iov_base, b.iov_len, flags) {
+                Ok(n) => {
+                    got += n;
+                    if n < b.iov_len || flags & libc::MSG_PEEK != 0 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    if got == 0 {
+                        result = Err(e);
+                    }
                     break;
                 }
             }
-            Err(e) => {
-                if got == 0 {
-                    result = Err(e);
-                }
-                break;
-            }
         }
-        if flags & libc::MSG_PEEK != 0 {
-            // A peek looks at the front: the next buffer would see the
-            // same bytes again.
-            break;
-        }
-    }
-    let r = result.map(|_: usize| got);
+        result.map(|_: usize| got)
+    } else {
+        read_iovecs(&sock, v, flags)
+    };
     if r.is_ok() {
         // No address, as Linux's TCP gives none.
         m.msg_namelen = 0;

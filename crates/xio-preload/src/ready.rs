@@ -96,6 +96,17 @@ pub(crate) fn poll_fd(net: &Net) -> Option<RawFd> {
     g.as_ref().map(|(_, fd)| fd.as_raw_fd())
 }
 
+/// This process's listener of `to` (exactly, or on the unspecified
+/// address of its port), if any.
+pub(crate) fn own_listener(to: SocketAddr) -> Option<Arc<Sock>> {
+    registry(|r| {
+        r.listeners
+            .iter()
+            .filter(|(a, _)| **a == to || (a.ip().is_unspecified() && a.port() == to.port()))
+            .find_map(|(_, w)| w.upgrade())
+    })
+}
+
 /// The registry and the poll fd, held across a `fork` (see `fork.rs`) so
 /// the child's copies are not taken by a thread it does not have.
 pub(crate) fn lock_for_fork() -> (
