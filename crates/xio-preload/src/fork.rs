@@ -71,6 +71,7 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     let mut sets = mux::lock_for_fork();
     let (mut registry, poll_fd) = ready::lock_for_fork();
     let mut relayed = RELAYED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut sleepers = crate::bell::lock_for_fork();
     let mut table = TABLE.write().unwrap_or_else(|e| e.into_inner());
     FORKING.set(true);
     // SAFETY: libc's fork; the locks above are released in both processes.
@@ -97,12 +98,14 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
         let listeners: Vec<Arc<Sock>> = fresh.into_values().collect();
         ready::child_registry(&mut registry, &listeners);
         mux::child_sets(&mut sets);
+        // The parent's threads are not the child's.
+        sleepers.clear();
         for fd in relayed.drain(..) {
             // SAFETY: the child's copy of a relay's end, not used here.
             unsafe { real::close(fd) };
         }
     }
-    drop((table, relayed, poll_fd, registry, sets));
+    drop((table, sleepers, relayed, poll_fd, registry, sets));
     pid
 }
 

@@ -49,6 +49,7 @@ use libc::{size_t, sockaddr, socklen_t, ssize_t};
 use xio_core::net::{Net, XioListener, XioStream};
 
 mod addr;
+mod bell;
 mod fork;
 mod msg;
 mod mux;
@@ -597,7 +598,9 @@ fn accept_either(
             return Ok(None);
         }
         // Take in what came (arming the doorbell), look once more, then
-        // sleep on both: what comes after the arming rings it.
+        // sleep on both: what comes after the arming rings it (and what
+        // another thread takes in rings this thread's bell).
+        let asleep = (!nonblocking).then(bell::Asleep::new).flatten();
         ready::pump();
         if let Some(new) = try_xio()? {
             return Ok(Some(new));
@@ -606,7 +609,9 @@ fn accept_either(
             return Err(io::ErrorKind::WouldBlock.into());
         }
         let pfd = ready::poll_fd(&net).ok_or_else(|| io::Error::other("no poll fd"))?;
-        readable(&[fd, pfd], -1)?;
+        let mut fds = vec![fd, pfd];
+        fds.extend(asleep.as_ref().map(bell::Asleep::fd));
+        readable(&fds, -1)?;
     }
 }
 

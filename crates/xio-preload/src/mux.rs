@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use libc::epoll_event;
 
+use crate::bell;
 use crate::ready::{self, ERR, HUP};
 use crate::{lookup, net, real, set_errno, xio_listener, Kind, Sock};
 
@@ -49,6 +50,8 @@ pub(crate) struct Set {
     fresh: HashMap<RawFd, Member>,
     /// Whether the net's poll fd is in the kernel set.
     marked: bool,
+    /// The threads' bells in the kernel set (see `bell`), by id.
+    bells: std::collections::HashSet<u64>,
 }
 
 static SETS: Mutex<Option<HashMap<RawFd, Set>>> = Mutex::new(None);
@@ -143,6 +146,7 @@ pub(crate) fn lock_for_fork() -> std::sync::MutexGuard<'static, Option<HashMap<R
 pub(crate) fn child_sets(g: &mut Option<HashMap<RawFd, Set>>) {
     for set in g.iter_mut().flat_map(|m| m.values_mut()) {
         set.marked = false;
+        set.bells.clear();
     }
 }
 
@@ -391,6 +395,8 @@ unsafe fn wait(
     let max = max as usize;
     let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
     let mut spun = false;
+    // On the sleepers' list from the look before a sleep until it ends.
+    let mut asleep = None;
     loop {
         ready::pump();
         let mut n = collect(epfd, out, max);
@@ -400,6 +406,10 @@ unsafe fn wait(
             if k > 0 {
                 return k;
             }
+            asleep = bell::Asleep::new();
+            if let Some(a) = &asleep {
+                bell_in(epfd, a);
+            }
             continue;
         }
         spun = false;
@@ -407,6 +417,9 @@ unsafe fn wait(
             let t = if n > 0 { 0 } else { remaining(deadline) };
             // SAFETY: `out[n..max]` is the caller's room.
             let k = unsafe { real::epoll_pwait(epfd, out.add(n), (max - n) as c_int, t, sigmask) };
+            if let Some(a) = &asleep {
+                a.drain();
+            }
             if k < 0 {
                 return if n > 0 { n as c_int } else { k };
             }
@@ -421,6 +434,19 @@ unsafe fn wait(
         }
         // The kernel woke us for the marker alone: X-IO has something.
     }
+}
+
+/// Puts this thread's bell in kernel set `epfd`, once.
+fn bell_in(epfd: RawFd, a: &bell::Asleep) {
+    if !sets(|s| s.entry(epfd).or_default().bells.insert(a.id())) {
+        return;
+    }
+    let mut ev = epoll_event {
+        events: ready::IN,
+        u64: MARK,
+    };
+    // SAFETY: `ev` is a valid event for the call.
+    unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, a.fd(), &mut ev) };
 }
 
 /// Before a wait sleeps in the kernel: watches the rings (lock-free, the
@@ -641,11 +667,16 @@ unsafe fn poll_until(
             revents: 0,
         })
         .collect();
-    kernel.push(libc::pollfd {
-        fd: pfd,
-        events: libc::POLLIN,
-        revents: 0,
-    });
+    // On the sleepers' list before the first look (see `bell`), its bell
+    // polled with the rest.
+    let asleep = bell::Asleep::new();
+    for fd in std::iter::once(pfd).chain(asleep.as_ref().map(bell::Asleep::fd)) {
+        kernel.push(libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
     loop {
         ready::pump();
         let mut count = 0;
@@ -680,6 +711,9 @@ unsafe fn poll_until(
                 sigmask,
             )
         };
+        if let Some(a) = &asleep {
+            a.drain();
+        }
         if r < 0 {
             return if count > 0 { count } else { r };
         }

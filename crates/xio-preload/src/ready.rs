@@ -163,6 +163,11 @@ pub(crate) fn pump() {
             })
             .collect()
     });
+    if !socks.is_empty() {
+        // Another thread may have looked before these came and be about
+        // to sleep on the doorbell just consumed.
+        crate::bell::ring_others();
+    }
     for (s, readable, writable) in socks {
         if readable {
             if matches!(s.kind, Kind::Listener { .. }) {

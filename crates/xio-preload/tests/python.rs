@@ -306,3 +306,76 @@ fn select_sendmsg_recvmsg_sendfile_and_fionread_answer_as_the_kernel_does() {
     assert_eq!(kernel, moved);
     assert_eq!(kernel.len(), 14, "{kernel:?}");
 }
+
+/// Threads with event loops of their own in one process: each of the
+/// server's threads runs a `selectors` (epoll) loop over its own
+/// connection, so one thread's pump takes in the other's events; a
+/// thread about to sleep must still wake for them. Four connections, a
+/// thread each on both sides, 2,000 round trips each.
+const THREADS: &str = r#"
+import selectors, socket, sys, threading
+N, ROUNDS = 4, 2000
+if sys.argv[1] == "server":
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(N)
+    print("PORT", l.getsockname()[1], flush=True)
+    def serve(c):
+        c.setblocking(False)
+        sel = selectors.DefaultSelector()
+        sel.register(c, selectors.EVENT_READ)
+        done = False
+        while not done:
+            for key, _ in sel.select():
+                try:
+                    d = c.recv(4096)
+                except BlockingIOError:
+                    continue
+                if not d:
+                    done = True
+                    break
+                c.sendall(d)
+        c.close()
+    ts = []
+    for _ in range(N):
+        c, _ = l.accept()
+        t = threading.Thread(target=serve, args=(c,))
+        t.start()
+        ts.append(t)
+    for t in ts:
+        t.join()
+    print("SERVED", N, flush=True)
+else:
+    port = int(sys.argv[2])
+    ok = []
+    def talk(i):
+        s = socket.create_connection(("127.0.0.1", port))
+        for r in range(ROUNDS):
+            m = b"%d:%d;" % (i, r)
+            s.sendall(m)
+            got = b""
+            while len(got) < len(m):
+                got += s.recv(4096)
+            assert got == m, (got, m)
+        s.close()
+        ok.append(i)
+    ts = [threading.Thread(target=talk, args=(i,)) for i in range(N)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    print("ECHOED", len(ok), flush=True)
+"#;
+
+#[test]
+fn event_loops_on_several_threads_each_wake_for_their_own_connection() {
+    let s = Setup::new("threads", THREADS);
+    let mut server = Py::spawn(&s, true, &["server"]);
+    let port = server.expect("PORT");
+    let mut client = Py::spawn(&s, true, &["client", &port]);
+    assert_eq!(client.expect("ECHOED"), "4");
+    assert_eq!(s.mgr.snapshot().channels.len(), 1, "over X-IO");
+    assert_eq!(server.expect("SERVED"), "4");
+    client.wait_ok();
+    server.wait_ok();
+}
