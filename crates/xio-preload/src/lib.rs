@@ -1099,6 +1099,56 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     r
 }
 
+/// Forgets the moved sockets among fds `first..=last` (being closed
+/// together), as `close` does one by one.
+fn forget_range(first: u32, last: u32) {
+    if MOVED.load(Ordering::Acquire) == 0 || fork::forking() {
+        return;
+    }
+    let fds: Vec<RawFd> = {
+        let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+        t.iter()
+            .flat_map(|m| m.keys().copied())
+            .filter(|&fd| (first..=last).contains(&(fd as u32)))
+            .collect()
+    };
+    let mut dropped = Vec::new();
+    for fd in fds {
+        dropped.extend(remove(fd));
+        mux::forget(fd);
+    }
+    // A stream's X-IO side closes now; its fd numbers are not reused
+    // before the caller's real call closes them.
+    drop(dropped);
+}
+
+/// `close_range(2)`: the moved sockets in the range are forgotten, as by
+/// `close` (not with `CLOSE_RANGE_CLOEXEC`, which closes nothing).
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: u32, last: u32, flags: c_int) -> c_int {
+    if flags as u32 & libc::CLOSE_RANGE_CLOEXEC == 0 {
+        forget_range(first, last);
+    }
+    // SAFETY: passed on.
+    unsafe { real::close_range(first, last, flags) }
+}
+
+/// `closefrom(3)`: as `close_range(lowfd, ~0, 0)`.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(lowfd: c_int) {
+    forget_range(lowfd.max(0) as u32, u32::MAX);
+    // SAFETY: passed on.
+    unsafe { real::closefrom(lowfd) }
+}
+
 /// `shutdown(2)`.
 ///
 /// # Safety

@@ -241,6 +241,11 @@ if sys.argv[1] == "server":
     ask("close")
     r, _, _ = select.select([s], [], [], 5)
     out.append(("select eof", r == [s], s.recv(10)))
+    # A second connection, closed by os.closerange (close_range(2)).
+    s2, _ = l.accept()
+    s2.sendall(b"bye")
+    fd = s2.detach()
+    os.closerange(fd, fd + 1)
 else:
     c = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
     f = c.makefile("rb")
@@ -262,7 +267,16 @@ else:
                 out.append(("os.sendfile", os.sendfile(c.fileno(), tf.fileno(), 1000, 5000), tf.tell()))
             elif cmd == b"close":
                 break
+    f.close()
     c.close()
+    c2 = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+    got = b""
+    while True:
+        d = c2.recv(100)
+        if not d:
+            break
+        got += d
+    out.append(("closerange", got))
 for o in out:
     print("STEP", repr(o), flush=True)
 print("END", flush=True)
@@ -304,7 +318,7 @@ fn select_sendmsg_recvmsg_sendfile_and_fionread_answer_as_the_kernel_does() {
         eprintln!("kernel {k}\nx-io   {m}");
     }
     assert_eq!(kernel, moved);
-    assert_eq!(kernel.len(), 14, "{kernel:?}");
+    assert_eq!(kernel.len(), 15, "{kernel:?}");
 }
 
 /// Threads with event loops of their own in one process: each of the
