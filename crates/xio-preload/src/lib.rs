@@ -33,8 +33,10 @@
 //! - `select` and `pselect` as `poll`; `sendmsg`, `recvmsg` and
 //!   `sendfile` on moved streams (see `msg`); `ioctl(FIONREAD)`.
 //!
-//! Not yet (issue 46's later stages): `EPOLLEXCLUSIVE` as one wake-up,
-//! `EINTR` from a blocking call on a moved socket.
+//! - A blocking call is interrupted by a signal whose handler does not
+//!   restart calls (`EINTR`, see `intr`).
+//!
+//! Not yet: `EPOLLEXCLUSIVE` as one wake-up (each set is woken).
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -43,7 +45,6 @@ use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::time::Duration;
 
 use libc::{size_t, sockaddr, socklen_t, ssize_t};
 use xio_core::net::{Net, XioListener, XioStream};
@@ -51,8 +52,10 @@ use xio_core::net::{Net, XioListener, XioStream};
 mod addr;
 mod bell;
 mod fork;
+mod intr;
 mod msg;
 mod mux;
+mod opts;
 mod ready;
 mod real;
 
@@ -632,7 +635,9 @@ fn readable(fds: &[RawFd], timeout_ms: c_int) -> io::Result<bool> {
             return Ok(r > 0);
         }
         let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
+        // A signal interrupts a blocking accept as it does the kernel's
+        // (see `intr`).
+        if e.kind() != io::ErrorKind::Interrupted || intr::enabled() {
             return Err(e);
         }
     }
@@ -732,6 +737,22 @@ fn with_stream<R>(sock: &Sock, f: impl FnOnce(&XioStream) -> R) -> R {
     }
 }
 
+/// Runs `f` on the stream as a call with `dontwait` (`MSG_DONTWAIT`)
+/// would: non-blocking if so or if the stream is; else blocking, and
+/// interruptible by a signal while the program has a handler that does
+/// not restart calls (see `intr`). `write`: `f` writes.
+fn op<R>(
+    sock: &Sock,
+    dontwait: bool,
+    write: bool,
+    f: impl FnMut(&XioStream) -> io::Result<R>,
+) -> io::Result<R> {
+    if !dontwait && intr::enabled() && !with_stream(sock, XioStream::is_nonblocking) {
+        return intr::blocking(sock, write, f);
+    }
+    once(sock, dontwait, f)
+}
+
 /// Runs `f` on the stream non-blocking if `dontwait` (`MSG_DONTWAIT`).
 fn once<R>(
     sock: &Sock,
@@ -756,7 +777,7 @@ fn recv_into(sock: &Sock, buf: *mut c_void, n: size_t, flags: c_int) -> io::Resu
         // As Linux's TCP: an empty read waits for data (a non-blocking
         // one says EAGAIN), until its timeout, and then reads nothing.
         let blocking = !dontwait && !with_stream(sock, XioStream::is_nonblocking);
-        return match once(sock, dontwait, |s| s.peek(&mut [0u8; 1])) {
+        return match op(sock, dontwait, false, |s| s.peek(&mut [0u8; 1])) {
             Err(e) if blocking && e.kind() == io::ErrorKind::WouldBlock => Ok(0),
             r => r.map(|_| 0),
         };
@@ -771,19 +792,19 @@ fn recv_into(sock: &Sock, buf: *mut c_void, n: size_t, flags: c_int) -> io::Resu
             std::ptr::write_bytes(buf.cast::<u8>(), 0, n);
             std::slice::from_raw_parts_mut(buf.cast::<u8>(), n)
         };
-        return once(sock, dontwait, |s| s.peek(out));
+        return op(sock, dontwait, false, |s| s.peek(out));
     }
     // SAFETY: the caller gave `n` writable bytes at `buf` (not null,
     // checked), which may be uninitialised: `read_uninit` only writes.
     let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<std::mem::MaybeUninit<u8>>(), n) };
     if flags & libc::MSG_WAITALL == 0 || dontwait {
-        return once(sock, dontwait, |s| s.read_uninit(out));
+        return op(sock, dontwait, false, |s| s.read_uninit(out));
     }
     // MSG_WAITALL: until the buffer is full, the stream ends or fails
     // (what was read before a failure is returned, as the kernel does).
     let mut got = 0;
     while got < n {
-        match with_stream(sock, |s| s.read_uninit(&mut out[got..])) {
+        match op(sock, false, false, |s| s.read_uninit(&mut out[got..])) {
             Ok(0) => break,
             Ok(k) => got += k,
             Err(e) if got == 0 => return Err(e),
@@ -796,7 +817,9 @@ fn recv_into(sock: &Sock, buf: *mut c_void, n: size_t, flags: c_int) -> io::Resu
 fn send_from(sock: &Sock, buf: *const c_void, n: size_t, flags: c_int) -> io::Result<usize> {
     if n == 0 {
         // Fails as a write does once the stream cannot be written.
-        return once(sock, flags & libc::MSG_DONTWAIT != 0, |mut s| s.write(&[]));
+        return op(sock, flags & libc::MSG_DONTWAIT != 0, true, |mut s| {
+            s.write(&[])
+        });
     }
     if buf.is_null() || n > isize::MAX as usize {
         return Err(io::Error::from_raw_os_error(libc::EFAULT));
@@ -805,7 +828,9 @@ fn send_from(sock: &Sock, buf: *const c_void, n: size_t, flags: c_int) -> io::Re
     let data = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), n) };
     wrote(
         sock,
-        once(sock, flags & libc::MSG_DONTWAIT != 0, |mut s| s.write(data)),
+        op(sock, flags & libc::MSG_DONTWAIT != 0, true, |mut s| {
+            s.write(data)
+        }),
     )
 }
 
@@ -1035,7 +1060,7 @@ fn read_iovecs(sock: &Sock, v: &[libc::iovec], flags: c_int) -> io::Result<usize
                     std::io::IoSliceMut::new(bytes)
                 })
                 .collect();
-            once(sock, flags & libc::MSG_DONTWAIT != 0, |mut s| {
+            op(sock, flags & libc::MSG_DONTWAIT != 0, false, |mut s| {
                 std::io::Read::read_vectored(&mut s, &mut slices)
             })
         }
@@ -1067,7 +1092,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) ->
             if slices.is_empty() {
                 return 0;
             }
-            let r = wrote(&s, with_stream(&s, |mut st| st.write_vectored(&slices)));
+            let r = wrote(&s, op(&s, false, true, |mut st| st.write_vectored(&slices)));
             ret_len(r, false)
         }
         // SAFETY: passed on.
@@ -1299,223 +1324,4 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_i
         }
     }
     r
-}
-
-// ---------------------------------------------------------------------------
-// Addresses and options
-// ---------------------------------------------------------------------------
-
-/// `getpeername(2)`.
-///
-/// # Safety
-///
-/// As libc's.
-#[no_mangle]
-pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    if let Some(s) = stream_of(fd) {
-        return match with_stream(&s, peer_of) {
-            // SAFETY: the caller's contract.
-            Ok(p) => unsafe { write_sockaddr(&p, addr, len) },
-            Err(e) => fail(&e, true),
-        };
-    }
-    // SAFETY: passed on.
-    unsafe { real::getpeername(fd, addr, len) }
-}
-
-/// `getsockname(2)`.
-///
-/// # Safety
-///
-/// As libc's.
-#[no_mangle]
-pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    if let Some(s) = stream_of(fd) {
-        return match with_stream(&s, local_of) {
-            // SAFETY: the caller's contract.
-            Ok(p) => unsafe { write_sockaddr(&p, addr, len) },
-            Err(e) => fail(&e, true),
-        };
-    }
-    // SAFETY: passed on.
-    unsafe { real::getsockname(fd, addr, len) }
-}
-
-/// `setsockopt(2)`: on a moved stream, TCP's options and the socket-level
-/// ones a program sets are accepted (timeouts take effect); the rest go
-/// to the pair's socket.
-///
-/// # Safety
-///
-/// As libc's.
-#[no_mangle]
-pub unsafe extern "C" fn setsockopt(
-    fd: c_int,
-    level: c_int,
-    name: c_int,
-    val: *const c_void,
-    len: socklen_t,
-) -> c_int {
-    if let Some(s) = stream_of(fd) {
-        let int = || {
-            if val.is_null() || (len as usize) < size_of::<c_int>() {
-                None
-            } else {
-                // SAFETY: the caller gave `len` (at least an int's) bytes.
-                Some(unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) })
-            }
-        };
-        let done = |r: io::Result<()>| match r {
-            Ok(()) => 0,
-            Err(e) => fail(&e, true),
-        };
-        let ttl = (level == libc::IPPROTO_IP && name == libc::IP_TTL)
-            || (level == libc::IPPROTO_IPV6 && name == libc::IPV6_UNICAST_HOPS);
-        if (level == libc::IPPROTO_TCP && name == libc::TCP_NODELAY) || ttl {
-            let Some(v) = int() else {
-                set_errno(libc::EINVAL);
-                return -1;
-            };
-            return done(with_stream(&s, |s| {
-                if ttl {
-                    s.set_ttl(u32::try_from(v).unwrap_or(0))
-                } else {
-                    s.set_nodelay(v != 0)
-                }
-            }));
-        }
-        if level == libc::IPPROTO_TCP {
-            return 0;
-        }
-        if level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO) {
-            if (len as usize) < size_of::<libc::timeval>() || val.is_null() {
-                set_errno(libc::EINVAL);
-                return -1;
-            }
-            // SAFETY: the caller gave a `timeval` (`len` checked above).
-            let tv = unsafe { std::ptr::read_unaligned(val.cast::<libc::timeval>()) };
-            let d = Duration::from_secs(tv.tv_sec.max(0) as u64)
-                + Duration::from_micros(tv.tv_usec.max(0) as u64);
-            let t = (!d.is_zero()).then_some(d);
-            let r = with_stream(&s, |s| {
-                if name == libc::SO_RCVTIMEO {
-                    s.set_read_timeout(t)
-                } else {
-                    s.set_write_timeout(t)
-                }
-            });
-            return match r {
-                Ok(()) => 0,
-                Err(e) => fail(&e, true),
-            };
-        }
-        if level == libc::SOL_SOCKET
-            && matches!(
-                name,
-                libc::SO_KEEPALIVE | libc::SO_REUSEADDR | libc::SO_REUSEPORT | libc::SO_LINGER
-            )
-        {
-            return 0;
-        }
-    }
-    // SAFETY: passed on.
-    unsafe { real::setsockopt(fd, level, name, val, len) }
-}
-
-/// `getsockopt(2)`: on a moved stream, what a TCP socket would answer for
-/// its type, domain and pending error.
-///
-/// # Safety
-///
-/// As libc's.
-#[no_mangle]
-pub unsafe extern "C" fn getsockopt(
-    fd: c_int,
-    level: c_int,
-    name: c_int,
-    val: *mut c_void,
-    len: *mut socklen_t,
-) -> c_int {
-    if let Some(s) = stream_of(fd) {
-        let int = |v: c_int| -> c_int {
-            if val.is_null() || len.is_null() {
-                set_errno(libc::EFAULT);
-                return -1;
-            }
-            // SAFETY: the caller gave `*len` writable bytes at `val`.
-            unsafe {
-                if (*len as usize) < size_of::<c_int>() {
-                    set_errno(libc::EINVAL);
-                    return -1;
-                }
-                std::ptr::write_unaligned(val.cast::<c_int>(), v);
-                *len = size_of::<c_int>() as socklen_t;
-            }
-            0
-        };
-        if level == libc::SOL_SOCKET {
-            match name {
-                libc::SO_TYPE => return int(libc::SOCK_STREAM),
-                libc::SO_DOMAIN => {
-                    let v6 = with_stream(&s, |s| s.local_addr().is_ok_and(|a| a.is_ipv6()));
-                    return int(if v6 { libc::AF_INET6 } else { libc::AF_INET });
-                }
-                libc::SO_PROTOCOL => return int(libc::IPPROTO_TCP),
-                libc::SO_ERROR => {
-                    let e = with_stream(&s, XioStream::take_error);
-                    return int(match e {
-                        Ok(None) => 0,
-                        Ok(Some(e)) | Err(e) => errno_of(&e),
-                    });
-                }
-                libc::SO_ACCEPTCONN => return int(0),
-                libc::SO_RCVTIMEO | libc::SO_SNDTIMEO => {
-                    let t = with_stream(&s, |s| {
-                        if name == libc::SO_RCVTIMEO {
-                            s.read_timeout()
-                        } else {
-                            s.write_timeout()
-                        }
-                    });
-                    let t = t.ok().flatten().unwrap_or_default();
-                    if val.is_null() || len.is_null() {
-                        set_errno(libc::EFAULT);
-                        return -1;
-                    }
-                    // SAFETY: the caller gave `*len` writable bytes at
-                    // `val` (checked against a timeval's size).
-                    unsafe {
-                        if (*len as usize) < size_of::<libc::timeval>() {
-                            set_errno(libc::EINVAL);
-                            return -1;
-                        }
-                        let tv = libc::timeval {
-                            tv_sec: t.as_secs() as libc::time_t,
-                            tv_usec: t.subsec_micros() as libc::suseconds_t,
-                        };
-                        std::ptr::write_unaligned(val.cast::<libc::timeval>(), tv);
-                        *len = size_of::<libc::timeval>() as socklen_t;
-                    }
-                    return 0;
-                }
-                _ => {}
-            }
-        }
-        if level == libc::IPPROTO_TCP && name == libc::TCP_NODELAY {
-            return match with_stream(&s, XioStream::nodelay) {
-                Ok(on) => int(c_int::from(on)),
-                Err(e) => fail(&e, true),
-            };
-        }
-        if (level == libc::IPPROTO_IP && name == libc::IP_TTL)
-            || (level == libc::IPPROTO_IPV6 && name == libc::IPV6_UNICAST_HOPS)
-        {
-            return match with_stream(&s, XioStream::ttl) {
-                Ok(t) => int(t as c_int),
-                Err(e) => fail(&e, true),
-            };
-        }
-    }
-    // SAFETY: passed on.
-    unsafe { real::getsockopt(fd, level, name, val, len) }
 }

@@ -8,7 +8,7 @@ use std::io::{self, IoSlice, Write};
 
 use libc::{msghdr, off_t, size_t, ssize_t};
 
-use crate::{iovecs, once, read_iovecs, real, recv_into, ret_len, send_from, stream_of, wrote};
+use crate::{iovecs, op, read_iovecs, real, recv_into, ret_len, send_from, stream_of, wrote};
 
 /// `sendmsg(2)`.
 ///
@@ -45,7 +45,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
     let r = wrote(
         &sock,
-        once(&sock, dontwait, |mut s| s.write_vectored(&slices)),
+        op(&sock, dontwait, true, |mut s| s.write_vectored(&slices)),
     );
     ret_len(r, flags & libc::MSG_NOSIGNAL != 0)
 }

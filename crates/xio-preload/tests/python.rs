@@ -393,3 +393,56 @@ fn event_loops_on_several_threads_each_wake_for_their_own_connection() {
     client.wait_ok();
     server.wait_ok();
 }
+
+/// A signal interrupts a blocking call on a moved socket as it does a
+/// kernel socket's: Python's handlers are installed without `SA_RESTART`,
+/// so a `recv` (and an `accept`) blocked with nothing coming returns
+/// `EINTR`, Python runs the handler, and its exception ends the wait.
+const SIGNALS: &str = r#"
+import signal, socket, sys
+class Woken(Exception):
+    pass
+def handler(*a):
+    raise Woken()
+signal.signal(signal.SIGALRM, handler)
+if sys.argv[1] == "server":
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(1)
+    print("PORT", l.getsockname()[1], flush=True)
+    c, _ = l.accept()
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    try:
+        c.recv(10)
+        print("RECV returned", flush=True)
+    except Woken:
+        print("RECV interrupted", flush=True)
+    c.sendall(b"go")
+    print("DATA", c.recv(10).decode(), flush=True)
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    try:
+        l.accept()
+        print("ACCEPT returned", flush=True)
+    except Woken:
+        print("ACCEPT interrupted", flush=True)
+else:
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+    assert s.recv(10) == b"go"
+    s.sendall(b"after")
+    sys.stdin.readline()
+"#;
+
+#[test]
+fn a_signal_interrupts_a_blocking_recv_and_accept_on_moved_sockets() {
+    let s = Setup::new("signals", SIGNALS);
+    let mut server = Py::spawn(&s, true, &["server"]);
+    let port = server.expect("PORT");
+    let mut client = Py::spawn(&s, true, &["client", &port]);
+    assert_eq!(server.expect("RECV"), "interrupted");
+    assert_eq!(server.expect("DATA"), "after");
+    assert_eq!(s.mgr.snapshot().channels.len(), 1, "over X-IO");
+    assert_eq!(server.expect("ACCEPT"), "interrupted");
+    client.tell();
+    client.wait_ok();
+    server.wait_ok();
+}
