@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# nginx (one process: master_process off) serving a small static file to
-# wrk (HTTP/1.1) and h2load (h2c), all unmodified, over X-IO (under
-# LD_PRELOAD=libxio_preload.so) next to the same programs over TCP
+# nginx (a master and one worker) serving a small static
+# file to wrk (HTTP/1.1) and h2load (h2c), all unmodified, over X-IO
+# (under LD_PRELOAD=libxio_preload.so) next to the same programs over TCP
 # loopback, in one run: nginx on CPU 1, the load on CPU 0. Needs Debian's
 # nginx, wrk and nghttp2-client. Prints requests/s and wrk's latency.
 set -euo pipefail
@@ -10,8 +10,11 @@ cargo build --release -q -p xio-preload -p xio-manager
 target=${CARGO_TARGET_DIR:-target}/release
 lib=$(realpath "$target/libxio_preload.so")
 dir=$(mktemp -d)
+# nginx's worker runs as nobody when the master runs as root: it reads
+# the files, reaches the manager's socket, and is admitted to the pool.
+chmod 755 "$dir"
 export XIO_PREFIX=nginx-bench-$$ XIO_RUN_DIR=$dir
-"$target/xio-manager" --prefix "$XIO_PREFIX" >/dev/null 2>&1 &
+"$target/xio-manager" --prefix "$XIO_PREFIX" --allow-uid nobody >/dev/null 2>&1 &
 mgr=$!
 trap 'kill $mgr 2>/dev/null; rm -rf "$dir"' EXIT
 # A listener opened before the manager answers stays with the kernel.
@@ -21,13 +24,15 @@ echo "hello from nginx" >"$dir/html/index.html"
 conf() { # http port, h2c port
     cat <<CONF
 daemon off;
-master_process off;
+master_process on;
 worker_processes 1;
 error_log $dir/logs/error.log;
 pid $dir/nginx-$1.pid;
 events { worker_connections 4096; }
 http {
   access_log off;
+  # sendfile on stalls TCP's h2c here (23 requests/s: Nagle against
+  # delayed ACKs), which would flatter X-IO.
   sendfile off;
   client_body_temp_path $dir/tmp;
   server {

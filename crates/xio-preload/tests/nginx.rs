@@ -64,7 +64,7 @@ fn start_with(test: &str, procs: &str, more: &str, allow: Option<u32>) -> Nginx 
         "daemon off;\n{procs}\n\
          error_log {d}/logs/error.log info;\npid {d}/nginx.pid;\n\
          events {{ worker_connections 1024; }}\n\
-         http {{\n  access_log off;\n  sendfile off;\n\
+         http {{\n  access_log off;\n  sendfile on;\n\
            client_body_temp_path {d}/tmp;\n\
            server {{\n    listen 127.0.0.1:{http};\n    listen 127.0.0.1:{h2c} http2;\n    root {d}/html;\n{more}\n  }}\n}}\n",
         d = dir.display()
