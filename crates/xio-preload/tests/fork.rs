@@ -1,6 +1,7 @@
 //! `fork` under the preload library: Python's forking servers, a moved
-//! stream used by parent and child in turn, and nginx's master with its
-//! workers (see nginx.rs for nginx in one process).
+//! stream used by parent and child in turn, and a child that execs a
+//! program with the connection as its stdio (nginx's master and workers
+//! are in nginx.rs).
 
 mod common;
 
@@ -39,9 +40,37 @@ elif role == "shared":
     c.sendall(b"from the parent\n")
     c.close()
     print("DONE", flush=True)
+elif role == "cgi":
+    # Fork and exec, as a CGI server does: the child's stdin and stdout
+    # are the connection, and the program it runs (cat) knows nothing.
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(4)
+    print("PORT", l.getsockname()[1], os.getpid(), flush=True)
+    c, _ = l.accept()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(c.fileno(), 0)
+        os.dup2(c.fileno(), 1)
+        os.execvp("cat", ["cat"])
+    c.close()
+    os.waitpid(pid, 0)
+    print("DONE", flush=True)
 else:
     port = int(sys.argv[2])
-    if role == "lines":
+    if role == "echo":
+        s = socket.create_connection(("127.0.0.1", port))
+        data = os.urandom(200000)
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        got = b""
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            got += d
+        print("ECHOED", len(got), got == data, flush=True)
+    elif role == "lines":
         pids = set()
         for i in range(int(sys.argv[3])):
             s = socket.create_connection(("127.0.0.1", port))
@@ -108,6 +137,26 @@ fn a_stream_open_at_a_fork_is_shared_by_parent_and_child() {
     assert_eq!(client.expect("LINE"), "child read ping");
     assert_eq!(client.expect("LINE"), "from the parent");
     assert_eq!(client.expect("EOF"), "True");
+    assert_eq!(s.mgr.snapshot().channels.len(), 1, "over X-IO");
+    server.expect("DONE");
+    client.tell();
+    client.wait_ok();
+    server.wait_ok();
+    wait_until("the pool whole", || s.mgr.pool_is_whole());
+}
+
+/// A connection handed to a program that knows nothing of X-IO: the
+/// server forks and execs `cat` with the connection as its stdin and
+/// stdout (CGI's way); 200 kB come back intact and `cat`'s exit ends the
+/// stream.
+#[test]
+fn a_fork_and_exec_child_serves_a_moved_connection_as_its_stdio() {
+    let s = Setup::new("cgi", SCRIPT);
+    let mut server = Py::spawn(&s, true, &["cgi"]);
+    let port_pid = server.expect("PORT");
+    let (port, _) = port_pid.split_once(' ').unwrap();
+    let mut client = Py::spawn(&s, true, &["echo", port]);
+    assert_eq!(client.expect("ECHOED"), "200000 True");
     assert_eq!(s.mgr.snapshot().channels.len(), 1, "over X-IO");
     server.expect("DONE");
     client.tell();
