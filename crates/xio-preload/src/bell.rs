@@ -87,20 +87,29 @@ impl Asleep {
         self.0.id
     }
 
-    /// Quiets the bell after a wake-up, if it was rung.
+    /// Quiets the bell after a wait. It is read whether or not `rung`
+    /// says so: a ringer sets `rung` before it writes, so a drain between
+    /// the two would clear the flag and leave the write to keep the bell
+    /// readable for ever (the eventfd is non-blocking: an empty read
+    /// costs one failed call).
     pub(crate) fn drain(&self) {
-        if self.0.rung.swap(false, Ordering::AcqRel) {
-            let mut v = 0u64;
-            // SAFETY: reading an eventfd's 8-byte counter into `v`.
-            unsafe { real::read(self.0.fd(), (&raw mut v).cast(), 8) };
-        }
+        self.0.rung.store(false, Ordering::Release);
+        let mut v = 0u64;
+        // SAFETY: reading an eventfd's 8-byte counter into `v`.
+        unsafe { real::read(self.0.fd(), (&raw mut v).cast(), 8) };
     }
 }
 
 impl Drop for Asleep {
     fn drop(&mut self) {
         lock().retain(|b| !Arc::ptr_eq(b, &self.0));
-        self.drain();
+        // Off the list: read only if rung (a ring still in flight leaves
+        // the bell readable, which the thread's next wait reads away).
+        if self.0.rung.swap(false, Ordering::AcqRel) {
+            let mut v = 0u64;
+            // SAFETY: reading an eventfd's 8-byte counter into `v`.
+            unsafe { real::read(self.0.fd(), (&raw mut v).cast(), 8) };
+        }
     }
 }
 

@@ -63,7 +63,18 @@ pub(crate) fn forking() -> bool {
 /// As libc's.
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
-    to_kernel_all();
+    // SAFETY: the same contract.
+    unsafe { fork_handing(true) }
+}
+
+/// `fork`, handing to the kernel every moved stream (`all`), or only those
+/// a program `exec`ed by the child would inherit (not close-on-exec).
+///
+/// # Safety
+///
+/// As libc's `fork`.
+unsafe fn fork_handing(all: bool) -> libc::pid_t {
+    to_kernel_all(all);
     // The library's locks, held across the fork: the child's copies are
     // then free (a thread of the parent inside one would leave the
     // child's copy taken for ever). Order: sets, registry, table (the
@@ -76,7 +87,10 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     FORKING.set(true);
     // SAFETY: libc's fork; the locks above are released in both processes.
     let pid = unsafe { real::fork() };
-    FORKING.set(false);
+    // What the child lets go of, dropped once the locks are released (a
+    // stream's socket pair end closes through the `close` hook).
+    let mut dropped: Vec<Arc<Sock>> = Vec::new();
+    let mut bells = Vec::new();
     if pid == 0 {
         // The child: its listeners are fresh entries (their X-IO side
         // unbound, their locks free); a stream moved since the
@@ -92,6 +106,7 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
                     .clone();
                 kept.insert(fd, new);
             }
+            dropped.push(sock);
         }
         MOVED.store(kept.len(), Ordering::Release);
         *table = Some(kept);
@@ -99,13 +114,15 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
         ready::child_registry(&mut registry, &listeners);
         mux::child_sets(&mut sets);
         // The parent's threads are not the child's.
-        sleepers.clear();
+        bells = std::mem::take(&mut *sleepers);
         for fd in relayed.drain(..) {
             // SAFETY: the child's copy of a relay's end, not used here.
             unsafe { real::close(fd) };
         }
     }
     drop((table, sleepers, relayed, poll_fd, registry, sets));
+    FORKING.set(false);
+    drop((dropped, bells));
     pid
 }
 
@@ -116,13 +133,17 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
 /// As libc's `fork`.
 #[no_mangle]
 pub unsafe extern "C" fn vfork() -> libc::pid_t {
+    // A vfork child execs (or exits) at once: only the streams the new
+    // program inherits need the kernel path (Python's subprocess uses
+    // vfork, and its sockets are close-on-exec).
     // SAFETY: the same contract.
-    unsafe { fork() }
+    unsafe { fork_handing(false) }
 }
 
-/// Hands every moved stream to the kernel path behind a relay (see the
-/// module's docs).
-fn to_kernel_all() {
+/// Hands the moved streams to the kernel path behind a relay (see the
+/// module's docs): all of them, or (`all` false) those with an fd that is
+/// not close-on-exec.
+fn to_kernel_all(all: bool) {
     if MOVED.load(Ordering::Acquire) == 0 {
         return;
     }
@@ -141,6 +162,9 @@ fn to_kernel_all() {
         }
     }
     for (sock, fds) in streams.into_values() {
+        if !all && fds.iter().all(|&fd| fd_flags(fd).1) {
+            continue;
+        }
         if let Err(e) = to_kernel(&sock, &fds) {
             // The stream stays moved in this process; a child that uses
             // it finds a closed pair.
@@ -176,6 +200,29 @@ fn to_kernel(sock: &Sock, fds: &[RawFd]) -> io::Result<()> {
         // every one of `fds`').
         unsafe { real::fcntl(fds[0], libc::F_SETFL, fl as usize) };
     }
+    // The program's timeouts lived on the X-IO stream: the kernel socket
+    // takes them over.
+    for (name, t) in [
+        (libc::SO_RCVTIMEO, s.read_timeout()),
+        (libc::SO_SNDTIMEO, s.write_timeout()),
+    ] {
+        if let Ok(Some(t)) = t {
+            let tv = libc::timeval {
+                tv_sec: t.as_secs() as libc::time_t,
+                tv_usec: t.subsec_micros() as libc::suseconds_t,
+            };
+            // SAFETY: a timeval for the option, its size given.
+            unsafe {
+                real::setsockopt(
+                    fds[0],
+                    libc::SOL_SOCKET,
+                    name,
+                    (&raw const tv).cast(),
+                    size_of::<libc::timeval>() as libc::socklen_t,
+                )
+            };
+        }
+    }
     relay(a, b, far)
 }
 
@@ -194,12 +241,14 @@ fn relay(s: XioStream, s2: XioStream, far: OwnedFd) -> io::Result<()> {
         Arc::new(Relayed(fd))
     };
     let far2 = far.clone();
+    // The relay's threads start with every signal blocked: the program's
+    // handlers run on its own threads, as without the library.
+    let _quiet = QuietSignals::new();
     // From X-IO to the pair: its end of stream is a shutdown of the
     // pair's write side (the program reads its end of file).
     std::thread::Builder::new()
         .name("xio-relay-in".into())
         .spawn(move || {
-            quiet_signals();
             let mut s = s;
             let mut buf = vec![0u8; 64 * 1024];
             loop {
@@ -221,7 +270,6 @@ fn relay(s: XioStream, s2: XioStream, far: OwnedFd) -> io::Result<()> {
     std::thread::Builder::new()
         .name("xio-relay-out".into())
         .spawn(move || {
-            quiet_signals();
             let mut s = s2;
             let fd = far2.0;
             let mut buf = vec![0u8; 64 * 1024];
@@ -298,14 +346,27 @@ fn wait_hang_up(fd: RawFd) {
     }
 }
 
-/// Blocks every signal in a relay thread: the program's handlers run on
-/// its own threads, as without the library.
-fn quiet_signals() {
-    // SAFETY: a zeroed sigset filled by `sigfillset`, then this thread's
-    // mask set from it.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+/// Every signal blocked on this thread while it lives (threads spawned
+/// meanwhile inherit the mask), the mask before restored after.
+struct QuietSignals(libc::sigset_t);
+
+impl QuietSignals {
+    fn new() -> QuietSignals {
+        // SAFETY: zeroed sigsets, filled by `sigfillset` and written by
+        // `pthread_sigmask` with the mask it replaces.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+            QuietSignals(old)
+        }
+    }
+}
+
+impl Drop for QuietSignals {
+    fn drop(&mut self) {
+        // SAFETY: the mask saved in `new`.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
     }
 }

@@ -172,8 +172,10 @@ fn wait(sock: &Sock, write: bool, deadline: Option<Instant>) -> io::Result<()> {
                 std::ptr::null(),
             )
         };
-        if let Some(a) = &asleep {
-            a.drain();
+        if let (Some(a), Some(b)) = (&asleep, fds.get(1)) {
+            if r > 0 && b.revents != 0 {
+                a.drain();
+            }
         }
         if r < 0 {
             // EINTR among them: a signal's handler ran.

@@ -341,7 +341,6 @@ fn unix_pair(cloexec: bool, nonblock: bool) -> io::Result<(OwnedFd, OwnedFd)> {
 /// A moved stream's shared object, registered for the net's events.
 fn new_stream(s: XioStream, far: OwnedFd) -> Arc<Sock> {
     let token = ready::new_token();
-    s.set_token(token);
     let sock = Arc::new(Sock {
         kind: Kind::Stream {
             s,
@@ -352,7 +351,10 @@ fn new_stream(s: XioStream, far: OwnedFd) -> Arc<Sock> {
         bits: ready::Bits::default(),
     });
     sock.bits.writable.store(true, Ordering::Relaxed);
+    // Registered before its events carry the token: one that came in
+    // between would find no socket and be lost (an edge, for EPOLLET).
     ready::register(&sock);
+    with_stream(&sock, |s| s.set_token(token));
     sock
 }
 
@@ -501,7 +503,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             }
         }
     }
-    mux::set_fresh(fd, false);
+    mux::end_fresh(fd);
     // SAFETY: the caller's contract, passed on.
     unsafe { real::connect(fd, addr, len) }
 }
@@ -513,7 +515,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
 /// As libc's.
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
-    mux::set_fresh(fd, false);
+    mux::end_fresh(fd);
     // SAFETY: passed on.
     let r = unsafe { real::listen(fd, backlog) };
     if r == 0 && lookup(fd).is_none() && is_tcp(fd) {
@@ -1115,7 +1117,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         mux::end_fresh(fd);
     }
     let old = remove(fd);
-    if (MOVED.load(Ordering::Relaxed) > 0 || old.is_some()) && !fork::forking() {
+    if (MOVED.load(Ordering::Relaxed) > 0 || old.is_some() || mux::any_sets()) && !fork::forking() {
         mux::forget(fd);
     }
     // SAFETY: passed on.
@@ -1127,7 +1129,11 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// Forgets the moved sockets among fds `first..=last` (being closed
 /// together), as `close` does one by one.
 fn forget_range(first: u32, last: u32) {
-    if MOVED.load(Ordering::Acquire) == 0 || fork::forking() {
+    if fork::forking() {
+        return;
+    }
+    if MOVED.load(Ordering::Acquire) == 0 {
+        mux::forget_range(first, last);
         return;
     }
     let fds: Vec<RawFd> = {
@@ -1140,8 +1146,8 @@ fn forget_range(first: u32, last: u32) {
     let mut dropped = Vec::new();
     for fd in fds {
         dropped.extend(remove(fd));
-        mux::forget(fd);
     }
+    mux::forget_range(first, last);
     // A stream's X-IO side closes now; its fd numbers are not reused
     // before the caller's real call closes them.
     drop(dropped);
@@ -1300,8 +1306,8 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_i
                 set_errno(libc::EFAULT);
                 return -1;
             }
-            // What has arrived is taken in by the readiness check.
-            ready::readiness(&s);
+            // What has arrived is taken in first.
+            ready::pump();
             let n = with_stream(&s, XioStream::bytes_queued);
             // SAFETY: FIONREAD's argument points to an int (the caller's
             // contract).

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -121,7 +121,43 @@ pub(crate) fn moved_by_connect(fd: RawFd) {
 
 fn sets<R>(f: impl FnOnce(&mut HashMap<RawFd, Set>) -> R) -> R {
     let mut g = SETS.lock().unwrap_or_else(|e| e.into_inner());
-    f(g.get_or_insert_with(HashMap::new))
+    let m = g.get_or_insert_with(HashMap::new);
+    let r = f(m);
+    SET_COUNT.store(m.len(), Ordering::Relaxed);
+    r
+}
+
+/// Whether any epoll set is known (then a `close` must look: it may be
+/// one, or a member of one).
+pub(crate) fn any_sets() -> bool {
+    SET_COUNT.load(Ordering::Relaxed) > 0
+}
+
+/// How many sets `SETS` holds.
+static SET_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// [`forget`] for every fd in `first..=last`.
+pub(crate) fn forget_range(first: u32, last: u32) {
+    if !any_sets() {
+        return;
+    }
+    let fds: Vec<RawFd> = sets(|s| {
+        let mut fds: Vec<RawFd> = s
+            .iter()
+            .flat_map(|(&e, set)| {
+                std::iter::once(e)
+                    .chain(set.moved.keys().copied())
+                    .chain(set.fresh.keys().copied())
+            })
+            .filter(|&fd| (first..=last).contains(&(fd as u32)))
+            .collect();
+        fds.sort_unstable();
+        fds.dedup();
+        fds
+    });
+    for fd in fds {
+        forget(fd);
+    }
 }
 
 /// Forgets `fd` as an epoll set, and as a member of any (the kernel drops
@@ -478,6 +514,9 @@ fn spin(epfd: c_int, out: *mut epoll_event, max: usize, sigmask: *const libc::si
             let kept = drop_marks(out, 0, k.max(0) as usize);
             if kept > 0 {
                 found = kept;
+                // The doorbell was off while watching: take in what came
+                // meanwhile, for the threads asleep on it (see `bell`).
+                ready::pump();
                 break;
             }
         }
@@ -711,8 +750,11 @@ unsafe fn poll_until(
                 sigmask,
             )
         };
-        if let Some(a) = &asleep {
-            a.drain();
+        // The bell is the last entry: read it only if it rang.
+        if let (Some(a), Some(b)) = (&asleep, kernel.last()) {
+            if r > 0 && b.revents != 0 {
+                a.drain();
+            }
         }
         if r < 0 {
             return if count > 0 { count } else { r };

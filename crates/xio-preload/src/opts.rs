@@ -86,7 +86,12 @@ pub unsafe extern "C" fn setsockopt(
             };
             return done(with_stream(&s, |s| {
                 if ttl {
-                    s.set_ttl(u32::try_from(v).unwrap_or(0))
+                    // -1: the default, as Linux has it.
+                    s.set_ttl(if v == -1 {
+                        64
+                    } else {
+                        u32::try_from(v).unwrap_or(0)
+                    })
                 } else {
                     s.set_nodelay(v != 0)
                 }

@@ -90,10 +90,17 @@ static POLL_FD: Mutex<PollFd> = Mutex::new(None);
 pub(crate) fn poll_fd(net: &Net) -> Option<RawFd> {
     let mut g = POLL_FD.lock().unwrap_or_else(|e| e.into_inner());
     let pid = std::process::id();
+    let mut old = None;
     if g.as_ref().is_none_or(|(p, _)| *p != pid) {
-        *g = Some((pid, net.poll_fd().ok()?));
+        // A forked child's copy of its parent's is closed after the lock
+        // is let go (its close goes through the hooks, which take other
+        // locks).
+        old = g.replace((pid, net.poll_fd().ok()?));
     }
-    g.as_ref().map(|(_, fd)| fd.as_raw_fd())
+    let fd = g.as_ref().map(|(_, fd)| fd.as_raw_fd());
+    drop(g);
+    drop(old);
+    fd
 }
 
 /// This process's listener of `to` (exactly, or on the unspecified

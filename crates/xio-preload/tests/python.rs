@@ -446,3 +446,63 @@ fn a_signal_interrupts_a_blocking_recv_and_accept_on_moved_sockets() {
     client.wait_ok();
     server.wait_ok();
 }
+
+/// asyncio run three times in one process (each run makes an epoll set
+/// and closes it; the next gets the same fd number), and a subprocess
+/// started while a connection is open (Python's subprocess uses vfork:
+/// its close-on-exec sockets stay on X-IO, no relay is started).
+const ASYNC: &str = r#"
+import asyncio, os, socket, subprocess, sys
+if sys.argv[1] == "server":
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(8)
+    print("PORT", l.getsockname()[1], flush=True)
+    while True:
+        c, _ = l.accept()
+        with c:
+            f = c.makefile("rb")
+            for line in f:
+                if line == b"subprocess\n":
+                    subprocess.run(["true"], check=True)
+                    names = [open("/proc/self/task/%s/comm" % t).read().strip()
+                             for t in os.listdir("/proc/self/task")]
+                    relays = sum(n.startswith("xio-relay") for n in names)
+                    c.sendall(b"relays %d\n" % relays)
+                elif line == b"bye\n":
+                    sys.exit(0)
+                else:
+                    c.sendall(line)
+            f.close()
+else:
+    port = int(sys.argv[2])
+    async def once(msg):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(msg)
+        await w.drain()
+        line = await r.readline()
+        w.close()
+        await w.wait_closed()
+        return line.decode().strip()
+    for i in range(3):
+        print("ASYNC", asyncio.run(once(b"run %d\n" % i)), flush=True)
+    print("ASYNC", asyncio.run(once(b"subprocess\n")), flush=True)
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"bye\n")
+    s.close()
+"#;
+
+#[test]
+fn asyncio_runs_again_and_a_subprocess_leaves_sockets_on_x_io() {
+    let s = Setup::new("async", ASYNC);
+    let mut server = Py::spawn(&s, true, &["server"]);
+    let port = server.expect("PORT");
+    let mut client = Py::spawn(&s, true, &["client", &port]);
+    for i in 0..3 {
+        assert_eq!(client.expect("ASYNC"), format!("run {i}"));
+    }
+    assert_eq!(client.expect("ASYNC"), "relays 0");
+    assert_eq!(s.mgr.snapshot().channels.len(), 1, "over X-IO");
+    client.wait_ok();
+    server.wait_ok();
+}
