@@ -97,6 +97,15 @@ else:
     sys.stdin.readline()
 "#;
 
+/// The preloaded server of `role`, and the port it listens on.
+fn serve(s: &Setup, role: &str) -> (Py, String) {
+    let mut server = Py::spawn(s, true, &[role]);
+    let port_pid = server.expect("PORT");
+    let (port, _) = port_pid.split_once(' ').unwrap();
+    let port = port.to_owned();
+    (server, port)
+}
+
 /// Each connection to a preloaded `ForkingTCPServer` goes over X-IO (the
 /// manager shows the channel), its forked child serves it through the
 /// parent's relay, and every echo comes back intact; when all are done,
@@ -104,9 +113,8 @@ else:
 #[test]
 fn a_forking_python_server_serves_each_connection_from_its_child() {
     let s = Setup::new("forking", SCRIPT);
-    let mut server = Py::spawn(&s, true, &["forking"]);
-    let port_pid = server.expect("PORT");
-    let (port, _) = port_pid.split_once(' ').unwrap();
+    let (server, port) = serve(&s, "forking");
+    let port = port.as_str();
     let mut client = Py::spawn(&s, true, &["lines", port, "8"]);
     // Eight connections, each served by its own child.
     assert_eq!(client.expect("ECHOED"), "8");
@@ -128,9 +136,8 @@ fn a_forking_python_server_serves_each_connection_from_its_child() {
 #[test]
 fn a_stream_open_at_a_fork_is_shared_by_parent_and_child() {
     let s = Setup::new("shared", SCRIPT);
-    let mut server = Py::spawn(&s, true, &["shared"]);
-    let port_pid = server.expect("PORT");
-    let (port, _) = port_pid.split_once(' ').unwrap();
+    let (mut server, port) = serve(&s, "shared");
+    let port = port.as_str();
     let mut client = Py::spawn(&s, true, &["pair", port]);
     assert_eq!(client.expect("LINE"), "before the fork");
     assert_eq!(client.expect("LINE"), "from the child");
@@ -152,9 +159,8 @@ fn a_stream_open_at_a_fork_is_shared_by_parent_and_child() {
 #[test]
 fn a_fork_and_exec_child_serves_a_moved_connection_as_its_stdio() {
     let s = Setup::new("cgi", SCRIPT);
-    let mut server = Py::spawn(&s, true, &["cgi"]);
-    let port_pid = server.expect("PORT");
-    let (port, _) = port_pid.split_once(' ').unwrap();
+    let (mut server, port) = serve(&s, "cgi");
+    let port = port.as_str();
     let mut client = Py::spawn(&s, true, &["echo", port]);
     assert_eq!(client.expect("ECHOED"), "200000 True");
     assert_eq!(s.mgr.snapshot().channels.len(), 1, "over X-IO");
