@@ -83,7 +83,10 @@ fuzz_target!(|data: &[u8]| {
     // A stack attaching now maps the damaged segment and reads its header:
     // an error, or a segment whose every offset was checked.
     let fd = seg.region().fd().unwrap().try_clone_to_owned().unwrap();
-    if let Ok(s2) = Segment::open(Region::map_fd(fd).unwrap()) {
+    // Its id is checked against the header's stack count, as
+    // `Stack::attach` checks the id the manager gave it.
+    let opened = Segment::open(Region::map_fd(fd).unwrap());
+    if let Some(s2) = opened.ok().filter(|s| s.max_stacks() >= 3) {
         let p = StackPool::new(PoolView::new(s2.clone()), 3);
         for size in [1, 64, 65, 256, 257] {
             if let Ok(x) = p.alloc(size, false) {
