@@ -8,8 +8,10 @@
 //! has a bell (an eventfd) that its waits sleep on too; a thread going to
 //! sleep puts its bell on a list first, then looks at the sockets once
 //! more; a pump that noted events rings every bell on the list but its
-//! own. A single-threaded program never finds anyone on the list: no
-//! syscall is added to its path.
+//! own. A single-threaded program never finds anyone on the list, and a
+//! wait reads its bell only when it was rung (a mark kept exact under
+//! the list's lock): no syscall is added to its path. A wait stays on
+//! the list, once, until it returns (`Asleep` is made once per call).
 
 use std::cell::RefCell;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -87,29 +89,39 @@ impl Asleep {
         self.0.id
     }
 
-    /// Quiets the bell after a wait. It is read whether or not `rung`
-    /// says so: a ringer sets `rung` before it writes, so a drain between
-    /// the two would clear the flag and leave the write to keep the bell
-    /// readable for ever (the eventfd is non-blocking: an empty read
-    /// costs one failed call).
-    pub(crate) fn drain(&self) {
-        self.0.rung.store(false, Ordering::Release);
-        let mut v = 0u64;
-        // SAFETY: reading an eventfd's 8-byte counter into `v`.
-        unsafe { real::read(self.0.fd(), (&raw mut v).cast(), 8) };
+    /// Quiets the bell after a wait, if it rang: `fired` (the wait saw
+    /// it readable) or marked rung. A wait that no other thread rang
+    /// reads nothing (no system call). Ringers mark and write under the
+    /// list's lock, and the drain reads and clears under it: the mark is
+    /// set exactly while the bell is readable.
+    pub(crate) fn drain(&self, fired: bool) {
+        if fired || self.0.rung.load(Ordering::Acquire) {
+            let _g = lock();
+            self.0.quiet();
+        }
+    }
+}
+
+impl Bell {
+    /// Reads the bell if marked (under the list's lock).
+    fn quiet(&self) {
+        if self.rung.swap(false, Ordering::AcqRel) {
+            let mut v = 0u64;
+            // SAFETY: reading an eventfd's 8-byte counter into `v`.
+            unsafe { real::read(self.fd(), (&raw mut v).cast(), 8) };
+        }
     }
 }
 
 impl Drop for Asleep {
     fn drop(&mut self) {
-        lock().retain(|b| !Arc::ptr_eq(b, &self.0));
-        // Off the list: read only if rung (a ring still in flight leaves
-        // the bell readable, which the thread's next wait reads away).
-        if self.0.rung.swap(false, Ordering::AcqRel) {
-            let mut v = 0u64;
-            // SAFETY: reading an eventfd's 8-byte counter into `v`.
-            unsafe { real::read(self.0.fd(), (&raw mut v).cast(), 8) };
+        let mut g = lock();
+        // One entry: a wait inside a wait (a signal's handler's) has its
+        // own.
+        if let Some(i) = g.iter().position(|b| Arc::ptr_eq(b, &self.0)) {
+            g.swap_remove(i);
         }
+        self.0.quiet();
     }
 }
 
@@ -126,6 +138,7 @@ pub(crate) fn ring_others() {
     }
     let me = MINE.with(|m| m.borrow().as_ref().map(|(_, b)| b.id));
     for b in g.iter().filter(|b| Some(b.id) != me) {
+        // Marked and written under the lock (see `Asleep::drain`).
         if !b.rung.swap(true, Ordering::AcqRel) {
             let one = 1u64;
             // SAFETY: adding 1 to an eventfd's counter.

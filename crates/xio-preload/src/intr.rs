@@ -173,9 +173,7 @@ fn wait(sock: &Sock, write: bool, deadline: Option<Instant>) -> io::Result<()> {
             )
         };
         if let (Some(a), Some(b)) = (&asleep, fds.get(1)) {
-            if r > 0 && b.revents != 0 {
-                a.drain();
-            }
+            a.drain(r > 0 && b.revents != 0);
         }
         if r < 0 {
             // EINTR among them: a signal's handler ran.

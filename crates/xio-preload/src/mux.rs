@@ -27,6 +27,15 @@ use crate::{lookup, net, real, set_errno, xio_listener, Kind, Sock};
 /// The data the net's poll fd carries in a program's epoll set.
 const MARK: u64 = 0x5849_4f5f_4d41_524b; // "XIO_MARK"
 
+/// The data a thread's bell carries in an epoll set: this tag, and the
+/// bell's id in the low 32 bits (a thread drains its own bell only).
+const BELL: u64 = 0x5849_4f42_0000_0000; // "XIOB"
+const BELL_MASK: u64 = 0xffff_ffff_0000_0000;
+
+fn bell_data(id: u64) -> u64 {
+    BELL | (id & !BELL_MASK)
+}
+
 /// A moved member of an epoll set.
 #[derive(Clone, Copy)]
 struct Member {
@@ -442,7 +451,11 @@ unsafe fn wait(
             if k > 0 {
                 return k;
             }
-            asleep = bell::Asleep::new();
+            // Once per wait: a second registration's end would take the
+            // first off the list with it.
+            if asleep.is_none() {
+                asleep = bell::Asleep::new();
+            }
             if let Some(a) = &asleep {
                 bell_in(epfd, a);
             }
@@ -453,14 +466,15 @@ unsafe fn wait(
             let t = if n > 0 { 0 } else { remaining(deadline) };
             // SAFETY: `out[n..max]` is the caller's room.
             let k = unsafe { real::epoll_pwait(epfd, out.add(n), (max - n) as c_int, t, sigmask) };
+            // Drop the markers' events (they only woke us), keep the rest.
+            let (kept, rang) = drop_marks(out, n, k.max(0) as usize, asleep.as_ref());
             if let Some(a) = &asleep {
-                a.drain();
+                a.drain(rang);
             }
             if k < 0 {
                 return if n > 0 { n as c_int } else { k };
             }
-            // Drop the marker's events (it only woke us), keep the rest.
-            n += drop_marks(out, n, k as usize);
+            n += kept;
         }
         if n > 0 {
             return n as c_int;
@@ -479,7 +493,7 @@ fn bell_in(epfd: RawFd, a: &bell::Asleep) {
     }
     let mut ev = epoll_event {
         events: ready::IN,
-        u64: MARK,
+        u64: bell_data(a.id()),
     };
     // SAFETY: `ev` is a valid event for the call.
     unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, a.fd(), &mut ev) };
@@ -511,7 +525,9 @@ fn spin(epfd: c_int, out: *mut epoll_event, max: usize, sigmask: *const libc::si
             }
             // SAFETY: `out` has room for `max` events.
             let k = unsafe { real::epoll_pwait(epfd, out, max as c_int, 0, sigmask) };
-            let kept = drop_marks(out, 0, k.max(0) as usize);
+            // (A bell found here rings again in the wait that follows,
+            // which reads it.)
+            let (kept, _) = drop_marks(out, 0, k.max(0) as usize, None);
             if kept > 0 {
                 found = kept;
                 // The doorbell was off while watching: take in what came
@@ -526,20 +542,29 @@ fn spin(epfd: c_int, out: *mut epoll_event, max: usize, sigmask: *const libc::si
     found as c_int
 }
 
-/// Removes the marker's events from `out[from..from + k]`, keeping the
-/// others in order; returns how many are kept.
-fn drop_marks(out: *mut epoll_event, from: usize, k: usize) -> usize {
+/// Removes the markers' events (the poll fd's and the bells') from
+/// `out[from..from + k]`, keeping the others in order; returns how many
+/// are kept, and whether `mine`'s bell was among them.
+fn drop_marks(
+    out: *mut epoll_event,
+    from: usize,
+    k: usize,
+    mine: Option<&bell::Asleep>,
+) -> (usize, bool) {
+    let own = mine.map(|a| bell_data(a.id()));
     let mut kept = from;
+    let mut rang = false;
     for i in from..from + k {
         // SAFETY: the kernel wrote `k` events from `out[from]`.
         let e = unsafe { out.add(i).read_unaligned() };
-        if e.u64 != MARK {
+        rang |= Some(e.u64) == own;
+        if e.u64 != MARK && e.u64 & BELL_MASK != BELL {
             // SAFETY: `kept <= i`, in the same buffer.
             unsafe { out.add(kept).write_unaligned(e) };
             kept += 1;
         }
     }
-    kept - from
+    (kept - from, rang)
 }
 
 /// `epoll_wait(2)`.
@@ -750,11 +775,9 @@ unsafe fn poll_until(
                 sigmask,
             )
         };
-        // The bell is the last entry: read it only if it rang.
+        // The bell is the last entry.
         if let (Some(a), Some(b)) = (&asleep, kernel.last()) {
-            if r > 0 && b.revents != 0 {
-                a.drain();
-            }
+            a.drain(r > 0 && b.revents != 0);
         }
         if r < 0 {
             return if count > 0 { count } else { r };

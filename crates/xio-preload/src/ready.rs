@@ -170,11 +170,7 @@ pub(crate) fn pump() {
             })
             .collect()
     });
-    if !socks.is_empty() {
-        // Another thread may have looked before these came and be about
-        // to sleep on the doorbell just consumed.
-        crate::bell::ring_others();
-    }
+    let noted = !socks.is_empty();
     for (s, readable, writable) in socks {
         if readable {
             if matches!(s.kind, Kind::Listener { .. }) {
@@ -186,6 +182,13 @@ pub(crate) fn pump() {
             s.bits.writable.store(true, Ordering::Relaxed);
             s.bits.write_edges.fetch_add(1, Ordering::Relaxed);
         }
+    }
+    if noted {
+        // Another thread may have looked before these came and be about
+        // to sleep on the doorbell just consumed. Rung after the bits are
+        // set: a thread woken before would look, find a listener or a
+        // write side not yet marked, and sleep again for good.
+        crate::bell::ring_others();
     }
 }
 
