@@ -11,10 +11,18 @@
 //! interrupts. Which signal interrupted is not known, so any handler
 //! without `SA_RESTART` makes every interruption an `EINTR`; a program
 //! with only restarting handlers (or none) keeps X-IO's own waits.
+//!
+//! The program's handlers are installed behind a trampoline that counts
+//! each run: `epoll_wait`, `poll` and these waits return `EINTR` when the
+//! count moved during the call, as the kernel's would, even if the
+//! signal came while the library was spinning or looking rather than
+//! asleep in a syscall (nginx's SIGTERM handler sets a flag its loop reads
+//! when `epoll_wait` returns; missed, nginx stopped only at its next
+//! timer).
 
 use std::ffi::c_int;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use xio_core::net::XioStream;
@@ -31,6 +39,55 @@ pub(crate) fn enabled() -> bool {
     NORESTART.load(Ordering::Relaxed) != 0
 }
 
+thread_local! {
+    /// How many times a program's handler has run on this thread
+    /// (through [`trampoline`]). Constant-initialised, no destructor: a
+    /// handler touches the thread's TLS block only (the library, loaded
+    /// at start, has static TLS). Atomic so that a loop's reads are not
+    /// folded into one: the handler changes it between them.
+    static DELIVERED: AtomicU64 = const { AtomicU64::new(0) };
+}
+
+/// The count of handlers run on this thread so far: a wait that sees it
+/// change returns `EINTR`, as a kernel wait interrupted by the handler
+/// would (a signal that comes while the library spins or looks, outside
+/// any syscall, would otherwise go unnoticed until the next event:
+/// nginx's SIGTERM waited for its keep-alive timer, 75 s). Per thread,
+/// as the kernel interrupts only the thread the handler ran on.
+pub(crate) fn delivered() -> u64 {
+    DELIVERED.with(|d| d.load(Ordering::Relaxed))
+}
+
+/// The program's handlers, by signal number, and whether each takes
+/// `SA_SIGINFO`'s three arguments.
+static HANDLERS: [AtomicUsize; 65] = [const { AtomicUsize::new(0) }; 65];
+static SIGINFO: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
+
+/// The handler installed for every program handler: counts, then runs
+/// the program's. Async-signal-safe: atomics and the call only.
+extern "C" fn trampoline(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    DELIVERED.with(|d| d.fetch_add(1, Ordering::Relaxed));
+    let Some(i) = usize::try_from(sig).ok().filter(|&i| i < 65) else {
+        return;
+    };
+    let h = HANDLERS[i].load(Ordering::Acquire);
+    if h == 0 || h == libc::SIG_DFL || h == libc::SIG_IGN {
+        return;
+    }
+    if SIGINFO[i].load(Ordering::Acquire) {
+        // SAFETY: the program installed `h` with SA_SIGINFO: a
+        // three-argument handler.
+        let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            unsafe { std::mem::transmute(h) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: the program installed `h` without SA_SIGINFO: a
+        // one-argument handler.
+        let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(h) };
+        f(sig);
+    }
+}
+
 fn note(sig: c_int, handler: libc::sighandler_t, flags: c_int) {
     if !(1..=64).contains(&sig) {
         return;
@@ -43,7 +100,24 @@ fn note(sig: c_int, handler: libc::sighandler_t, flags: c_int) {
     }
 }
 
-/// `sigaction(2)`: noted (see the module's docs), then libc's.
+/// Puts the program's own handler back where `old` names the trampoline.
+fn unwrap_old(sig: c_int, old: *mut libc::sigaction, prev: (usize, bool)) {
+    if old.is_null() {
+        return;
+    }
+    // SAFETY: libc just wrote `*old`.
+    let o = unsafe { &mut *old };
+    if o.sa_sigaction == trampoline as *const () as usize && (1..=64).contains(&sig) {
+        o.sa_sigaction = prev.0;
+        if !prev.1 {
+            o.sa_flags &= !libc::SA_SIGINFO;
+        }
+    }
+}
+
+/// `sigaction(2)`: a program's handler is installed behind
+/// [`trampoline`] (and noted, see the module's docs); `old` shows the
+/// program's own.
 ///
 /// # Safety
 ///
@@ -54,29 +128,66 @@ pub unsafe extern "C" fn sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> c_int {
-    // SAFETY: passed on.
-    let r = unsafe { real::sigaction(sig, act, old) };
-    if r == 0 && !act.is_null() {
-        // SAFETY: the caller's sigaction, read by libc just now.
-        let a = unsafe { &*act };
-        note(sig, a.sa_sigaction, a.sa_flags);
+    let i = usize::try_from(sig).ok().filter(|&i| (1..65).contains(&i));
+    let prev = i.map_or((0, false), |i| {
+        (
+            HANDLERS[i].load(Ordering::Acquire),
+            SIGINFO[i].load(Ordering::Acquire),
+        )
+    });
+    if act.is_null() || i.is_none() {
+        // SAFETY: passed on.
+        let r = unsafe { real::sigaction(sig, act, old) };
+        if r == 0 {
+            unwrap_old(sig, old, prev);
+        }
+        return r;
+    }
+    let i = i.expect("checked");
+    // SAFETY: the caller's sigaction.
+    let mut a = unsafe { std::ptr::read(act) };
+    let h = a.sa_sigaction;
+    let wrapped = h != libc::SIG_DFL && h != libc::SIG_IGN;
+    if wrapped {
+        HANDLERS[i].store(h, Ordering::Release);
+        SIGINFO[i].store(a.sa_flags & libc::SA_SIGINFO != 0, Ordering::Release);
+        a.sa_sigaction = trampoline as *const () as usize;
+        a.sa_flags |= libc::SA_SIGINFO;
+    }
+    // SAFETY: passed on, with the trampoline in the program's handler's
+    // place.
+    let r = unsafe { real::sigaction(sig, &a, old) };
+    if r == 0 {
+        note(sig, h, a.sa_flags);
+        unwrap_old(sig, old, prev);
+    } else if wrapped {
+        HANDLERS[i].store(prev.0, Ordering::Release);
+        SIGINFO[i].store(prev.1, Ordering::Release);
     }
     r
 }
 
-/// `signal(2)`: glibc's installs a handler that restarts calls.
+/// `signal(2)`, as glibc's: a handler that restarts calls, through
+/// [`sigaction`] (glibc's own `signal` would install it behind the
+/// library's back).
 ///
 /// # Safety
 ///
 /// As libc's.
 #[no_mangle]
 pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
-    // SAFETY: passed on.
-    let r = unsafe { real::signal(sig, handler) };
-    if r != libc::SIG_ERR {
-        note(sig, handler, libc::SA_RESTART);
+    // SAFETY: zeroed sigactions are valid; the mask is emptied.
+    let (mut a, mut old): (libc::sigaction, libc::sigaction) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    a.sa_sigaction = handler;
+    a.sa_flags = libc::SA_RESTART;
+    // SAFETY: `a.sa_mask` is ours to fill.
+    unsafe { libc::sigemptyset(&mut a.sa_mask) };
+    // SAFETY: valid sigactions.
+    if unsafe { sigaction(sig, &a, &mut old) } != 0 {
+        return libc::SIG_ERR;
     }
-    r
+    old.sa_sigaction
 }
 
 /// Runs `f` on `sock`'s stream non-blocking until it would not block,
@@ -116,6 +227,7 @@ fn wait(sock: &Sock, write: bool, deadline: Option<Instant>) -> io::Result<()> {
         return Ok(());
     };
     let net = s.net().clone();
+    let signals = delivered();
     let ready = || {
         if write {
             sock.bits.writable.load(Ordering::Relaxed)
@@ -141,6 +253,9 @@ fn wait(sock: &Sock, write: bool, deadline: Option<Instant>) -> io::Result<()> {
         ready::pump();
         if ready() {
             return Ok(());
+        }
+        if delivered() != signals {
+            return Err(io::ErrorKind::Interrupted.into());
         }
         let t = match deadline {
             None => None,

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use libc::epoll_event;
 
-use crate::bell;
 use crate::ready::{self, ERR, HUP};
+use crate::{bell, intr};
 use crate::{lookup, net, real, set_errno, xio_listener, Kind, Sock};
 
 /// The data the net's poll fd carries in a program's epoll set.
@@ -442,12 +442,19 @@ unsafe fn wait(
     let mut spun = false;
     // On the sleepers' list from the look before a sleep until it ends.
     let mut asleep = None;
+    // A handler that runs while this call spins or looks (not asleep in
+    // the kernel) still ends it with EINTR, as it would the kernel's.
+    let signals = intr::delivered();
     loop {
         ready::pump();
         let mut n = collect(epfd, out, max);
+        if n == 0 && intr::delivered() != signals {
+            set_errno(libc::EINTR);
+            return -1;
+        }
         if n == 0 && timeout != 0 && !spun {
             spun = true;
-            let k = spin(epfd, out, max, sigmask);
+            let k = spin(epfd, out, max, sigmask, signals);
             if k > 0 {
                 return k;
             }
@@ -505,7 +512,13 @@ fn bell_in(epfd: RawFd, a: &bell::Asleep) {
 /// wake-up from sleep costs tens of microseconds on a VM; a request that
 /// comes within the budget costs none. Returns the kernel's events found
 /// meanwhile (written to `out`), or 0 (then look at X-IO again).
-fn spin(epfd: c_int, out: *mut epoll_event, max: usize, sigmask: *const libc::sigset_t) -> c_int {
+fn spin(
+    epfd: c_int,
+    out: *mut epoll_event,
+    max: usize,
+    sigmask: *const libc::sigset_t,
+    signals: u64,
+) -> c_int {
     let Some(net) = net() else { return 0 };
     let mut w = net.watch_begin();
     let budget = net.spin_budget();
@@ -520,7 +533,7 @@ fn spin(epfd: c_int, out: *mut epoll_event, max: usize, sigmask: *const libc::si
         }
         looks = looks.wrapping_add(1);
         if looks % 64 == 0 {
-            if start.elapsed() >= budget {
+            if start.elapsed() >= budget || intr::delivered() != signals {
                 break;
             }
             // SAFETY: `out` has room for `max` events.
@@ -732,8 +745,9 @@ unsafe fn poll_until(
         })
         .collect();
     // On the sleepers' list before the first look (see `bell`), its bell
-    // polled with the rest.
+    // polled with the rest; a handler run meanwhile ends the call (EINTR).
     let asleep = bell::Asleep::new();
+    let signals = intr::delivered();
     for fd in std::iter::once(pfd).chain(asleep.as_ref().map(bell::Asleep::fd)) {
         kernel.push(libc::pollfd {
             fd,
@@ -754,6 +768,10 @@ unsafe fn poll_until(
                     count += 1;
                 }
             }
+        }
+        if count == 0 && intr::delivered() != signals {
+            set_errno(libc::EINTR);
+            return -1;
         }
         let t = if count > 0 {
             Some(libc::timespec {

@@ -67,7 +67,6 @@ real! {
     fn epoll_pwait(epfd: c_int, out: *mut libc::epoll_event, max: c_int, timeout: c_int, sigmask: *const libc::sigset_t) -> c_int;
     fn fork() -> libc::pid_t;
     fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int;
-    fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
     fn close_range(first: u32, last: u32, flags: c_int) -> c_int;
     fn closefrom(lowfd: c_int) -> ();
     fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t;

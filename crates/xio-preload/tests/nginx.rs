@@ -26,10 +26,25 @@ struct Nginx {
 impl Drop for Nginx {
     fn drop(&mut self) {
         // SIGTERM: a master stops its workers before it exits (SIGKILL
-        // would leave them running).
+        // would leave them running). nginx's handler only sets a flag its
+        // loop reads when epoll_wait returns (EINTR): a signal that came
+        // while the library's wait was spinning went unnoticed until the
+        // next timer (the keep-alive one, 300 s here, past the
+        // watchdog), so a stop that does not come is a failure.
         // SAFETY: a signal to our child, by pid.
         unsafe { libc::kill(self.server.id() as i32, libc::SIGTERM) };
-        let _ = self.server.wait();
+        let start = std::time::Instant::now();
+        while self.server.try_wait().ok().flatten().is_none() {
+            if start.elapsed() > common::WATCHDOG {
+                let _ = self.server.kill();
+                let _ = self.server.wait();
+                if !std::thread::panicking() {
+                    panic!("nginx did not stop on SIGTERM");
+                }
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 }
 
@@ -64,7 +79,7 @@ fn start_with(test: &str, procs: &str, more: &str, allow: Option<u32>) -> Nginx 
         "daemon off;\n{procs}\n\
          error_log {d}/logs/error.log info;\npid {d}/nginx.pid;\n\
          events {{ worker_connections 1024; }}\n\
-         http {{\n  access_log off;\n  sendfile on;\n\
+         http {{\n  access_log off;\n  sendfile on;\n  keepalive_timeout 300s;\n\
            client_body_temp_path {d}/tmp;\n\
            server {{\n    listen 127.0.0.1:{http};\n    listen 127.0.0.1:{h2c} http2;\n    root {d}/html;\n{more}\n  }}\n}}\n",
         d = dir.display()
