@@ -109,6 +109,7 @@ unsafe fn fork_handing(all: bool) -> libc::pid_t {
             dropped.push(sock);
         }
         MOVED.store(kept.len(), Ordering::Release);
+        crate::remap(kept.keys().copied());
         *table = Some(kept);
         let listeners: Vec<Arc<Sock>> = fresh.into_values().collect();
         ready::child_registry(&mut registry, &listeners);

@@ -43,7 +43,7 @@ use std::ffi::{c_int, c_void};
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use libc::{size_t, sockaddr, socklen_t, ssize_t};
@@ -100,8 +100,48 @@ static TABLE: RwLock<Option<HashMap<RawFd, Arc<Sock>>>> = RwLock::new(None);
 /// libc without a lock.
 static MOVED: AtomicUsize = AtomicUsize::new(0);
 
+/// Which fds the table maps (a bit each, for fds below 65,536; past
+/// that the table is asked). Set and cleared under the table's write
+/// lock. A call on a kernel fd reads its bit and goes to libc without a
+/// lock: the write a signal handler makes to its wake-up pipe or socket
+/// pair (Python's, asyncio's) cannot then meet the table's lock held by
+/// the code it interrupted.
+static MAPPED: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
+
+/// `fd`'s word in [`MAPPED`] and its bit, if it has one.
+fn mapped_bit(fd: RawFd) -> Option<(&'static AtomicU64, u64)> {
+    let f = usize::try_from(fd).ok()?;
+    Some((MAPPED.get(f / 64)?, 1u64 << (f % 64)))
+}
+
+/// Sets (`on`) or clears `fd`'s bit in [`MAPPED`] (with the table's write
+/// lock held).
+fn set_mapped(fd: RawFd, on: bool) {
+    if let Some((w, bit)) = mapped_bit(fd) {
+        if on {
+            w.fetch_or(bit, Ordering::Release);
+        } else {
+            w.fetch_and(!bit, Ordering::Release);
+        }
+    }
+}
+
+/// Makes [`MAPPED`] say exactly `fds` (a forked child's table, rebuilt
+/// with the table's write lock held).
+fn remap(fds: impl Iterator<Item = RawFd>) {
+    for w in &MAPPED {
+        w.store(0, Ordering::Release);
+    }
+    for fd in fds {
+        set_mapped(fd, true);
+    }
+}
+
 fn lookup(fd: RawFd) -> Option<Arc<Sock>> {
     if MOVED.load(Ordering::Acquire) == 0 || fork::forking() {
+        return None;
+    }
+    if mapped_bit(fd).is_some_and(|(w, bit)| w.load(Ordering::Acquire) & bit == 0) {
         return None;
     }
     let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
@@ -119,6 +159,7 @@ fn insert(fd: RawFd, sock: Arc<Sock>) -> Option<Arc<Sock>> {
     let old = t.get_or_insert_with(HashMap::new).insert(fd, sock);
     if old.is_none() {
         MOVED.fetch_add(1, Ordering::Release);
+        set_mapped(fd, true);
     }
     old
 }
@@ -131,6 +172,7 @@ fn remove(fd: RawFd) -> Option<Arc<Sock>> {
     let old = t.as_mut()?.remove(&fd);
     if old.is_some() {
         MOVED.fetch_sub(1, Ordering::Release);
+        set_mapped(fd, false);
     }
     old
 }

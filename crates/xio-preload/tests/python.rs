@@ -506,3 +506,51 @@ fn asyncio_runs_again_and_a_subprocess_leaves_sockets_on_x_io() {
     client.wait_ok();
     server.wait_ok();
 }
+
+/// A signal handler's write to a kernel fd while the code it interrupted
+/// holds the library's socket table: Python's C-level handler writes a
+/// byte to its wake-up fd (`signal.set_wakeup_fd`) at every signal, and
+/// the program opens and closes moved sockets (each an update of the
+/// table) under a 10 kHz `SIGALRM`. A hook that took the table's lock to
+/// learn the wake-up fd is the kernel's deadlocked there.
+const WAKEUP: &str = r#"
+import os, signal, socket
+N = 3000
+r, w = socket.socketpair()
+r.setblocking(False)
+w.setblocking(False)
+signal.set_wakeup_fd(w.fileno())
+signal.signal(signal.SIGALRM, lambda *a: None)
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(64)
+port = l.getsockname()[1]
+def moved(s):
+    inode = os.readlink("/proc/self/fd/%d" % s.fileno())[len("socket:["):-1]
+    with open("/proc/net/unix") as f:
+        return any(line.split()[6] == inode for line in f.readlines()[1:])
+signal.setitimer(signal.ITIMER_REAL, 0.0001, 0.0001)
+woken = 0
+for i in range(N):
+    c = socket.create_connection(("127.0.0.1", port))
+    a, _ = l.accept()
+    if i == 0:
+        print("MOVED", moved(c) and moved(a), flush=True)
+    c.close()
+    a.close()
+    try:
+        woken += len(r.recv(4096))
+    except BlockingIOError:
+        pass
+signal.setitimer(signal.ITIMER_REAL, 0)
+print("DONE", N, woken > 0, flush=True)
+"#;
+
+#[test]
+fn a_signal_handler_writes_its_wakeup_fd_while_sockets_come_and_go() {
+    let s = Setup::new("wakeup", WAKEUP);
+    let mut p = Py::spawn(&s, true, &[]);
+    assert_eq!(p.expect("MOVED"), "True", "over X-IO");
+    assert_eq!(p.expect("DONE"), "3000 True");
+    p.wait_ok();
+}
