@@ -18,9 +18,8 @@
 //! process bind an address at a time; a second worker's listener is
 //! kernel-only.
 //!
-//! `vfork` is `fork` here: a vfork child runs in its parent's memory, and
-//! the hooks it calls before `exec` (`dup2`, `close`) would edit the
-//! parent's tables.
+//! `vfork` is a `fork` that hands over only what a new program inherits
+//! (see `vfork.rs`).
 //!
 //! Not covered: a process that ends while a child still uses a stream it
 //! relays (the child sees the end of the stream), and `posix_spawn` (no
@@ -64,17 +63,18 @@ pub(crate) fn forking() -> bool {
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
     // SAFETY: the same contract.
-    unsafe { fork_handing(true) }
+    unsafe { fork_handing(true) }.0
 }
 
 /// `fork`, handing to the kernel every moved stream (`all`), or only those
 /// a program `exec`ed by the child would inherit (not close-on-exec).
+/// Also returns the fds of the streams left moved.
 ///
 /// # Safety
 ///
 /// As libc's `fork`.
-unsafe fn fork_handing(all: bool) -> libc::pid_t {
-    to_kernel_all(all);
+pub(crate) unsafe fn fork_handing(all: bool) -> (libc::pid_t, Vec<RawFd>) {
+    let held = to_kernel_all(all);
     // The library's locks, held across the fork: the child's copies are
     // then free (a thread of the parent inside one would leave the
     // child's copy taken for ever). Order: sets, registry, table (the
@@ -124,29 +124,16 @@ unsafe fn fork_handing(all: bool) -> libc::pid_t {
     drop((table, sleepers, relayed, poll_fd, registry, sets));
     FORKING.set(false);
     drop((dropped, bells));
-    pid
-}
-
-/// `vfork(2)`, as `fork` (see the module's docs).
-///
-/// # Safety
-///
-/// As libc's `fork`.
-#[no_mangle]
-pub unsafe extern "C" fn vfork() -> libc::pid_t {
-    // A vfork child execs (or exits) at once: only the streams the new
-    // program inherits need the kernel path (Python's subprocess uses
-    // vfork, and its sockets are close-on-exec).
-    // SAFETY: the same contract.
-    unsafe { fork_handing(false) }
+    (pid, held)
 }
 
 /// Hands the moved streams to the kernel path behind a relay (see the
 /// module's docs): all of them, or (`all` false) those with an fd that is
-/// not close-on-exec.
-fn to_kernel_all(all: bool) {
+/// not close-on-exec. Returns the fds of the streams left moved.
+fn to_kernel_all(all: bool) -> Vec<RawFd> {
+    let mut held = Vec::new();
     if MOVED.load(Ordering::Acquire) == 0 {
-        return;
+        return held;
     }
     // Each stream with all its fds (one open file description, `dup`ed).
     let mut streams: HashMap<*const Sock, (Arc<Sock>, Vec<RawFd>)> = HashMap::new();
@@ -164,6 +151,7 @@ fn to_kernel_all(all: bool) {
     }
     for (sock, fds) in streams.into_values() {
         if !all && fds.iter().all(|&fd| fd_flags(fd).1) {
+            held.extend(fds);
             continue;
         }
         if let Err(e) = to_kernel(&sock, &fds) {
@@ -173,6 +161,36 @@ fn to_kernel_all(all: bool) {
                 io::stderr(),
                 "libxio_preload: a stream stays X-IO's across a fork: {e}"
             );
+        }
+    }
+    held
+}
+
+/// Hands the moved stream at `fd` (with all its fds) to the kernel path
+/// behind a relay, if it is one; true if `fd` is a kernel fd after.
+pub(crate) fn to_kernel_at(fd: RawFd) -> bool {
+    let Some(sock) = crate::lookup(fd) else {
+        return true;
+    };
+    if !matches!(sock.kind, Kind::Stream { .. }) {
+        return false;
+    }
+    let fds: Vec<RawFd> = {
+        let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+        t.iter()
+            .flatten()
+            .filter(|(_, s)| Arc::ptr_eq(s, &sock))
+            .map(|(&fd, _)| fd)
+            .collect()
+    };
+    match to_kernel(&sock, &fds) {
+        Ok(()) => true,
+        Err(e) => {
+            let _ = writeln!(
+                io::stderr(),
+                "libxio_preload: a stream stays X-IO's for a vfork child: {e}"
+            );
+            false
         }
     }
 }

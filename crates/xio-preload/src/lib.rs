@@ -58,6 +58,7 @@ mod mux;
 mod opts;
 mod ready;
 mod real;
+mod vfork;
 
 use addr::{read_sockaddr, write_sockaddr};
 
@@ -1270,6 +1271,7 @@ fn dup_done(old: RawFd, new: c_int) -> c_int {
 /// As libc's.
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    vfork::take_over(fd);
     // SAFETY: passed on.
     dup_done(fd, unsafe { real::dup(fd) })
 }
@@ -1281,6 +1283,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 /// As libc's.
 #[no_mangle]
 pub unsafe extern "C" fn dup2(fd: c_int, to: c_int) -> c_int {
+    vfork::take_over(fd);
     // SAFETY: passed on.
     dup_done(fd, unsafe { real::dup2(fd, to) })
 }
@@ -1292,6 +1295,7 @@ pub unsafe extern "C" fn dup2(fd: c_int, to: c_int) -> c_int {
 /// As libc's.
 #[no_mangle]
 pub unsafe extern "C" fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int {
+    vfork::take_over(fd);
     // SAFETY: passed on.
     dup_done(fd, unsafe { real::dup3(fd, to, flags) })
 }
@@ -1306,6 +1310,10 @@ pub unsafe extern "C" fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int {
 /// As libc's.
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    let inheritable = cmd == libc::F_SETFD && arg as c_int & libc::FD_CLOEXEC == 0;
+    if inheritable || cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
+        vfork::take_over(fd);
+    }
     // SAFETY: passed on.
     let r = unsafe { real::fcntl(fd, cmd, arg) };
     match cmd {
@@ -1342,6 +1350,9 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
 /// As libc's.
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int {
+    if req == libc::FIONCLEX {
+        vfork::take_over(fd);
+    }
     if req == libc::FIONREAD {
         if let Some(s) = stream_of(fd) {
             if arg == 0 {

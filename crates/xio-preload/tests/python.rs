@@ -554,3 +554,64 @@ fn a_signal_handler_writes_its_wakeup_fd_while_sockets_come_and_go() {
     assert_eq!(p.expect("DONE"), "3000 True");
     p.wait_ok();
 }
+
+/// A connection handed to a program started by `subprocess` (which uses
+/// vfork): as its stdin and stdout (the child `dup2`s the close-on-exec
+/// socket), and through `pass_fds` (the child makes it inheritable). The
+/// parent hands the stream to the kernel path when the child asks, and
+/// the program talks to the X-IO client through it.
+const SUBPROCESS: &str = r#"
+import os, socket, subprocess, sys
+if sys.argv[1] == "server":
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(8)
+    print("PORT", l.getsockname()[1], flush=True)
+    c, _ = l.accept()
+    p = subprocess.Popen(["cat"], stdin=c, stdout=c)
+    c.close()
+    p.wait()
+    c, _ = l.accept()
+    child = "import socket, sys; s = socket.socket(fileno=int(sys.argv[1])); s.sendall(b'from the child\\n'); s.close()"
+    p = subprocess.Popen([sys.executable, "-c", child, str(c.fileno())], pass_fds=[c.fileno()])
+    c.close()
+    p.wait()
+    print("SPAWNED", p.returncode, flush=True)
+else:
+    port = int(sys.argv[2])
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"through cat\n")
+    s.shutdown(socket.SHUT_WR)
+    got = b""
+    while True:
+        d = s.recv(4096)
+        if not d:
+            break
+        got += d
+    print("CAT", got.decode().strip(), flush=True)
+    s.close()
+    s = socket.create_connection(("127.0.0.1", port))
+    got = b""
+    while True:
+        d = s.recv(4096)
+        if not d:
+            break
+        got += d
+    print("CHILD", got.decode().strip(), flush=True)
+"#;
+
+#[test]
+fn a_connection_handed_to_a_subprocess_reaches_the_program() {
+    let s = Setup::new("handed", SUBPROCESS);
+    let mut server = Py::spawn(&s, true, &["server"]);
+    let port = server.expect("PORT");
+    let mut client = Py::spawn(&s, true, &["client", &port]);
+    assert_eq!(client.expect("CAT"), "through cat");
+    // (Asked while the server waits for the second connection: it ends
+    // after that, and its channel with it.)
+    assert_eq!(s.mgr.snapshot().channels.len(), 1, "over X-IO");
+    assert_eq!(client.expect("CHILD"), "from the child");
+    assert_eq!(server.expect("SPAWNED"), "0");
+    client.wait_ok();
+    server.wait_ok();
+}
