@@ -48,7 +48,7 @@ thread_local! {
 
 /// This thread's bell, made at its first wait.
 pub(crate) fn mine() -> Option<Arc<Bell>> {
-    let pid = std::process::id();
+    let pid = crate::pid();
     MINE.with(|m| {
         let mut m = m.borrow_mut();
         if m.as_ref().is_none_or(|(p, _)| *p != pid) {

@@ -43,7 +43,7 @@ use std::ffi::{c_int, c_void};
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use libc::{size_t, sockaddr, socklen_t, ssize_t};
@@ -200,6 +200,30 @@ fn saved_env() -> &'static [(String, String)] {
 /// Runs when the library is loaded, before the program's `main`.
 extern "C" fn at_load() {
     let _ = saved_env();
+    // SAFETY: registers a handler that only stores to an atomic.
+    unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+}
+
+/// This process's id, cached (`getpid` is a system call, and each wait
+/// asks whether its thread's bell and the net's poll fd are this
+/// process's); forgotten in a forked child.
+static PID: AtomicU32 = AtomicU32::new(0);
+
+pub(crate) fn pid() -> u32 {
+    match PID.load(Ordering::Relaxed) {
+        0 => {
+            let p = std::process::id();
+            PID.store(p, Ordering::Relaxed);
+            p
+        }
+        p => p,
+    }
+}
+
+/// Runs in every child `fork` makes (the library's `fork` and `vfork`
+/// call libc's).
+extern "C" fn forked_child() {
+    PID.store(0, Ordering::Relaxed);
 }
 
 #[used]

@@ -89,7 +89,7 @@ static POLL_FD: Mutex<PollFd> = Mutex::new(None);
 /// The net's poll fd (readable when the doorbell rang), one per process.
 pub(crate) fn poll_fd(net: &Net) -> Option<RawFd> {
     let mut g = POLL_FD.lock().unwrap_or_else(|e| e.into_inner());
-    let pid = std::process::id();
+    let pid = crate::pid();
     let mut old = None;
     if g.as_ref().is_none_or(|(p, _)| *p != pid) {
         // A forked child's copy of its parent's is closed after the lock
