@@ -257,6 +257,58 @@ fn an_accept_with_data_waiting_rings_the_doorbell() {
     assert_eq!(&b, b"early");
 }
 
+/// `poll_nowait_hinted` with `rung` false leaves the doorbell unread: the
+/// events still come (the rings are drained), the poll fd stays readable
+/// so the loop comes back, and a call with `rung` true then reads it.
+#[test]
+fn a_poll_not_told_of_a_ring_leaves_the_fd_readable() {
+    let (_mgr, p) = start("hinted");
+    let server = Net::attach(&p).unwrap();
+    let client = Net::attach(&p).unwrap();
+    let addr: SocketAddr = "10.3.0.14:80".parse().unwrap();
+    let l = server.listen(addr).unwrap();
+    let mut c = client.connect(addr).unwrap();
+    let (s, _) = l.accept().unwrap();
+    s.set_nonblocking(true).unwrap();
+    s.set_token(7);
+    let fd = server.poll_fd().unwrap();
+    let mut events = Vec::new();
+    // Armed, with nothing to report.
+    while server.poll_nowait(&mut events).unwrap() > 0 {
+        events.clear();
+    }
+    let readable = |fd: &std::os::fd::OwnedFd| {
+        let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+        rustix::event::poll(&mut fds, Some(&rustix::event::Timespec::default())).unwrap() == 1
+    };
+    assert!(!readable(&fd), "readable before anything was sent");
+    c.write_all(b"ping").unwrap();
+    wait_readable(&fd, "the doorbell never rang");
+    server
+        .poll_nowait_hinted(&mut events, usize::MAX, false)
+        .unwrap();
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            Event::Stream {
+                token: 7,
+                readable: true,
+                ..
+            }
+        )),
+        "{events:?}"
+    );
+    assert!(readable(&fd), "the unread ring was lost");
+    events.clear();
+    server
+        .poll_nowait_hinted(&mut events, usize::MAX, true)
+        .unwrap();
+    assert!(!readable(&fd), "a ring read with `rung` true stayed");
+    let mut b = [0u8; 4];
+    (&s).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"ping");
+}
+
 /// Opens `n` connections, sends one request on each, says so, and waits to
 /// be killed.
 fn poll_clients(prefix: &str, addr: SocketAddr, n: usize) {

@@ -287,6 +287,9 @@ fn wait(sock: &Sock, write: bool, deadline: Option<Instant>) -> io::Result<()> {
                 std::ptr::null(),
             )
         };
+        if r > 0 && fds[0].revents != 0 {
+            ready::note_rung();
+        }
         if let (Some(a), Some(b)) = (&asleep, fds.get(1)) {
             a.drain(r > 0 && b.revents != 0);
         }

@@ -684,6 +684,9 @@ fn accept_either(
         let mut fds = vec![fd, pfd];
         fds.extend(asleep.as_ref().map(bell::Asleep::fd));
         readable(&fds, -1)?;
+        // Which one woke us is not asked: the next pump reads the
+        // doorbell.
+        ready::note_rung();
     }
 }
 

@@ -557,7 +557,8 @@ fn spin(
 
 /// Removes the markers' events (the poll fd's and the bells') from
 /// `out[from..from + k]`, keeping the others in order; returns how many
-/// are kept, and whether `mine`'s bell was among them.
+/// are kept, and whether `mine`'s bell was among them. The poll fd's is
+/// noted for the next pump (`ready::note_rung`).
 fn drop_marks(
     out: *mut epoll_event,
     from: usize,
@@ -571,6 +572,9 @@ fn drop_marks(
         // SAFETY: the kernel wrote `k` events from `out[from]`.
         let e = unsafe { out.add(i).read_unaligned() };
         rang |= Some(e.u64) == own;
+        if e.u64 == MARK {
+            ready::note_rung();
+        }
         if e.u64 != MARK && e.u64 & BELL_MASK != BELL {
             // SAFETY: `kept <= i`, in the same buffer.
             unsafe { out.add(kept).write_unaligned(e) };
@@ -793,7 +797,11 @@ unsafe fn poll_until(
                 sigmask,
             )
         };
-        // The bell is the last entry.
+        // The poll fd and the bell are the last entries.
+        let tail = kernel.len() - 1 - usize::from(asleep.is_some());
+        if r > 0 && kernel[tail].revents != 0 {
+            ready::note_rung();
+        }
         if let (Some(a), Some(b)) = (&asleep, kernel.last()) {
             a.drain(r > 0 && b.revents != 0);
         }

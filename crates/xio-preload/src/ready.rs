@@ -143,14 +143,31 @@ pub(crate) fn child_registry(g: &mut Option<Registry>, listeners: &[Arc<Sock>]) 
     }
 }
 
+/// Whether a wait saw the net's poll fd readable since the last pump
+/// (true until one has looked: unsure is read).
+static RUNG: AtomicBool = AtomicBool::new(true);
+
+/// Notes that a wait saw the net's poll fd readable: the next pump reads
+/// the doorbell (see `Net::poll_nowait_hinted`).
+pub(crate) fn note_rung() {
+    RUNG.store(true, Ordering::Release);
+}
+
 /// Takes in what the net has (draining its rings, arming its doorbell)
-/// and notes the readiness it reports.
+/// and notes the readiness it reports. The doorbell is read only if a
+/// wait saw it rung: a look that did not sleep (the common case under
+/// load) makes no system call for it.
 pub(crate) fn pump() {
     let Some(net) = Net::global_if_attached() else {
         return;
     };
     let mut events = Vec::new();
-    if net.poll_nowait(&mut events).is_err() || events.is_empty() {
+    let rung = RUNG.swap(false, Ordering::AcqRel);
+    if net
+        .poll_nowait_hinted(&mut events, usize::MAX, rung)
+        .is_err()
+        || events.is_empty()
+    {
         return;
     }
     let socks: Vec<(Arc<Sock>, bool, bool)> = registry(|r| {

@@ -342,6 +342,22 @@ impl Net {
     /// peer's ring to have room, its timer is set: see
     /// [`Net::poll_nowait`]).
     pub fn poll_nowait_capped(&self, events: &mut Vec<Event>, cap: usize) -> io::Result<usize> {
+        self.poll_nowait_hinted(events, cap, true)
+    }
+
+    /// [`Net::poll_nowait_capped`] for a loop that knows whether
+    /// [`Net::poll_fd`] was readable since it last called: with `rung`
+    /// false the doorbell is not read (a read that would find nothing: one
+    /// system call saved on each look that did not sleep, which under
+    /// load is most of them). A ring left unread keeps the fd readable:
+    /// the loop's next wait on it returns at once, and it calls this with
+    /// `rung` true. When unsure, pass true.
+    pub fn poll_nowait_hinted(
+        &self,
+        events: &mut Vec<Event>,
+        cap: usize,
+        rung: bool,
+    ) -> io::Result<usize> {
         let cap = cap.max(1);
         let start = events.len();
         if let Some(e) = self.lock().poll_error.take() {
@@ -372,7 +388,7 @@ impl Net {
         // to the caller, the error with the next call.
         let mut failed = None;
         for _ in 0..4 {
-            let d = match self.drive(true, liveness) {
+            let d = match self.drive(rung, liveness) {
                 Ok(d) => d,
                 Err(e) => {
                     failed = Some(e);
