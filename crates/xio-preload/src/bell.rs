@@ -8,8 +8,8 @@
 //! has a bell (an eventfd) that its waits sleep on too; a thread going to
 //! sleep puts its bell on a list first, then looks at the sockets once
 //! more; a pump that noted events rings every bell on the list but its
-//! own. A single-threaded program never finds anyone on the list, and a
-//! wait reads its bell only when it was rung (a mark kept exact under
+//! own. A single-threaded program finds only its own bell on the list
+//! (nothing to ring), and a wait reads its bell only when it was rung (a mark kept exact under
 //! the list's lock): no syscall is added to its path. A wait stays on
 //! the list, once, until it returns (`Asleep` is made once per call).
 
@@ -117,11 +117,13 @@ impl Drop for Asleep {
     fn drop(&mut self) {
         let mut g = lock();
         // One entry: a wait inside a wait (a signal's handler's) has its
-        // own.
+        // own, and the outer one's ring is left for it to read.
         if let Some(i) = g.iter().position(|b| Arc::ptr_eq(b, &self.0)) {
             g.swap_remove(i);
         }
-        self.0.quiet();
+        if !g.iter().any(|b| Arc::ptr_eq(b, &self.0)) {
+            self.0.quiet();
+        }
     }
 }
 

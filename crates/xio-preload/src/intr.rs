@@ -8,9 +8,10 @@
 //! one: a blocked `recv` must raise `KeyboardInterrupt`), blocking calls
 //! on moved sockets wait here instead: tried non-blocking, then a wait in
 //! `ppoll` on the net's poll fd and the thread's bell, which a signal
-//! interrupts. Which signal interrupted is not known, so any handler
-//! without `SA_RESTART` makes every interruption an `EINTR`; a program
-//! with only restarting handlers (or none) keeps X-IO's own waits.
+//! interrupts: the call then ends with `EINTR` if a handler without
+//! `SA_RESTART` ran (the trampoline below counts them), and goes on
+//! otherwise. A program with only restarting handlers (or none) keeps
+//! X-IO's own waits.
 //!
 //! The program's handlers are installed behind a trampoline that counts
 //! each run: `epoll_wait`, `poll` and these waits return `EINTR` when the
@@ -46,6 +47,9 @@ thread_local! {
     /// at start, has static TLS). Atomic so that a loop's reads are not
     /// folded into one: the handler changes it between them.
     static DELIVERED: AtomicU64 = const { AtomicU64::new(0) };
+    /// Of those, the runs of handlers without `SA_RESTART`: what ends a
+    /// blocking socket call (the kernel restarts it for the others).
+    static INTERRUPTING: AtomicU64 = const { AtomicU64::new(0) };
 }
 
 /// The count of handlers run on this thread so far: a wait that sees it
@@ -56,6 +60,11 @@ thread_local! {
 /// as the kernel interrupts only the thread the handler ran on.
 pub(crate) fn delivered() -> u64 {
     DELIVERED.with(|d| d.load(Ordering::Relaxed))
+}
+
+/// The count of runs on this thread of handlers without `SA_RESTART`.
+fn interrupting() -> u64 {
+    INTERRUPTING.with(|d| d.load(Ordering::Relaxed))
 }
 
 /// The program's handlers, by signal number, and whether each takes
@@ -70,6 +79,9 @@ extern "C" fn trampoline(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut libc:
     let Some(i) = usize::try_from(sig).ok().filter(|&i| i < 65) else {
         return;
     };
+    if (1..=64).contains(&i) && NORESTART.load(Ordering::Relaxed) & (1u64 << (i - 1)) != 0 {
+        INTERRUPTING.with(|d| d.fetch_add(1, Ordering::Relaxed));
+    }
     let h = HANDLERS[i].load(Ordering::Acquire);
     if h == 0 || h == libc::SIG_DFL || h == libc::SIG_IGN {
         return;
@@ -147,7 +159,9 @@ pub unsafe extern "C" fn sigaction(
     // SAFETY: the caller's sigaction.
     let mut a = unsafe { std::ptr::read(act) };
     let h = a.sa_sigaction;
-    let wrapped = h != libc::SIG_DFL && h != libc::SIG_IGN;
+    // (The trampoline itself, handed back by a path the library does not
+    // see, is not wrapped again: it would call itself.)
+    let wrapped = h != libc::SIG_DFL && h != libc::SIG_IGN && h != trampoline as *const () as usize;
     if wrapped {
         HANDLERS[i].store(h, Ordering::Release);
         SIGINFO[i].store(a.sa_flags & libc::SA_SIGINFO != 0, Ordering::Release);
@@ -227,7 +241,7 @@ fn wait(sock: &Sock, write: bool, deadline: Option<Instant>) -> io::Result<()> {
         return Ok(());
     };
     let net = s.net().clone();
-    let signals = delivered();
+    let signals = interrupting();
     let ready = || {
         if write {
             sock.bits.writable.load(Ordering::Relaxed)
@@ -254,7 +268,7 @@ fn wait(sock: &Sock, write: bool, deadline: Option<Instant>) -> io::Result<()> {
         if ready() {
             return Ok(());
         }
-        if delivered() != signals {
+        if interrupting() != signals {
             return Err(io::ErrorKind::Interrupted.into());
         }
         let t = match deadline {
@@ -287,15 +301,19 @@ fn wait(sock: &Sock, write: bool, deadline: Option<Instant>) -> io::Result<()> {
                 std::ptr::null(),
             )
         };
+        // Taken before the drain, whose lock may set errno.
+        let err = io::Error::last_os_error();
         if r > 0 && fds[0].revents != 0 {
             ready::note_rung();
         }
         if let (Some(a), Some(b)) = (&asleep, fds.get(1)) {
             a.drain(r > 0 && b.revents != 0);
         }
-        if r < 0 {
-            // EINTR among them: a signal's handler ran.
-            return Err(io::Error::last_os_error());
+        if r < 0 && err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
         }
+        // EINTR: a handler ran; one without SA_RESTART ends the call (the
+        // count is looked at above), the others restart it, as the kernel
+        // does.
     }
 }

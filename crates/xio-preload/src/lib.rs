@@ -169,6 +169,11 @@ fn remove(fd: RawFd) -> Option<Arc<Sock>> {
     if MOVED.load(Ordering::Acquire) == 0 || fork::forking() {
         return None;
     }
+    // A kernel fd (its bit clear) is not in the table: no lock (a close
+    // in a signal handler must not wait for the code it interrupted).
+    if mapped_bit(fd).is_some_and(|(w, bit)| w.load(Ordering::Acquire) & bit == 0) {
+        return None;
+    }
     let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
     let old = t.as_mut()?.remove(&fd);
     if old.is_some() {
@@ -296,6 +301,12 @@ fn net() -> Option<Net> {
 fn set_errno(e: c_int) {
     // SAFETY: `__errno_location` returns this thread's errno slot.
     unsafe { *libc::__errno_location() = e };
+}
+
+/// This thread's errno, as the last failed call left it.
+fn errno() -> c_int {
+    // SAFETY: `__errno_location` returns this thread's errno slot.
+    unsafe { *libc::__errno_location() }
 }
 
 /// The errno a kernel socket gives for `e`.

@@ -22,7 +22,7 @@ use libc::epoll_event;
 
 use crate::ready::{self, ERR, HUP};
 use crate::{bell, intr};
-use crate::{lookup, net, real, set_errno, xio_listener, Kind, Sock};
+use crate::{errno, lookup, net, real, set_errno, xio_listener, Kind, Sock};
 
 /// The data the net's poll fd carries in a program's epoll set.
 const MARK: u64 = 0x5849_4f5f_4d41_524b; // "XIO_MARK"
@@ -437,7 +437,27 @@ unsafe fn wait(
         // SAFETY: passed on.
         return unsafe { real::epoll_pwait(epfd, out, max, timeout, sigmask) };
     }
-    let max = max as usize;
+    // errno is set here, after the wait's locks are let go (a contended
+    // lock's futex call would overwrite it).
+    // SAFETY: the same contract.
+    match unsafe { wait_moved(epfd, out, max as usize, timeout, sigmask) } {
+        Ok(n) => n as c_int,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+/// `epoll_wait` on a set with moved members: the number of events, or
+/// the errno to fail with.
+unsafe fn wait_moved(
+    epfd: c_int,
+    out: *mut epoll_event,
+    max: usize,
+    timeout: c_int,
+    sigmask: *const libc::sigset_t,
+) -> Result<usize, c_int> {
     let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
     let mut spun = false;
     // On the sleepers' list from the look before a sleep until it ends.
@@ -449,14 +469,13 @@ unsafe fn wait(
         ready::pump();
         let mut n = collect(epfd, out, max);
         if n == 0 && intr::delivered() != signals {
-            set_errno(libc::EINTR);
-            return -1;
+            return Err(libc::EINTR);
         }
         if n == 0 && timeout != 0 && !spun {
             spun = true;
-            let k = spin(epfd, out, max, sigmask, signals);
+            let k = spin(epfd, out, max, sigmask, signals)?;
             if k > 0 {
-                return k;
+                return Ok(k);
             }
             // Once per wait: a second registration's end would take the
             // first off the list with it.
@@ -473,21 +492,22 @@ unsafe fn wait(
             let t = if n > 0 { 0 } else { remaining(deadline) };
             // SAFETY: `out[n..max]` is the caller's room.
             let k = unsafe { real::epoll_pwait(epfd, out.add(n), (max - n) as c_int, t, sigmask) };
+            let err = (k < 0).then(errno);
             // Drop the markers' events (they only woke us), keep the rest.
             let (kept, rang) = drop_marks(out, n, k.max(0) as usize, asleep.as_ref());
             if let Some(a) = &asleep {
                 a.drain(rang);
             }
-            if k < 0 {
-                return if n > 0 { n as c_int } else { k };
+            if let Some(e) = err {
+                return if n > 0 { Ok(n) } else { Err(e) };
             }
             n += kept;
         }
         if n > 0 {
-            return n as c_int;
+            return Ok(n);
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            return 0;
+            return Ok(0);
         }
         // The kernel woke us for the marker alone: X-IO has something.
     }
@@ -511,15 +531,17 @@ fn bell_in(epfd: RawFd, a: &bell::Asleep) {
 /// awake on another core, looking at the kernel set now and then. A
 /// wake-up from sleep costs tens of microseconds on a VM; a request that
 /// comes within the budget costs none. Returns the kernel's events found
-/// meanwhile (written to `out`), or 0 (then look at X-IO again).
+/// meanwhile (written to `out`), or 0 (then look at X-IO again), or the
+/// errno of a failed look (`EINTR`: a signal the caller's `sigmask` let
+/// in).
 fn spin(
     epfd: c_int,
     out: *mut epoll_event,
     max: usize,
     sigmask: *const libc::sigset_t,
     signals: u64,
-) -> c_int {
-    let Some(net) = net() else { return 0 };
+) -> Result<usize, c_int> {
+    let Some(net) = net() else { return Ok(0) };
     let mut w = net.watch_begin();
     let budget = net.spin_budget();
     let start = Instant::now();
@@ -538,9 +560,14 @@ fn spin(
             }
             // SAFETY: `out` has room for `max` events.
             let k = unsafe { real::epoll_pwait(epfd, out, max as c_int, 0, sigmask) };
+            if k < 0 {
+                let e = errno();
+                net.watch_end(w, hit, start.elapsed());
+                return Err(e);
+            }
             // (A bell found here rings again in the wait that follows,
             // which reads it.)
-            let (kept, _) = drop_marks(out, 0, k.max(0) as usize, None);
+            let (kept, _) = drop_marks(out, 0, k as usize, None);
             if kept > 0 {
                 found = kept;
                 // The doorbell was off while watching: take in what came
@@ -552,7 +579,7 @@ fn spin(
         std::hint::spin_loop();
     }
     net.watch_end(w, hit, start.elapsed());
-    found as c_int
+    Ok(found)
 }
 
 /// Removes the markers' events (the poll fd's and the bells') from
@@ -774,6 +801,8 @@ unsafe fn poll_until(
             }
         }
         if count == 0 && intr::delivered() != signals {
+            // Off the sleepers' list first: its lock may set errno.
+            drop(asleep);
             set_errno(libc::EINTR);
             return -1;
         }
@@ -797,6 +826,7 @@ unsafe fn poll_until(
                 sigmask,
             )
         };
+        let err = errno();
         // The poll fd and the bell are the last entries.
         let tail = kernel.len() - 1 - usize::from(asleep.is_some());
         if r > 0 && kernel[tail].revents != 0 {
@@ -806,7 +836,12 @@ unsafe fn poll_until(
             a.drain(r > 0 && b.revents != 0);
         }
         if r < 0 {
-            return if count > 0 { count } else { r };
+            if count > 0 {
+                return count;
+            }
+            drop(asleep);
+            set_errno(err);
+            return -1;
         }
         let mut ki = 0;
         for (p, k) in list.iter_mut().zip(&polled) {
