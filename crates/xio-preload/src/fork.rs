@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 
 use xio_core::net::XioStream;
 
-use crate::{fd_flags, mux, ready, real, unix_pair, Kind, Sock, MOVED, TABLE};
+use crate::{fd_flags, mux, ready, real, unix_pair, vfork, Kind, Sock, MOVED, TABLE};
 
 /// The relays' ends of their pairs: a forked child closes its copies,
 /// which would keep its own end from ever seeing the relay's end.
@@ -67,14 +67,15 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
 }
 
 /// `fork`, handing to the kernel every moved stream (`all`), or only those
-/// a program `exec`ed by the child would inherit (not close-on-exec).
-/// Also returns the fds of the streams left moved.
+/// a program `exec`ed by the child would inherit (not close-on-exec); then
+/// the parent gets the link over which the child asks for the others
+/// (see `vfork.rs`).
 ///
 /// # Safety
 ///
 /// As libc's `fork`.
-pub(crate) unsafe fn fork_handing(all: bool) -> (libc::pid_t, Vec<RawFd>) {
-    let held = to_kernel_all(all);
+pub(crate) unsafe fn fork_handing(all: bool) -> (libc::pid_t, Option<vfork::Link>) {
+    to_kernel_all(all);
     // The library's locks, held across the fork: the child's copies are
     // then free (a thread of the parent inside one would leave the
     // child's copy taken for ever). Order: sets, registry, table (the
@@ -84,6 +85,13 @@ pub(crate) unsafe fn fork_handing(all: bool) -> (libc::pid_t, Vec<RawFd>) {
     let mut relayed = RELAYED.lock().unwrap_or_else(|e| e.into_inner());
     let mut sleepers = crate::bell::lock_for_fork();
     let mut table = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    // Made under the locks: a fork on another thread meanwhile would
+    // inherit the child's end and keep the parent waiting.
+    let mut link = if all {
+        None
+    } else {
+        vfork::prepare(table.as_ref())
+    };
     FORKING.set(true);
     // SAFETY: libc's fork; the locks above are released in both processes.
     let pid = unsafe { real::fork() };
@@ -120,20 +128,22 @@ pub(crate) unsafe fn fork_handing(all: bool) -> (libc::pid_t, Vec<RawFd>) {
             // SAFETY: the child's copy of a relay's end, not used here.
             unsafe { real::close(fd) };
         }
+        vfork::in_child(link.take(), &mut dropped);
+    } else if let Some(l) = &mut link {
+        l.in_parent(pid);
     }
     drop((table, sleepers, relayed, poll_fd, registry, sets));
     FORKING.set(false);
     drop((dropped, bells));
-    (pid, held)
+    (pid, link)
 }
 
 /// Hands the moved streams to the kernel path behind a relay (see the
 /// module's docs): all of them, or (`all` false) those with an fd that is
-/// not close-on-exec. Returns the fds of the streams left moved.
-fn to_kernel_all(all: bool) -> Vec<RawFd> {
-    let mut held = Vec::new();
+/// not close-on-exec.
+fn to_kernel_all(all: bool) {
     if MOVED.load(Ordering::Acquire) == 0 {
-        return held;
+        return;
     }
     // Each stream with all its fds (one open file description, `dup`ed).
     let mut streams: HashMap<*const Sock, (Arc<Sock>, Vec<RawFd>)> = HashMap::new();
@@ -151,7 +161,6 @@ fn to_kernel_all(all: bool) -> Vec<RawFd> {
     }
     for (sock, fds) in streams.into_values() {
         if !all && fds.iter().all(|&fd| fd_flags(fd).1) {
-            held.extend(fds);
             continue;
         }
         if let Err(e) = to_kernel(&sock, &fds) {
@@ -163,45 +172,34 @@ fn to_kernel_all(all: bool) -> Vec<RawFd> {
             );
         }
     }
-    held
 }
 
-/// Hands the moved stream at `fd` (with all its fds) to the kernel path
-/// behind a relay, if it is one; true if `fd` is a kernel fd after.
-pub(crate) fn to_kernel_at(fd: RawFd) -> bool {
-    let Some(sock) = crate::lookup(fd) else {
-        return true;
-    };
-    if !matches!(sock.kind, Kind::Stream { .. }) {
-        return false;
-    }
+/// Hands `sock`, a moved stream, to the kernel path behind a relay, with
+/// whatever fds this process still has of it, and returns the new pair's
+/// near end: for a `vfork` child that passes the stream on. (Its current
+/// fds cannot be relayed where they stand: their pair's far end is shut
+/// down, so that calls the library does not define fail visibly.)
+pub(crate) fn hand_over(sock: &Arc<Sock>) -> io::Result<OwnedFd> {
     let fds: Vec<RawFd> = {
         let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
         t.iter()
             .flatten()
-            .filter(|(_, s)| Arc::ptr_eq(s, &sock))
+            .filter(|(_, x)| Arc::ptr_eq(x, sock))
             .map(|(&fd, _)| fd)
             .collect()
     };
-    match to_kernel(&sock, &fds) {
-        Ok(()) => true,
-        Err(e) => {
-            let _ = writeln!(
-                io::stderr(),
-                "libxio_preload: a stream stays X-IO's for a vfork child: {e}"
-            );
-            false
-        }
-    }
+    to_kernel(sock, &fds)
 }
 
-fn to_kernel(sock: &Sock, fds: &[RawFd]) -> io::Result<()> {
+/// Hands `sock` to the kernel path: a fresh socket pair's near end over
+/// each of `fds` (same flags, epoll registrations moved), a relay on its
+/// far end; returns the near end.
+fn to_kernel(sock: &Sock, fds: &[RawFd]) -> io::Result<OwnedFd> {
     let Kind::Stream { s, .. } = &sock.kind else {
-        return Ok(());
+        return Err(io::Error::other("not a stream"));
     };
     let (a, b) = (s.try_clone()?, s.try_clone()?);
-    let (near, far) = unix_pair(false, false)?;
-    let (fl, _) = fd_flags(fds[0]);
+    let (near, far) = unix_pair(true, false)?;
     for &fd in fds {
         let (_, cloexec) = fd_flags(fd);
         let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
@@ -214,13 +212,22 @@ fn to_kernel(sock: &Sock, fds: &[RawFd]) -> io::Result<()> {
         mux::to_kernel(fd);
         drop(old);
     }
-    if fl & libc::O_NONBLOCK != 0 {
-        // SAFETY: `fds[0]` is the new near end (its file description is
-        // every one of `fds`').
-        unsafe { real::fcntl(fds[0], libc::F_SETFL, fl as usize) };
+    if let Some(&first) = fds.first() {
+        let (fl, _) = fd_flags(first);
+        if fl & libc::O_NONBLOCK != 0 {
+            // SAFETY: `first` is the new near end (its file description
+            // is every one of `fds`').
+            unsafe { real::fcntl(first, libc::F_SETFL, fl as usize) };
+        }
     }
-    // The program's timeouts lived on the X-IO stream: the kernel socket
-    // takes them over.
+    keep_timeouts(s, near.as_raw_fd());
+    relay(a, b, far)?;
+    Ok(near)
+}
+
+/// The program's timeouts lived on the X-IO stream: `fd`, its kernel
+/// socket now, takes them over.
+fn keep_timeouts(s: &XioStream, fd: RawFd) {
     for (name, t) in [
         (libc::SO_RCVTIMEO, s.read_timeout()),
         (libc::SO_SNDTIMEO, s.write_timeout()),
@@ -233,7 +240,7 @@ fn to_kernel(sock: &Sock, fds: &[RawFd]) -> io::Result<()> {
             // SAFETY: a timeval for the option, its size given.
             unsafe {
                 real::setsockopt(
-                    fds[0],
+                    fd,
                     libc::SOL_SOCKET,
                     name,
                     (&raw const tv).cast(),
@@ -242,7 +249,6 @@ fn to_kernel(sock: &Sock, fds: &[RawFd]) -> io::Result<()> {
             };
         }
     }
-    relay(a, b, far)
 }
 
 /// Moves bytes between X-IO stream `s` (`s2` another handle to it) and

@@ -1194,6 +1194,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) ->
 /// As libc's.
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    vfork::forget(fd, fd);
     if !fork::forking() {
         mux::end_fresh(fd);
     }
@@ -1213,6 +1214,10 @@ fn forget_range(first: u32, last: u32) {
     if fork::forking() {
         return;
     }
+    vfork::forget(
+        first.min(i32::MAX as u32) as RawFd,
+        last.min(i32::MAX as u32) as RawFd,
+    );
     if MOVED.load(Ordering::Acquire) == 0 {
         mux::forget_range(first, last);
         return;
@@ -1322,6 +1327,9 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn dup2(fd: c_int, to: c_int) -> c_int {
     vfork::take_over(fd);
+    if fd != to {
+        vfork::forget(to, to);
+    }
     // SAFETY: passed on.
     dup_done(fd, unsafe { real::dup2(fd, to) })
 }
@@ -1334,6 +1342,7 @@ pub unsafe extern "C" fn dup2(fd: c_int, to: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int {
     vfork::take_over(fd);
+    vfork::forget(to, to);
     // SAFETY: passed on.
     dup_done(fd, unsafe { real::dup3(fd, to, flags) })
 }

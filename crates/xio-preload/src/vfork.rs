@@ -10,27 +10,131 @@
 //!
 //! A close-on-exec stream can still reach the new program: the child
 //! `dup2`s it onto the program's stdin or stdout (`Popen(stdin=conn)`), or
-//! makes it inheritable (`pass_fds`). In the child such an fd is a
+//! makes it inheritable (`pass_fds`). In the child its fd is a
 //! placeholder (the X-IO side is the parent's). So the child asks: before
-//! it copies one (`dup`, `dup2`, `dup3`, `F_DUPFD`) or makes it
-//! inheritable (`F_SETFD`, `FIONCLEX`), it sends the fd's number over a
-//! socket pair made for the vfork, and the parent, which waits in `vfork`
-//! until the child `exec`s or exits (as a vfork parent is suspended), hands
-//! that stream to the kernel path behind a relay and passes its new fd
-//! back (`SCM_RIGHTS`); the child puts it in the placeholder's place.
+//! it copies such an fd (`dup`, `dup2`, `dup3`, `F_DUPFD`) or makes it
+//! inheritable (`F_SETFD`, `FIONCLEX`), it sends the stream's number in
+//! the list made at the fork over a socket pair made with it; the parent,
+//! which waits in `vfork` until the child `exec`s or exits (as a vfork
+//! parent is suspended), hands that stream to the kernel path behind a
+//! relay (`fork::hand_over`) and sends the new socket's fd back
+//! (`SCM_RIGHTS`), which the child puts in the placeholder's place. The
+//! stream is named by its number in the list, not by an fd of the
+//! parent's, which another thread of the parent may have closed or
+//! reused meanwhile.
 
+use std::collections::HashMap;
 use std::io;
-use std::os::fd::{IntoRawFd, RawFd};
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use crate::{fd_flags, fork, real, unix_pair, MOVED};
+use crate::{fd_flags, fork, real, unix_pair, Kind, Sock};
 
 /// In a vfork child: its end of the link to the parent, and the fds of
-/// the parent's streams not handed over (placeholders here).
-static CHILD: Mutex<Option<(RawFd, Vec<RawFd>)>> = Mutex::new(None);
+/// the parent's streams left on X-IO with each one's number in the
+/// parent's list.
+static CHILD: Mutex<Option<ChildLink>> = Mutex::new(None);
+type ChildLink = (RawFd, Vec<(RawFd, u32)>);
 /// Whether [`CHILD`] is set: the hooks look at this alone otherwise.
 static IN_CHILD: AtomicBool = AtomicBool::new(false);
+
+/// The link a vfork makes, while the fork's locks are held.
+pub(crate) struct Link {
+    parent: RawFd,
+    child: RawFd,
+    /// The streams left on X-IO, by number, and the kernel socket each
+    /// was handed over as, once asked for.
+    streams: Vec<(Arc<Sock>, Option<OwnedFd>)>,
+    /// Their fds, with each one's number.
+    held: Vec<(RawFd, u32)>,
+}
+
+/// Before libc's fork, with the table held: a link if `table` has streams
+/// (those left after the hand-over of the inheritable ones).
+pub(crate) fn prepare(table: Option<&HashMap<RawFd, Arc<Sock>>>) -> Option<Link> {
+    let mut streams: Vec<(Arc<Sock>, Option<OwnedFd>)> = Vec::new();
+    let mut held = Vec::new();
+    for (&fd, sock) in table.into_iter().flatten() {
+        if !matches!(sock.kind, Kind::Stream { .. }) {
+            continue;
+        }
+        let i = match streams.iter().position(|(s, _)| Arc::ptr_eq(s, sock)) {
+            Some(i) => i,
+            None => {
+                streams.push((sock.clone(), None));
+                streams.len() - 1
+            }
+        };
+        held.push((fd, i as u32));
+    }
+    if held.is_empty() {
+        return None;
+    }
+    // Both ends close-on-exec: the child's closes when its program starts,
+    // which ends the parent's wait.
+    let (p, c) = unix_pair(true, false).ok()?;
+    Some(Link {
+        parent: p.into_raw_fd(),
+        child: c.into_raw_fd(),
+        streams,
+        held,
+    })
+}
+
+impl Link {
+    /// In the parent, still under the fork's locks: the child's end is the
+    /// child's alone (a later fork on another thread must not hold it).
+    /// A failed fork keeps nothing to serve.
+    pub(crate) fn in_parent(&mut self, pid: libc::pid_t) {
+        // SAFETY: the child's end, closed once here.
+        unsafe { real::close(self.child) };
+        self.child = -1;
+        if pid < 0 {
+            self.held.clear();
+        }
+    }
+
+    /// In the parent after the fork: hands over each stream the child
+    /// asks for and sends its kernel socket back, until the child's end
+    /// closes (`exec` or exit).
+    pub(crate) fn serve(mut self) {
+        if !self.held.is_empty() {
+            loop {
+                let mut b = [0u8; 4];
+                // SAFETY: `b` has 4 writable bytes.
+                let n = unsafe { real::read(self.parent, b.as_mut_ptr().cast(), 4) };
+                if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                if n != 4 {
+                    break;
+                }
+                let near = self
+                    .streams
+                    .get_mut(u32::from_ne_bytes(b) as usize)
+                    .and_then(|(sock, near)| {
+                        if near.is_none() {
+                            match fork::hand_over(sock) {
+                                Ok(fd) => *near = Some(fd),
+                                Err(e) => {
+                                    use std::io::Write;
+                                    let _ = writeln!(
+                                        io::stderr(),
+                                        "libxio_preload: a stream stays X-IO's for a vfork child: {e}"
+                                    );
+                                }
+                            }
+                        }
+                        near.as_ref().map(AsRawFd::as_raw_fd)
+                    });
+                send_fd(self.parent, near);
+            }
+        }
+        // SAFETY: the parent's end, closed once here.
+        unsafe { real::close(self.parent) };
+    }
+}
 
 /// `vfork(2)`, as a `fork` (see the module's docs).
 ///
@@ -39,61 +143,42 @@ static IN_CHILD: AtomicBool = AtomicBool::new(false);
 /// As libc's `fork`.
 #[no_mangle]
 pub unsafe extern "C" fn vfork() -> libc::pid_t {
-    // Both ends close-on-exec: the child's closes when its program starts,
-    // which ends the parent's wait.
-    let link = if MOVED.load(Ordering::Acquire) > 0 {
-        unix_pair(true, false).ok()
-    } else {
-        None
-    };
     // SAFETY: the same contract.
-    let (pid, held) = unsafe { fork::fork_handing(false) };
-    let Some((parent, child)) = link else {
-        return pid;
-    };
-    let (parent, child) = (parent.into_raw_fd(), child.into_raw_fd());
-    match pid {
-        0 => {
-            // SAFETY: the parent's end, a copy of the child's own.
-            unsafe { real::close(parent) };
-            if held.is_empty() {
-                // SAFETY: ours, unused.
-                unsafe { real::close(child) };
-            } else {
-                *CHILD.lock().unwrap_or_else(|e| e.into_inner()) = Some((child, held));
-                IN_CHILD.store(true, Ordering::Release);
-            }
-        }
-        _ => {
-            // SAFETY: the child's end: the parent keeps none.
-            unsafe { real::close(child) };
-            if pid > 0 && !held.is_empty() {
-                serve(parent);
-            }
-            // SAFETY: ours, done with.
-            unsafe { real::close(parent) };
-        }
+    let (pid, link) = unsafe { fork::fork_handing(false) };
+    if let Some(l) = link {
+        l.serve();
     }
     pid
 }
 
-/// In the parent: hands over each stream the child asks for and passes
-/// its fd back, until the child's end closes (`exec` or exit).
-fn serve(link: RawFd) {
-    loop {
-        let mut b = [0u8; 4];
-        // SAFETY: `b` has 4 writable bytes.
-        let n = unsafe { real::read(link, b.as_mut_ptr().cast(), 4) };
-        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-            continue;
-        }
-        if n != 4 {
-            return;
-        }
-        let fd = RawFd::from_ne_bytes(b);
-        let ok = fork::to_kernel_at(fd);
-        send_fd(link, ok.then_some(fd));
+/// In every forked child, under the fork's locks: a link inherited from a
+/// vfork parent's child is not this one's (closed); `link`, this vfork's,
+/// is. The parent's streams the link holds go to `dropped`.
+pub(crate) fn in_child(link: Option<Link>, dropped: &mut Vec<Arc<Sock>>) {
+    let old = CHILD.lock().unwrap_or_else(|e| e.into_inner()).take();
+    IN_CHILD.store(false, Ordering::Release);
+    if let Some((fd, _)) = old {
+        // SAFETY: the inherited link, not this child's to use.
+        unsafe { real::close(fd) };
     }
+    let Some(l) = link else {
+        return;
+    };
+    // SAFETY: the parent's end, a copy of the parent's own.
+    unsafe { real::close(l.parent) };
+    dropped.extend(l.streams.into_iter().map(|(s, _)| s));
+    // Out of the way of the fds the program is about to arrange.
+    // SAFETY: `l.child` is open; the copy is close-on-exec.
+    let high = unsafe { real::fcntl(l.child, libc::F_DUPFD_CLOEXEC, 512) };
+    let fd = if high >= 0 {
+        // SAFETY: the low copy, replaced by `high`.
+        unsafe { real::close(l.child) };
+        high
+    } else {
+        l.child
+    };
+    *CHILD.lock().unwrap_or_else(|e| e.into_inner()) = Some((fd, l.held));
+    IN_CHILD.store(true, Ordering::Release);
 }
 
 /// Sends one byte with `fd` attached (none if `None`).
@@ -170,7 +255,8 @@ fn recv_fd(link: RawFd) -> Option<RawFd> {
 
 /// In a vfork child, before `fd` is copied or made inheritable: if it is a
 /// parent's stream left on X-IO, has the parent hand it over and puts the
-/// kernel fd it sends in its place. Nothing otherwise (one load).
+/// kernel socket it sends in the placeholder's place. Nothing otherwise
+/// (one load).
 pub(crate) fn take_over(fd: RawFd) {
     if !IN_CHILD.load(Ordering::Acquire) {
         return;
@@ -179,32 +265,52 @@ pub(crate) fn take_over(fd: RawFd) {
     let Some((link, held)) = g.as_mut() else {
         return;
     };
-    let Some(i) = held.iter().position(|&h| h == fd) else {
+    let Some(i) = held.iter().position(|&(h, _)| h == fd) else {
         return;
     };
-    held.swap_remove(i);
+    let (_, n) = held.swap_remove(i);
     let link = *link;
-    let b = fd.to_ne_bytes();
-    // SAFETY: 4 readable bytes.
-    if unsafe { real::write(link, b.as_ptr().cast(), 4) } != 4 {
+    let b = n.to_ne_bytes();
+    // SAFETY: 4 readable bytes; MSG_NOSIGNAL: a parent gone is an error.
+    let got = if unsafe { real::send(link, b.as_ptr().cast(), 4, libc::MSG_NOSIGNAL) } == 4 {
+        recv_fd(link)
+    } else {
+        None
+    };
+    let Some(new) = got else {
+        use std::io::Write;
+        let _ = writeln!(
+            io::stderr(),
+            "libxio_preload: fd {fd} is an X-IO stream its parent could not hand over"
+        );
+        return;
+    };
+    // The placeholder's status flags (O_NONBLOCK) and close-on-exec flag
+    // carry over.
+    let (fl, cloexec) = fd_flags(fd);
+    // SAFETY: both open; the placeholder at `fd` is replaced by the
+    // kernel socket the parent sent, whose own fd is then closed.
+    unsafe {
+        real::fcntl(new, libc::F_SETFL, fl as usize);
+        real::dup3(new, fd, if cloexec { libc::O_CLOEXEC } else { 0 });
+        real::close(new);
+    }
+}
+
+/// In a vfork child, as fds `first..=last` are closed or replaced: a held
+/// fd there is the program's from now (no longer the parent's stream),
+/// and the link, if there, is gone.
+pub(crate) fn forget(first: RawFd, last: RawFd) {
+    if !IN_CHILD.load(Ordering::Acquire) {
         return;
     }
-    match recv_fd(link) {
-        Some(new) => {
-            let flags = if fd_flags(fd).1 { libc::O_CLOEXEC } else { 0 };
-            // SAFETY: both open; the placeholder at `fd` is replaced by
-            // the kernel fd the parent sent, which is then closed.
-            unsafe {
-                real::dup3(new, fd, flags);
-                real::close(new);
-            }
-        }
-        None => {
-            use std::io::Write;
-            let _ = writeln!(
-                io::stderr(),
-                "libxio_preload: fd {fd} is an X-IO stream its parent could not hand over"
-            );
-        }
+    let mut g = CHILD.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((link, held)) = g.as_mut() else {
+        return;
+    };
+    held.retain(|&(fd, _)| !(first..=last).contains(&fd));
+    if (first..=last).contains(link) {
+        *g = None;
+        IN_CHILD.store(false, Ordering::Release);
     }
 }
