@@ -1,25 +1,26 @@
 //! `fork` and `vfork`: what a child inherits of the moved sockets.
 //!
 //! A moved stream's X-IO side belongs to the process that opened it (its
-//! stack, its rings); a forked child cannot use it. So, before the fork,
-//! each moved stream is handed to the kernel path: its fds become one
-//! end of a fresh Unix socket pair (same numbers, flags and epoll
-//! registrations), and a relay in this process moves the bytes between
-//! the pair's other end and the X-IO stream, both ways, until every copy
-//! of the fd, in this process and in its children, is closed. Parent and
-//! child then share the stream as they would share a kernel socket
-//! (ForkingMixIn servers, CGI, a `BGSAVE` child that closes what it
-//! inherited); the relay costs a copy and a kernel hop, so a stream that
-//! was open at a fork is slower than one opened after it.
+//! stack, its rings); a forked child cannot use it. So a stream the child
+//! uses is handed to the kernel path: its fds become one end of a fresh
+//! Unix socket pair (same numbers, flags and epoll registrations), and a
+//! relay in this process moves the bytes between the pair's other end
+//! and the X-IO stream, both ways, until every copy of the fd, in this
+//! process and in its children, is closed. Parent and child then share
+//! the stream as they would share a kernel socket (ForkingMixIn servers,
+//! CGI); the relay costs a copy and a kernel hop.
+//!
+//! A stream with an fd that is not close-on-exec is handed over before
+//! the fork (a program the child `exec`s would inherit it, and no hook
+//! runs there). A close-on-exec one stays on X-IO in the parent, and the
+//! child asks for it when it first uses it (see `vfork.rs`): a child that
+//! never does (redis's `BGSAVE`) costs the connections nothing.
 //!
 //! Listeners stay moved on both sides: the child's copy is a fresh entry
 //! whose X-IO side binds at its first accept or readiness registration
 //! (nginx's workers, after a master that never accepts). X-IO lets one
 //! process bind an address at a time; a second worker's listener is
 //! kernel-only.
-//!
-//! `vfork` is a `fork` that hands over only what a new program inherits
-//! (see `vfork.rs`).
 //!
 //! Not covered: a process that ends while a child still uses a stream it
 //! relays (the child sees the end of the stream), and `posix_spawn` (no
@@ -63,7 +64,22 @@ pub(crate) fn forking() -> bool {
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
     // SAFETY: the same contract.
-    unsafe { fork_handing(true) }.0
+    let (pid, link) = unsafe { fork_handing(false) };
+    if let Some(l) = link {
+        // The child may ask for its streams at any time: a thread of the
+        // parent answers until every copy of the child's end is closed.
+        let _quiet = QuietSignals::new();
+        let spawned = std::thread::Builder::new()
+            .name("xio-fork-link".into())
+            .spawn(move || l.serve());
+        if let Err(e) = spawned {
+            let _ = writeln!(
+                io::stderr(),
+                "libxio_preload: the forked child cannot take over its X-IO streams: {e}"
+            );
+        }
+    }
+    pid
 }
 
 /// `fork`, handing to the kernel every moved stream (`all`), or only those
@@ -75,6 +91,9 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
 ///
 /// As libc's `fork`.
 pub(crate) unsafe fn fork_handing(all: bool) -> (libc::pid_t, Option<vfork::Link>) {
+    // A child forking again: the streams it still holds for its parent
+    // are asked for now (its own child could not ask).
+    vfork::take_over_all();
     to_kernel_all(all);
     // The library's locks, held across the fork: the child's copies are
     // then free (a thread of the parent inside one would leave the
@@ -373,10 +392,10 @@ fn wait_hang_up(fd: RawFd) {
 
 /// Every signal blocked on this thread while it lives (threads spawned
 /// meanwhile inherit the mask), the mask before restored after.
-struct QuietSignals(libc::sigset_t);
+pub(crate) struct QuietSignals(libc::sigset_t);
 
 impl QuietSignals {
-    fn new() -> QuietSignals {
+    pub(crate) fn new() -> QuietSignals {
         // SAFETY: zeroed sigsets, filled by `sigfillset` and written by
         // `pthread_sigmask` with the mask it replaces.
         unsafe {

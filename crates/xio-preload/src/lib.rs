@@ -139,7 +139,13 @@ fn remap(fds: impl Iterator<Item = RawFd>) {
 }
 
 fn lookup(fd: RawFd) -> Option<Arc<Sock>> {
-    if MOVED.load(Ordering::Acquire) == 0 || fork::forking() {
+    if fork::forking() {
+        return None;
+    }
+    // A forked child's first use of a stream its parent kept on X-IO
+    // hands it over (see `vfork.rs`); one load otherwise.
+    vfork::take_over(fd);
+    if MOVED.load(Ordering::Acquire) == 0 {
         return None;
     }
     if mapped_bit(fd).is_some_and(|(w, bit)| w.load(Ordering::Acquire) & bit == 0) {

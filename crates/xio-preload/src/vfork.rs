@@ -1,27 +1,28 @@
-//! `vfork`: a child that starts a new program, and the streams it passes
-//! on.
+//! A forked child's way to the streams its parent kept on X-IO, and
+//! `vfork`.
+//!
+//! `fork` hands to the kernel path, before libc's fork, only the moved
+//! streams a program `exec`ed by the child would inherit (not
+//! close-on-exec); the others, the usual kind (Python's and redis's
+//! sockets are close-on-exec), stay on X-IO in the parent. In the child
+//! their fds are placeholders (the X-IO side is the parent's). So the
+//! child asks: at its first call on such an fd (any hook's lookup), or
+//! before it copies it (`dup2` onto a program's stdin) or makes it
+//! inheritable (`F_SETFD`, `FIONCLEX`), or before it forks again, it
+//! sends the stream's number in the list made at the fork over a socket
+//! pair made with it; the parent hands that stream to the kernel path
+//! behind a relay (`fork::hand_over`) and sends the new socket's fd back
+//! (`SCM_RIGHTS`), which the child puts in the placeholder's place. After
+//! a `fork` a thread of the parent answers; after a `vfork` the parent
+//! itself, which waits in `vfork` until the child `exec`s or exits (as a
+//! vfork parent is suspended). The stream is named by its number in the
+//! list, not by an fd of the parent's, which the parent may have closed
+//! or reused meanwhile; the list keeps it alive until the child is done
+//! asking, as the child's copy of a kernel socket would.
 //!
 //! The library's `vfork` is a `fork` (a vfork child runs in its parent's
 //! memory, where the hooks it calls before `exec` would edit the
-//! parent's tables) that hands to the kernel path only the moved streams
-//! a new program inherits, those not close-on-exec: Python's subprocess
-//! uses vfork, and its sockets are close-on-exec, so starting a program
-//! costs the open connections nothing.
-//!
-//! A close-on-exec stream can still reach the new program: the child
-//! `dup2`s it onto the program's stdin or stdout (`Popen(stdin=conn)`), or
-//! makes it inheritable (`pass_fds`). In the child its fd is a
-//! placeholder (the X-IO side is the parent's). So the child asks: before
-//! it copies such an fd (`dup`, `dup2`, `dup3`, `F_DUPFD`) or makes it
-//! inheritable (`F_SETFD`, `FIONCLEX`), it sends the stream's number in
-//! the list made at the fork over a socket pair made with it; the parent,
-//! which waits in `vfork` until the child `exec`s or exits (as a vfork
-//! parent is suspended), hands that stream to the kernel path behind a
-//! relay (`fork::hand_over`) and sends the new socket's fd back
-//! (`SCM_RIGHTS`), which the child puts in the placeholder's place. The
-//! stream is named by its number in the list, not by an fd of the
-//! parent's, which another thread of the parent may have closed or
-//! reused meanwhile.
+//! parent's tables).
 
 use std::collections::HashMap;
 use std::io;
@@ -31,7 +32,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::{fd_flags, fork, real, unix_pair, Kind, Sock};
 
-/// In a vfork child: its end of the link to the parent, and the fds of
+/// In a forked child: its end of the link to the parent, and the fds of
 /// the parent's streams left on X-IO with each one's number in the
 /// parent's list.
 static CHILD: Mutex<Option<ChildLink>> = Mutex::new(None);
@@ -121,7 +122,7 @@ impl Link {
                                     use std::io::Write;
                                     let _ = writeln!(
                                         io::stderr(),
-                                        "libxio_preload: a stream stays X-IO's for a vfork child: {e}"
+                                        "libxio_preload: a stream stays X-IO's for a forked child: {e}"
                                     );
                                 }
                             }
@@ -151,9 +152,10 @@ pub unsafe extern "C" fn vfork() -> libc::pid_t {
     pid
 }
 
-/// In every forked child, under the fork's locks: a link inherited from a
-/// vfork parent's child is not this one's (closed); `link`, this vfork's,
-/// is. The parent's streams the link holds go to `dropped`.
+/// In every forked child, under the fork's locks: the link its parent had
+/// as a forked child itself is not this one's (closed; the parent asked
+/// for all it held before forking); `link`, this fork's, is. The parent's
+/// streams the link holds go to `dropped`.
 pub(crate) fn in_child(link: Option<Link>, dropped: &mut Vec<Arc<Sock>>) {
     let old = CHILD.lock().unwrap_or_else(|e| e.into_inner()).take();
     IN_CHILD.store(false, Ordering::Release);
@@ -253,7 +255,7 @@ fn recv_fd(link: RawFd) -> Option<RawFd> {
     }
 }
 
-/// In a vfork child, before `fd` is copied or made inheritable: if it is a
+/// In a forked child, before `fd` is used, copied or made inheritable: if it is a
 /// parent's stream left on X-IO, has the parent hand it over and puts the
 /// kernel socket it sends in the placeholder's place. Nothing otherwise
 /// (one load).
@@ -297,7 +299,24 @@ pub(crate) fn take_over(fd: RawFd) {
     }
 }
 
-/// In a vfork child, as fds `first..=last` are closed or replaced: a held
+/// In a forked child about to fork again: asks for every stream it still
+/// holds for its parent.
+pub(crate) fn take_over_all() {
+    if !IN_CHILD.load(Ordering::Acquire) {
+        return;
+    }
+    let fds: Vec<RawFd> = CHILD
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .map(|(_, held)| held.iter().map(|&(fd, _)| fd).collect())
+        .unwrap_or_default();
+    for fd in fds {
+        take_over(fd);
+    }
+}
+
+/// In a forked child, as fds `first..=last` are closed or replaced: a held
 /// fd there is the program's from now (no longer the parent's stream),
 /// and the link, if there, is gone.
 pub(crate) fn forget(first: RawFd, last: RawFd) {

@@ -36,6 +36,8 @@ fn start(test: &str) -> Redis {
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
         .args(["--dir", dir.to_str().unwrap()])
+        // A snapshot of one test's server is not another's to load.
+        .args(["--dbfilename", &format!("{test}.rdb")])
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -222,4 +224,36 @@ fn a_killed_redis_server_resets_its_x_io_clients() {
     let after = x.ask("GET a");
     assert!(after == "RESET" || after == "CLOSED", "{after:?}");
     wait_until("the pool whole", || r.mgr.pool_is_whole());
+}
+
+/// A `BGSAVE` (redis forks a child that writes the snapshot and exits)
+/// while an X-IO client is connected: the client's stream stays on X-IO
+/// in redis (no relay thread is started; the child never uses it), the
+/// snapshot is written, and the connection serves on after it.
+#[test]
+fn a_bgsave_fork_leaves_connected_clients_on_x_io() {
+    let r = start("bgsave");
+    let mut x = Session::open(&r, true);
+    assert_eq!(x.ask("SET kept value"), "OK");
+    wait_until("the client's channel", || {
+        channels_of(&r.mgr, r.server.id()) == 1
+    });
+    assert_eq!(x.ask("BGSAVE"), "Background saving started");
+    wait_until("the snapshot written", || {
+        x.ask("INFO persistence")
+            .split(" | ")
+            .any(|l| l.trim() == "rdb_bgsave_in_progress:0")
+            && x.ask("LASTSAVE") != "0"
+    });
+    assert_eq!(x.ask("GET kept"), "value");
+    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", r.server.id()))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_owned())
+        .collect();
+    assert!(
+        !threads.iter().any(|t| t.starts_with("xio-relay")),
+        "the stream went through a relay: {threads:?}"
+    );
+    assert_eq!(channels_of(&r.mgr, r.server.id()), 1, "still over X-IO");
 }
