@@ -97,9 +97,10 @@ pub(crate) unsafe fn fork_handing(all: bool) -> (libc::pid_t, Option<vfork::Link
     to_kernel_all(all);
     // The library's locks, held across the fork: the child's copies are
     // then free (a thread of the parent inside one would leave the
-    // child's copy taken for ever). Order: sets, registry, table (the
-    // order the hooks nest them in).
+    // child's copy taken for ever). Order: sets, the child's link,
+    // registry, table (the order the hooks nest them in).
     let mut sets = mux::lock_for_fork();
+    let mut child_link = vfork::lock_for_fork();
     let (mut registry, poll_fd) = ready::lock_for_fork();
     let mut relayed = RELAYED.lock().unwrap_or_else(|e| e.into_inner());
     let mut sleepers = crate::bell::lock_for_fork();
@@ -147,11 +148,15 @@ pub(crate) unsafe fn fork_handing(all: bool) -> (libc::pid_t, Option<vfork::Link
             // SAFETY: the child's copy of a relay's end, not used here.
             unsafe { real::close(fd) };
         }
-        vfork::in_child(link.take(), &mut dropped);
+        vfork::in_child(&mut child_link, link.take(), &mut dropped);
+    } else if pid < 0 {
+        link = None;
     } else if let Some(l) = &mut link {
-        l.in_parent(pid);
+        l.in_parent();
     }
-    drop((table, sleepers, relayed, poll_fd, registry, sets));
+    drop((
+        table, sleepers, relayed, poll_fd, registry, child_link, sets,
+    ));
     FORKING.set(false);
     drop((dropped, bells));
     (pid, link)
@@ -210,38 +215,58 @@ pub(crate) fn hand_over(sock: &Arc<Sock>) -> io::Result<OwnedFd> {
     to_kernel(sock, &fds)
 }
 
-/// Hands `sock` to the kernel path: a fresh socket pair's near end over
-/// each of `fds` (same flags, epoll registrations moved), a relay on its
-/// far end; returns the near end.
+/// Hands `sock` to the kernel path: a socket pair's near end over each
+/// of `fds` that still maps to it (same flags, epoll registrations moved),
+/// a relay on its far end; returns a copy of the near end. Once per
+/// stream: asked again (another child's link, a fork that came between),
+/// it puts the same near end over what fds are left, as a second relay
+/// on one X-IO stream would split its bytes.
 fn to_kernel(sock: &Sock, fds: &[RawFd]) -> io::Result<OwnedFd> {
-    let Kind::Stream { s, .. } = &sock.kind else {
+    let Kind::Stream { s, handed, .. } = &sock.kind else {
         return Err(io::Error::other("not a stream"));
     };
-    let (a, b) = (s.try_clone()?, s.try_clone()?);
-    let (near, far) = unix_pair(true, false)?;
+    let mut handed = handed.lock().unwrap_or_else(|e| e.into_inner());
+    let fresh = match &*handed {
+        Some(_) => None,
+        None => {
+            let (a, b) = (s.try_clone()?, s.try_clone()?);
+            let (near, far) = unix_pair(true, false)?;
+            if let Some(&first) = fds.first() {
+                // The program's status flags (O_NONBLOCK), from the
+                // placeholder it still has there.
+                let (fl, _) = fd_flags(first);
+                // SAFETY: `near` is open; its file description becomes
+                // every one of `fds`'.
+                unsafe { real::fcntl(near.as_raw_fd(), libc::F_SETFL, fl as usize) };
+            }
+            keep_timeouts(s, near.as_raw_fd());
+            Some((a, b, near, far))
+        }
+    };
+    let near = match (&*handed, &fresh) {
+        (Some(n), _) => n.as_raw_fd(),
+        (None, Some((_, _, n, _))) => n.as_raw_fd(),
+        (None, None) => unreachable!("made above"),
+    };
     for &fd in fds {
-        let (_, cloexec) = fd_flags(fd);
-        let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
-        // SAFETY: both fds are open; `dup3` replaces the moved fd (the
-        // old pair's near end) with a copy of the new one.
-        if unsafe { real::dup3(near.as_raw_fd(), fd, flags) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let old = crate::remove(fd);
-        mux::to_kernel(fd);
-        drop(old);
-    }
-    if let Some(&first) = fds.first() {
-        let (fl, _) = fd_flags(first);
-        if fl & libc::O_NONBLOCK != 0 {
-            // SAFETY: `first` is the new near end (its file description
-            // is every one of `fds`').
-            unsafe { real::fcntl(first, libc::F_SETFL, fl as usize) };
+        if let Some(old) = crate::replace_mapped(fd, sock, near)? {
+            mux::to_kernel(fd);
+            drop(old);
         }
     }
-    keep_timeouts(s, near.as_raw_fd());
-    relay(a, b, far)?;
-    Ok(near)
+    if let Some((a, b, n, far)) = fresh {
+        // Started once the fds are the kernel's: the relay makes the X-IO
+        // stream blocking, which the program's calls must not meet.
+        relay(a, b, far)?;
+        *handed = Some(n);
+    }
+    // SAFETY: `near` is open (kept in `handed`); the copy is the caller's.
+    let copy = unsafe { real::fcntl(near, libc::F_DUPFD_CLOEXEC, 0) };
+    if copy < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: just made, owned from here.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(copy) })
 }
 
 /// The program's timeouts lived on the X-IO stream: `fd`, its kernel

@@ -84,6 +84,9 @@ enum Kind {
         s: XioStream,
         token: u64,
         _far: OwnedFd,
+        /// Once handed to the kernel path (see `fork.rs`): the near end of
+        /// the pair its relay serves.
+        handed: Mutex<Option<OwnedFd>>,
     },
     /// A kernel listener that also listens on X-IO from its first accept.
     Listener {
@@ -169,6 +172,34 @@ fn insert(fd: RawFd, sock: Arc<Sock>) -> Option<Arc<Sock>> {
         set_mapped(fd, true);
     }
     old
+}
+
+/// Under the table's lock: if `fd` maps to `sock`, puts a copy of `near`
+/// in its place (its close-on-exec flag kept) and forgets it; the entry
+/// is returned, to be dropped outside the lock. Nothing if `fd` is
+/// another's by now (closed and reused meanwhile).
+fn replace_mapped(fd: RawFd, sock: &Sock, near: RawFd) -> io::Result<Option<Arc<Sock>>> {
+    let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    let Some(m) = t.as_mut() else {
+        return Ok(None);
+    };
+    if !m
+        .get(&fd)
+        .is_some_and(|x| std::ptr::eq(Arc::as_ptr(x), sock))
+    {
+        return Ok(None);
+    }
+    let (_, cloexec) = fd_flags(fd);
+    let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+    // SAFETY: both open; `dup3` replaces the placeholder at `fd` with a
+    // copy of `near`.
+    if unsafe { real::dup3(near, fd, flags) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let old = m.remove(&fd);
+    MOVED.fetch_sub(1, Ordering::Release);
+    set_mapped(fd, false);
+    Ok(old)
 }
 
 fn remove(fd: RawFd) -> Option<Arc<Sock>> {
@@ -430,6 +461,7 @@ fn new_stream(s: XioStream, far: OwnedFd) -> Arc<Sock> {
             s,
             token,
             _far: far,
+            handed: Mutex::new(None),
         },
         io: Mutex::new(()),
         bits: ready::Bits::default(),
@@ -1311,6 +1343,20 @@ fn dup_done(old: RawFd, new: c_int) -> c_int {
         drop(was);
     }
     new
+}
+
+/// `fdopen(3)`: stdio's calls on the stream are libc's own, which no hook
+/// sees; in a forked child, a stream its parent kept on X-IO is taken
+/// over first (see `vfork.rs`).
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
+    vfork::take_over(fd);
+    // SAFETY: passed on.
+    unsafe { real::fdopen(fd, mode) }
 }
 
 /// `dup(2)`.

@@ -76,4 +76,5 @@ real! {
     fn pselect(n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, t: *const libc::timespec, sigmask: *const libc::sigset_t) -> c_int;
     fn readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t;
     fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t;
+    fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE;
 }

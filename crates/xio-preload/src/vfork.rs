@@ -25,45 +25,64 @@
 //! parent's tables).
 
 use std::collections::HashMap;
-use std::io;
-use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::{fd_flags, fork, real, unix_pair, Kind, Sock};
 
 /// In a forked child: its end of the link to the parent, and the fds of
 /// the parent's streams left on X-IO with each one's number in the
-/// parent's list.
+/// parent's list. Taken inside lookups (after the epoll sets' lock) and
+/// held across a fork, after the sets' lock.
 static CHILD: Mutex<Option<ChildLink>> = Mutex::new(None);
 type ChildLink = (RawFd, Vec<(RawFd, u32)>);
 /// Whether [`CHILD`] is set: the hooks look at this alone otherwise.
 static IN_CHILD: AtomicBool = AtomicBool::new(false);
+/// The held fds below 65,536, a bit each: a call on any other fd in a
+/// child passes without the lock.
+static HELD: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
 
-/// The link a vfork makes, while the fork's locks are held.
+fn held_bit(fd: RawFd) -> Option<(&'static AtomicU64, u64)> {
+    let f = usize::try_from(fd).ok()?;
+    Some((HELD.get(f / 64)?, 1u64 << (f % 64)))
+}
+
+/// The link a fork makes, while the fork's locks are held.
 pub(crate) struct Link {
     parent: RawFd,
     child: RawFd,
-    /// The streams left on X-IO, by number, and the kernel socket each
-    /// was handed over as, once asked for.
-    streams: Vec<(Arc<Sock>, Option<OwnedFd>)>,
+    /// The streams left on X-IO, by number.
+    streams: Vec<Arc<Sock>>,
     /// Their fds, with each one's number.
     held: Vec<(RawFd, u32)>,
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        for fd in [self.parent, self.child] {
+            if fd >= 0 {
+                // SAFETY: the link's own ends, each closed once.
+                unsafe { real::close(fd) };
+            }
+        }
+    }
 }
 
 /// Before libc's fork, with the table held: a link if `table` has streams
 /// (those left after the hand-over of the inheritable ones).
 pub(crate) fn prepare(table: Option<&HashMap<RawFd, Arc<Sock>>>) -> Option<Link> {
-    let mut streams: Vec<(Arc<Sock>, Option<OwnedFd>)> = Vec::new();
+    let mut streams: Vec<Arc<Sock>> = Vec::new();
     let mut held = Vec::new();
     for (&fd, sock) in table.into_iter().flatten() {
         if !matches!(sock.kind, Kind::Stream { .. }) {
             continue;
         }
-        let i = match streams.iter().position(|(s, _)| Arc::ptr_eq(s, sock)) {
+        let i = match streams.iter().position(|s| Arc::ptr_eq(s, sock)) {
             Some(i) => i,
             None => {
-                streams.push((sock.clone(), None));
+                streams.push(sock.clone());
                 streams.len() - 1
             }
         };
@@ -86,58 +105,46 @@ pub(crate) fn prepare(table: Option<&HashMap<RawFd, Arc<Sock>>>) -> Option<Link>
 impl Link {
     /// In the parent, still under the fork's locks: the child's end is the
     /// child's alone (a later fork on another thread must not hold it).
-    /// A failed fork keeps nothing to serve.
-    pub(crate) fn in_parent(&mut self, pid: libc::pid_t) {
+    pub(crate) fn in_parent(&mut self) {
         // SAFETY: the child's end, closed once here.
         unsafe { real::close(self.child) };
         self.child = -1;
-        if pid < 0 {
-            self.held.clear();
-        }
     }
 
     /// In the parent after the fork: hands over each stream the child
     /// asks for and sends its kernel socket back, until the child's end
     /// closes (`exec` or exit).
-    pub(crate) fn serve(mut self) {
-        if !self.held.is_empty() {
-            loop {
-                let mut b = [0u8; 4];
-                // SAFETY: `b` has 4 writable bytes.
-                let n = unsafe { real::read(self.parent, b.as_mut_ptr().cast(), 4) };
-                if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                if n != 4 {
-                    break;
-                }
-                let near = self
-                    .streams
-                    .get_mut(u32::from_ne_bytes(b) as usize)
-                    .and_then(|(sock, near)| {
-                        if near.is_none() {
-                            match fork::hand_over(sock) {
-                                Ok(fd) => *near = Some(fd),
-                                Err(e) => {
-                                    use std::io::Write;
-                                    let _ = writeln!(
-                                        io::stderr(),
-                                        "libxio_preload: a stream stays X-IO's for a forked child: {e}"
-                                    );
-                                }
-                            }
-                        }
-                        near.as_ref().map(AsRawFd::as_raw_fd)
-                    });
-                send_fd(self.parent, near);
+    pub(crate) fn serve(self) {
+        loop {
+            let mut b = [0u8; 4];
+            // SAFETY: `b` has 4 writable bytes.
+            let n = unsafe { real::read(self.parent, b.as_mut_ptr().cast(), 4) };
+            if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
             }
+            if n != 4 {
+                break;
+            }
+            let near = self
+                .streams
+                .get(u32::from_ne_bytes(b) as usize)
+                .and_then(|sock| match fork::hand_over(sock) {
+                    Ok(fd) => Some(fd),
+                    Err(e) => {
+                        let _ = writeln!(
+                            io::stderr(),
+                            "libxio_preload: a stream stays X-IO's for a forked child: {e}"
+                        );
+                        None
+                    }
+                });
+            send_fd(self.parent, near.as_ref().map(AsRawFd::as_raw_fd));
         }
-        // SAFETY: the parent's end, closed once here.
-        unsafe { real::close(self.parent) };
     }
 }
 
-/// `vfork(2)`, as a `fork` (see the module's docs).
+/// `vfork(2)`, as a `fork` (see the module's docs) whose parent answers
+/// the child until it runs its program.
 ///
 /// # Safety
 ///
@@ -152,23 +159,38 @@ pub unsafe extern "C" fn vfork() -> libc::pid_t {
     pid
 }
 
-/// In every forked child, under the fork's locks: the link its parent had
-/// as a forked child itself is not this one's (closed; the parent asked
-/// for all it held before forking); `link`, this fork's, is. The parent's
-/// streams the link holds go to `dropped`.
-pub(crate) fn in_child(link: Option<Link>, dropped: &mut Vec<Arc<Sock>>) {
-    let old = CHILD.lock().unwrap_or_else(|e| e.into_inner()).take();
-    IN_CHILD.store(false, Ordering::Release);
-    if let Some((fd, _)) = old {
+/// The child's link, held across a fork (see `fork.rs`).
+pub(crate) fn lock_for_fork() -> MutexGuard<'static, Option<ChildLink>> {
+    CHILD.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// In every forked child, under the fork's locks (`child` is the link's
+/// lock): the link its parent had as a forked child itself is not this
+/// one's (closed; the parent asked for all it held before forking);
+/// `link`, this fork's, is. The parent's streams the link holds go to
+/// `dropped`.
+pub(crate) fn in_child(
+    child: &mut Option<ChildLink>,
+    link: Option<Link>,
+    dropped: &mut Vec<Arc<Sock>>,
+) {
+    if let Some((fd, held)) = child.take() {
+        for (h, _) in held {
+            if let Some((w, bit)) = held_bit(h) {
+                w.fetch_and(!bit, Ordering::Relaxed);
+            }
+        }
         // SAFETY: the inherited link, not this child's to use.
         unsafe { real::close(fd) };
     }
-    let Some(l) = link else {
+    IN_CHILD.store(false, Ordering::Release);
+    let Some(mut l) = link else {
         return;
     };
     // SAFETY: the parent's end, a copy of the parent's own.
     unsafe { real::close(l.parent) };
-    dropped.extend(l.streams.into_iter().map(|(s, _)| s));
+    l.parent = -1;
+    dropped.append(&mut l.streams);
     // Out of the way of the fds the program is about to arrange.
     // SAFETY: `l.child` is open; the copy is close-on-exec.
     let high = unsafe { real::fcntl(l.child, libc::F_DUPFD_CLOEXEC, 512) };
@@ -179,7 +201,14 @@ pub(crate) fn in_child(link: Option<Link>, dropped: &mut Vec<Arc<Sock>>) {
     } else {
         l.child
     };
-    *CHILD.lock().unwrap_or_else(|e| e.into_inner()) = Some((fd, l.held));
+    l.child = -1;
+    let held = std::mem::take(&mut l.held);
+    for &(h, _) in &held {
+        if let Some((w, bit)) = held_bit(h) {
+            w.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+    *child = Some((fd, held));
     IN_CHILD.store(true, Ordering::Release);
 }
 
@@ -255,12 +284,15 @@ fn recv_fd(link: RawFd) -> Option<RawFd> {
     }
 }
 
-/// In a forked child, before `fd` is used, copied or made inheritable: if it is a
-/// parent's stream left on X-IO, has the parent hand it over and puts the
-/// kernel socket it sends in the placeholder's place. Nothing otherwise
-/// (one load).
+/// In a forked child, before `fd` is used, copied or made inheritable: if
+/// it is a parent's stream left on X-IO, has the parent hand it over and
+/// puts the kernel socket it sends in the placeholder's place. A load or
+/// two otherwise, no lock.
 pub(crate) fn take_over(fd: RawFd) {
     if !IN_CHILD.load(Ordering::Acquire) {
+        return;
+    }
+    if held_bit(fd).is_some_and(|(w, bit)| w.load(Ordering::Relaxed) & bit == 0) {
         return;
     }
     let mut g = CHILD.lock().unwrap_or_else(|e| e.into_inner());
@@ -271,6 +303,9 @@ pub(crate) fn take_over(fd: RawFd) {
         return;
     };
     let (_, n) = held.swap_remove(i);
+    if let Some((w, bit)) = held_bit(fd) {
+        w.fetch_and(!bit, Ordering::Relaxed);
+    }
     let link = *link;
     let b = n.to_ne_bytes();
     // SAFETY: 4 readable bytes; MSG_NOSIGNAL: a parent gone is an error.
@@ -279,8 +314,15 @@ pub(crate) fn take_over(fd: RawFd) {
     } else {
         None
     };
+    let done = held.is_empty();
+    if done {
+        // Nothing more to ask for: the parent's thread can end.
+        *g = None;
+        IN_CHILD.store(false, Ordering::Release);
+        // SAFETY: the link's fd, ours, closed once.
+        unsafe { real::close(link) };
+    }
     let Some(new) = got else {
-        use std::io::Write;
         let _ = writeln!(
             io::stderr(),
             "libxio_preload: fd {fd} is an X-IO stream its parent could not hand over"
@@ -318,17 +360,31 @@ pub(crate) fn take_over_all() {
 
 /// In a forked child, as fds `first..=last` are closed or replaced: a held
 /// fd there is the program's from now (no longer the parent's stream),
-/// and the link, if there, is gone.
+/// and the link, if there, is gone. Nothing during a fork (its locks are
+/// held; the fork's own closes are not the program's).
 pub(crate) fn forget(first: RawFd, last: RawFd) {
-    if !IN_CHILD.load(Ordering::Acquire) {
+    if !IN_CHILD.load(Ordering::Acquire) || fork::forking() {
         return;
     }
     let mut g = CHILD.lock().unwrap_or_else(|e| e.into_inner());
     let Some((link, held)) = g.as_mut() else {
         return;
     };
-    held.retain(|&(fd, _)| !(first..=last).contains(&fd));
+    held.retain(|&(fd, _)| {
+        let gone = (first..=last).contains(&fd);
+        if gone {
+            if let Some((w, bit)) = held_bit(fd) {
+                w.fetch_and(!bit, Ordering::Relaxed);
+            }
+        }
+        !gone
+    });
     if (first..=last).contains(link) {
+        *g = None;
+        IN_CHILD.store(false, Ordering::Release);
+    } else if held.is_empty() {
+        // SAFETY: the link's fd, ours, closed once.
+        unsafe { real::close(*link) };
         *g = None;
         IN_CHILD.store(false, Ordering::Release);
     }

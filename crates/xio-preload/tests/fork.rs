@@ -56,6 +56,26 @@ elif role == "cgi":
     c.close()
     os.waitpid(pid, 0)
     print("DONE", flush=True)
+elif role == "nonblock":
+    # An inheritable non-blocking stream is handed over at the fork: it
+    # stays non-blocking for the program.
+    import fcntl
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(4)
+    print("PORT", l.getsockname()[1], os.getpid(), flush=True)
+    c, _ = l.accept()
+    c.setblocking(False)
+    os.set_inheritable(c.fileno(), True)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    fl = fcntl.fcntl(c.fileno(), fcntl.F_GETFL)
+    print("NONBLOCK", fl & os.O_NONBLOCK != 0, flush=True)
+    c.sendall(b"after the fork\n")
+    c.close()
+    print("DONE", flush=True)
 else:
     port = int(sys.argv[2])
     if role == "echo":
@@ -169,4 +189,19 @@ fn a_fork_and_exec_child_serves_a_moved_connection_as_its_stdio() {
     client.wait_ok();
     server.wait_ok();
     wait_until("the pool whole", || s.mgr.pool_is_whole());
+}
+
+/// A non-blocking stream handed to the kernel path at a fork (it is
+/// inheritable) stays non-blocking: an event loop's fd must not start
+/// blocking because its process forked.
+#[test]
+fn a_stream_handed_over_at_a_fork_keeps_its_flags() {
+    let s = Setup::new("nonblock", SCRIPT);
+    let (mut server, port) = serve(&s, "nonblock");
+    let mut client = Py::spawn(&s, true, &["pair", port.as_str()]);
+    assert_eq!(server.expect("NONBLOCK"), "True");
+    assert_eq!(client.expect("LINE"), "after the fork");
+    server.expect("DONE");
+    drop(client);
+    server.wait_ok();
 }
