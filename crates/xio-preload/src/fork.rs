@@ -22,10 +22,13 @@
 //! process bind an address at a time; a second worker's listener is
 //! kernel-only.
 //!
+//! `posix_spawn` hands over what the new program inherits before it runs
+//! (its child runs no hook), and a `dup2` file action's stream when the
+//! action is added (see `vfork.rs`).
+//!
 //! Not covered: a process that ends while a child still uses a stream it
-//! relays (the child sees the end of the stream), and `posix_spawn` (no
-//! hook runs; a moved stream passed to the new program without
-//! `FD_CLOEXEC` reaches it as a closed pair).
+//! relays (the child sees the end of the stream), and libc's own spawns
+//! (`system`, `popen`), which call its internal `posix_spawn`.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -160,6 +163,12 @@ pub(crate) unsafe fn fork_handing(all: bool) -> (libc::pid_t, Option<vfork::Link
     FORKING.set(false);
     drop((dropped, bells));
     (pid, link)
+}
+
+/// Before `posix_spawn`: the streams the new program inherits (not
+/// close-on-exec) go to the kernel path.
+pub(crate) fn before_spawn() {
+    to_kernel_all(false);
 }
 
 /// Hands the moved streams to the kernel path behind a relay (see the

@@ -25,6 +25,7 @@
 //! parent's tables).
 
 use std::collections::HashMap;
+use std::ffi::c_int;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -157,6 +158,73 @@ pub unsafe extern "C" fn vfork() -> libc::pid_t {
         l.serve();
     }
     pid
+}
+
+/// `posix_spawn(3)`: its child runs no hook before `exec`, so the
+/// streams the new program inherits (not close-on-exec) are handed to the
+/// kernel path first, as `vfork` does; a `dup2` file action's stream was
+/// handed over when the action was added.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const libc::c_char,
+    fa: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+) -> c_int {
+    fork::before_spawn();
+    // SAFETY: passed on.
+    unsafe { real::posix_spawn(pid, path, fa, attr, argv, envp) }
+}
+
+/// `posix_spawnp(3)`, as [`posix_spawn`].
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const libc::c_char,
+    fa: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+) -> c_int {
+    fork::before_spawn();
+    // SAFETY: passed on.
+    unsafe { real::posix_spawnp(pid, file, fa, attr, argv, envp) }
+}
+
+/// `posix_spawn_file_actions_adddup2(3)`: the new program gets `fd`, so a
+/// moved stream there is handed to the kernel path now.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn_file_actions_adddup2(
+    fa: *mut libc::posix_spawn_file_actions_t,
+    fd: c_int,
+    newfd: c_int,
+) -> c_int {
+    if let Some(sock) = crate::lookup(fd) {
+        if matches!(sock.kind, Kind::Stream { .. }) {
+            if let Err(e) = fork::hand_over(&sock) {
+                let _ = writeln!(
+                    io::stderr(),
+                    "libxio_preload: a stream stays X-IO's for a spawned program: {e}"
+                );
+            }
+        }
+    }
+    // SAFETY: passed on.
+    unsafe { real::posix_spawn_file_actions_adddup2(fa, fd, newfd) }
 }
 
 /// The child's link, held across a fork (see `fork.rs`).

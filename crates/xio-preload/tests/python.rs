@@ -557,9 +557,10 @@ fn a_signal_handler_writes_its_wakeup_fd_while_sockets_come_and_go() {
 
 /// A connection handed to a program started by `subprocess` (which uses
 /// vfork): as its stdin and stdout (the child `dup2`s the close-on-exec
-/// socket), and through `pass_fds` (the child makes it inheritable). The
-/// parent hands the stream to the kernel path when the child asks, and
-/// the program talks to the X-IO client through it.
+/// socket), and through `pass_fds` (the child makes it inheritable); and
+/// by `posix_spawn` with `dup2` file actions. The parent hands the stream
+/// to the kernel path (when the child asks, or when the file action is
+/// added), and the program talks to the X-IO client through it.
 const SUBPROCESS: &str = r#"
 import os, socket, subprocess, sys
 if sys.argv[1] == "server":
@@ -576,7 +577,12 @@ if sys.argv[1] == "server":
     p = subprocess.Popen([sys.executable, "-c", child, str(c.fileno())], pass_fds=[c.fileno()])
     c.close()
     p.wait()
-    print("SPAWNED", p.returncode, flush=True)
+    c, _ = l.accept()
+    acts = [(os.POSIX_SPAWN_DUP2, c.fileno(), 0), (os.POSIX_SPAWN_DUP2, c.fileno(), 1)]
+    pid = os.posix_spawn("/bin/cat", ["cat"], os.environ, file_actions=acts)
+    c.close()
+    _, status = os.waitpid(pid, 0)
+    print("SPAWNED", p.returncode, status, flush=True)
 else:
     port = int(sys.argv[2])
     s = socket.create_connection(("127.0.0.1", port))
@@ -598,10 +604,20 @@ else:
             break
         got += d
     print("CHILD", got.decode().strip(), flush=True)
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"through posix_spawn\n")
+    s.shutdown(socket.SHUT_WR)
+    got = b""
+    while True:
+        d = s.recv(4096)
+        if not d:
+            break
+        got += d
+    print("SPAWN", got.decode().strip(), flush=True)
 "#;
 
 #[test]
-fn a_connection_handed_to_a_subprocess_reaches_the_program() {
+fn a_connection_handed_to_a_subprocess_or_a_spawned_program_reaches_it() {
     let s = Setup::new("handed", SUBPROCESS);
     let mut server = Py::spawn(&s, true, &["server"]);
     let port = server.expect("PORT");
@@ -611,7 +627,8 @@ fn a_connection_handed_to_a_subprocess_reaches_the_program() {
     // after that, and its channel with it.)
     assert_eq!(s.mgr.snapshot().channels.len(), 1, "over X-IO");
     assert_eq!(client.expect("CHILD"), "from the child");
-    assert_eq!(server.expect("SPAWNED"), "0");
+    assert_eq!(client.expect("SPAWN"), "through posix_spawn");
+    assert_eq!(server.expect("SPAWNED"), "0 0");
     client.wait_ok();
     server.wait_ok();
 }
