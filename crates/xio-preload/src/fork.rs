@@ -67,7 +67,7 @@ pub(crate) fn forking() -> bool {
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
     // SAFETY: the same contract.
-    let (pid, link) = unsafe { fork_handing(false) };
+    let (pid, link) = unsafe { fork_handing() };
     if let Some(l) = link {
         // The child may ask for its streams at any time: a thread of the
         // parent answers until every copy of the child's end is closed.
@@ -85,19 +85,18 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     pid
 }
 
-/// `fork`, handing to the kernel every moved stream (`all`), or only those
-/// a program `exec`ed by the child would inherit (not close-on-exec); then
-/// the parent gets the link over which the child asks for the others
-/// (see `vfork.rs`).
+/// `fork`, handing to the kernel the moved streams a program `exec`ed by
+/// the child would inherit (not close-on-exec); the parent gets the link
+/// over which the child asks for the others (see `vfork.rs`).
 ///
 /// # Safety
 ///
 /// As libc's `fork`.
-pub(crate) unsafe fn fork_handing(all: bool) -> (libc::pid_t, Option<vfork::Link>) {
+pub(crate) unsafe fn fork_handing() -> (libc::pid_t, Option<vfork::Link>) {
     // A child forking again: the streams it still holds for its parent
     // are asked for now (its own child could not ask).
     vfork::take_over_all();
-    to_kernel_all(all);
+    inheritable_to_kernel();
     // The library's locks, held across the fork: the child's copies are
     // then free (a thread of the parent inside one would leave the
     // child's copy taken for ever). Order: sets, the child's link,
@@ -110,11 +109,7 @@ pub(crate) unsafe fn fork_handing(all: bool) -> (libc::pid_t, Option<vfork::Link
     let mut table = TABLE.write().unwrap_or_else(|e| e.into_inner());
     // Made under the locks: a fork on another thread meanwhile would
     // inherit the child's end and keep the parent waiting.
-    let mut link = if all {
-        None
-    } else {
-        vfork::prepare(table.as_ref())
-    };
+    let mut link = vfork::prepare(table.as_ref());
     FORKING.set(true);
     // SAFETY: libc's fork; the locks above are released in both processes.
     let pid = unsafe { real::fork() };
@@ -125,7 +120,7 @@ pub(crate) unsafe fn fork_handing(all: bool) -> (libc::pid_t, Option<vfork::Link
     if pid == 0 {
         // The child: its listeners are fresh entries (their X-IO side
         // unbound, their locks free); a stream moved since the
-        // `to_kernel_all` above is the parent's (dropping an inherited one
+        // `inheritable_to_kernel` above is the parent's (dropping an inherited one
         // does nothing, see xio-core's `fork`).
         let mut fresh: HashMap<*const Sock, Arc<Sock>> = HashMap::new();
         let mut kept = HashMap::new();
@@ -165,16 +160,10 @@ pub(crate) unsafe fn fork_handing(all: bool) -> (libc::pid_t, Option<vfork::Link
     (pid, link)
 }
 
-/// Before `posix_spawn`: the streams the new program inherits (not
-/// close-on-exec) go to the kernel path.
-pub(crate) fn before_spawn() {
-    to_kernel_all(false);
-}
-
-/// Hands the moved streams to the kernel path behind a relay (see the
-/// module's docs): all of them, or (`all` false) those with an fd that is
-/// not close-on-exec.
-fn to_kernel_all(all: bool) {
+/// Hands to the kernel path, behind a relay, the moved streams a program
+/// `exec`ed now would inherit: those with an fd that is not close-on-exec
+/// (before a fork, and before `posix_spawn`, whose child runs no hook).
+pub(crate) fn inheritable_to_kernel() {
     if MOVED.load(Ordering::Acquire) == 0 {
         return;
     }
@@ -193,7 +182,7 @@ fn to_kernel_all(all: bool) {
         }
     }
     for (sock, fds) in streams.into_values() {
-        if !all && fds.iter().all(|&fd| fd_flags(fd).1) {
+        if fds.iter().all(|&fd| fd_flags(fd).1) {
             continue;
         }
         if let Err(e) = to_kernel(&sock, &fds) {

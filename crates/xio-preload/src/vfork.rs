@@ -153,7 +153,7 @@ impl Link {
 #[no_mangle]
 pub unsafe extern "C" fn vfork() -> libc::pid_t {
     // SAFETY: the same contract.
-    let (pid, link) = unsafe { fork::fork_handing(false) };
+    let (pid, link) = unsafe { fork::fork_handing() };
     if let Some(l) = link {
         l.serve();
     }
@@ -177,7 +177,7 @@ pub unsafe extern "C" fn posix_spawn(
     argv: *const *mut libc::c_char,
     envp: *const *mut libc::c_char,
 ) -> c_int {
-    fork::before_spawn();
+    fork::inheritable_to_kernel();
     // SAFETY: passed on.
     unsafe { real::posix_spawn(pid, path, fa, attr, argv, envp) }
 }
@@ -196,7 +196,7 @@ pub unsafe extern "C" fn posix_spawnp(
     argv: *const *mut libc::c_char,
     envp: *const *mut libc::c_char,
 ) -> c_int {
-    fork::before_spawn();
+    fork::inheritable_to_kernel();
     // SAFETY: passed on.
     unsafe { real::posix_spawnp(pid, file, fa, attr, argv, envp) }
 }
