@@ -15,6 +15,12 @@ use common::wait_until;
 const SCRIPT: &str = r#"
 import os, socket, socketserver, sys
 role = sys.argv[1]
+def listen():
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen(4)
+    print("PORT", l.getsockname()[1], os.getpid(), flush=True)
+    return l
 if role == "forking":
     class H(socketserver.StreamRequestHandler):
         def handle(self):
@@ -24,10 +30,7 @@ if role == "forking":
     print("PORT", s.server_address[1], os.getpid(), flush=True)
     s.serve_forever()
 elif role == "shared":
-    l = socket.socket()
-    l.bind(("127.0.0.1", 0))
-    l.listen(4)
-    print("PORT", l.getsockname()[1], os.getpid(), flush=True)
+    l = listen()
     c, _ = l.accept()
     c.sendall(b"before the fork\n")
     pid = os.fork()
@@ -43,10 +46,7 @@ elif role == "shared":
 elif role == "cgi":
     # Fork and exec, as a CGI server does: the child's stdin and stdout
     # are the connection, and the program it runs (cat) knows nothing.
-    l = socket.socket()
-    l.bind(("127.0.0.1", 0))
-    l.listen(4)
-    print("PORT", l.getsockname()[1], os.getpid(), flush=True)
+    l = listen()
     c, _ = l.accept()
     pid = os.fork()
     if pid == 0:
@@ -60,10 +60,7 @@ elif role == "nonblock":
     # An inheritable non-blocking stream is handed over at the fork: it
     # stays non-blocking for the program.
     import fcntl
-    l = socket.socket()
-    l.bind(("127.0.0.1", 0))
-    l.listen(4)
-    print("PORT", l.getsockname()[1], os.getpid(), flush=True)
+    l = listen()
     c, _ = l.accept()
     c.setblocking(False)
     os.set_inheritable(c.fileno(), True)

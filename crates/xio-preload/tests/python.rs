@@ -584,36 +584,23 @@ if sys.argv[1] == "server":
     _, status = os.waitpid(pid, 0)
     print("SPAWNED", p.returncode, status, flush=True)
 else:
-    port = int(sys.argv[2])
-    s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(b"through cat\n")
-    s.shutdown(socket.SHUT_WR)
-    got = b""
-    while True:
-        d = s.recv(4096)
-        if not d:
-            break
-        got += d
-    print("CAT", got.decode().strip(), flush=True)
-    s.close()
-    s = socket.create_connection(("127.0.0.1", port))
-    got = b""
-    while True:
-        d = s.recv(4096)
-        if not d:
-            break
-        got += d
-    print("CHILD", got.decode().strip(), flush=True)
-    s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(b"through posix_spawn\n")
-    s.shutdown(socket.SHUT_WR)
-    got = b""
-    while True:
-        d = s.recv(4096)
-        if not d:
-            break
-        got += d
-    print("SPAWN", got.decode().strip(), flush=True)
+    def talk(msg):
+        # One connection: `msg` sent (if any), then all that comes back.
+        s = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+        if msg:
+            s.sendall(msg)
+            s.shutdown(socket.SHUT_WR)
+        got = b""
+        while True:
+            d = s.recv(4096)
+            if not d:
+                break
+            got += d
+        s.close()
+        return got.decode().strip()
+    print("CAT", talk(b"through cat\n"), flush=True)
+    print("CHILD", talk(None), flush=True)
+    print("SPAWN", talk(b"through posix_spawn\n"), flush=True)
 "#;
 
 #[test]
