@@ -105,6 +105,18 @@ async fn http_example() -> R {
 
     let app = axum::Router::new().route("/hello", axum::routing::get(|| async { "hi" }));
     tokio::spawn(http_server(app));
+    // The test's own wait (not in the guide): the client below must not
+    // dial before the spawned server has bound its address.
+    // A server that never binds still fails below, with the client's error.
+    for _ in 0..5000 {
+        if xio_tokio::XioStream::connect("127.0.0.1:3000")
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 
     // Client: hyper-util's client with the X-IO connector.
     let client = Client::builder(TokioExecutor::new())
