@@ -120,6 +120,7 @@ fn serve(s: &Setup, role: &str) -> (Py, String) {
     let port_pid = server.expect("PORT");
     let (port, _) = port_pid.split_once(' ').unwrap();
     let port = port.to_owned();
+    s.wait_bound(&port);
     (server, port)
 }
 

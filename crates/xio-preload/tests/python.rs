@@ -63,6 +63,7 @@ fn two_preloaded_python_programs_talk_over_x_io() {
     let s = setup("both");
     let mut server = Py::spawn(&s, true, &["server"]);
     let port = server.expect("PORT");
+    s.wait_bound(&port);
     let mut client = Py::spawn(&s, true, &["client", &port, "1000000"]);
     assert_eq!(client.expect("ECHOED"), "1000000");
     let snap = s.mgr.snapshot();
@@ -130,6 +131,7 @@ fn a_killed_preloaded_client_resets_its_peer_and_leaks_nothing() {
     let s = setup("kill");
     let mut server = Py::spawn(&s, true, &["server"]);
     let port = server.expect("PORT");
+    s.wait_bound(&port);
     let mut client = Py::spawn(&s, true, &["client", &port, "200000"]);
     assert_eq!(client.expect("ECHOED"), "200000");
     assert_eq!(s.mgr.snapshot().channels.len(), 1);
@@ -182,6 +184,7 @@ fn http_server_and_http_client_talk_over_x_io() {
     let s = Setup { script, ..s };
     let mut server = Py::spawn(&s, true, &["server"]);
     let port = server.expect("PORT");
+    s.wait_bound(&port);
     let mut client = Py::spawn(&s, true, &["client", &port, "200"]);
     assert_eq!(client.expect("SERVED"), "200");
     assert_eq!(s.mgr.snapshot().channels.len(), 1, "the client's channel");
@@ -286,6 +289,9 @@ print("END", flush=True)
 fn calls_steps(s: &Setup, env: &[(&str, &str)], over_x_io: bool) -> Vec<String> {
     let mut server = Py::spawn_with(s, true, env, &["server"]);
     let port = server.expect("PORT");
+    if over_x_io {
+        s.wait_bound(&port);
+    }
     let mut client = Py::spawn_with(s, true, env, &["client", &port]);
     let mut steps = Vec::new();
     for p in [&mut server, &mut client] {
@@ -386,6 +392,7 @@ fn event_loops_on_several_threads_each_wake_for_their_own_connection() {
     let s = Setup::new("threads", THREADS);
     let mut server = Py::spawn(&s, true, &["server"]);
     let port = server.expect("PORT");
+    s.wait_bound(&port);
     let mut client = Py::spawn(&s, true, &["client", &port]);
     assert_eq!(client.expect("ECHOED"), "4");
     assert_eq!(s.mgr.snapshot().channels.len(), 1, "over X-IO");
@@ -437,6 +444,7 @@ fn a_signal_interrupts_a_blocking_recv_and_accept_on_moved_sockets() {
     let s = Setup::new("signals", SIGNALS);
     let mut server = Py::spawn(&s, true, &["server"]);
     let port = server.expect("PORT");
+    s.wait_bound(&port);
     let mut client = Py::spawn(&s, true, &["client", &port]);
     assert_eq!(server.expect("RECV"), "interrupted");
     assert_eq!(server.expect("DATA"), "after");
@@ -497,6 +505,7 @@ fn asyncio_runs_again_and_a_subprocess_leaves_sockets_on_x_io() {
     let s = Setup::new("async", ASYNC);
     let mut server = Py::spawn(&s, true, &["server"]);
     let port = server.expect("PORT");
+    s.wait_bound(&port);
     let mut client = Py::spawn(&s, true, &["client", &port]);
     for i in 0..3 {
         assert_eq!(client.expect("ASYNC"), format!("run {i}"));
@@ -608,6 +617,7 @@ fn a_connection_handed_to_a_subprocess_or_a_spawned_program_reaches_it() {
     let s = Setup::new("handed", SUBPROCESS);
     let mut server = Py::spawn(&s, true, &["server"]);
     let port = server.expect("PORT");
+    s.wait_bound(&port);
     let mut client = Py::spawn(&s, true, &["client", &port]);
     assert_eq!(client.expect("CAT"), "through cat");
     // (Asked while the server waits for the second connection: it ends

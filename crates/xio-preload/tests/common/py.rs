@@ -33,6 +33,24 @@ impl Setup {
     }
 }
 
+impl Setup {
+    /// Waits until a preloaded server's listener on `port` is bound on
+    /// X-IO too. The library binds X-IO's side at the listener's first
+    /// accept or poll, after the script has printed its port: a client
+    /// started before that goes to the kernel, as it would with a real
+    /// server that is not yet serving.
+    pub fn wait_bound(&self, port: &str) {
+        let port: u16 = port.parse().expect("a port number");
+        super::wait_until("the server's X-IO listener", || {
+            self.mgr
+                .snapshot()
+                .stacks
+                .iter()
+                .any(|st| st.addrs.iter().any(|a| a.port() == port))
+        });
+    }
+}
+
 /// A `python3` running the script, its stdout read line by line.
 pub struct Py {
     pub child: Child,
