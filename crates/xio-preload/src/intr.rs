@@ -35,9 +35,56 @@ use crate::{bell, real, with_stream, Kind, Sock};
 /// calls.
 static NORESTART: AtomicU64 = AtomicU64::new(0);
 
+/// Signals with a handler of the program's, restarting or not.
+static HANDLED: AtomicU64 = AtomicU64::new(0);
+
 /// Whether a blocking call is to be interruptible (see the module's docs).
 pub(crate) fn enabled() -> bool {
     NORESTART.load(Ordering::Relaxed) != 0
+}
+
+/// Whether a blocking call on a socket is to be interruptible: always
+/// while a handler without `SA_RESTART` is installed, and while any
+/// handler is if the socket has a timeout (`timed`): Linux does not
+/// restart a socket call with `SO_RCVTIMEO` or `SO_SNDTIMEO` set
+/// (signal(7)).
+pub(crate) fn wanted(timed: bool) -> bool {
+    enabled() || (timed && HANDLED.load(Ordering::Relaxed) != 0)
+}
+
+/// Whether a handler is installed at all (a timed call may then be
+/// interruptible, see [`wanted`]).
+pub(crate) fn any_handler() -> bool {
+    HANDLED.load(Ordering::Relaxed) != 0
+}
+
+/// The handler counts at a blocking call's start.
+#[derive(Clone, Copy)]
+pub(crate) struct Since {
+    delivered: u64,
+    interrupting: u64,
+    timed: bool,
+}
+
+impl Since {
+    /// Counts from now, for a call on a socket with a timeout if `timed`.
+    pub(crate) fn now(timed: bool) -> Since {
+        Since {
+            delivered: delivered(),
+            interrupting: interrupting(),
+            timed,
+        }
+    }
+
+    /// Whether a handler that ends the call has run on this thread since:
+    /// any handler for a timed call, else one without `SA_RESTART`.
+    pub(crate) fn interrupted(&self) -> bool {
+        if self.timed {
+            delivered() != self.delivered
+        } else {
+            interrupting() != self.interrupting
+        }
+    }
 }
 
 thread_local! {
@@ -105,7 +152,13 @@ fn note(sig: c_int, handler: libc::sighandler_t, flags: c_int) {
         return;
     }
     let bit = 1u64 << (sig - 1);
-    if handler != libc::SIG_DFL && handler != libc::SIG_IGN && flags & libc::SA_RESTART == 0 {
+    let handled = handler != libc::SIG_DFL && handler != libc::SIG_IGN;
+    if handled {
+        HANDLED.fetch_or(bit, Ordering::Relaxed);
+    } else {
+        HANDLED.fetch_and(!bit, Ordering::Relaxed);
+    }
+    if handled && flags & libc::SA_RESTART == 0 {
         NORESTART.fetch_or(bit, Ordering::Relaxed);
     } else {
         NORESTART.fetch_and(!bit, Ordering::Relaxed);
@@ -241,7 +294,7 @@ fn wait(sock: &Sock, write: bool, deadline: Option<Instant>) -> io::Result<()> {
         return Ok(());
     };
     let net = s.net().clone();
-    let signals = interrupting();
+    let since = Since::now(deadline.is_some());
     let ready = || {
         if write {
             sock.bits.writable.load(Ordering::Relaxed)
@@ -268,7 +321,7 @@ fn wait(sock: &Sock, write: bool, deadline: Option<Instant>) -> io::Result<()> {
         if ready() {
             return Ok(());
         }
-        if interrupting() != signals {
+        if since.interrupted() {
             return Err(io::ErrorKind::Interrupted.into());
         }
         let t = match deadline {
@@ -312,8 +365,8 @@ fn wait(sock: &Sock, write: bool, deadline: Option<Instant>) -> io::Result<()> {
         if r < 0 && err.kind() != io::ErrorKind::Interrupted {
             return Err(err);
         }
-        // EINTR: a handler ran; one without SA_RESTART ends the call (the
-        // count is looked at above), the others restart it, as the kernel
-        // does.
+        // EINTR: a handler ran; one without SA_RESTART (any, on a socket
+        // with a timeout) ends the call (the counts are looked at above),
+        // the others restart it, as the kernel does.
     }
 }

@@ -49,6 +49,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use libc::{size_t, sockaddr, socklen_t, ssize_t};
 use xio_core::net::{Net, XioListener, XioStream};
 
+mod accept;
 mod addr;
 mod bell;
 mod fork;
@@ -60,7 +61,7 @@ mod ready;
 mod real;
 mod vfork;
 
-use addr::{read_sockaddr, write_sockaddr};
+use addr::read_sockaddr;
 
 // ---------------------------------------------------------------------------
 // The table of moved sockets
@@ -548,7 +549,7 @@ fn dial(fd: RawFd, to: SocketAddr) -> Dialled {
     // lazily, and this process is inside X-IO now).
     if let Some(own) = ready::own_listener(to) {
         if let Kind::Listener { addr, xio } = &own.kind {
-            let _ = xio_listener(xio, *addr);
+            let _ = accept::xio_listener(xio, *addr);
         }
     }
     let mut r = net.connect(to);
@@ -670,147 +671,6 @@ fn local_addr_of(fd: RawFd) -> Option<SocketAddr> {
     unsafe { read_sockaddr((&raw const st).cast(), len) }
 }
 
-/// X-IO's side of listener `addr`, bound at the first accept.
-fn xio_listener(
-    slot: &Mutex<Option<Option<XioListener>>>,
-    addr: SocketAddr,
-) -> Option<XioListener> {
-    let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
-    g.get_or_insert_with(|| {
-        let l = net().and_then(|_| XioListener::bind(addr).ok())?;
-        l.set_nonblocking(true).ok()?;
-        Some(l)
-    })
-    .as_ref()
-    .and_then(|l| l.try_clone().ok())
-}
-
-/// Waits for a connection on X-IO listener `l` or on kernel listener `fd`.
-/// `Ok(Some(fd))`: a moved stream; `Ok(None)`: the kernel has one (accept
-/// it there).
-fn accept_either(
-    fd: RawFd,
-    sock: &Sock,
-    l: &XioListener,
-    flags: c_int,
-) -> io::Result<Option<RawFd>> {
-    let (fl, _) = fd_flags(fd);
-    let nonblocking = fl & libc::O_NONBLOCK != 0;
-    let net = l.net();
-    let try_xio = || match l.accept() {
-        Ok((s, _)) => {
-            // An accepted socket starts with its listener's IP_TTL.
-            if let Some(ttl) = int_opt(fd, libc::IPPROTO_IP, libc::IP_TTL) {
-                let _ = s.set_ttl(ttl as u32);
-            }
-            install_new(s, flags).map(Some)
-        }
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-            sock.bits.acceptable.store(false, Ordering::Relaxed);
-            Ok(None)
-        }
-        Err(e) => Err(e),
-    };
-    loop {
-        if let Some(new) = try_xio()? {
-            return Ok(Some(new));
-        }
-        if readable(&[fd], 0)? {
-            return Ok(None);
-        }
-        // Take in what came (arming the doorbell), look once more, then
-        // sleep on both: what comes after the arming rings it (and what
-        // another thread takes in rings this thread's bell).
-        let asleep = (!nonblocking).then(bell::Asleep::new).flatten();
-        ready::pump();
-        if let Some(new) = try_xio()? {
-            return Ok(Some(new));
-        }
-        if nonblocking {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        let pfd = ready::poll_fd(&net).ok_or_else(|| io::Error::other("no poll fd"))?;
-        let mut fds = vec![fd, pfd];
-        fds.extend(asleep.as_ref().map(bell::Asleep::fd));
-        readable(&fds, -1)?;
-        // Which one woke us is not asked: the next pump reads the
-        // doorbell.
-        ready::note_rung();
-    }
-}
-
-/// Whether any of `fds` is readable within `timeout_ms` (-1: no limit).
-fn readable(fds: &[RawFd], timeout_ms: c_int) -> io::Result<bool> {
-    let mut p: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    loop {
-        // SAFETY: `p` holds `p.len()` pollfds.
-        let r = unsafe { real::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
-        if r >= 0 {
-            return Ok(r > 0);
-        }
-        let e = io::Error::last_os_error();
-        // A signal interrupts a blocking accept as it does the kernel's
-        // (see `intr`).
-        if e.kind() != io::ErrorKind::Interrupted || intr::enabled() {
-            return Err(e);
-        }
-    }
-}
-
-/// `accept4(2)`.
-///
-/// # Safety
-///
-/// As libc's: `addr` is null or has `*len` writable bytes.
-#[no_mangle]
-pub unsafe extern "C" fn accept4(
-    fd: c_int,
-    addr: *mut sockaddr,
-    len: *mut socklen_t,
-    flags: c_int,
-) -> c_int {
-    if let Some(sock) = lookup(fd) {
-        if let Kind::Listener { addr: a, xio } = &sock.kind {
-            if let Some(l) = xio_listener(xio, *a) {
-                match accept_either(fd, &sock, &l, flags) {
-                    Ok(Some(new)) => {
-                        if let Some(peer) = lookup(new).and_then(|x| match &x.kind {
-                            Kind::Stream { s, .. } => peer_of(s).ok(),
-                            Kind::Listener { .. } => None,
-                        }) {
-                            // SAFETY: the caller's contract.
-                            unsafe { write_sockaddr(&peer, addr, len) };
-                        }
-                        return new;
-                    }
-                    Ok(None) => {}
-                    Err(e) => return fail(&e, true),
-                }
-            }
-        }
-    }
-    // SAFETY: passed on.
-    unsafe { real::accept4(fd, addr, len, flags) }
-}
-
-/// `accept(2)`.
-///
-/// # Safety
-///
-/// As libc's.
-#[no_mangle]
-pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    // SAFETY: the same contract.
-    unsafe { accept4(fd, addr, len, 0) }
-}
-
 // ---------------------------------------------------------------------------
 // Data
 // ---------------------------------------------------------------------------
@@ -861,15 +721,26 @@ fn with_stream<R>(sock: &Sock, f: impl FnOnce(&XioStream) -> R) -> R {
 /// Runs `f` on the stream as a call with `dontwait` (`MSG_DONTWAIT`)
 /// would: non-blocking if so or if the stream is; else blocking, and
 /// interruptible by a signal while the program has a handler that does
-/// not restart calls (see `intr`). `write`: `f` writes.
+/// not restart calls, or any handler if the stream has a timeout (see
+/// `intr`). `write`: `f` writes.
 fn op<R>(
     sock: &Sock,
     dontwait: bool,
     write: bool,
     f: impl FnMut(&XioStream) -> io::Result<R>,
 ) -> io::Result<R> {
-    if !dontwait && intr::enabled() && !with_stream(sock, XioStream::is_nonblocking) {
-        return intr::blocking(sock, write, f);
+    if !dontwait && intr::any_handler() {
+        let (nonblocking, timed) = with_stream(sock, |s| {
+            let t = if write {
+                s.write_timeout()
+            } else {
+                s.read_timeout()
+            };
+            (s.is_nonblocking(), matches!(t, Ok(Some(_))))
+        });
+        if !nonblocking && intr::wanted(timed) {
+            return intr::blocking(sock, write, f);
+        }
     }
     once(sock, dontwait, f)
 }

@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 
 use libc::epoll_event;
 
+use crate::accept::xio_listener;
 use crate::ready::{self, ERR, HUP};
 use crate::{bell, intr};
-use crate::{errno, lookup, net, real, set_errno, xio_listener, Kind, Sock};
+use crate::{errno, lookup, net, real, set_errno, Kind, Sock};
 
 /// The data the net's poll fd carries in a program's epoll set.
 const MARK: u64 = 0x5849_4f5f_4d41_524b; // "XIO_MARK"
