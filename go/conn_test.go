@@ -72,8 +72,12 @@ func TestDeadlinesMovedWhileWaiting(t *testing.T) {
 	if !errors.Is(err, os.ErrDeadlineExceeded) || !errors.As(err, &ne) || !ne.Timeout() {
 		t.Fatalf("read past its deadline: %v", err)
 	}
-	// Extended while the read waits: it waits on, then gets the data.
-	c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	// Extended while the read waits: it waits on past the first deadline,
+	// then gets the data. (The first deadline is 2 s away, so that a
+	// slow machine extends it in time; a read that had not started
+	// waiting yet when it was extended passes too.)
+	first := time.Now().Add(2 * time.Second)
+	c.SetReadDeadline(first)
 	got := make(chan error, 1)
 	go func() {
 		_, err := c.Read(make([]byte, 1))
@@ -81,19 +85,20 @@ func TestDeadlinesMovedWhileWaiting(t *testing.T) {
 	}()
 	time.Sleep(10 * time.Millisecond)
 	c.SetReadDeadline(time.Now().Add(watchdog))
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(time.Until(first) + 100*time.Millisecond)
 	s.Write([]byte("x"))
 	if err := <-got; err != nil {
 		t.Fatalf("read after the deadline was extended: %v", err)
 	}
 	// Cleared while waiting, then moved into the past: the read fails.
-	c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	first = time.Now().Add(2 * time.Second)
+	c.SetReadDeadline(first)
 	go func() {
 		_, err := c.Read(make([]byte, 1))
 		got <- err
 	}()
 	c.SetReadDeadline(time.Time{})
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(time.Until(first) + 100*time.Millisecond)
 	select {
 	case err := <-got:
 		t.Fatalf("a cleared deadline still fired: %v", err)

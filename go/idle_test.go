@@ -2,8 +2,10 @@ package xio
 
 import (
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -69,6 +71,7 @@ func TestTenThousandIdleConnections(t *testing.T) {
 		<-done
 		c.Close()
 	}
+	var accepted atomic.Int64
 	go func() {
 		for i := 0; i < conns; i++ {
 			c, err := l.AcceptXio()
@@ -77,6 +80,7 @@ func TestTenThousandIdleConnections(t *testing.T) {
 				return
 			}
 			go serve(c)
+			accepted.Add(1)
 		}
 	}()
 	d := &Dialer{Net: other}
@@ -89,7 +93,10 @@ func TestTenThousandIdleConnections(t *testing.T) {
 		clients = append(clients, c)
 	}
 	t.Logf("%d connections made", conns)
-	// Everything is set up and quiet: count threads and CPU.
+	// Everything is set up and quiet (every connection accepted, the
+	// garbage of setting up collected): count threads and CPU.
+	waitFor(t, "every connection accepted", func() bool { return accepted.Load() == int64(conns) })
+	runtime.GC()
 	time.Sleep(200 * time.Millisecond)
 	after := threads(t)
 	used := cpu(t)
