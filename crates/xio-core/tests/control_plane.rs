@@ -865,9 +865,12 @@ fn a_reused_ids_status_counts_are_the_newcomers_own() {
         .wait_mode(WaitMode::Blocking)
         .attach()
         .unwrap();
-    // Its waiter goes to sleep (nothing comes).
-    let _ = first.recv_timeout(std::time::Duration::from_millis(20));
-    assert!(status_count(&p, "sleeps") > 0, "the first stack slept");
+    // Its waiter goes to sleep (nothing comes; a thread descheduled past
+    // the wait's end does not sleep, so it waits again).
+    wait_until("the first stack sleeps", || {
+        let _ = first.recv_timeout(std::time::Duration::from_millis(20));
+        status_count(&p, "sleeps") > 0
+    });
     drop(first);
     wait_until("the manager frees the slot", || {
         mgr.snapshot().stacks.is_empty()

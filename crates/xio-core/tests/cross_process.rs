@@ -1420,7 +1420,7 @@ fn a_non_blocking_send_burst_on_a_full_ring_would_block() {
         (r, bufs.len(), client)
     });
     // Watchdog: on a full ring that nobody drains, a wait never ends.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let deadline = std::time::Instant::now() + WATCHDOG;
     while !t.is_finished() {
         if std::time::Instant::now() >= deadline {
             // Unblock the sender so the process can end cleanly.
@@ -1609,7 +1609,7 @@ fn a_busy_polling_stack_learns_of_a_dead_manager_and_then_a_dead_peer() {
     let peer = c.connect(a).unwrap();
     mgr.stop();
     // Bounded waits (a timeout is a failure, not a hang).
-    let limit = std::time::Duration::from_secs(20);
+    let limit = WATCHDOG;
     let e = c.recv_timeout(limit).unwrap_err();
     assert!(matches!(e, Error::ManagerGone), "{e}");
     server.kill9();
@@ -1854,7 +1854,7 @@ fn a_non_blocking_stack_learns_of_a_dead_manager_and_then_a_dead_peer() {
     let peer = c.connect(a).unwrap();
     // Polls until something other than WouldBlock (watchdog: 20 s).
     let poll = |c: &mut Stack| {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let deadline = std::time::Instant::now() + WATCHDOG;
         loop {
             match c.try_recv() {
                 Err(Error::WouldBlock) => {

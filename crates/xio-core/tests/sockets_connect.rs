@@ -717,7 +717,7 @@ fn an_old_connection_of_a_reused_id_leaves_the_new_ones_early_bytes() {
     (&c).write_all(b"early").unwrap();
     drop(c);
     // The watchdog: a hang ends in the read timeout's WouldBlock.
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.set_read_timeout(Some(WATCHDOG)).unwrap();
     let mut got = Vec::new();
     (&s).read_to_end(&mut got).unwrap();
     assert_eq!(got, b"early");
@@ -867,7 +867,7 @@ fn an_empty_buffer_ahead_of_a_reset_does_not_hide_it() {
     // A blocking peek (the watchdog: a hang ends in the read timeout's
     // WouldBlock).
     let s = reset_after_empty();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.set_read_timeout(Some(WATCHDOG)).unwrap();
     let r = s.peek(&mut [0u8; 8]);
     assert_eq!(
         r.as_ref().map_err(|e| e.kind()),

@@ -1015,7 +1015,7 @@ fn a_same_net_write_beyond_the_window_wakes_the_driving_reader() {
         (&c).write_all(&data).unwrap();
         c
     });
-    let hung = rx.recv_timeout(Duration::from_secs(20)).is_err();
+    let hung = rx.recv_timeout(WATCHDOG).is_err();
     if hung {
         // Ending a write batch runs what the table asked for (its wake-ups
         // included), which ends the hang.
@@ -1048,7 +1048,7 @@ fn an_alloc_waiting_for_the_pool_sends_what_a_write_batch_holds() {
     let chunk = 64 << 10;
     let reader = std::thread::spawn(move || read_n(&s, 8 * chunk));
     // The watchdog: a hang ends in the write timeout's WouldBlock.
-    c.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+    c.set_write_timeout(Some(WATCHDOG)).unwrap();
     let _batch = client.batch_writes();
     for k in 0..8u8 {
         (&c).write_all(&vec![k; chunk]).unwrap();

@@ -577,7 +577,7 @@ fn watchdog_then(
 ) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<bool>) {
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let t = std::thread::spawn(move || {
-        let hung = rx.recv_timeout(Duration::from_secs(20)).is_err();
+        let hung = rx.recv_timeout(WATCHDOG).is_err();
         release();
         hung
     });

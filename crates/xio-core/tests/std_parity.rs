@@ -99,6 +99,28 @@ impl Family for Xio {
     fn connect_any(&self, a: &[SocketAddr]) -> io::Result<XioStream> {
         self.client.connect(a)
     }
+    /// The kernel answers a loopback peer within the sending call; here
+    /// each net's driver thread takes in what came, and a loaded machine
+    /// can keep it off the CPU past a moment's sleep. So also wait until
+    /// both nets' rings are empty on two looks in a row (a reset answers
+    /// a write: two hops).
+    fn settle(&self) {
+        std::thread::sleep(Duration::from_millis(50));
+        let deadline = std::time::Instant::now() + WATCHDOG;
+        let mut quiet = 0;
+        while quiet < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the drivers never took in what came"
+            );
+            if self.client.has_input() || self.server.has_input() {
+                quiet = 0;
+            } else {
+                quiet += 1;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
 
 /// A difference from std that X-IO makes on purpose (documented where

@@ -191,7 +191,7 @@ fn a_manager_whose_stderr_is_closed_serves_and_stops() {
     }
     assert!(m.0.try_wait().unwrap().is_none(), "the manager died");
     signal(&m.0, rustix::process::Signal::TERM);
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + support::WATCHDOG;
     let st = loop {
         if let Some(st) = m.0.try_wait().unwrap() {
             break st;

@@ -221,7 +221,7 @@ if sys.argv[1] == "server":
     r, w, x = select.select([s], [s], [], 0)
     out.append(("select idle", len(r), len(w)))
     ask("hello")
-    r, _, _ = select.select([s], [], [], 5)
+    r, _, _ = select.select([s], [], [], 60)
     out.append(("select ready", r == [s]))
     buf = array.array("i", [0])
     fcntl.ioctl(s, termios.FIONREAD, buf, True)
@@ -242,7 +242,7 @@ if sys.argv[1] == "server":
     ask("offset")
     out.append(("sendfile offset", take(5000) == body[1000:6000]))
     ask("close")
-    r, _, _ = select.select([s], [], [], 5)
+    r, _, _ = select.select([s], [], [], 60)
     out.append(("select eof", r == [s], s.recv(10)))
     # A second connection, closed by os.closerange (close_range(2)).
     s2, _ = l.accept()

@@ -770,14 +770,14 @@ pub mod scenario {
     pub fn shutdown_from_another_thread_ends_a_blocked_call<F: Family>(f: &F, log: &mut Log) {
         let (c, s, _l) = pair(f);
         // The hang guard: a read still waiting then says WouldBlock.
-        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.set_read_timeout(Some(WATCHDOG)).unwrap();
         let reader = c.try_clone().unwrap();
         let t = std::thread::spawn(move || reader.read(&mut [0u8; 8]).map_err(|e| e.kind()));
         std::thread::sleep(Duration::from_millis(50));
         log.r("shutdown(Read)", c.shutdown(Shutdown::Read));
         log.v("the blocked read ends", t.join().unwrap());
         // A writer blocked on a full window / socket buffer.
-        c.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.set_write_timeout(Some(WATCHDOG)).unwrap();
         let writer = c.try_clone().unwrap();
         let t = std::thread::spawn(move || {
             let chunk = vec![1u8; 64 << 10];

@@ -62,13 +62,23 @@ pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// A port free on 127.0.0.1 now (the kernel's choice).
+/// A port free on 127.0.0.1 now, for a server started next. Drawn below
+/// the kernel's ephemeral range (32768 up), where no connect's own port
+/// and no `bind(0)` can take it before the server binds it, and never the
+/// same twice in this process (tests run in parallel).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Spread by pid: test binaries of other runs may be drawing too.
+    let base = std::process::id() % 5_000 * 2;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < 10_000, "no free port in 20000..30000");
+        let port = 20_000 + ((base + n) % 10_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// `program` with pool `prefix` and this process's run dir, preloaded if
