@@ -48,9 +48,16 @@ fn accept_either(
     let net = l.net();
     let try_xio = || match l.accept() {
         Ok((s, _)) => {
-            // An accepted socket starts with its listener's IP_TTL.
+            // An accepted socket starts with its listener's IP_TTL and
+            // timeouts.
             if let Some(ttl) = int_opt(fd, libc::IPPROTO_IP, libc::IP_TTL) {
                 let _ = s.set_ttl(ttl as u32);
+            }
+            if let Some(t) = timeout_of(fd, libc::SO_RCVTIMEO) {
+                let _ = s.set_read_timeout(Some(t));
+            }
+            if let Some(t) = timeout_of(fd, libc::SO_SNDTIMEO) {
+                let _ = s.set_write_timeout(Some(t));
             }
             install_new(s, flags).map(Some)
         }
@@ -60,15 +67,24 @@ fn accept_either(
         }
         Err(e) => Err(e),
     };
-    let timeout = if nonblocking { None } else { rcv_timeout(fd) };
+    let timeout = if nonblocking {
+        None
+    } else {
+        timeout_of(fd, libc::SO_RCVTIMEO)
+    };
     let deadline = timeout.map(|t| Instant::now() + t);
     let since = intr::Since::now(timeout.is_some());
     loop {
         if let Some(new) = try_xio()? {
             return Ok(Some(new));
         }
-        if readable(&[fd], 0)? {
-            return Ok(None);
+        match readable(&[fd], 0) {
+            Ok(true) => return Ok(None),
+            // (A signal during the look: whether it ends the call is
+            // decided below, as for one during the sleep.)
+            Ok(false) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
         // Take in what came (arming the doorbell), look once more, then
         // sleep on both: what comes after the arming rings it (and what
@@ -81,6 +97,11 @@ fn accept_either(
         if nonblocking {
             return Err(io::ErrorKind::WouldBlock.into());
         }
+        // A handler that ran while this thread was not asleep in a
+        // syscall ends the call too (before its timeout, as Linux looks).
+        if since.interrupted() {
+            return Err(io::ErrorKind::Interrupted.into());
+        }
         let ms = match deadline {
             None => -1,
             Some(d) => match d.saturating_duration_since(Instant::now()) {
@@ -88,11 +109,6 @@ fn accept_either(
                 left => c_int::try_from(left.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX),
             },
         };
-        // A handler that ran while this thread was not asleep in a
-        // syscall ends the call too.
-        if since.interrupted() {
-            return Err(io::ErrorKind::Interrupted.into());
-        }
         let pfd = ready::poll_fd(&net).ok_or_else(|| io::Error::other("no poll fd"))?;
         let mut fds = vec![fd, pfd];
         fds.extend(asleep.as_ref().map(bell::Asleep::fd));
@@ -113,21 +129,14 @@ fn accept_either(
     }
 }
 
-/// Kernel listener `fd`'s `SO_RCVTIMEO`, if one is set.
-fn rcv_timeout(fd: RawFd) -> Option<Duration> {
+/// Kernel socket `fd`'s `SO_RCVTIMEO` or `SO_SNDTIMEO` (`name`), if one
+/// is set.
+fn timeout_of(fd: RawFd, name: c_int) -> Option<Duration> {
     // SAFETY: all-zero is a valid `timeval`.
     let mut tv: libc::timeval = unsafe { std::mem::zeroed() };
     let mut len = size_of::<libc::timeval>() as socklen_t;
     // SAFETY: `tv` has `len` bytes of room.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&raw mut tv).cast(),
-            &mut len,
-        )
-    };
+    let r = unsafe { real::getsockopt(fd, libc::SOL_SOCKET, name, (&raw mut tv).cast(), &mut len) };
     if r != 0 {
         return None;
     }

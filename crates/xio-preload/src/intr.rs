@@ -274,13 +274,14 @@ pub(crate) fn blocking<R>(
         }
     })?;
     let deadline = timeout.map(|t| Instant::now() + t);
+    let since = Since::now(deadline.is_some());
     loop {
         match crate::once(sock, true, &mut f) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if write {
                     sock.bits.writable.store(false, Ordering::Relaxed);
                 }
-                wait(sock, write, deadline)?;
+                wait(sock, write, deadline, &since)?;
             }
             r => return r,
         }
@@ -288,13 +289,13 @@ pub(crate) fn blocking<R>(
 }
 
 /// Waits for `sock` to be readable (`write`: writable): a spin on the
-/// rings for the net's adaptive budget, then sleeps in `ppoll`.
-fn wait(sock: &Sock, write: bool, deadline: Option<Instant>) -> io::Result<()> {
+/// rings for the net's adaptive budget, then sleeps in `ppoll`; `EINTR`
+/// once a handler that ends the call ran since `since` (the call's start).
+fn wait(sock: &Sock, write: bool, deadline: Option<Instant>, since: &Since) -> io::Result<()> {
     let Kind::Stream { s, .. } = &sock.kind else {
         return Ok(());
     };
     let net = s.net().clone();
-    let since = Since::now(deadline.is_some());
     let ready = || {
         if write {
             sock.bits.writable.load(Ordering::Relaxed)

@@ -460,8 +460,9 @@ fn a_signal_interrupts_a_blocking_recv_and_accept_on_moved_sockets() {
 /// `accept` or `recv` with nothing coming ends with `EAGAIN`, and a
 /// handler installed with `SA_RESTART` still ends it with `EINTR`, as
 /// Linux does (signal(7): such calls are never restarted); without a
-/// timeout the same handler restarts the call. The script runs over the
-/// kernel too, and must print the same.
+/// timeout the same handler restarts the call. An accepted socket starts
+/// with its listener's timeout. The script runs over the kernel too, and
+/// must print the same.
 const TIMEOUTS: &str = r#"
 import ctypes, errno, signal, socket, struct, sys, time
 # No handler without SA_RESTART (Python's SIGINT one is one): SIGALRM's,
@@ -492,7 +493,12 @@ if sys.argv[1] == "server":
     signal.setitimer(signal.ITIMER_REAL, 0.2)
     print("ACCEPT signal", accept(l), flush=True)
     timeout(l, 0)
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    print("ACCEPT restarted", accept(l), flush=True)
+    timeout(l, 60)
     c, _ = l.accept()
+    print("INHERITED", struct.unpack("ll", c.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16))[0],
+          flush=True)
     timeout(c, 0.2)
     print("RECV timeout", recv(c), flush=True)
     timeout(c, 60)
@@ -503,10 +509,12 @@ if sys.argv[1] == "server":
     signal.setitimer(signal.ITIMER_REAL, 0.2)
     print("RECV restarted", recv(c), flush=True)
 else:
+    # (Each after the server's alarm, if this machine is not too slow: if
+    # not, a restart is not exercised, but nothing fails.)
+    time.sleep(1)
+    first = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
     s = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
     assert s.recv(10) == b"go"
-    # (After the server's alarm, if this machine is not too slow: if not,
-    # the restart is not exercised, but nothing fails.)
     time.sleep(1)
     s.sendall(b"later")
     sys.stdin.readline()
@@ -527,6 +535,8 @@ fn a_socket_timeout_makes_accept_and_recv_end_on_any_signal_as_linux_does() {
             s.wait_bound(&port);
         }
         let mut client = Py::spawn(&s, preload, &["client", &port]);
+        lines.push(server.expect("ACCEPT restarted"));
+        lines.push(server.expect("INHERITED"));
         lines.push(server.expect("RECV timeout"));
         lines.push(server.expect("RECV signal"));
         lines.push(server.expect("RECV restarted"));
@@ -540,7 +550,7 @@ fn a_socket_timeout_makes_accept_and_recv_end_on_any_signal_as_linux_does() {
     }
     assert_eq!(
         runs[0],
-        ["EAGAIN", "EINTR", "EAGAIN", "EINTR", "ok later"],
+        ["EAGAIN", "EINTR", "ok", "60", "EAGAIN", "EINTR", "ok later"],
         "the kernel's answers"
     );
     assert_eq!(runs[1], runs[0], "over X-IO as over the kernel");
