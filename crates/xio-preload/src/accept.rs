@@ -79,7 +79,7 @@ fn accept_either(
         if let Some(new) = try_xio()? {
             return Ok(Some(new));
         }
-        match readable(&[fd], 0, None) {
+        match readable(&[fd], 0) {
             Ok(true) => return Ok(None),
             // (A signal during the look: whether it ends the call is
             // decided below, as for one during the sleep.)
@@ -99,9 +99,7 @@ fn accept_either(
             return Err(io::ErrorKind::WouldBlock.into());
         }
         // A handler that ran while this thread was not asleep in a
-        // syscall ends the call too (before its timeout, as Linux looks);
-        // signals are blocked from this look until the sleep.
-        let masked = intr::Masked::new();
+        // syscall ends the call too (before its timeout, as Linux looks).
         if since.interrupted() {
             return Err(io::ErrorKind::Interrupted.into());
         }
@@ -115,9 +113,7 @@ fn accept_either(
         let pfd = ready::poll_fd(&net).ok_or_else(|| io::Error::other("no poll fd"))?;
         let mut fds = vec![fd, pfd];
         fds.extend(asleep.as_ref().map(bell::Asleep::fd));
-        let slept = readable(&fds, ms, masked.as_ref());
-        drop(masked);
-        match slept {
+        match readable(&fds, ms) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {
                 if since.interrupted() {
                     return Err(e);
@@ -151,9 +147,8 @@ fn timeout_of(fd: RawFd, name: c_int) -> Option<Duration> {
 }
 
 /// Whether any of `fds` is readable within `timeout_ms` (-1: no limit);
-/// `EINTR` if a signal's handler ran meanwhile. `masked`: signals are
-/// blocked, and let in for the wait.
-fn readable(fds: &[RawFd], timeout_ms: c_int, masked: Option<&intr::Masked>) -> io::Result<bool> {
+/// `EINTR` if a signal's handler ran meanwhile.
+fn readable(fds: &[RawFd], timeout_ms: c_int) -> io::Result<bool> {
     let mut p: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {
@@ -162,20 +157,8 @@ fn readable(fds: &[RawFd], timeout_ms: c_int, masked: Option<&intr::Masked>) -> 
             revents: 0,
         })
         .collect();
-    let ts = (timeout_ms >= 0).then(|| libc::timespec {
-        tv_sec: libc::time_t::from(timeout_ms / 1000),
-        tv_nsec: libc::c_long::from(timeout_ms % 1000) * 1_000_000,
-    });
-    // SAFETY: `p` holds `p.len()` pollfds; the timespec and mask outlive
-    // the call.
-    let r = unsafe {
-        real::ppoll(
-            p.as_mut_ptr(),
-            p.len() as libc::nfds_t,
-            ts.as_ref().map_or(std::ptr::null(), |t| t as *const _),
-            masked.map_or(std::ptr::null(), |m| m.sleep_mask(std::ptr::null())),
-        )
-    };
+    // SAFETY: `p` holds `p.len()` pollfds.
+    let r = unsafe { real::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -58,53 +58,6 @@ pub(crate) fn any_handler() -> bool {
     HANDLED.load(Ordering::Relaxed) != 0
 }
 
-/// Every signal blocked, from a wait's last look at the handler counts
-/// until its sleep: a handler that ran in between would go unnoticed
-/// until the sleep ended (the kernel checks for a pending signal as it
-/// sleeps). The sleep (`ppoll`, `epoll_pwait`) is given
-/// [`Masked::sleep_mask`], which it sets atomically for its duration, as
-/// `pselect` was made for; dropping this restores the thread's mask, and a
-/// signal that came meanwhile runs its handler then.
-pub(crate) struct Masked {
-    old: libc::sigset_t,
-}
-
-impl Masked {
-    /// Blocks every signal on this thread, if the program has a handler
-    /// (else no signal can be missed: none runs code); `None` if not.
-    pub(crate) fn new() -> Option<Masked> {
-        if !any_handler() {
-            return None;
-        }
-        // SAFETY: zeroed sigsets are valid storage; `all` is filled
-        // before use and `old` written by the call.
-        unsafe {
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            (libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) == 0).then_some(Masked { old })
-        }
-    }
-
-    /// The mask for the sleep: the program's `sigmask` if it gave one
-    /// (`epoll_pwait`, `ppoll`), else the thread's own from before.
-    pub(crate) fn sleep_mask(&self, program: *const libc::sigset_t) -> *const libc::sigset_t {
-        if program.is_null() {
-            &self.old
-        } else {
-            program
-        }
-    }
-}
-
-impl Drop for Masked {
-    fn drop(&mut self) {
-        // SAFETY: restores the mask `new` saved. (errno is the caller's
-        // to have taken before.)
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
-    }
-}
-
 /// The handler counts at a blocking call's start.
 #[derive(Clone, Copy)]
 pub(crate) struct Since {
@@ -369,9 +322,6 @@ fn wait(sock: &Sock, write: bool, deadline: Option<Instant>, since: &Since) -> i
         if ready() {
             return Ok(());
         }
-        // Signals blocked from this last look at the counts until the
-        // sleep lets them in.
-        let masked = Masked::new();
         if since.interrupted() {
             return Err(io::ErrorKind::Interrupted.into());
         }
@@ -402,15 +352,11 @@ fn wait(sock: &Sock, write: bool, deadline: Option<Instant>, since: &Since) -> i
                 fds.as_mut_ptr(),
                 fds.len() as libc::nfds_t,
                 t.as_ref().map_or(std::ptr::null(), |t| t as *const _),
-                masked
-                    .as_ref()
-                    .map_or(std::ptr::null(), |m| m.sleep_mask(std::ptr::null())),
+                std::ptr::null(),
             )
         };
-        // Taken before the drain, whose lock may set errno (and before
-        // the mask's restore, when a signal held back runs its handler).
+        // Taken before the drain, whose lock may set errno.
         let err = io::Error::last_os_error();
-        drop(masked);
         if r > 0 && fds[0].revents != 0 {
             ready::note_rung();
         }

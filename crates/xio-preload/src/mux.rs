@@ -491,17 +491,9 @@ unsafe fn wait_moved(
         spun = false;
         if n < max {
             let t = if n > 0 { 0 } else { remaining(deadline) };
-            // A sleep: signals blocked from a last look at the count
-            // until the sleep lets them in (see `intr::Masked`).
-            let masked = (t != 0).then(intr::Masked::new).flatten();
-            if masked.is_some() && intr::delivered() != signals {
-                return Err(libc::EINTR);
-            }
-            let mask = masked.as_ref().map_or(sigmask, |m| m.sleep_mask(sigmask));
             // SAFETY: `out[n..max]` is the caller's room.
-            let k = unsafe { real::epoll_pwait(epfd, out.add(n), (max - n) as c_int, t, mask) };
+            let k = unsafe { real::epoll_pwait(epfd, out.add(n), (max - n) as c_int, t, sigmask) };
             let err = (k < 0).then(errno);
-            drop(masked);
             // Drop the markers' events (they only woke us), keep the rest.
             let (kept, rang) = drop_marks(out, n, k.max(0) as usize, asleep.as_ref());
             if let Some(a) = &asleep {
@@ -826,27 +818,16 @@ unsafe fn poll_until(
         for k in kernel.iter_mut() {
             k.revents = 0;
         }
-        // A sleep: signals blocked from a last look at the count until
-        // the sleep lets them in (see `intr::Masked`).
-        let sleeps = t.is_none_or(|t| t.tv_sec != 0 || t.tv_nsec != 0);
-        let masked = sleeps.then(intr::Masked::new).flatten();
-        if masked.is_some() && intr::delivered() != signals {
-            drop(masked);
-            drop(asleep);
-            set_errno(libc::EINTR);
-            return -1;
-        }
         // SAFETY: `kernel` holds `kernel.len()` entries.
         let r = unsafe {
             real::ppoll(
                 kernel.as_mut_ptr(),
                 kernel.len() as libc::nfds_t,
                 t.as_ref().map_or(std::ptr::null(), |t| t as *const _),
-                masked.as_ref().map_or(sigmask, |m| m.sleep_mask(sigmask)),
+                sigmask,
             )
         };
         let err = errno();
-        drop(masked);
         // The poll fd and the bell are the last entries.
         let tail = kernel.len() - 1 - usize::from(asleep.is_some());
         if r > 0 && kernel[tail].revents != 0 {
