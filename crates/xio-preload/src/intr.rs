@@ -257,6 +257,44 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
     old.sa_sigaction
 }
 
+/// `bsd_signal(3)`: glibc's `signal` under another name.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn bsd_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: the same contract.
+    unsafe { signal(sig, handler) }
+}
+
+/// `siginterrupt(3)`: whether `sig`'s handler interrupts calls (`flag`
+/// non-zero: no `SA_RESTART`), through [`sigaction`] (glibc's own reads
+/// and writes the action behind the library's back, and the library
+/// would go on treating the handler as before).
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn siginterrupt(sig: c_int, flag: c_int) -> c_int {
+    // SAFETY: a zeroed sigaction is valid storage for the call to fill.
+    let mut a: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: valid sigactions (the current one read, then set back
+    // changed).
+    unsafe {
+        if sigaction(sig, std::ptr::null(), &mut a) != 0 {
+            return -1;
+        }
+        if flag != 0 {
+            a.sa_flags &= !libc::SA_RESTART;
+        } else {
+            a.sa_flags |= libc::SA_RESTART;
+        }
+        sigaction(sig, &a, std::ptr::null_mut())
+    }
+}
+
 /// Runs `f` on `sock`'s stream non-blocking until it would not block,
 /// waiting in between for the stream to be readable (or, `write`,
 /// writable), until the stream's timeout (`EAGAIN`) or a signal

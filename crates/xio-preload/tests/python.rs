@@ -462,15 +462,17 @@ fn a_signal_interrupts_a_blocking_recv_and_accept_on_moved_sockets() {
 /// Linux does (signal(7): such calls are never restarted); without a
 /// timeout the same handler restarts the call. An accepted socket starts
 /// with its listener's timeout. The script runs over the kernel too, and
-/// must print the same.
+/// must print the same. `SA_RESTART` is set with libc's `siginterrupt`.
 const TIMEOUTS: &str = r#"
 import ctypes, errno, os, signal, socket, struct, sys, time
 # No handler without SA_RESTART (Python's SIGINT one is one): SIGALRM's,
 # with SA_RESTART, is the only handler.
 signal.signal(signal.SIGINT, signal.SIG_DFL)
 signal.signal(signal.SIGALRM, lambda *a: None)
-signal.siginterrupt(signal.SIGALRM, False)
 libc = ctypes.CDLL(None, use_errno=True)
+# (libc's siginterrupt, as a C program calls it: glibc's changes the
+# action behind the library's back; Python's own uses sigaction.)
+assert libc.siginterrupt(signal.SIGALRM, 0) == 0
 def timeout(s, secs):
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", secs, 0) if secs >= 1
                  else struct.pack("ll", 0, int(secs * 1e6)))
