@@ -24,11 +24,11 @@
 //!
 //! `posix_spawn` hands over what the new program inherits before it runs
 //! (its child runs no hook), and a `dup2` file action's stream when the
-//! action is added (see `vfork.rs`).
+//! action is added (see `vfork.rs`); so do `system` and `popen`, whose
+//! internal `posix_spawn` no hook sees.
 //!
 //! Not covered: a process that ends while a child still uses a stream it
-//! relays (the child sees the end of the stream), and libc's own spawns
-//! (`system`, `popen`), which call its internal `posix_spawn`.
+//! relays (the child sees the end of the stream).
 
 use std::cell::Cell;
 use std::collections::HashMap;

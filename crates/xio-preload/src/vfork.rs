@@ -201,6 +201,38 @@ pub unsafe extern "C" fn posix_spawnp(
     unsafe { real::posix_spawnp(pid, file, fa, attr, argv, envp) }
 }
 
+/// `system(3)`: libc runs the shell through its internal `posix_spawn`,
+/// which no hook sees, so the streams the shell inherits are handed to
+/// the kernel path first, as for [`posix_spawn`].
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn system(command: *const libc::c_char) -> c_int {
+    // (A null command only asks whether a shell exists.)
+    if !command.is_null() {
+        fork::inheritable_to_kernel();
+    }
+    // SAFETY: passed on.
+    unsafe { real::system(command) }
+}
+
+/// `popen(3)`, as [`system`].
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn popen(
+    command: *const libc::c_char,
+    mode: *const libc::c_char,
+) -> *mut libc::FILE {
+    fork::inheritable_to_kernel();
+    // SAFETY: passed on.
+    unsafe { real::popen(command, mode) }
+}
+
 /// `posix_spawn_file_actions_adddup2(3)`: the new program gets `fd`, so a
 /// moved stream there is handed to the kernel path now.
 ///

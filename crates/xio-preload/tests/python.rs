@@ -699,7 +699,25 @@ if sys.argv[1] == "server":
     pid = os.posix_spawn("/bin/cat", ["cat"], os.environ, file_actions=acts)
     c.close()
     _, status = os.waitpid(pid, 0)
-    print("SPAWNED", p.returncode, status, flush=True)
+    # libc's own spawns: the shell writes to the inherited fd (9: a
+    # shell's redirections take one digit).
+    import ctypes
+    libc = ctypes.CDLL(None)
+    libc.popen.restype = ctypes.c_void_p
+    def at_nine(c):
+        fd = c.detach()
+        if fd != 9:
+            os.dup2(fd, 9)
+            os.close(fd)
+        os.set_inheritable(9, True)
+    at_nine(l.accept()[0])
+    rc = os.system("printf 'through system' >&9")
+    os.close(9)
+    at_nine(l.accept()[0])
+    f = libc.popen(b"printf 'through popen' >&9", b"r")
+    rc2 = libc.pclose(ctypes.c_void_p(f)) if f else -1
+    os.close(9)
+    print("SPAWNED", p.returncode, status, rc, rc2, flush=True)
 else:
     def talk(msg):
         # One connection: `msg` sent (if any), then all that comes back.
@@ -718,6 +736,8 @@ else:
     print("CAT", talk(b"through cat\n"), flush=True)
     print("CHILD", talk(None), flush=True)
     print("SPAWN", talk(b"through posix_spawn\n"), flush=True)
+    print("SYSTEM", talk(None), flush=True)
+    print("POPEN", talk(None), flush=True)
 "#;
 
 #[test]
@@ -733,7 +753,9 @@ fn a_connection_handed_to_a_subprocess_or_a_spawned_program_reaches_it() {
     assert_eq!(s.mgr.snapshot().channels.len(), 1, "over X-IO");
     assert_eq!(client.expect("CHILD"), "from the child");
     assert_eq!(client.expect("SPAWN"), "through posix_spawn");
-    assert_eq!(server.expect("SPAWNED"), "0 0");
+    assert_eq!(client.expect("SYSTEM"), "through system");
+    assert_eq!(client.expect("POPEN"), "through popen");
+    assert_eq!(server.expect("SPAWNED"), "0 0 0 0");
     client.wait_ok();
     server.wait_ok();
 }
