@@ -10,8 +10,10 @@
 //! `ppoll` on the net's poll fd and the thread's bell, which a signal
 //! interrupts: the call then ends with `EINTR` if a handler without
 //! `SA_RESTART` ran (the trampoline below counts them), and goes on
-//! otherwise. A program with only restarting handlers (or none) keeps
-//! X-IO's own waits.
+//! otherwise. A socket with a timeout waits here while any handler is
+//! installed, and any handler ends its call: Linux never restarts a
+//! timed socket call. Otherwise a program with only restarting handlers
+//! (or none) keeps X-IO's own waits.
 //!
 //! The program's handlers are installed behind a trampoline that counts
 //! each run: `epoll_wait`, `poll` and these waits return `EINTR` when the
@@ -234,27 +236,57 @@ pub unsafe extern "C" fn sigaction(
     r
 }
 
-/// `signal(2)`, as glibc's: a handler that restarts calls, through
-/// [`sigaction`] (glibc's own `signal` would install it behind the
-/// library's back).
+/// Signals [`siginterrupt`] made interrupting: glibc's `signal` installs
+/// their handlers without `SA_RESTART` (its own hidden set, which the
+/// library's `signal` replaces).
+static SIGINTR: AtomicU64 = AtomicU64::new(0);
+
+/// Installs `handler` for `sig` with `flags`, through [`sigaction`] (so
+/// behind the trampoline and noted), the signal itself masked in its
+/// handler if `mask_self`; the previous handler, or `SIG_ERR`.
+fn install(
+    sig: c_int,
+    handler: libc::sighandler_t,
+    flags: c_int,
+    mask_self: bool,
+) -> libc::sighandler_t {
+    if handler == libc::SIG_ERR || !(1..65).contains(&sig) {
+        crate::set_errno(libc::EINVAL);
+        return libc::SIG_ERR;
+    }
+    // SAFETY: zeroed sigactions are valid; the mask is filled below.
+    let (mut a, mut old): (libc::sigaction, libc::sigaction) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    a.sa_sigaction = handler;
+    a.sa_flags = flags;
+    // SAFETY: `a.sa_mask` is ours to fill; `sig` is a valid number.
+    unsafe {
+        libc::sigemptyset(&mut a.sa_mask);
+        if mask_self {
+            libc::sigaddset(&mut a.sa_mask, sig);
+        }
+    }
+    // SAFETY: valid sigactions.
+    if unsafe { sigaction(sig, &a, &mut old) } != 0 {
+        return libc::SIG_ERR;
+    }
+    old.sa_sigaction
+}
+
+/// `signal(2)`, as glibc's (BSD semantics): a handler that restarts
+/// calls unless [`siginterrupt`] said otherwise for `sig`, with `sig`
+/// masked while it runs, through [`sigaction`] (glibc's own `signal`
+/// would install it behind the library's back).
 ///
 /// # Safety
 ///
 /// As libc's.
 #[no_mangle]
 pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
-    // SAFETY: zeroed sigactions are valid; the mask is emptied.
-    let (mut a, mut old): (libc::sigaction, libc::sigaction) =
-        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
-    a.sa_sigaction = handler;
-    a.sa_flags = libc::SA_RESTART;
-    // SAFETY: `a.sa_mask` is ours to fill.
-    unsafe { libc::sigemptyset(&mut a.sa_mask) };
-    // SAFETY: valid sigactions.
-    if unsafe { sigaction(sig, &a, &mut old) } != 0 {
-        return libc::SIG_ERR;
-    }
-    old.sa_sigaction
+    let interrupting =
+        (1..65).contains(&sig) && SIGINTR.load(Ordering::Relaxed) & (1u64 << (sig - 1)) != 0;
+    let flags = if interrupting { 0 } else { libc::SA_RESTART };
+    install(sig, handler, flags, true)
 }
 
 /// `bsd_signal(3)`: glibc's `signal` under another name.
@@ -268,16 +300,67 @@ pub unsafe extern "C" fn bsd_signal(sig: c_int, handler: libc::sighandler_t) -> 
     unsafe { signal(sig, handler) }
 }
 
+/// `ssignal(3)`: glibc's `signal` under another name.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn ssignal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: the same contract.
+    unsafe { signal(sig, handler) }
+}
+
+/// `sysv_signal(3)`, and `__sysv_signal`, which a program compiled for
+/// strict ISO C calls for `signal`: System V semantics, a handler run
+/// once (then the default action), not masked while it runs, and calls
+/// interrupted.
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn sysv_signal(
+    sig: c_int,
+    handler: libc::sighandler_t,
+) -> libc::sighandler_t {
+    install(sig, handler, libc::SA_RESETHAND | libc::SA_NODEFER, false)
+}
+
+/// See [`sysv_signal`].
+///
+/// # Safety
+///
+/// As libc's.
+#[no_mangle]
+pub unsafe extern "C" fn __sysv_signal(
+    sig: c_int,
+    handler: libc::sighandler_t,
+) -> libc::sighandler_t {
+    install(sig, handler, libc::SA_RESETHAND | libc::SA_NODEFER, false)
+}
+
 /// `siginterrupt(3)`: whether `sig`'s handler interrupts calls (`flag`
-/// non-zero: no `SA_RESTART`), through [`sigaction`] (glibc's own reads
-/// and writes the action behind the library's back, and the library
-/// would go on treating the handler as before).
+/// non-zero: no `SA_RESTART`), now and for handlers [`signal`] installs
+/// later, through [`sigaction`] (glibc's own reads and writes the action
+/// behind the library's back, and the library would go on treating the
+/// handler as before).
 ///
 /// # Safety
 ///
 /// As libc's.
 #[no_mangle]
 pub unsafe extern "C" fn siginterrupt(sig: c_int, flag: c_int) -> c_int {
+    if !(1..65).contains(&sig) {
+        crate::set_errno(libc::EINVAL);
+        return -1;
+    }
+    let bit = 1u64 << (sig - 1);
+    if flag != 0 {
+        SIGINTR.fetch_or(bit, Ordering::Relaxed);
+    } else {
+        SIGINTR.fetch_and(!bit, Ordering::Relaxed);
+    }
     // SAFETY: a zeroed sigaction is valid storage for the call to fill.
     let mut a: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: valid sigactions (the current one read, then set back

@@ -729,7 +729,11 @@ fn op<R>(
     write: bool,
     f: impl FnMut(&XioStream) -> io::Result<R>,
 ) -> io::Result<R> {
-    if !dontwait && intr::any_handler() {
+    if !dontwait && intr::enabled() {
+        if !with_stream(sock, XioStream::is_nonblocking) {
+            return intr::blocking(sock, write, f);
+        }
+    } else if !dontwait && intr::any_handler() {
         let (nonblocking, timed) = with_stream(sock, |s| {
             let t = if write {
                 s.write_timeout()

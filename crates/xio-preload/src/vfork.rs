@@ -210,7 +210,8 @@ pub unsafe extern "C" fn posix_spawnp(
 /// As libc's.
 #[no_mangle]
 pub unsafe extern "C" fn system(command: *const libc::c_char) -> c_int {
-    // (A null command only asks whether a shell exists.)
+    // (A null command only asks whether a shell exists: the shell libc
+    // runs for it uses nothing it inherits.)
     if !command.is_null() {
         fork::inheritable_to_kernel();
     }

@@ -69,8 +69,9 @@ pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    // Spread by pid: test binaries of other runs may be drawing too.
-    let base = std::process::id() % 5_000 * 2;
+    // Spread by a hash of the pid: test binaries of other runs (with
+    // neighbouring pids) may be drawing too.
+    let base = std::process::id().wrapping_mul(2_654_435_761) % 10_000;
     loop {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         assert!(n < 10_000, "no free port in 20000..30000");
