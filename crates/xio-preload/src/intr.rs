@@ -337,7 +337,8 @@ pub unsafe extern "C" fn __sysv_signal(
     sig: c_int,
     handler: libc::sighandler_t,
 ) -> libc::sighandler_t {
-    install(sig, handler, libc::SA_RESETHAND | libc::SA_NODEFER, false)
+    // SAFETY: the same contract.
+    unsafe { sysv_signal(sig, handler) }
 }
 
 /// `siginterrupt(3)`: whether `sig`'s handler interrupts calls (`flag`
