@@ -55,17 +55,24 @@ fn setup(test: &str) -> Setup {
     Setup::new(test, SCRIPT)
 }
 
+/// A preloaded server and a preloaded client that sent it `n` bytes and
+/// got them back.
+fn echoed(s: &Setup, n: &str) -> (Py, Py) {
+    let mut server = Py::spawn(s, true, &["server"]);
+    let port = server.expect("PORT");
+    s.wait_bound(&port);
+    let mut client = Py::spawn(s, true, &["client", &port, n]);
+    assert_eq!(client.expect("ECHOED"), n);
+    (server, client)
+}
+
 /// Both programs preloaded: the connection is an X-IO channel between
 /// the two Python processes (the manager shows it), and 1 MB comes back
 /// intact through blocking `sendall` and `recv`.
 #[test]
 fn two_preloaded_python_programs_talk_over_x_io() {
     let s = setup("both");
-    let mut server = Py::spawn(&s, true, &["server"]);
-    let port = server.expect("PORT");
-    s.wait_bound(&port);
-    let mut client = Py::spawn(&s, true, &["client", &port, "1000000"]);
-    assert_eq!(client.expect("ECHOED"), "1000000");
+    let (mut server, mut client) = echoed(&s, "1000000");
     let snap = s.mgr.snapshot();
     assert_eq!(snap.channels.len(), 1, "one channel: {snap:?}");
     let pids: Vec<u32> = snap.stacks.iter().map(|st| st.pid).collect();
@@ -135,11 +142,7 @@ fn a_killed_preloaded_client_resets_its_peer_and_leaks_nothing() {
     let mut tries = 0;
     let (mut server, mut client) = loop {
         tries += 1;
-        let mut server = Py::spawn(&s, true, &["server"]);
-        let port = server.expect("PORT");
-        s.wait_bound(&port);
-        let mut client = Py::spawn(&s, true, &["client", &port, "200000"]);
-        assert_eq!(client.expect("ECHOED"), "200000");
+        let (mut server, mut client) = echoed(&s, "200000");
         let snap = s.mgr.snapshot();
         if snap.channels.len() == 1 {
             break (server, client);
